@@ -1,0 +1,54 @@
+# attn-course: `make lab` to study, `make test` to check everything.
+# Both build .venv on first use; nothing is installed or registered outside it.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch is installed first and pinned so that pip takes the CPU wheel that lies on
+# course machines instead of resolving a multi-GB CUDA build. On a GPU box, override:
+#   make lab TORCH_SPEC=torch
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS     ?= notebooks,test
+# The .venv's kernelspec comes first, ahead of any user-level "python3" kernel.
+export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
+# Keep runs offline and reproducible.
+export HF_HUB_OFFLINE := 1
+export PYTHONHASHSEED := 0
+
+STAMP := $(VENV)/.installed
+
+.PHONY: venv lab test lint unit notebooks execute clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	# The notebook kernel is this .venv's Python, registered inside .venv only.
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 \
+		--display-name "Python 3 (attn-course)" > /dev/null
+	touch $(STAMP)
+
+lab: venv
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
+
+lint: venv
+	$(BIN)/ruff check attn_course tests tools notebooks
+
+unit: venv
+	$(BIN)/python -m pytest tests
+
+notebooks: venv
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+
+test: lint venv
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg tests notebooks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Re-run every chapter in a fresh kernel and save it with outputs (after code changes).
+execute: venv
+	$(BIN)/python tools/run_notebooks.py

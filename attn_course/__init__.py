@@ -1,0 +1,19 @@
+"""attn_course: the tested code behind the self-attention course.
+
+The names students use most are re-exported here; each idea lives in its own module
+(``attention``, ``masks``, ``toy_sentence``, ``widgets``, ``plots``, ...).
+"""
+
+from attn_course.attention import classic_self_attention, self_attention
+from attn_course.masks import causal_mask, padding_mask
+from attn_course.source import show_source
+
+__all__ = [
+    "self_attention",
+    "classic_self_attention",
+    "causal_mask",
+    "padding_mask",
+    "show_source",
+]
+
+__version__ = "0.1.0"

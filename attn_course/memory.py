@@ -1,0 +1,77 @@
+"""Measure the peak memory a computation allocates, on any device, CPU included.
+
+PyTorch reports allocator statistics only for CUDA, so this module counts tensor
+storages itself: every storage an operation creates is added when it appears and
+subtracted when it is freed. The count is exact for the tensors PyTorch allocates and
+the same on every run, which is what the chapters need to show an ``N²`` curve.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["peak_memory"]
+
+
+class _StorageCounter(TorchDispatchMode):
+    """Follows the bytes held by storages created inside the ``with`` block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for value in tree_flatten(result)[0]:
+            if isinstance(value, torch.Tensor):
+                self._add(value.untyped_storage())
+        return result
+
+    def _add(self, storage: torch.UntypedStorage) -> None:
+        key, size = storage.data_ptr(), storage.nbytes()
+        if size == 0 or key in self.live:  # views share their base's storage
+            return
+        self.live[key] = size
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+
+def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+    """Run ``fn(*args, **kwargs)`` and return its result and the peak bytes it allocated.
+
+    Only memory allocated during the call counts: the inputs do not, and whatever the
+    result holds does (it is alive at the end).
+
+    Args:
+        fn: any callable that computes with torch tensors.
+        *args, **kwargs: passed to ``fn``.
+
+    Returns:
+        ``(result, peak_bytes)``.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+
+    Example:
+        >>> _, peak = peak_memory(torch.zeros, 1024, 1024)   # float32: 4 bytes each
+        >>> peak
+        4194304
+    """
+    if not callable(fn):
+        raise TypeError(f"peak_memory: fn must be callable, got {type(fn).__name__}")
+    counter = _StorageCounter()
+    with counter:
+        result = fn(*args, **kwargs)
+    return result, counter.peak

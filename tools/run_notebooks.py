@@ -1,0 +1,56 @@
+"""Re-execute notebooks top to bottom in a fresh kernel and save them with their outputs.
+
+    .venv/bin/python tools/run_notebooks.py                 # every chapter
+    .venv/bin/python tools/run_notebooks.py notebooks/02_formula.ipynb
+
+Run it (or `make execute`) whenever code a notebook uses changes: the committed
+outputs are what nbval compares against in `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+def execute(path: pathlib.Path, timeout: int) -> float:
+    notebook = nbformat.read(path, as_version=4)
+    notebook.metadata["kernelspec"] = KERNELSPEC
+    client = NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,
+        store_widget_state=True,
+    )
+    start = time.perf_counter()
+    client.execute()
+    elapsed = time.perf_counter() - start
+    nbformat.validate(notebook)
+    nbformat.write(notebook, path)
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    args = parser.parse_args()
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    for path in paths:
+        print(f"{path.name}: ", end="", flush=True)
+        print(f"{execute(path, args.timeout):.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
