@@ -31,8 +31,14 @@ $(STAMP): pyproject.toml
 		--display-name "Python 3 (attn-course)" > /dev/null
 	touch $(STAMP)
 
+# Offline by design: no update checks, no news feed, no extension catalogue queries.
+LAB_FLAGS := --ServerApp.root_dir=notebooks \
+	--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
+	--LabApp.news_url=None --LabApp.extension_manager=readonly \
+	$(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: venv
-	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
+	$(BIN)/jupyter lab $(LAB_FLAGS) $(LAB_ARGS)
 
 lint: venv
 	$(BIN)/ruff check attn_course tests tools notebooks

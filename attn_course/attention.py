@@ -86,7 +86,7 @@ def self_attention(
         where, "scale", scale
     )
 
-    # Half precision loses too much in the exponentials, so the softmax runs in float32.
+    # Half precision loses too much in the exponentials and the sums: compute in float32.
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q.to(compute_dtype), k.to(compute_dtype).transpose(-2, -1))
     scores = scores * scale                                    # [..., N_q, N_k]
@@ -95,9 +95,9 @@ def self_attention(
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask.to(compute_dtype)
-    attention_weights = softmax_with_empty_rows(scores).to(q.dtype)  # [..., N_q, N_k]
-    output = torch.matmul(attention_weights, v)                      # [..., N_q, d_v]
-    return output, attention_weights
+    attention_weights = softmax_with_empty_rows(scores)              # [..., N_q, N_k]
+    output = torch.matmul(attention_weights, v.to(compute_dtype))    # [..., N_q, d_v]
+    return output.to(q.dtype), attention_weights.to(q.dtype)
 
 
 def softmax_with_empty_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -107,6 +107,8 @@ def softmax_with_empty_rows(scores: torch.Tensor) -> torch.Tensor:
     returns NaN, which then spreads through every later layer.
     """
     scores = _validate.floating_tensor("softmax_with_empty_rows", "scores", scores, min_dim=1)
+    if scores.shape[-1] == 0:  # no keys at all: every row is empty
+        return torch.zeros_like(scores)
     empty_row = scores.amax(dim=-1, keepdim=True) == float("-inf")   # [..., N_q, 1]
     weights = torch.softmax(scores.masked_fill(empty_row, 0.0), dim=-1)
     return weights.masked_fill(empty_row, 0.0)

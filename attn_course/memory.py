@@ -30,14 +30,22 @@ class _StorageCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
+        # A view or an in-place result shares an input's storage: nothing new was allocated.
+        inputs = {
+            value.untyped_storage().data_ptr()
+            for value in tree_flatten((args, kwargs))[0]
+            if isinstance(value, torch.Tensor)
+        }
         for value in tree_flatten(result)[0]:
             if isinstance(value, torch.Tensor):
-                self._add(value.untyped_storage())
+                storage = value.untyped_storage()
+                if storage.data_ptr() not in inputs:
+                    self._add(storage)
         return result
 
     def _add(self, storage: torch.UntypedStorage) -> None:
         key, size = storage.data_ptr(), storage.nbytes()
-        if size == 0 or key in self.live:  # views share their base's storage
+        if size == 0 or key in self.live:
             return
         self.live[key] = size
         self.current += size

@@ -96,8 +96,12 @@ def softmax_saturation(
     """
     where = "softmax_saturation"
     scores = _validate.floating_tensor(where, "scores", scores)
-    if scores.dim() != 1:
-        raise ValueError(f"{where}: scores must be 1-D [N], got shape {_validate.shape_str(scores)}")
+    if scores.dim() != 1 or scores.numel() == 0:
+        raise ValueError(
+            f"{where}: scores must be 1-D [N] with N >= 1, got shape {_validate.shape_str(scores)}"
+        )
+    if isinstance(divisors, (str, bytes)) or not isinstance(divisors, Sequence):
+        raise TypeError(f"{where}: divisors must be a sequence of numbers, got {type(divisors).__name__}")
     values = [_validate.positive_finite(where, f"divisors[{i}]", d) for i, d in enumerate(divisors)]
     scores = scores.detach().to(torch.float64)
     rows = {"max_weight": [], "entropy": [], "gradient_norm": []}

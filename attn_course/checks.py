@@ -1,0 +1,276 @@
+"""Checks for the exercises that say *what* is wrong, in plain words.
+
+Each check runs a student's function on fresh random inputs, compares the result with
+the package's reference implementation and, when they differ, tries the mistakes
+students really make (softmax over the wrong axis, no scaling, the wrong scaling, an
+inverted mask, a mask applied after the softmax, heads split without a transpose, a
+softmax that overflows). The first mistake that reproduces the student's result is
+named in the error; otherwise the error points at the first entry that differs.
+
+A check returns ``True`` when the function is right and raises :class:`CheckFailed`
+(an ``AssertionError``) with the diagnosis otherwise, so an exercise's test cell is a
+single line such as ``check_softmax(stable_softmax)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from attn_course.attention import self_attention
+
+__all__ = [
+    "CheckFailed",
+    "check_softmax",
+    "check_attention",
+    "check_attention_weights",
+    "check_split_heads",
+]
+
+ATOL = 1e-5
+
+
+class CheckFailed(AssertionError):
+    """An exercise's answer is wrong; the message says how."""
+
+
+def _call(where: str, fn: Callable, *args) -> torch.Tensor:
+    """Call the student's function, unwrap ``(output, weights)``, insist on a tensor."""
+    if not callable(fn):
+        raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
+    try:
+        result = fn(*args)
+    except CheckFailed:
+        raise
+    except Exception as error:  # the student's code crashed: say where, keep the cause
+        raise CheckFailed(
+            f"Your function raised {type(error).__name__}: {error}. It was called with "
+            + ", ".join(f"a tensor of shape {list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
+                        for a in args)
+            + "."
+        ) from error
+    if isinstance(result, tuple):
+        result = result[0]
+    if result is Ellipsis or result is None:
+        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    if not isinstance(result, torch.Tensor):
+        raise CheckFailed(
+            f"Your function should return a torch.Tensor, but it returned {type(result).__name__}."
+        )
+    return result
+
+
+def _same(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    if got.shape != expected.shape:
+        return False
+    return torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=1e-4)
+
+
+def _first_difference(got: torch.Tensor, expected: torch.Tensor, axes: tuple[str, ...]) -> str:
+    """Describe the first entry where two same-shape tensors differ."""
+    bad = ~torch.isclose(got.double(), expected.double(), atol=ATOL, rtol=1e-4)
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    names = axes[-len(index):] if len(axes) >= len(index) else ("",) * len(index)
+    where = ", ".join(f"{name} {i}" if name else str(i) for name, i in zip(names, index))
+    return (
+        f"The first entry that differs is at [{where}]: expected {expected[index].item():.4f}, "
+        f"got {got[index].item():.4f}."
+    )
+
+
+def _check_shape(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    if got.shape != expected.shape:
+        raise CheckFailed(
+            f"{what} has shape {list(got.shape)} but should have shape {list(expected.shape)}."
+        )
+
+
+def _diagnose(got: torch.Tensor, expected: torch.Tensor, mistakes: list[tuple[str, torch.Tensor]],
+              axes: tuple[str, ...], what: str) -> None:
+    """Raise with the first known mistake that reproduces ``got``, else the first difference."""
+    if torch.isnan(got).any() and not torch.isnan(expected).any():
+        raise CheckFailed(f"{what} contains NaN where the reference has numbers. "
+                          + _first_difference(torch.nan_to_num(got, nan=float("inf")), expected, axes))
+    for hint, mistaken in mistakes:
+        if mistaken.shape == got.shape and _same(got, mistaken):
+            raise CheckFailed(hint)
+    raise CheckFailed(f"{what} differs from the reference. " + _first_difference(got, expected, axes))
+
+
+# --- softmax ---------------------------------------------------------------------------
+
+WRONG_DIM = ("Your softmax normalises over the wrong dimension: {detail} The weights of each query "
+             "(each row, the last dimension) must sum to 1; use dim=-1.")
+OVERFLOW = ("Your softmax overflows on large scores: exp({big:.0f}) is inf in float32, so the result "
+            "has inf/NaN. Subtract each row's maximum before exponentiating; it does not change the "
+            "result, because softmax(x - c) = softmax(x).")
+
+
+def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Check a softmax over the last dimension, including numerical stability.
+
+    Args:
+        softmax_fn: maps scores ``[..., N]`` to weights ``[..., N]``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: with a diagnosis (wrong dimension, overflow, shape, first difference).
+    """
+    scores = torch.randn(2, 3, 6) * 3                                   # [B, N_q, N_k]
+    expected = torch.softmax(scores, dim=-1)
+    got = _call("check_softmax", softmax_fn, scores.clone())
+    _check_shape(got, expected, "Your softmax's output")
+    if not _same(got, expected):
+        row_sums = got.sum(dim=-1)
+        detail = f"row 0 of batch 0 sums to {row_sums[0, 0].item():.3f}."
+        for dim in (0, 1):
+            if _same(got, torch.softmax(scores, dim=dim)):
+                detail = (f"it sums to 1 along dimension {dim}, while row 0 of batch 0 "
+                          f"sums to {row_sums[0, 0].item():.3f}.")
+        mistakes = [(WRONG_DIM.format(detail=detail), torch.softmax(scores, dim=dim)) for dim in (0, 1)]
+        _diagnose(got, expected, mistakes, ("batch", "row", "column"), "Your softmax")
+    large = scores * 300                                                 # scores up to ~3000
+    got_large = _call("check_softmax", softmax_fn, large.clone())
+    if not torch.isfinite(got_large).all():
+        raise CheckFailed(OVERFLOW.format(big=large.abs().max().item()))
+    if not _same(got_large, torch.softmax(large, dim=-1)):
+        _diagnose(got_large, torch.softmax(large, dim=-1), [], ("batch", "row", "column"),
+                  "Your softmax on large scores")
+    return True
+
+
+# --- attention -------------------------------------------------------------------------
+
+NO_SCALING = ("You forgot the scaling: your result equals softmax(Q Kᵀ) V. Divide the scores by "
+              "√d_k (here √{d_k} = {sqrt_d_k:g}) before the softmax.")
+SCALED_BY_D_K = ("You divided the scores by d_k = {d_k}; divide by its square root, √d_k = {sqrt_d_k:g}.")
+SCALED_BY_D_MODEL = ("You scaled by √d_model = √{d_model} (all {heads} heads together) instead of the "
+                     "head dimension: divide by √d_k = √{d_k}, where d_k = q.shape[-1] is one head's size.")
+SOFTMAX_OVER_QUERIES = ("Your softmax runs over the wrong dimension (the queries, dim=-2): each query's "
+                        "weights over the keys must sum to 1, so use dim=-1.")
+INVERTED_MASK = ("Your mask is inverted: in this course (and in PyTorch) True means 'may attend'. "
+                 "Fill the scores where the mask is False, e.g. scores.masked_fill(~mask, float('-inf')).")
+MASK_AFTER_SOFTMAX = ("You applied the mask after the softmax: the blocked weights are 0 but the remaining "
+                      "ones no longer sum to 1. Mask the scores (with -inf) before the softmax.")
+
+
+def _attention_inputs(heads: int = 3, d_k: int = 16, d_v: int = 8):
+    q = torch.randn(2, heads, 5, d_k)                                   # [B, H, N_q, d_k]
+    k = torch.randn(2, heads, 7, d_k)                                   # [B, H, N_k, d_k]
+    v = torch.randn(2, heads, 7, d_v)                                   # [B, H, N_k, d_v]
+    mask = torch.rand(5, 7) > 0.4                                       # [N_q, N_k]
+    mask[:, 0], mask[:, 1] = True, False      # each row keeps and blocks at least one key
+    return q, k, v, mask
+
+
+def _attention_mistakes(q, k, v, mask) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(output, weights) that each known mistake would produce."""
+    heads, d_k = q.shape[1], q.shape[-1]
+    facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "d_model": heads * d_k, "heads": heads}
+    mistakes = {}
+    for hint, scale in ((NO_SCALING, 1.0), (SCALED_BY_D_K, 1.0 / d_k),
+                        (SCALED_BY_D_MODEL, 1.0 / math.sqrt(heads * d_k))):
+        mistakes[hint.format(**facts)] = self_attention(q, k, v, mask, scale=scale)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
+    if mask is not None:
+        scores_masked = scores.masked_fill(~mask, float("-inf"))
+        over_queries = torch.softmax(scores_masked, dim=-2)
+        mistakes[INVERTED_MASK] = self_attention(q, k, v, ~mask)
+        after = torch.softmax(scores, dim=-1) * mask
+        mistakes[MASK_AFTER_SOFTMAX] = (after @ v, after)
+    else:
+        over_queries = torch.softmax(scores, dim=-2)
+    mistakes[SOFTMAX_OVER_QUERIES] = (over_queries @ v, over_queries)
+    return mistakes
+
+
+def check_attention(attention_fn: Callable, *, with_mask: bool = False) -> bool:
+    """Check a scaled dot-product attention function against :func:`self_attention`.
+
+    Args:
+        attention_fn: ``fn(q, k, v)`` (or ``fn(q, k, v, mask)`` when ``with_mask``) returning
+            the output ``[..., N_q, d_v]``, or ``(output, weights)``. ``mask`` is boolean,
+            ``True`` = may attend.
+        with_mask: also pass a boolean mask ``[N_q, N_k]``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming the mistake (no scaling, scaling by d_k or by d_model, softmax
+            over the wrong dimension, inverted mask, mask after the softmax, overflow), or
+            the first entry that differs.
+    """
+    q, k, v, mask = _attention_inputs()
+    mask = mask if with_mask else None
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    expected, _ = self_attention(*args)
+    got = _call("check_attention", attention_fn, *args)
+    _check_shape(got, expected, "Your output")
+    if not _same(got, expected):
+        mistakes = [(hint, output) for hint, (output, _) in _attention_mistakes(q, k, v, mask).items()]
+        _diagnose(got, expected, mistakes, ("batch", "head", "query", "feature"), "Your output")
+    large = (q * 40, k * 40, v) + (() if mask is None else (mask,))     # scores in the thousands
+    got_large = _call("check_attention", attention_fn, *large)
+    if not torch.isfinite(got_large).all():
+        raise CheckFailed(OVERFLOW.format(big=(large[0] @ large[1].transpose(-2, -1)).abs().max().item()
+                                          / math.sqrt(q.shape[-1])))
+    return True
+
+
+def check_attention_weights(weights_fn: Callable) -> bool:
+    """Check a function ``fn(q, k) -> attention_weights [..., N_q, N_k]``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming the mistake or the first differing weight.
+    """
+    q, k, v, _ = _attention_inputs()
+    _, expected = self_attention(q, k, v)
+    got = _call("check_attention_weights", weights_fn, q, k)
+    _check_shape(got, expected, "Your attention weights")
+    if not _same(got, expected):
+        mistakes = [(hint, weights) for hint, (_, weights) in _attention_mistakes(q, k, v, None).items()]
+        _diagnose(got, expected, mistakes, ("batch", "head", "query", "key"), "Your attention weights")
+    return True
+
+
+# --- splitting into heads --------------------------------------------------------------
+
+VIEW_WITHOUT_TRANSPOSE = (
+    "You reshaped [B, N, E] straight to [B, H, N, d] with view/reshape. That scrambles tokens and heads: "
+    "each 'head' now holds pieces of several tokens. Reshape to [B, N, H, d] first, then "
+    "transpose(1, 2) to get [B, H, N, d]."
+)
+NO_TRANSPOSE_SHAPE = (
+    "Your result has shape [B, N, H, d] = {shape}: you split the heads but did not move the head axis "
+    "in front of the tokens. Add .transpose(1, 2) to get [B, H, N, d]."
+)
+
+
+def check_split_heads(split_fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
+    """Check ``fn(x [B, N, E], num_heads) -> [B, H, N, E / H]``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a view without transpose, a missing transpose, or the first difference.
+    """
+    batch, tokens, heads, head_dim = 2, 5, 4, 3
+    x = torch.randn(batch, tokens, heads * head_dim)                     # [B, N, E]
+    expected = x.view(batch, tokens, heads, head_dim).transpose(1, 2)   # [B, H, N, d]
+    got = _call("check_split_heads", split_fn, x.clone(), heads)
+    if got.shape == (batch, tokens, heads, head_dim):
+        raise CheckFailed(NO_TRANSPOSE_SHAPE.format(shape=list(got.shape)))
+    _check_shape(got, expected, "Your split")
+    if not _same(got, expected):
+        mistakes = [(VIEW_WITHOUT_TRANSPOSE, x.reshape(batch, heads, tokens, head_dim))]
+        _diagnose(got, expected, mistakes, ("batch", "head", "token", "feature"), "Your split")
+    return True
