@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # course machines instead of resolving a multi-GB CUDA build. On a GPU box, override:
 #   make lab TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= notebooks,test
+EXTRAS     ?= notebooks,grading,test
 # The .venv's kernelspec comes first, ahead of any user-level "python3" kernel.
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 # Keep runs offline and reproducible.
@@ -17,7 +17,7 @@ export PYTHONHASHSEED := 0
 
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lab test lint unit notebooks execute clean
+.PHONY: venv lab test lint unit notebooks execute assignments grade clean
 
 venv: $(STAMP)
 
@@ -52,8 +52,16 @@ notebooks: venv
 test: lint venv
 	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg tests notebooks
 
+# Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/, then grading.
+assignments: venv
+	$(BIN)/python tools/assign.py --out dist
+
+grade: venv $(if $(wildcard dist/autograder/*.zip),,assignments)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student)"; exit 2; }
+	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache dist grades
 
 # Re-run every chapter in a fresh kernel and save it with outputs (after code changes).
 execute: venv

@@ -27,6 +27,7 @@ __all__ = [
     "check_attention",
     "check_attention_weights",
     "check_split_heads",
+    "check_close",
 ]
 
 ATOL = 1e-5
@@ -158,10 +159,11 @@ MASK_AFTER_SOFTMAX = ("You applied the mask after the softmax: the blocked weigh
                       "ones no longer sum to 1. Mask the scores (with -inf) before the softmax.")
 
 
-def _attention_inputs(heads: int = 3, d_k: int = 16, d_v: int = 8):
-    q = torch.randn(2, heads, 5, d_k)                                   # [B, H, N_q, d_k]
-    k = torch.randn(2, heads, 7, d_k)                                   # [B, H, N_k, d_k]
-    v = torch.randn(2, heads, 7, d_v)                                   # [B, H, N_k, d_v]
+def _attention_inputs(batched: bool, d_k: int = 16, d_v: int = 8):
+    batch = (2, 3) if batched else ()                                   # [B, H] or nothing
+    q = torch.randn(*batch, 5, d_k)                                     # [B, H, N_q, d_k]
+    k = torch.randn(*batch, 7, d_k)                                     # [B, H, N_k, d_k]
+    v = torch.randn(*batch, 7, d_v)                                     # [B, H, N_k, d_v]
     mask = torch.rand(5, 7) > 0.4                                       # [N_q, N_k]
     mask[:, 0], mask[:, 1] = True, False      # each row keeps and blocks at least one key
     return q, k, v, mask
@@ -169,11 +171,14 @@ def _attention_inputs(heads: int = 3, d_k: int = 16, d_v: int = 8):
 
 def _attention_mistakes(q, k, v, mask) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """(output, weights) that each known mistake would produce."""
-    heads, d_k = q.shape[1], q.shape[-1]
+    d_k = q.shape[-1]
+    scalings = [(NO_SCALING, 1.0), (SCALED_BY_D_K, 1.0 / d_k)]
+    heads = q.shape[-3] if q.dim() >= 3 else 1
+    if heads > 1:
+        scalings.append((SCALED_BY_D_MODEL, 1.0 / math.sqrt(heads * d_k)))
     facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "d_model": heads * d_k, "heads": heads}
     mistakes = {}
-    for hint, scale in ((NO_SCALING, 1.0), (SCALED_BY_D_K, 1.0 / d_k),
-                        (SCALED_BY_D_MODEL, 1.0 / math.sqrt(heads * d_k))):
+    for hint, scale in scalings:
         mistakes[hint.format(**facts)] = self_attention(q, k, v, mask, scale=scale)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
     if mask is not None:
@@ -188,7 +193,18 @@ def _attention_mistakes(q, k, v, mask) -> dict[str, tuple[torch.Tensor, torch.Te
     return mistakes
 
 
-def check_attention(attention_fn: Callable, *, with_mask: bool = False) -> bool:
+def _one_query_at_a_time(fn: Callable) -> Callable:
+    """Turn ``fn(q [d_k], k, v) -> [d_v]`` into ``fn(q [N_q, d_k], k, v) -> [N_q, d_v]``."""
+
+    def all_queries(q, k, v):
+        return torch.stack([_call("check_attention", fn, row, k, v) for row in q])
+
+    return all_queries
+
+
+def check_attention(
+    attention_fn: Callable, *, with_mask: bool = False, batched: bool = True, one_query: bool = False
+) -> bool:
     """Check a scaled dot-product attention function against :func:`self_attention`.
 
     Args:
@@ -196,6 +212,10 @@ def check_attention(attention_fn: Callable, *, with_mask: bool = False) -> bool:
             the output ``[..., N_q, d_v]``, or ``(output, weights)``. ``mask`` is boolean,
             ``True`` = may attend.
         with_mask: also pass a boolean mask ``[N_q, N_k]``.
+        batched: inputs carry batch and head dimensions ``[B, H, N, d]``; ``False`` for a
+            function written for plain ``[N, d]`` matrices.
+        one_query: the function takes a single query vector ``q [d_k]`` with ``k [N_k, d_k]``
+            and ``v [N_k, d_v]``; it is called once per query.
 
     Returns:
         ``True`` when correct.
@@ -205,7 +225,12 @@ def check_attention(attention_fn: Callable, *, with_mask: bool = False) -> bool:
             over the wrong dimension, inverted mask, mask after the softmax, overflow), or
             the first entry that differs.
     """
-    q, k, v, mask = _attention_inputs()
+    if one_query:
+        if with_mask:
+            raise ValueError("check_attention: one_query and with_mask cannot be combined")
+        batched, attention_fn = False, _one_query_at_a_time(attention_fn)
+
+    q, k, v, mask = _attention_inputs(batched)
     mask = mask if with_mask else None
     args = (q, k, v) if mask is None else (q, k, v, mask)
     expected, _ = self_attention(*args)
@@ -222,8 +247,12 @@ def check_attention(attention_fn: Callable, *, with_mask: bool = False) -> bool:
     return True
 
 
-def check_attention_weights(weights_fn: Callable) -> bool:
+def check_attention_weights(weights_fn: Callable, *, batched: bool = True) -> bool:
     """Check a function ``fn(q, k) -> attention_weights [..., N_q, N_k]``.
+
+    Args:
+        weights_fn: the function to check.
+        batched: inputs carry batch and head dimensions; ``False`` for plain ``[N, d]`` matrices.
 
     Returns:
         ``True`` when correct.
@@ -231,13 +260,52 @@ def check_attention_weights(weights_fn: Callable) -> bool:
     Raises:
         CheckFailed: naming the mistake or the first differing weight.
     """
-    q, k, v, _ = _attention_inputs()
+    q, k, v, _ = _attention_inputs(batched)
     _, expected = self_attention(q, k, v)
     got = _call("check_attention_weights", weights_fn, q, k)
     _check_shape(got, expected, "Your attention weights")
     if not _same(got, expected):
         mistakes = [(hint, weights) for hint, (_, weights) in _attention_mistakes(q, k, v, None).items()]
         _diagnose(got, expected, mistakes, ("batch", "head", "query", "key"), "Your attention weights")
+    return True
+
+
+# --- any tensor answer ------------------------------------------------------------------
+
+
+def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer", hint: str = "",
+                rtol: float = 1e-4, atol: float = ATOL) -> bool:
+    """Compare an answer with an expected tensor; on failure say where, and give a hint.
+
+    Args:
+        got: the student's answer (a tensor, or something convertible such as a float).
+        expected: the reference, computed independently of the answer.
+        what: how to name the answer in the message.
+        hint: a sentence that nudges towards the idea, shown on failure.
+        rtol, atol: tolerances as in ``torch.allclose``.
+
+    Returns:
+        ``True`` when close.
+
+    Raises:
+        CheckFailed: with the shape mismatch or the first differing entry, then the hint.
+    """
+    if got is Ellipsis or got is None:
+        raise CheckFailed(f"{what} is not there yet: replace the `...` with your code.")
+    if not isinstance(got, torch.Tensor):
+        try:
+            got = torch.as_tensor(got, dtype=expected.dtype)
+        except (TypeError, ValueError, RuntimeError):
+            raise CheckFailed(f"{what} should be a tensor, got {type(got).__name__}.") from None
+    got = got.reshape(expected.shape) if got.numel() == expected.numel() == 1 else got
+    _check_shape(got, expected, what)
+    if not torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol):
+        axes = ("",) * expected.dim()
+        message = f"{what} is not right. " + (
+            _first_difference(got, expected, axes) if expected.dim() else
+            f"Expected about {expected.item():.4g}, got {got.item():.4g}."
+        )
+        raise CheckFailed(message + (f" Hint: {hint}" if hint else ""))
     return True
 
 

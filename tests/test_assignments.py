@@ -1,0 +1,242 @@
+"""Instructor tooling: otter assign builds clean student notebooks; otter run grades them.
+
+These tests build every chapter's assignment once (tools/assign.py) and grade a small
+class (tools/grade.py): the solutions, untouched student notebooks, and submissions with
+the mistakes that attn_course.checks diagnoses.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import nbformat
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+pytestmark = pytest.mark.skipif(
+    not (pathlib.Path(sys.executable).parent / "otter").exists(), reason="otter-grader is not installed"
+)
+
+
+def run_tool(*args: str) -> str:
+    completed = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("dist")
+    run_tool("tools/assign.py", "--no-run-tests", "--out", str(out))
+    return out
+
+
+def master_blocks(master: pathlib.Path) -> tuple[list[str], list[str]]:
+    """Lines found only in solutions, and sources of hidden test cells, in a master notebook."""
+    solution_lines, other_lines, hidden_tests = [], set(), []
+    for cell in nbformat.read(master, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        inside = False
+        for line in cell.source.splitlines():
+            if line.strip() == "# BEGIN SOLUTION":
+                inside = True
+            elif line.strip() == "# END SOLUTION":
+                inside = False
+            elif line.strip():
+                (solution_lines.append if inside else other_lines.add)(line.strip())
+        if cell.source.startswith("# HIDDEN"):
+            hidden_tests.append(cell.source)
+    # A line that the chapter's teaching code also shows is no secret.
+    return [line for line in solution_lines if line not in other_lines], hidden_tests
+
+
+def questions(master: pathlib.Path) -> list[tuple[str, str]]:
+    """(question name, its prompt) for each exercise of a master notebook."""
+    found, current = [], None
+    for cell in nbformat.read(master, as_version=4).cells:
+        if cell.cell_type == "raw" and cell.source.startswith("# BEGIN QUESTION"):
+            current = re.search(r"name:\s*(\S+)", cell.source).group(1)
+        elif current and cell.cell_type == "markdown":
+            found.append((current, cell.source))
+            current = None
+    return found
+
+
+@pytest.mark.parametrize("master", CHAPTERS, ids=lambda p: p.stem)
+def test_every_chapter_has_three_kinds_of_exercise(master):
+    prompts = [prompt for _, prompt in questions(master)]
+    assert len(prompts) >= 3
+    for kind in ("(implement)", "(predict, then check)", "(find the bug)"):
+        assert any(kind in prompt for prompt in prompts), f"{master.name} has no {kind} exercise"
+
+
+@pytest.mark.parametrize("master", CHAPTERS, ids=lambda p: p.stem)
+def test_student_notebook_has_no_solution_code_and_no_hidden_test(dist, master):
+    solution_lines, hidden_tests = master_blocks(master)
+    assert solution_lines and hidden_tests, "the master notebook should have both"
+    student = nbformat.read(dist / "student" / master.name, as_version=4)
+    student_code = "\n".join(cell.source for cell in student.cells if cell.cell_type == "code")
+    student_text = (dist / "student" / master.name).read_text()
+    leaked = [line for line in solution_lines if line in student_code]
+    assert leaked == []
+    for hidden in hidden_tests:
+        body = hidden.splitlines()[-1]  # the test's expression
+        assert body not in student_text
+    assert "# BEGIN SOLUTION" not in student_text and "# HIDDEN" not in student_text
+
+
+@pytest.mark.parametrize("master", CHAPTERS, ids=lambda p: p.stem)
+def test_autograder_holds_the_hidden_tests(dist, master):
+    _, hidden_tests = master_blocks(master)
+    with zipfile.ZipFile(dist / "autograder" / f"{master.stem}.zip") as archive:
+        tests = "\n".join(
+            archive.read(name).decode() for name in archive.namelist() if name.startswith("tests/")
+        )
+    for hidden in hidden_tests:
+        assert hidden.splitlines()[-1].split("(")[0] in tests
+    assert "'hidden': True" in tests or '"hidden": True' in tests or "hidden=True" in tests
+
+
+def test_assignments_are_reproducible(dist, tmp_path):
+    run_tool("tools/assign.py", "--no-run-tests", "--out", str(tmp_path))
+    for master in CHAPTERS:
+        first = (dist / "student" / master.name).read_bytes()
+        second = (tmp_path / "student" / master.name).read_bytes()
+        assert first == second, f"{master.name} differs between two builds"
+
+
+# --- grading a small class -----------------------------------------------------------
+
+PLANTED = {
+    # student: {chapter: {function name: (planted code, question, hint it must get)}}
+    "ada": {
+        "02_formula": {
+            "stable_softmax": (
+                "def stable_softmax(scores):\n    e = torch.exp(scores)\n"
+                "    return e / e.sum(dim=0, keepdim=True)\n",
+                "q1_stable_softmax",
+                "normalises over the wrong dimension",
+            ),
+            "my_attention": (
+                "def my_attention(q, k, v, mask=None):\n"
+                "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+                "    if mask is not None:\n        scores = scores.masked_fill(mask, float('-inf'))\n"
+                "    return torch.softmax(scores, dim=-1) @ v\n",
+                "q2_attention_from_scratch",
+                "mask is inverted",
+            ),
+            "fixed_attention": (
+                "def fixed_attention(q, k, v):\n"
+                "    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n",
+                "q4_find_the_bug",
+                "forgot the scaling",
+            ),
+        }
+    },
+    "grace": {
+        "02_formula": {
+            "stable_softmax": (
+                "def stable_softmax(scores):\n    e = torch.exp(scores)\n"
+                "    return e / e.sum(dim=-1, keepdim=True)\n",
+                "q1_stable_softmax",
+                "overflows",
+            ),
+            "my_attention": (
+                "def my_attention(q, k, v, mask=None):\n"
+                "    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+                "    if mask is not None:\n        weights = weights * mask\n"
+                "    return weights @ v\n",
+                "q2_attention_from_scratch",
+                "after the softmax",
+            ),
+            "fixed_attention": (
+                "def fixed_attention(q, k, v):\n"
+                "    d_model = q.shape[1] * q.shape[-1]\n"
+                "    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_model), dim=-1) @ v\n",
+                "q4_find_the_bug",
+                "instead of the head dimension",
+            ),
+        }
+    },
+    "linus": {
+        "01_intuition": {
+            "fixed_attention_map": (
+                "def fixed_attention_map(queries, keys):\n"
+                "    return torch.softmax(queries @ keys.T / queries.shape[-1] ** 0.5, dim=0)\n",
+                "q3_find_the_bug",
+                "wrong dimension",
+            ),
+        }
+    },
+}
+
+
+def plant(student_notebook: pathlib.Path, functions: dict, destination: pathlib.Path) -> None:
+    notebook = nbformat.read(student_notebook, as_version=4)
+    for name, (code, _, _) in functions.items():
+        (cell,) = [c for c in notebook.cells if c.cell_type == "code" and c.source.startswith(f"def {name}(")]
+        cell.source = code
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, destination)
+
+
+@pytest.fixture(scope="session")
+def graded(dist, tmp_path_factory) -> pathlib.Path:
+    submissions = tmp_path_factory.mktemp("submissions")
+    for master in CHAPTERS:
+        (submissions / "solutions").mkdir(exist_ok=True)
+        shutil.copyfile(dist / "autograder" / master.name, submissions / "solutions" / master.name)
+        (submissions / "untouched").mkdir(exist_ok=True)
+        shutil.copyfile(dist / "student" / master.name, submissions / "untouched" / master.name)
+    for student, chapters in PLANTED.items():
+        for chapter, functions in chapters.items():
+            plant(
+                dist / "student" / f"{chapter}.ipynb", functions, submissions / student / f"{chapter}.ipynb"
+            )
+    out = tmp_path_factory.mktemp("grades")
+    run_tool("tools/grade.py", str(submissions), "--autograders", str(dist / "autograder"), "--out", str(out))
+    return out
+
+
+def grade_rows(graded: pathlib.Path) -> dict[str, dict[str, str]]:
+    with open(graded / "grades.csv") as handle:
+        return {row["student"]: row for row in csv.DictReader(handle)}
+
+
+def test_csv_has_a_row_per_student_and_a_column_per_question(graded):
+    rows = grade_rows(graded)
+    assert set(rows) == {"solutions", "untouched", *PLANTED}
+    expected_columns = {f"{m.stem}:{name}" for m in CHAPTERS for name, _ in questions(m)}
+    assert expected_columns <= set(next(iter(rows.values())))
+
+
+def test_solutions_score_full_marks(graded):
+    row = grade_rows(graded)["solutions"]
+    assert float(row["total"]) == float(row["possible"]) > 0
+
+
+def test_untouched_student_notebooks_score_zero_without_crashing(graded):
+    row = grade_rows(graded)["untouched"]
+    scores = [float(value) for key, value in row.items() if ":" in key]
+    assert scores and all(score == 0 for score in scores)
+
+
+@pytest.mark.parametrize(
+    "student, chapter, name",
+    [(s, c, n) for s, chapters in PLANTED.items() for c, functions in chapters.items() for n in functions],
+)
+def test_planted_mistake_loses_the_points_and_gets_the_matching_hint(graded, student, chapter, name):
+    _, question, hint = PLANTED[student][chapter][name]
+    feedback = {q["name"]: q for q in json.loads((graded / student / f"{chapter}.json").read_text())}
+    # Tests a mistake does not touch still earn their share (otter gives partial credit).
+    assert float(grade_rows(graded)[student][f"{chapter}:{question}"]) < feedback[question]["max_score"]
+    assert hint in feedback[question]["output"]
