@@ -5,7 +5,9 @@ The names students use most are re-exported here; each idea lives in its own mod
 """
 
 from attn_course.attention import classic_self_attention, self_attention
+from attn_course.kv_cache import KVCache
 from attn_course.masks import causal_mask, padding_mask
+from attn_course.multihead import MultiHeadAttention
 from attn_course.source import show_source
 
 __all__ = [
@@ -13,6 +15,8 @@ __all__ = [
     "classic_self_attention",
     "causal_mask",
     "padding_mask",
+    "MultiHeadAttention",
+    "KVCache",
     "show_source",
 ]
 

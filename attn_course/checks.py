@@ -4,8 +4,9 @@ Each check runs a student's function on fresh random inputs, compares the result
 the package's reference implementation and, when they differ, tries the mistakes
 students really make (softmax over the wrong axis, no scaling, the wrong scaling, an
 inverted mask, a mask applied after the softmax, heads split without a transpose, a
-softmax that overflows). The first mistake that reproduces the student's result is
-named in the error; otherwise the error points at the first entry that differs.
+softmax that overflows, a causal mask that shows the future or hides the diagonal).
+The first mistake that reproduces the student's result is named in the error;
+otherwise the error points at the first entry that differs.
 
 A check returns ``True`` when the function is right and raises :class:`CheckFailed`
 (an ``AssertionError``) with the diagnosis otherwise, so an exercise's test cell is a
@@ -27,6 +28,7 @@ __all__ = [
     "check_attention",
     "check_attention_weights",
     "check_split_heads",
+    "check_causal_attention",
     "check_close",
 ]
 
@@ -91,12 +93,14 @@ def _check_shape(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
 def _diagnose(got: torch.Tensor, expected: torch.Tensor, mistakes: list[tuple[str, torch.Tensor]],
               axes: tuple[str, ...], what: str) -> None:
     """Raise with the first known mistake that reproduces ``got``, else the first difference."""
+    # A mistake can also show up as NaN (e.g. a row with nothing to attend to): compare as 0.
+    finite_got = torch.nan_to_num(got, nan=0.0)
+    for hint, mistaken in mistakes:
+        if _same(finite_got, mistaken):
+            raise CheckFailed(hint)
     if torch.isnan(got).any() and not torch.isnan(expected).any():
         raise CheckFailed(f"{what} contains NaN where the reference has numbers. "
                           + _first_difference(torch.nan_to_num(got, nan=float("inf")), expected, axes))
-    for hint, mistaken in mistakes:
-        if mistaken.shape == got.shape and _same(got, mistaken):
-            raise CheckFailed(hint)
     raise CheckFailed(f"{what} differs from the reference. " + _first_difference(got, expected, axes))
 
 
@@ -267,6 +271,46 @@ def check_attention_weights(weights_fn: Callable, *, batched: bool = True) -> bo
     if not _same(got, expected):
         mistakes = [(hint, weights) for hint, (_, weights) in _attention_mistakes(q, k, v, None).items()]
         _diagnose(got, expected, mistakes, ("batch", "head", "query", "key"), "Your attention weights")
+    return True
+
+
+# --- causal attention -------------------------------------------------------------------
+
+SEES_THE_FUTURE = ("Your attention leaks the future: query i can see keys after i (the upper triangle). "
+                   "Keep the lower triangle, diagonal included: causal_mask(n) or torch.tril.")
+NO_CAUSAL_MASK = ("Your attention is not causal: every query sees every key, so changing a later token "
+                  "changes earlier outputs. Mask the scores with causal_mask(n) before the softmax.")
+MISSES_ITSELF = ("Your causal mask also hides the diagonal: a token must be able to attend to itself "
+                 "(key j = query i). Use torch.tril (diagonal included), not a strict triangle.")
+
+
+def check_causal_attention(attention_fn: Callable) -> bool:
+    """Check ``fn(q, k, v) -> output`` that must attend causally (``N_q = N_k``).
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a leak of the future, a missing mask, a hidden diagonal, or the
+            first entry that differs.
+    """
+    q, k, v, _ = _attention_inputs(batched=True)
+    k, v = k[..., :5, :], v[..., :5, :]                                  # N_q = N_k = 5
+    lower = torch.ones(5, 5, dtype=torch.bool).tril()
+    expected, _ = self_attention(q, k, v, lower)
+    got = _call("check_causal_attention", attention_fn, q, k, v)
+    _check_shape(got, expected, "Your output")
+    if not _same(got, expected):
+        strict_lower = lower.tril(-1)
+        strict_lower[0, 0] = True                                       # the first row would be empty
+        mistakes = [
+            (SEES_THE_FUTURE, self_attention(q, k, v, lower.T)[0]),
+            (SEES_THE_FUTURE, self_attention(q, k, v, ~lower.tril(-1))[0]),
+            (NO_CAUSAL_MASK, self_attention(q, k, v)[0]),
+            (MISSES_ITSELF, self_attention(q, k, v, strict_lower)[0]),
+            (MISSES_ITSELF, self_attention(q, k, v, lower.tril(-1))[0]),
+        ]
+        _diagnose(got, expected, mistakes, ("batch", "head", "query", "feature"), "Your output")
     return True
 
 

@@ -13,7 +13,14 @@ import torch
 
 from attn_course import _validate
 
-__all__ = ["causal_mask", "padding_mask"]
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "sliding_window_mask",
+    "combine_masks",
+    "to_additive",
+    "to_boolean",
+]
 
 
 def causal_mask(
@@ -109,3 +116,99 @@ def padding_mask(lengths: torch.Tensor | Sequence[int], n: int) -> torch.Tensor:
         )
     positions = torch.arange(n, device=lengths.device)              # [N_k]
     return (positions < lengths.unsqueeze(1)).unsqueeze(1)          # [B, 1, N_k]
+
+
+def sliding_window_mask(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    window: int,
+    offset: int | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Causal mask that also forgets the distant past: each query sees its last ``window`` keys.
+
+    Query ``i`` (absolute position ``offset + i``) may attend key ``j`` when
+    ``offset + i - window < j <= offset + i``. Used by Longformer-style local attention
+    and Mistral; memory per query is ``window`` instead of ``N``.
+
+    Args:
+        n_q, n_k, offset, device: as in :func:`causal_mask`.
+        window: how many keys each query sees, itself included (``>= 1``).
+
+    Returns:
+        ``[N_q, N_k]`` boolean tensor.
+
+    Raises:
+        TypeError: non-int sizes.
+        ValueError: sizes or window below 1.
+
+    Example:
+        >>> sliding_window_mask(4, window=2).int()
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 1, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
+    """
+    window = _validate.integer("sliding_window_mask", "window", window, minimum=1)
+    causal = causal_mask(n_q, n_k, offset=offset, device=device)
+    n_k = causal.shape[1]
+    offset = n_k - n_q if offset is None else offset
+    query_position = torch.arange(n_q, device=device).unsqueeze(1) + offset  # [N_q, 1]
+    key_position = torch.arange(n_k, device=device).unsqueeze(0)             # [1, N_k]
+    return causal & (key_position > query_position - window)
+
+
+def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    """Combine boolean masks: a key is visible only if every mask allows it (logical AND).
+
+    ``None`` entries are skipped. The result has the broadcast shape of the inputs, e.g.
+    ``combine_masks(causal_mask(N), padding_mask(lengths, N))`` is ``[B, N, N]``.
+
+    Raises:
+        TypeError: a mask that is not a boolean tensor.
+        ValueError: masks that do not broadcast.
+    """
+    present = [m for m in masks if m is not None]
+    for index, mask in enumerate(present):
+        _validate.tensor("combine_masks", f"masks[{index}]", mask)
+        if mask.dtype != torch.bool:
+            raise TypeError(
+                f"combine_masks: masks[{index}] must be boolean (True = may attend), got dtype "
+                f"{mask.dtype}; convert an additive mask with to_boolean()"
+            )
+    if not present:
+        return None
+    _validate.broadcast_batch("combine_masks", **{f"masks[{i}]": m.shape for i, m in enumerate(present)})
+    combined = present[0]
+    for mask in present[1:]:
+        combined = combined & mask
+    return combined
+
+
+def to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Boolean mask (True = may attend) to an additive one: 0 where allowed, ``-inf`` elsewhere.
+
+    Raises:
+        TypeError: ``mask`` not boolean, or ``dtype`` not floating.
+    """
+    _validate.tensor("to_additive", "mask", mask)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"to_additive: mask must be boolean, got dtype {mask.dtype}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"to_additive: dtype must be a floating torch.dtype, got {dtype!r}")
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return additive.masked_fill(~mask, float("-inf"))
+
+
+def to_boolean(mask: torch.Tensor) -> torch.Tensor:
+    """Additive mask to a boolean one: True wherever the added value is not ``-inf``.
+
+    Finite negative values (such as a soft bias, or the classic ``-1e9``) count as allowed,
+    because they only lower a score; use ``mask > threshold`` to treat them as blocked.
+
+    Raises:
+        TypeError: ``mask`` not floating.
+    """
+    _validate.floating_tensor("to_boolean", "mask", mask)
+    return mask != float("-inf")

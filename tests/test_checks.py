@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from attn_course import checks
 from attn_course.checks import (
     CheckFailed,
+    check_causal_attention,
     check_attention,
     check_attention_weights,
     check_close,
@@ -62,6 +63,13 @@ def test_correct_weights_pass_for_batched_and_plain_inputs():
     assert check_attention_weights(weights, batched=False) is True
 
 
+def test_correct_causal_attention_passes():
+    def causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    assert check_causal_attention(causal) is True
+
+
 def test_correct_split_passes():
     def split(x, heads):
         batch, tokens, width = x.shape
@@ -95,6 +103,19 @@ def attention_with(scale_of=lambda q: 1 / math.sqrt(q.shape[-1]), dim=-1, invert
 def unstable_attention(q, k, v):
     exponentials = torch.exp(scores_of(q, k, 1 / math.sqrt(q.shape[-1])))
     return exponentials / exponentials.sum(dim=-1, keepdim=True) @ v
+
+
+def causal_with(mask_of):
+    """A student's causal attention whose mask is ``mask_of(n)`` (None: no mask)."""
+
+    def attention(q, k, v):
+        scores = scores_of(q, k, 1 / math.sqrt(q.shape[-1]))
+        mask = mask_of(q.shape[-2])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+    return attention
 
 
 PLANTED = {
@@ -133,6 +154,15 @@ PLANTED = {
             lambda q, k: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2)
         ),
         "wrong dimension",
+    ),
+    "causal mask on the wrong triangle": (
+        lambda: check_causal_attention(causal_with(lambda n: torch.ones(n, n, dtype=torch.bool).triu())),
+        "leaks the future",
+    ),
+    "causal attention without a mask": (lambda: check_causal_attention(causal_with(lambda n: None)), "not causal"),
+    "causal mask without the diagonal": (
+        lambda: check_causal_attention(causal_with(lambda n: torch.ones(n, n, dtype=torch.bool).tril(-1))),
+        "hides the diagonal",
     ),
     "heads split with a view and no transpose": (
         lambda: check_split_heads(lambda x, h: x.view(x.shape[0], h, x.shape[1], -1)),
@@ -224,5 +254,6 @@ def test_every_public_check_is_exported():
         "check_attention",
         "check_attention_weights",
         "check_split_heads",
+        "check_causal_attention",
         "check_close",
     }

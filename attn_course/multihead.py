@@ -1,0 +1,257 @@
+"""Multi-head attention: several attentions side by side, each in its own subspace.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_O,   head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i)
+
+The H query projections are stored as one ``[E, E]`` linear layer and split into heads
+by a reshape; the same for keys and values. With grouped-query attention
+(``num_kv_heads < num_heads``) several query heads share one key/value head; with
+``num_kv_heads = 1`` it is multi-query attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attn_course import _validate
+from attn_course.attention import self_attention
+from attn_course.kv_cache import KVCache
+from attn_course.masks import causal_mask
+
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``[B, N, H·d]`` to ``[B, H, N, d]``: reshape to ``[B, N, H, d]``, then swap N and H.
+
+    A direct ``view(B, H, N, d)`` would have the same shape but mix tokens into heads.
+    """
+    batch, tokens, width = x.shape
+    return x.view(batch, tokens, num_heads, width // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """``[B, H, N, d]`` back to ``[B, N, H·d]``, the inverse of :func:`split_heads`."""
+    batch, heads, tokens, head_dim = x.shape
+    return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention built on :func:`attn_course.self_attention`, batch first.
+
+    Args:
+        embed_dim: model width ``E``.
+        num_heads: number of query heads ``H``; must divide ``E``. Head size ``d = E / H``.
+        num_kv_heads: number of key/value heads ``H_kv`` (default ``H``); must divide ``H``.
+            ``1`` is multi-query attention, ``1 < H_kv < H`` grouped-query attention.
+        bias: whether the four projections have biases.
+        dropout: probability of dropping an attention weight while training.
+
+    Raises:
+        TypeError: non-int sizes or a non-number dropout.
+        ValueError: ``E`` not divisible by ``H``, ``H`` not divisible by ``H_kv``, sizes
+            below 1, or dropout outside ``[0, 1)``.
+
+    Example:
+        >>> attention = MultiHeadAttention(embed_dim=16, num_heads=4)
+        >>> x = torch.randn(2, 5, 16)                                   # [B, N, E]
+        >>> output, weights = attention(x, is_causal=True)
+        >>> output.shape, weights.shape
+        (torch.Size([2, 5, 16]), torch.Size([2, 4, 5, 5]))
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        where = "MultiHeadAttention"
+        embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
+        num_heads = _validate.integer(where, "num_heads", num_heads, minimum=1)
+        num_kv_heads = num_heads if num_kv_heads is None else _validate.integer(
+            where, "num_kv_heads", num_kv_heads, minimum=1
+        )
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"{where}: embed_dim={embed_dim} must be divisible by num_heads={num_heads} "
+                f"(each head gets embed_dim / num_heads features)"
+            )
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"{where}: num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads} "
+                f"(each key/value head serves the same number of query heads)"
+            )
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise TypeError(f"{where}: dropout must be a number in [0, 1), got {type(dropout).__name__}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"{where}: dropout must lie in [0, 1), got {dropout}")
+        self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = float(dropout)
+        kv_width = num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, kv_width, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, kv_width, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}")
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        kv_cache: KVCache | None = None,
+        need_weights: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` (to ``query`` itself when they are None).
+
+        Args:
+            query: ``[B, N_q, E]``.
+            key, value: ``[B, N_k, E]`` for cross-attention; both None for self-attention.
+            mask: boolean (True = may attend) or additive float, one of ``[N_q, N_k]``,
+                ``[B, N_q, N_k]`` (``[B, 1, N_k]`` from :func:`~attn_course.masks.padding_mask`)
+                or ``[B, H, N_q, N_k]`` (any of B, H, N_q may be 1). With a cache, ``N_k``
+                counts the cached tokens too.
+            is_causal: add a causal mask; with a cache, the new queries come after the
+                cached tokens.
+            kv_cache: a :class:`~attn_course.kv_cache.KVCache`; the new keys and values are
+                appended to it and the queries attend to everything it holds.
+            need_weights: return the per-head weights (else None).
+
+        Returns:
+            ``(output [B, N_q, E], attention_weights [B, H, N_q, N_k] or None)``.
+
+        Raises:
+            TypeError, ValueError: inputs of the wrong kind or shape, only one of key and
+                value, or a mask that does not fit.
+        """
+        where = "MultiHeadAttention.forward"
+        query = self._check_input(where, "query", query)
+        if (key is None) != (value is None):
+            raise ValueError(f"{where}: give both key and value (cross-attention) or neither (self-attention)")
+        key = query if key is None else self._check_input(where, "key", key)
+        value = query if value is None else self._check_input(where, "value", value)
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(
+                f"{where}: key and value must be [B, N_k, E] with query's B, got query "
+                f"{_validate.shape_str(query)}, key {_validate.shape_str(key)}, value {_validate.shape_str(value)}"
+            )
+        if kv_cache is not None and not isinstance(kv_cache, KVCache):
+            raise TypeError(f"{where}: kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+
+        q = split_heads(self.q_proj(query), self.num_heads)           # [B, H, N_q, d]
+        k = split_heads(self.k_proj(key), self.num_kv_heads)          # [B, H_kv, N_new, d]
+        v = split_heads(self.v_proj(value), self.num_kv_heads)        # [B, H_kv, N_new, d]
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)                              # [B, H_kv, N_k, d]
+        n_q, n_k = q.shape[2], k.shape[2]
+
+        mask = self._heads_mask(where, mask, query.shape[0], n_q, n_k)   # [B|1, H|1, N_q, N_k]
+        if is_causal:
+            causal = causal_mask(n_q, n_k, device=query.device)          # queries are the newest
+            mask = causal if mask is None else _and(mask, causal)
+
+        # Grouped-query attention: view the H query heads as H_kv groups of G, so that each
+        # key/value head broadcasts over its group instead of being copied G times.
+        groups = self.num_heads // self.num_kv_heads
+        q = q.unflatten(1, (self.num_kv_heads, groups))                  # [B, H_kv, G, N_q, d]
+        k, v = k.unsqueeze(2), v.unsqueeze(2)                            # [B, H_kv, 1, N_k, d]
+        if mask is not None and mask.dim() == 4:
+            mask = _group_mask(mask, self.num_kv_heads, groups)          # [B|1, H_kv|1, G|1, N_q, N_k]
+        output, weights = self_attention(q, k, v, mask)                   # [B, H_kv, G, N_q, d]
+        if self.training and self.dropout > 0:
+            output = F.dropout(weights, p=self.dropout) @ v
+        output = output.flatten(1, 2)                                    # [B, H, N_q, d]
+        output = self.out_proj(merge_heads(output))                      # [B, N_q, E]
+        return output, (weights.flatten(1, 2) if need_weights else None)
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Build a ``MultiHeadAttention`` with the weights of a ``torch.nn.MultiheadAttention``.
+
+        The torch module must be ``batch_first=True``, with equal query/key/value widths and
+        without ``add_bias_kv`` or ``add_zero_attn``. Note the mask conventions differ:
+        torch's boolean ``attn_mask`` and ``key_padding_mask`` mark *blocked* positions with
+        True, ours mark *allowed* ones.
+
+        Raises:
+            TypeError: not a ``torch.nn.MultiheadAttention``.
+            ValueError: a configuration that has no counterpart here.
+        """
+        where = "MultiHeadAttention.from_torch"
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"{where}: module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+        if not module.batch_first:
+            raise ValueError(f"{where}: module must be built with batch_first=True")
+        if not module._qkv_same_embed_dim:
+            raise ValueError(f"{where}: kdim and vdim must equal embed_dim")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError(f"{where}: add_bias_kv and add_zero_attn are not supported")
+        bias = module.in_proj_bias is not None
+        ours = cls(module.embed_dim, module.num_heads, bias=bias, dropout=module.dropout)
+        ours = ours.to(device=module.in_proj_weight.device, dtype=module.in_proj_weight.dtype)
+        with torch.no_grad():
+            for projection, weight in zip((ours.q_proj, ours.k_proj, ours.v_proj),
+                                          module.in_proj_weight.chunk(3)):
+                projection.weight.copy_(weight)
+            ours.out_proj.weight.copy_(module.out_proj.weight)
+            if bias:
+                for projection, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.chunk(3)):
+                    projection.bias.copy_(b)
+                ours.out_proj.bias.copy_(module.out_proj.bias)
+        return ours
+
+    def _check_input(self, where: str, name: str, x: object) -> torch.Tensor:
+        x = _validate.floating_tensor(where, name, x)
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"{where}: {name} must be [B, N, E] with E = embed_dim = {self.embed_dim}, "
+                f"got shape {_validate.shape_str(x)}"
+            )
+        return x
+
+    def _heads_mask(self, where: str, mask, batch: int, n_q: int, n_k: int) -> torch.Tensor | None:
+        """Bring a mask to 4-D ``[B|1, H|1, N_q|1, N_k]``, or say why it does not fit."""
+        if mask is None:
+            return None
+        mask = _validate.tensor(where, "mask", mask)
+        if not (mask.dtype == torch.bool or mask.is_floating_point()):
+            raise TypeError(f"{where}: mask must be boolean or floating, got dtype {mask.dtype}")
+        if mask.dim() == 2:
+            mask = mask[None, None]                                   # [1, 1, N_q, N_k]
+        elif mask.dim() == 3:
+            mask = mask[:, None]                                      # [B, 1, N_q, N_k]
+        expected = (batch, self.num_heads, n_q, n_k)
+        fits = mask.dim() == 4 and all(m in (1, e) for m, e in zip(mask.shape, expected))
+        if not fits or mask.shape[-1] != n_k:
+            raise ValueError(
+                f"{where}: mask of shape {_validate.shape_str(mask)} does not fit scores "
+                f"[B, H, N_q, N_k] = {list(expected)}; use [N_q, N_k], [B, N_q, N_k] or [B, H, N_q, N_k]"
+            )
+        return mask
+
+
+def _and(mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """Combine a boolean or additive mask with a boolean causal mask."""
+    if mask.dtype == torch.bool:
+        return mask & causal
+    return mask.masked_fill(~causal, float("-inf"))
+
+
+def _group_mask(mask: torch.Tensor, kv_heads: int, groups: int) -> torch.Tensor:
+    """``[B, H|1, N_q, N_k]`` to ``[B, H_kv|1, G|1, N_q, N_k]`` matching grouped queries."""
+    if mask.shape[1] == 1:
+        return mask.unsqueeze(2)
+    return mask.unflatten(1, (kv_heads, groups))

@@ -1,0 +1,156 @@
+"""Transformer blocks: attention plus a position-wise feed-forward network, with residuals.
+
+A block keeps the width ``E`` of its input, so blocks stack. Each sub-layer is wrapped
+as ``x + sublayer(norm(x))`` (pre-LayerNorm, GPT-2 and most modern models) or
+``norm(x + sublayer(x))`` (post-LayerNorm, the original Transformer and BERT).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attn_course import _validate
+from attn_course.kv_cache import KVCache
+from attn_course.multihead import MultiHeadAttention
+
+__all__ = ["FeedForward", "DecoderBlock"]
+
+_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: ``Linear(E, F) → activation → Linear(F, E)``.
+
+    The same two-layer MLP is applied to every token on its own; this is where a block
+    transforms what attention gathered.
+
+    Args:
+        embed_dim: ``E``.
+        hidden_dim: ``F``, typically ``4 · E``.
+        activation: ``"gelu"`` (exact, as in BERT and GPT-2) or ``"relu"`` (the original).
+        dropout: dropout after the second layer while training.
+
+    Raises:
+        TypeError, ValueError: sizes that are not positive ints, an unknown activation, or a
+            dropout outside ``[0, 1)``.
+    """
+
+    def __init__(self, embed_dim: int, hidden_dim: int, *, activation: str = "gelu", dropout: float = 0.0):
+        super().__init__()
+        where = "FeedForward"
+        embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
+        hidden_dim = _validate.integer(where, "hidden_dim", hidden_dim, minimum=1)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"{where}: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        self.dropout = _dropout(where, dropout)
+        self.activation = activation
+        self.up = nn.Linear(embed_dim, hidden_dim)
+        self.down = nn.Linear(hidden_dim, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., E]`` to ``[..., E]``."""
+        hidden = _ACTIVATIONS[self.activation](self.up(x))              # [..., F]
+        return F.dropout(self.down(hidden), self.dropout, self.training)  # [..., E]
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention (and optionally cross-attention), then a feed-forward network.
+
+    Args:
+        embed_dim: ``E``.
+        num_heads: ``H``.
+        ffn_dim: hidden width of the feed-forward network (default ``4 · E``).
+        num_kv_heads: key/value heads for grouped-query attention (default ``H``).
+        cross_attention: add a cross-attention sub-layer that reads an encoder's output.
+        norm_first: pre-LayerNorm (default) or post-LayerNorm.
+        dropout: dropout on attention weights and sub-layer outputs while training.
+
+    Example:
+        >>> block = DecoderBlock(embed_dim=32, num_heads=4)
+        >>> block(torch.randn(2, 7, 32))[0].shape
+        torch.Size([2, 7, 32])
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        ffn_dim: int | None = None,
+        num_kv_heads: int | None = None,
+        cross_attention: bool = False,
+        norm_first: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        where = "DecoderBlock"
+        embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
+        self.dropout = _dropout(where, dropout)
+        self.norm_first = bool(norm_first)
+        self.self_attention = MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, dropout=dropout)
+        self.norm_self = nn.LayerNorm(embed_dim)
+        self.cross_attention = MultiHeadAttention(embed_dim, num_heads, dropout=dropout) if cross_attention else None
+        self.norm_cross = nn.LayerNorm(embed_dim) if cross_attention else None
+        self.feed_forward = FeedForward(embed_dim, ffn_dim or 4 * embed_dim)  # dropout: in _residual
+        self.norm_ffn = nn.LayerNorm(embed_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        memory: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the block.
+
+        Args:
+            x: ``[B, N, E]`` the decoder's tokens (with a cache: only the new ones).
+            memory: ``[B, M, E]`` encoder output, required when the block has cross-attention.
+            mask: extra mask for self-attention (the causal mask is always applied).
+            memory_mask: mask for cross-attention, e.g. the encoder's padding.
+            kv_cache: a :class:`~attn_course.kv_cache.KVCache` for this block's self-attention.
+            need_weights: return the self-attention weights ``[B, H, N, N_k]``.
+
+        Returns:
+            ``(x [B, N, E], self-attention weights or None)``.
+
+        Raises:
+            ValueError: ``memory`` missing for a cross-attention block, or given to one without.
+        """
+        if (memory is None) != (self.cross_attention is None):
+            raise ValueError(
+                "DecoderBlock.forward: memory is required exactly when the block has cross-attention "
+                f"(cross_attention={self.cross_attention is not None}, memory given: {memory is not None})"
+            )
+        weights = None
+
+        def attend(h):
+            nonlocal weights
+            out, weights = self.self_attention(h, mask=mask, is_causal=True, kv_cache=kv_cache,
+                                               need_weights=need_weights)
+            return out
+
+        x = self._residual(x, attend, self.norm_self)
+        if self.cross_attention is not None:
+            x = self._residual(x, lambda h: self.cross_attention(h, memory, memory, mask=memory_mask,
+                                                                 need_weights=False)[0], self.norm_cross)
+        x = self._residual(x, self.feed_forward, self.norm_ffn)
+        return x, weights
+
+    def _residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
+        if self.norm_first:
+            return x + F.dropout(sublayer(norm(x)), self.dropout, self.training)
+        return norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+
+
+def _dropout(where: str, dropout: object) -> float:
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"{where}: dropout must be a number in [0, 1), got {type(dropout).__name__}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{where}: dropout must lie in [0, 1), got {dropout}")
+    return float(dropout)

@@ -1,0 +1,116 @@
+"""Transformer blocks, checked against torch.nn.TransformerEncoderLayer with a causal mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attn_course.kv_cache import KVCache
+from attn_course.multihead import MultiHeadAttention
+from attn_course.transformer import DecoderBlock, FeedForward
+
+
+def torch_layer_and_ours(norm_first: bool, seed: int = 0):
+    """A torch encoder layer (used causally) and a DecoderBlock holding the same weights."""
+    torch.manual_seed(seed)
+    reference = nn.TransformerEncoderLayer(
+        d_model=16,
+        nhead=4,
+        dim_feedforward=32,
+        dropout=0.0,
+        activation="gelu",
+        batch_first=True,
+        norm_first=norm_first,
+    ).eval()
+    ours = DecoderBlock(16, 4, ffn_dim=32, norm_first=norm_first).eval()
+    with torch.no_grad():
+        ours.self_attention.load_state_dict(MultiHeadAttention.from_torch(reference.self_attn).state_dict())
+        ours.feed_forward.up.load_state_dict(reference.linear1.state_dict())
+        ours.feed_forward.down.load_state_dict(reference.linear2.state_dict())
+        ours.norm_self.load_state_dict(reference.norm1.state_dict())
+        ours.norm_ffn.load_state_dict(reference.norm2.state_dict())
+    return reference, ours
+
+
+@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-LN", "post-LN"])
+def test_decoder_block_equals_torch_encoder_layer_with_causal_mask(norm_first):
+    reference, ours = torch_layer_and_ours(norm_first)
+    x = torch.randn(2, 7, 16)
+    future = torch.ones(7, 7, dtype=torch.bool).triu(1)  # torch: True = blocked
+    with torch.no_grad():
+        expected = reference(x, src_mask=future)
+        got, _ = ours(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_feed_forward_is_two_linear_layers_around_exact_gelu():
+    torch.manual_seed(0)
+    ffn = FeedForward(8, 24)
+    x = torch.randn(3, 5, 8)
+    expected = F.linear(F.gelu(F.linear(x, ffn.up.weight, ffn.up.bias)), ffn.down.weight, ffn.down.bias)
+    torch.testing.assert_close(ffn(x), expected)
+    relu = FeedForward(8, 24, activation="relu")
+    assert torch.all(relu.up(x).clamp_min(0) @ relu.down.weight.T + relu.down.bias == relu(x))
+
+
+def test_decoder_block_output_at_i_ignores_later_tokens():
+    torch.manual_seed(0)
+    block = DecoderBlock(16, 4).eval()
+    x = torch.randn(1, 9, 16)
+    changed = x.clone()
+    changed[:, 5:] = torch.randn(1, 4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x)[0][:, :5], block(changed)[0][:, :5])
+        assert not torch.allclose(block(x)[0][:, 5:], block(changed)[0][:, 5:])
+
+
+def test_decoding_with_a_cache_equals_one_causal_pass():
+    torch.manual_seed(0)
+    block = DecoderBlock(16, 4, num_kv_heads=2).eval()
+    x = torch.randn(2, 6, 16)
+    cache = KVCache()
+    with torch.no_grad():
+        full, _ = block(x)
+        pieces = [block(x[:, :2], kv_cache=cache)[0]] + [block(x[:, i : i + 1], kv_cache=cache)[0] for i in range(2, 6)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_reads_the_memory():
+    torch.manual_seed(0)
+    block = DecoderBlock(16, 4, cross_attention=True).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 3, 16)
+    with torch.no_grad():
+        first, _ = block(x, memory=memory)
+        second, _ = block(x, memory=memory + 1)
+    assert first.shape == (2, 5, 16) and not torch.allclose(first, second)
+
+
+def test_memory_required_exactly_for_cross_attention_blocks():
+    with pytest.raises(ValueError, match="memory is required"):
+        DecoderBlock(16, 4, cross_attention=True)(torch.randn(1, 3, 16))
+    with pytest.raises(ValueError, match="memory is required"):
+        DecoderBlock(16, 4)(torch.randn(1, 3, 16), memory=torch.randn(1, 2, 16))
+
+
+def test_need_weights_returns_causal_per_head_weights():
+    block = DecoderBlock(16, 4).eval()
+    _, weights = block(torch.randn(2, 5, 16), need_weights=True)
+    assert weights.shape == (2, 4, 5, 5)
+    assert torch.all(weights.triu(1) == 0)
+
+
+@pytest.mark.parametrize(
+    "build, error, fragment",
+    [
+        (lambda: FeedForward(0, 4), ValueError, "embed_dim"),
+        (lambda: FeedForward(4, 4, activation="tanh"), ValueError, "activation"),
+        (lambda: FeedForward(4, 4, dropout=1.0), ValueError, "dropout"),
+        (lambda: DecoderBlock(16, 4, dropout="0.1"), TypeError, "dropout"),
+        (lambda: DecoderBlock(15, 4), ValueError, "divisible"),
+    ],
+)
+def test_bad_configuration_raises_with_the_argument_named(build, error, fragment):
+    with pytest.raises(error, match=fragment):
+        build()
