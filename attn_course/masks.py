@@ -150,10 +150,12 @@ def sliding_window_mask(
                 [0, 1, 1, 0],
                 [0, 0, 1, 1]], dtype=torch.int32)
     """
-    window = _validate.integer("sliding_window_mask", "window", window, minimum=1)
+    where = "sliding_window_mask"
+    window = _validate.integer(where, "window", window, minimum=1)
+    n_q = _validate.integer(where, "n_q", n_q, minimum=1)
+    n_k = n_q if n_k is None else _validate.integer(where, "n_k", n_k, minimum=1)
+    offset = n_k - n_q if offset is None else _validate.integer(where, "offset", offset)
     causal = causal_mask(n_q, n_k, offset=offset, device=device)
-    n_k = causal.shape[1]
-    offset = n_k - n_q if offset is None else offset
     query_position = torch.arange(n_q, device=device).unsqueeze(1) + offset  # [N_q, 1]
     key_position = torch.arange(n_k, device=device).unsqueeze(0)             # [1, N_k]
     return causal & (key_position > query_position - window)

@@ -18,6 +18,7 @@ from attn_course import _validate
 from attn_course.attention import self_attention
 from attn_course.kv_cache import KVCache
 from attn_course.masks import causal_mask
+from attn_course.rope import RotaryEmbedding
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
 
@@ -26,13 +27,31 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``[B, N, H·d]`` to ``[B, H, N, d]``: reshape to ``[B, N, H, d]``, then swap N and H.
 
     A direct ``view(B, H, N, d)`` would have the same shape but mix tokens into heads.
+
+    Raises:
+        TypeError, ValueError: ``x`` not a 3-D tensor, or a width not divisible by ``num_heads``.
     """
+    where = "split_heads"
+    _validate.tensor(where, "x", x)
+    num_heads = _validate.integer(where, "num_heads", num_heads, minimum=1)
+    if x.dim() != 3 or x.shape[-1] % num_heads:
+        raise ValueError(
+            f"{where}: x must be [B, N, E] with E divisible by num_heads={num_heads}, "
+            f"got shape {_validate.shape_str(x)}"
+        )
     batch, tokens, width = x.shape
     return x.view(batch, tokens, num_heads, width // num_heads).transpose(1, 2)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """``[B, H, N, d]`` back to ``[B, N, H·d]``, the inverse of :func:`split_heads`."""
+    """``[B, H, N, d]`` back to ``[B, N, H·d]``, the inverse of :func:`split_heads`.
+
+    Raises:
+        TypeError, ValueError: ``x`` not a 4-D tensor.
+    """
+    _validate.tensor("merge_heads", "x", x)
+    if x.dim() != 4:
+        raise ValueError(f"merge_heads: x must be [B, H, N, d], got shape {_validate.shape_str(x)}")
     batch, heads, tokens, head_dim = x.shape
     return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
 
@@ -47,6 +66,10 @@ class MultiHeadAttention(nn.Module):
             ``1`` is multi-query attention, ``1 < H_kv < H`` grouped-query attention.
         bias: whether the four projections have biases.
         dropout: probability of dropping an attention weight while training.
+        rope: rotate queries and keys by their positions (chapter 05): ``True`` for a
+            :class:`~attn_course.rope.RotaryEmbedding` with the defaults, or your own
+            instance (its ``head_dim`` must be ``E / H``). Applies to self-attention; with
+            a cache, new tokens get the positions after the cached ones.
 
     Raises:
         TypeError: non-int sizes or a non-number dropout.
@@ -69,6 +92,7 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
+        rope: bool | RotaryEmbedding = False,
     ) -> None:
         super().__init__()
         where = "MultiHeadAttention"
@@ -99,6 +123,14 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv_width, bias=bias)
         self.v_proj = nn.Linear(embed_dim, kv_width, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        if isinstance(rope, RotaryEmbedding):
+            if rope.head_dim != self.head_dim:
+                raise ValueError(f"{where}: rope.head_dim={rope.head_dim} must equal E / H = {self.head_dim}")
+            self.rope = rope
+        elif isinstance(rope, bool):
+            self.rope = RotaryEmbedding(self.head_dim) if rope else None
+        else:
+            raise TypeError(f"{where}: rope must be a bool or a RotaryEmbedding, got {type(rope).__name__}")
 
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
@@ -150,15 +182,20 @@ class MultiHeadAttention(nn.Module):
             )
         if kv_cache is not None and not isinstance(kv_cache, KVCache):
             raise TypeError(f"{where}: kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+        self_attending = key is query
 
         q = split_heads(self.q_proj(query), self.num_heads)           # [B, H, N_q, d]
         k = split_heads(self.k_proj(key), self.num_kv_heads)          # [B, H_kv, N_new, d]
         v = split_heads(self.v_proj(value), self.num_kv_heads)        # [B, H_kv, N_new, d]
+        if self.rope is not None and self_attending:
+            start = 0 if kv_cache is None else len(kv_cache)            # new tokens follow the cache
+            positions = torch.arange(start, start + q.shape[2], device=q.device)
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        n_q, n_k = q.shape[2], k.shape[2] + (0 if kv_cache is None else len(kv_cache))
+        # Check the mask before touching the cache, so a rejected call leaves it as it was.
+        mask = self._heads_mask(where, mask, query.shape[0], n_q, n_k)   # [B|1, H|1, N_q, N_k]
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                              # [B, H_kv, N_k, d]
-        n_q, n_k = q.shape[2], k.shape[2]
-
-        mask = self._heads_mask(where, mask, query.shape[0], n_q, n_k)   # [B|1, H|1, N_q, N_k]
         if is_causal:
             causal = causal_mask(n_q, n_k, device=query.device)          # queries are the newest
             mask = causal if mask is None else _and(mask, causal)
@@ -172,7 +209,8 @@ class MultiHeadAttention(nn.Module):
             mask = _group_mask(mask, self.num_kv_heads, groups)          # [B|1, H_kv|1, G|1, N_q, N_k]
         output, weights = self_attention(q, k, v, mask)                   # [B, H_kv, G, N_q, d]
         if self.training and self.dropout > 0:
-            output = F.dropout(weights, p=self.dropout) @ v
+            weights = F.dropout(weights, p=self.dropout)                  # as torch: weights as used
+            output = weights @ v
         output = output.flatten(1, 2)                                    # [B, H, N_q, d]
         output = self.out_proj(merge_heads(output))                      # [B, N_q, E]
         return output, (weights.flatten(1, 2) if need_weights else None)
@@ -211,10 +249,16 @@ class MultiHeadAttention(nn.Module):
                 for projection, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.chunk(3)):
                     projection.bias.copy_(b)
                 ours.out_proj.bias.copy_(module.out_proj.bias)
-        return ours
+        return ours.train(module.training)
 
     def _check_input(self, where: str, name: str, x: object) -> torch.Tensor:
         x = _validate.floating_tensor(where, name, x)
+        parameter = self.q_proj.weight
+        if x.dtype != parameter.dtype:
+            raise TypeError(
+                f"{where}: {name} has dtype {x.dtype} but the module's weights are {parameter.dtype}; "
+                f"convert one of them (e.g. module.to({x.dtype}))"
+            )
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(
                 f"{where}: {name} must be [B, N, E] with E = embed_dim = {self.embed_dim}, "

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from attn_course import checks
 from attn_course.checks import (
     CheckFailed,
-    check_causal_attention,
     check_attention,
     check_attention_weights,
+    check_causal_attention,
     check_close,
     check_softmax,
     check_split_heads,

@@ -9,7 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_course.attention import self_attention
-from attn_course.masks import causal_mask, padding_mask
+from attn_course.masks import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    sliding_window_mask,
+    to_additive,
+    to_boolean,
+)
 
 FAST = settings(max_examples=25, deadline=None)
 
@@ -235,3 +242,255 @@ def test_padding_mask_rejects_bad_arguments(lengths, n, error, fragment):
         padding_mask(lengths, n)
     assert str(raised.value).startswith("padding_mask:")
     assert fragment in str(raised.value)
+
+
+# --- sliding_window_mask --------------------------------------------------------------------
+
+
+def sliding_window_by_loop(n_q: int, n_k: int, window: int, offset: int) -> torch.Tensor:
+    """Query i at absolute position offset + i sees key j when offset + i - window < j <= offset + i."""
+    mask = torch.zeros(n_q, n_k, dtype=torch.bool)
+    for i in range(n_q):
+        for j in range(n_k):
+            mask[i, j] = offset + i - window < j <= offset + i
+    return mask
+
+
+@pytest.mark.parametrize(
+    ("n_q", "n_k", "window", "offset"),
+    [(4, 4, 2, 0), (6, 6, 3, 0), (5, 5, 1, 0), (3, 7, 2, 4), (3, 7, 3, 1), (4, 2, 2, 0),
+     (2, 6, 4, -1), (1, 9, 3, 8), (3, 5, 2, 9)],
+)
+def test_sliding_window_mask_matches_loop(n_q, n_k, window, offset):
+    mask = sliding_window_mask(n_q, n_k, window=window, offset=offset)
+    assert mask.dtype == torch.bool and mask.shape == (n_q, n_k)
+    assert torch.equal(mask, sliding_window_by_loop(n_q, n_k, window, offset))
+
+
+@pytest.mark.parametrize(("n_q", "n_k", "window"), [(4, 4, 2), (1, 1, 1), (3, 7, 2), (2, 5, 5), (5, 5, 3)])
+def test_sliding_window_default_offset_aligns_queries_with_the_last_keys(n_q, n_k, window):
+    expected = sliding_window_by_loop(n_q, n_k, window, n_k - n_q)
+    assert torch.equal(sliding_window_mask(n_q, n_k, window=window), expected)
+    if n_q == n_k:
+        assert torch.equal(sliding_window_mask(n_q, window=window), expected)
+
+
+@pytest.mark.parametrize(("n_q", "n_k", "offset"), [(5, 5, None), (3, 6, None), (3, 6, 1), (4, 4, 2)])
+@pytest.mark.parametrize("extra", [0, 1, 10])
+def test_window_at_least_the_key_count_equals_the_causal_mask(n_q, n_k, offset, extra):
+    # Positions reach at most n_k - 1 + offset's excess; a window of n_k + max(offset, 0) + extra covers them.
+    window = n_k + max(offset or 0, 0) + extra
+    assert torch.equal(sliding_window_mask(n_q, n_k, window=window, offset=offset),
+                       causal_mask(n_q, n_k, offset=offset))
+
+
+@pytest.mark.parametrize("n", [1, 4, 6])
+def test_window_of_one_lets_each_query_see_only_itself(n):
+    assert torch.equal(sliding_window_mask(n, window=1), torch.eye(n, dtype=torch.bool))
+
+
+@FAST
+@given(
+    n=st.integers(2, 7),
+    window=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_sliding_window_output_ignores_keys_outside_the_window(n, window, seed):
+    q, k, v = randn(2, n, 4, seed=seed), randn(2, n, 4, seed=seed + 1), randn(2, n, 3, seed=seed + 2)
+    mask = sliding_window_mask(n, window=window)
+    output, _ = self_attention(q, k, v, mask)
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    last = n - 1                                 # the last query: change every key it may not see
+    new_k, new_v = k.clone(), v.clone()
+    new_k[:, : max(last - window + 1, 0)] = 1e3
+    new_v[:, : max(last - window + 1, 0)] = -1e3
+    assert torch.equal(self_attention(q, new_k, new_v, mask)[0][:, last], output[:, last])
+
+
+def test_sliding_window_mask_is_created_on_the_requested_device():
+    try:
+        torch.empty(1, device="meta")
+    except (RuntimeError, NotImplementedError):
+        pytest.skip("this PyTorch build has no 'meta' device")
+    mask = sliding_window_mask(3, 5, window=2, device="meta")
+    assert mask.device.type == "meta" and mask.shape == (3, 5) and mask.dtype == torch.bool
+
+
+SLIDING_BAD_WINDOWS = [
+    pytest.param(0, ValueError, id="zero"),
+    pytest.param(-2, ValueError, id="negative"),
+    pytest.param(2.0, TypeError, id="float"),
+    pytest.param(True, TypeError, id="bool"),
+    pytest.param(None, TypeError, id="none"),
+]
+
+
+@pytest.mark.parametrize(("window", "error"), SLIDING_BAD_WINDOWS)
+def test_sliding_window_mask_rejects_bad_windows_naming_the_argument(window, error):
+    with pytest.raises(error, match=r"^sliding_window_mask: window must"):
+        sliding_window_mask(4, window=window)
+
+
+@pytest.mark.parametrize(("arguments", "error"), [
+    pytest.param({"n_q": 0}, ValueError, id="zero-n_q"),
+    pytest.param({"n_q": 3, "n_k": 2.0}, TypeError, id="float-n_k"),
+    pytest.param({"n_q": 3, "offset": 1.5}, TypeError, id="float-offset"),
+])
+def test_sliding_window_mask_size_errors_name_sliding_window_mask(arguments, error):
+    with pytest.raises(error, match=r"^sliding_window_mask: (n_q|n_k|offset) must"):
+        sliding_window_mask(**arguments, window=2)
+
+
+# --- combine_masks --------------------------------------------------------------------------
+
+
+def test_combine_masks_is_logical_and_with_broadcasting():
+    causal = causal_mask(4)                                          # [N, N]
+    padding = padding_mask([4, 2, 3], 4)                             # [B, 1, N]
+    combined = combine_masks(causal, padding)
+    assert combined.dtype == torch.bool and combined.shape == (3, 4, 4)
+    for b in range(3):
+        for i in range(4):
+            for j in range(4):
+                assert combined[b, i, j] == (bool(causal[i, j]) and bool(padding[b, 0, j]))
+
+
+def test_combine_masks_of_three_matches_loop():
+    window = sliding_window_mask(5, window=2)                        # [N, N]
+    padding = padding_mask([5, 3], 5)                                # [B, 1, N]
+    per_head = torch.tensor([[True, False, True], [False, True, True]]).view(2, 3, 1, 1)   # [B, H, 1, 1]
+    combined = combine_masks(window, padding.unsqueeze(1), per_head)
+    assert combined.shape == (2, 3, 5, 5)
+    for b in range(2):
+        for h in range(3):
+            for i in range(5):
+                for j in range(5):
+                    expected = bool(window[i, j]) and bool(padding[b, 0, j]) and bool(per_head[b, h, 0, 0])
+                    assert combined[b, h, i, j] == expected
+
+
+def test_combine_masks_skips_none():
+    mask = causal_mask(3)
+    assert torch.equal(combine_masks(None, mask, None), mask)
+    padding = padding_mask([1, 3], 3)
+    assert torch.equal(combine_masks(mask, None, padding), combine_masks(mask, padding))
+
+
+def test_combine_masks_of_nothing_is_none():
+    assert combine_masks() is None
+    assert combine_masks(None) is None
+    assert combine_masks(None, None) is None
+
+
+def test_combined_mask_in_attention_matches_sdpa():
+    q, k, v = randn(2, 5, 8, seed=1), randn(2, 5, 8, seed=2), randn(2, 5, 4, seed=3)
+    mask = combine_masks(sliding_window_mask(5, window=3), padding_mask([5, 2], 5))
+    close(self_attention(q, k, v, mask)[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+COMBINE_BAD_MASKS = [
+    pytest.param((causal_mask(3), torch.zeros(3, 3)), TypeError, "masks[1] must be boolean", id="float-mask"),
+    pytest.param((torch.ones(3, 3, dtype=torch.long),), TypeError, "masks[0] must be boolean", id="int-mask"),
+    pytest.param((causal_mask(3), [[True] * 3] * 3), TypeError, "masks[1] must be a torch.Tensor", id="list"),
+    pytest.param((causal_mask(3), causal_mask(4)), ValueError, "broadcast", id="3x3-with-4x4"),
+    pytest.param((causal_mask(3), padding_mask([1, 2], 4)), ValueError, "broadcast", id="padding-too-long"),
+]
+
+
+@pytest.mark.parametrize(("masks", "error", "fragment"), COMBINE_BAD_MASKS)
+def test_combine_masks_rejects_bad_masks(masks, error, fragment):
+    with pytest.raises(error) as raised:
+        combine_masks(*masks)
+    assert str(raised.value).startswith("combine_masks:")
+    assert fragment in str(raised.value)
+
+
+# --- to_additive / to_boolean ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_to_additive_gives_zero_where_allowed_and_minus_inf_elsewhere(dtype):
+    allowed = padding_mask([3, 1], 4) & causal_mask(4)               # [B, N, N]
+    additive = to_additive(allowed, dtype=dtype)
+    assert additive.dtype == dtype and additive.shape == allowed.shape
+    for index in torch.cartesian_prod(*(torch.arange(size) for size in allowed.shape)).tolist():
+        value = additive[tuple(index)].item()
+        assert value == (0.0 if allowed[tuple(index)] else float("-inf"))
+
+
+def test_to_additive_defaults_to_float32():
+    assert to_additive(causal_mask(3)).dtype == torch.float32
+
+
+def test_additive_mask_gives_the_same_attention_as_the_boolean_one():
+    q, k, v = randn(2, 3, 5, 8, seed=1), randn(2, 3, 7, 8, seed=2), randn(2, 3, 7, 4, seed=3)
+    allowed = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(4)) < 0.6
+    allowed[..., 0] = True
+    output, weights = self_attention(q, k, v, to_additive(allowed))
+    expected, expected_weights = self_attention(q, k, v, allowed)
+    close(output, expected)
+    close(weights, expected_weights)
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=to_additive(allowed)))
+
+
+def test_additive_mask_with_a_fully_masked_row_gives_zeros_like_the_boolean_one():
+    q, k, v = randn(2, 4, 8, seed=1), randn(2, 6, 8, seed=2), randn(2, 6, 3, seed=3)
+    allowed = padding_mask([0, 4], 6)                                # batch 0 sees nothing
+    output, weights = self_attention(q, k, v, to_additive(allowed))
+    assert torch.equal(output[0], torch.zeros(4, 3)) and torch.equal(weights[0], torch.zeros(4, 6))
+    close(output, self_attention(q, k, v, allowed)[0])
+
+
+@FAST
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+    p=st.sampled_from([0.0, 0.5, 1.0]),
+    seed=st.integers(0, 2**31 - 1),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.float64]),
+)
+def test_to_boolean_inverts_to_additive(shape, p, seed, dtype):
+    generator = torch.Generator().manual_seed(seed)
+    allowed = torch.rand(*shape, generator=generator) < p
+    round_trip = to_boolean(to_additive(allowed, dtype=dtype))
+    assert round_trip.dtype == torch.bool
+    assert torch.equal(round_trip, allowed)
+
+
+def test_to_boolean_treats_finite_negative_values_as_allowed():
+    additive = torch.tensor([0.0, -1.0, -1e9, float("-inf"), 2.5, -torch.finfo(torch.float32).max])
+    expected = torch.tensor([True, True, True, False, True, True])
+    assert torch.equal(to_boolean(additive), expected)
+    # The documented way to count large penalties as blocked.
+    assert torch.equal(additive > -1e4, torch.tensor([True, True, False, False, True, False]))
+
+
+def test_to_boolean_of_half_precision_minus_inf():
+    additive = torch.tensor([[0.0, float("-inf")], [-60000.0, 0.0]], dtype=torch.float16)
+    assert torch.equal(to_boolean(additive), torch.tensor([[True, False], [True, True]]))
+
+
+@pytest.mark.parametrize(("mask", "dtype", "error", "fragment"), [
+    pytest.param(torch.zeros(3, 3), torch.float32, TypeError, "mask must be boolean", id="float-mask"),
+    pytest.param(torch.ones(3, 3, dtype=torch.long), torch.float32, TypeError, "mask must be boolean",
+                 id="int-mask"),
+    pytest.param([[True]], torch.float32, TypeError, "mask must be a torch.Tensor", id="list-mask"),
+    pytest.param(causal_mask(3), torch.int32, TypeError, "dtype", id="int-dtype"),
+    pytest.param(causal_mask(3), torch.bool, TypeError, "dtype", id="bool-dtype"),
+    pytest.param(causal_mask(3), "float32", TypeError, "dtype", id="string-dtype"),
+])
+def test_to_additive_rejects_bad_arguments(mask, dtype, error, fragment):
+    with pytest.raises(error) as raised:
+        to_additive(mask, dtype=dtype)
+    assert str(raised.value).startswith("to_additive:")
+    assert fragment in str(raised.value)
+
+
+@pytest.mark.parametrize("mask", [
+    pytest.param(causal_mask(3), id="bool"),
+    pytest.param(torch.zeros(3, 3, dtype=torch.long), id="int"),
+    pytest.param([[0.0, float("-inf")]], id="list"),
+])
+def test_to_boolean_rejects_non_floating_masks(mask):
+    with pytest.raises(TypeError, match=r"^to_boolean: mask must be"):
+        to_boolean(mask)
