@@ -128,6 +128,11 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"{where}: rope.head_dim={rope.head_dim} must equal E / H = {self.head_dim}")
             self.rope = rope
         elif isinstance(rope, bool):
+            if rope and self.head_dim % 2:
+                raise ValueError(
+                    f"{where}: rope needs an even head size, but embed_dim / num_heads = "
+                    f"{embed_dim} / {num_heads} = {self.head_dim}"
+                )
             self.rope = RotaryEmbedding(self.head_dim) if rope else None
         else:
             raise TypeError(f"{where}: rope must be a bool or a RotaryEmbedding, got {type(rope).__name__}")
