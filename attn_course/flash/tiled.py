@@ -1,0 +1,167 @@
+"""The FlashAttention algorithm in plain PyTorch: online softmax over blocks of keys.
+
+A softmax needs the maximum and the sum of exponentials of a whole row before any weight
+is known. The *online* softmax keeps, for each row, a running maximum ``m`` and a running
+sum ``l = Σ exp(s - m)``; when a new block of scores raises the maximum to ``m'``, the old
+sum (and the old weighted sum of values) is rescaled by ``exp(m - m')``. One pass over the
+key blocks then gives exactly the attention output, while only one ``block_q × block_k``
+tile of scores exists at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attn_course import _validate
+
+__all__ = ["online_softmax", "merge_softmax_blocks", "tiled_attention"]
+
+
+def merge_softmax_blocks(
+    max_a: torch.Tensor, sum_a: torch.Tensor, max_b: torch.Tensor, sum_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge the softmax statistics of two blocks of the same rows.
+
+    Block ``a`` has maximum ``max_a`` and ``sum_a = Σ exp(s - max_a)``; likewise ``b``. The
+    merged maximum is ``m = max(max_a, max_b)`` and the merged sum rescales each part:
+    ``sum_a · exp(max_a - m) + sum_b · exp(max_b - m)``. Rows where both maxima are ``-inf``
+    (nothing seen yet) keep a sum of 0.
+
+    Returns:
+        ``(max, sum)`` of the union of the two blocks, same shapes as the inputs.
+    """
+    merged_max = torch.maximum(max_a, max_b)
+    safe_max = merged_max.masked_fill(merged_max == float("-inf"), 0.0)   # avoid -inf - (-inf)
+    merged_sum = sum_a * torch.exp(max_a - safe_max) + sum_b * torch.exp(max_b - safe_max)
+    return merged_max, merged_sum
+
+
+def online_softmax(scores: torch.Tensor, *, block_size: int = 4) -> torch.Tensor:
+    """Softmax over the last dimension, computed by streaming over blocks of it.
+
+    The statistics (maximum and sum of exponentials) come from one pass over the blocks with
+    :func:`merge_softmax_blocks`; the weights then need one more pass. FlashAttention folds
+    that second pass into the weighted sum of values (:func:`tiled_attention`).
+
+    Args:
+        scores: ``[..., N]``.
+        block_size: how many scores are looked at per step.
+
+    Returns:
+        ``[..., N]``, equal to ``torch.softmax(scores, -1)`` up to round-off.
+
+    Raises:
+        TypeError, ValueError: scores not floating with at least one entry per row, or a
+            block size below 1.
+
+    Example:
+        >>> s = torch.tensor([1.0, 3.0, 2.0, 5.0, 0.0])
+        >>> torch.allclose(online_softmax(s, block_size=2), torch.softmax(s, -1))
+        True
+    """
+    where = "online_softmax"
+    scores = _validate.floating_tensor(where, "scores", scores, min_dim=1)
+    block_size = _validate.integer(where, "block_size", block_size, minimum=1)
+    if scores.shape[-1] == 0:
+        raise ValueError(f"{where}: scores must have at least one entry per row, got {_validate.shape_str(scores)}")
+    running_max = torch.full(scores.shape[:-1], float("-inf"), dtype=scores.dtype, device=scores.device)
+    running_sum = torch.zeros_like(running_max)
+    for start in range(0, scores.shape[-1], block_size):
+        block = scores[..., start : start + block_size]                      # [..., block]
+        block_max = block.amax(dim=-1)
+        block_sum = torch.exp(block - block_max.unsqueeze(-1)).sum(dim=-1)
+        running_max, running_sum = merge_softmax_blocks(running_max, running_sum, block_max, block_sum)
+    return torch.exp(scores - running_max.unsqueeze(-1)) / running_sum.unsqueeze(-1)
+
+
+def tiled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    block_q: int = 64,
+    block_k: int = 64,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention, one ``block_q × block_k`` tile of scores at a time (FlashAttention).
+
+    For each block of queries, walk over the blocks of keys keeping per row the running
+    maximum ``m``, the running sum ``l`` and the unnormalised output ``acc``; a new block
+    rescales the old ``l`` and ``acc`` by ``exp(m_old - m_new)``. With ``causal``, key blocks
+    entirely in the future of a query block are skipped.
+
+    Args:
+        q: ``[B, H, N_q, d]``.
+        k: ``[B, H, N_k, d]``.
+        v: ``[B, H, N_k, d_v]``.
+        causal: query ``i`` sees keys ``0..i`` (requires ``N_q == N_k``).
+        scale: defaults to ``1 / sqrt(d)``.
+        block_q, block_k: tile sizes.
+        return_lse: also return the log-sum-exp of each row's scaled scores, ``[B, H, N_q]``
+            (what the backward pass of FlashAttention keeps instead of the weights).
+
+    Returns:
+        ``output [B, H, N_q, d_v]``, or ``(output, lse)``.
+
+    Raises:
+        TypeError, ValueError: inputs that are not 4-D floating tensors of one dtype and
+            device with matching sizes, ``causal`` with ``N_q != N_k``, a bad scale or block size.
+
+    Example:
+        >>> q = k = v = torch.randn(1, 2, 100, 16)
+        >>> out = tiled_attention(q, k, v, causal=True, block_q=32, block_k=32)
+        >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(out, ref, atol=1e-5)
+        True
+    """
+    where = "tiled_attention"
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        _validate.floating_tensor(where, name, tensor, min_dim=4)
+        if tensor.dim() != 4:
+            raise ValueError(f"{where}: {name} must be [B, H, N, d], got shape {_validate.shape_str(tensor)}")
+    _validate.same_dtype_and_device(where, q=q, k=k, v=v)
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{where}: expected q [B, H, N_q, d], k [B, H, N_k, d], v [B, H, N_k, d_v], got q "
+            f"{_validate.shape_str(q)}, k {_validate.shape_str(k)}, v {_validate.shape_str(v)}"
+        )
+    n_q, n_k = q.shape[2], k.shape[2]
+    if causal and n_q != n_k:
+        raise ValueError(f"{where}: causal needs N_q == N_k, got N_q={n_q}, N_k={n_k}")
+    block_q = _validate.integer(where, "block_q", block_q, minimum=1)
+    block_k = _validate.integer(where, "block_k", block_k, minimum=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
+
+    outputs, lses = [], []
+    for q_start in range(0, n_q, block_q):
+        q_block = q[:, :, q_start : q_start + block_q]                       # [B, H, bq, d]
+        rows = q_block.shape[2]
+        row_max = q.new_full((*q.shape[:2], rows), float("-inf"))             # m: [B, H, bq]
+        row_sum = q.new_zeros((*q.shape[:2], rows))                           # l: [B, H, bq]
+        acc = q.new_zeros((*q.shape[:2], rows, v.shape[-1]))                  # [B, H, bq, d_v]
+        k_end = min(n_k, q_start + rows) if causal else n_k                   # skip the future
+        for k_start in range(0, k_end, block_k):
+            # Load a tile of scores: the only N-by-N-sized thing, block_q × block_k of it.
+            scores = q_block @ k[:, :, k_start : k_start + block_k].transpose(-2, -1) * scale  # [B, H, bq, bk]
+            if causal:
+                query_pos = torch.arange(q_start, q_start + rows, device=q.device)[:, None]
+                key_pos = torch.arange(k_start, k_start + scores.shape[-1], device=q.device)[None, :]
+                scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+            # Update the running maximum; rows that have seen nothing yet stay at -inf.
+            new_max = torch.maximum(row_max, scores.amax(dim=-1))
+            safe_max = new_max.masked_fill(new_max == float("-inf"), 0.0)
+            # Rescale what was accumulated under the old maximum, then add this tile.
+            correction = torch.exp(row_max - safe_max)                        # [B, H, bq]
+            probabilities = torch.exp(scores - safe_max.unsqueeze(-1))        # [B, H, bq, bk]
+            row_sum = row_sum * correction + probabilities.sum(dim=-1)
+            acc = acc * correction.unsqueeze(-1) + probabilities @ v[:, :, k_start : k_start + block_k]
+            row_max = new_max
+        # Normalise once at the end; l > 0 for every row that saw at least one key.
+        outputs.append(acc / row_sum.clamp_min(torch.finfo(row_sum.dtype).tiny).unsqueeze(-1))
+        lses.append(row_max + torch.log(row_sum))
+    output = torch.cat(outputs, dim=2)                                        # [B, H, N_q, d_v]
+    return (output, torch.cat(lses, dim=2)) if return_lse else output
