@@ -596,3 +596,42 @@ def test_forward_rejected_for_its_mask_leaves_the_kv_cache_unchanged():
 def test_forward_rejects_inputs_of_another_dtype_than_the_module(call):
     with pytest.raises(TypeError, match=r"^MultiHeadAttention.forward: (query|key)"):
         call(_attention())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    tokens=st.integers(2, 7),
+    cut=st.integers(1, 6),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_causal_module_output_before_a_change_ignores_the_changed_future(tokens, cut, kv_heads, seed):
+    cut = min(cut, tokens - 1)
+    torch.manual_seed(seed)
+    module = MultiHeadAttention(8, 4, num_kv_heads=kv_heads).eval()
+    x = torch.randn(2, tokens, 8)
+    changed = x.clone()
+    changed[:, cut:] = torch.randn(2, tokens - cut, 8)
+    with torch.no_grad():
+        before, _ = module(x, is_causal=True)
+        after, _ = module(changed, is_causal=True)
+    torch.testing.assert_close(before[:, :cut], after[:, :cut], atol=1e-6, rtol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 5), min_size=1, max_size=3), seed=st.integers(0, 2**31 - 1))
+def test_padded_tokens_do_not_change_the_real_tokens_outputs(lengths, seed):
+    torch.manual_seed(seed)
+    module = MultiHeadAttention(8, 2).eval()
+    n = max(lengths) + 2
+    x = torch.randn(len(lengths), n, 8)
+    other_padding = x.clone()
+    for b, length in enumerate(lengths):
+        other_padding[b, length:] = torch.randn(n - length, 8)
+    mask = padding_mask(lengths, n)
+    with torch.no_grad():
+        first, weights = module(x, mask=mask)
+        second, _ = module(other_padding, mask=mask)
+    for b, length in enumerate(lengths):
+        torch.testing.assert_close(first[b, :length], second[b, :length], atol=1e-6, rtol=1e-6)
+        assert torch.all(weights[b, :, :, length:] == 0)
