@@ -13,9 +13,9 @@ from torch import nn
 
 from attn_course import _validate
 from attn_course.kv_cache import KVCache
-from attn_course.multihead import MultiHeadAttention
+from attn_course.multihead import MultiHeadAttention, _and
 
-__all__ = ["FeedForward", "DecoderBlock"]
+__all__ = ["FeedForward", "EncoderBlock", "DecoderBlock"]
 
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
@@ -55,7 +55,123 @@ class FeedForward(nn.Module):
         return F.dropout(self.down(hidden), self.dropout, self.training)  # [..., E]
 
 
-class DecoderBlock(nn.Module):
+class _ResidualBlock(nn.Module):
+    """What every block shares: a sub-layer wrapped with dropout, a residual and a LayerNorm."""
+
+    norm_first: bool
+    dropout: float
+
+    def _residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
+        if self.norm_first:
+            return x + F.dropout(sublayer(norm(x)), self.dropout, self.training)
+        return norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+
+
+class EncoderBlock(_ResidualBlock):
+    """Bidirectional self-attention, then a feed-forward network: one layer of BERT.
+
+    Every token attends to every other (no causal mask), except to keys hidden by a mask.
+    With ``norm_first=False`` (the default, as in the original Transformer and BERT) each
+    sub-layer is ``x = norm(x + sublayer(x))``; ``norm_first=True`` selects pre-LayerNorm,
+    ``x = x + sublayer(norm(x))``.
+
+    Args:
+        embed_dim: ``E``.
+        num_heads: ``H``; must divide ``E``.
+        ffn_dim: hidden width ``F`` of the feed-forward network (default ``4 · E``).
+        activation: of the feed-forward network, ``"gelu"`` (exact, as in BERT) or ``"relu"``.
+        norm_first: pre-LayerNorm instead of post-LayerNorm.
+        norm_eps: the LayerNorms' ``eps`` (torch's default ``1e-5``; BERT uses ``1e-12``).
+        dropout: dropout on the sub-layer outputs while training.
+        attention_dropout: dropout on the attention weights while training (default ``dropout``).
+
+    Raises:
+        TypeError, ValueError: sizes that are not positive ints, ``E`` not divisible by ``H``,
+            an unknown activation, dropouts outside ``[0, 1)`` or a ``norm_eps`` that is not
+            a positive number.
+
+    Example:
+        >>> block = EncoderBlock(embed_dim=32, num_heads=4)
+        >>> x = torch.randn(2, 7, 32)                                    # [B, N, E]
+        >>> real = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])            # [B, N], 0 = padding
+        >>> y, weights = block(x, key_padding_mask=real, need_weights=True)
+        >>> y.shape, weights.shape
+        (torch.Size([2, 7, 32]), torch.Size([2, 4, 7, 7]))
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        ffn_dim: int | None = None,
+        activation: str = "gelu",
+        norm_first: bool = False,
+        norm_eps: float = 1e-5,
+        dropout: float = 0.0,
+        attention_dropout: float | None = None,
+    ) -> None:
+        super().__init__()
+        where = "EncoderBlock"
+        embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
+        ffn_dim = 4 * embed_dim if ffn_dim is None else _validate.integer(where, "ffn_dim", ffn_dim, minimum=1)
+        norm_eps = _validate.positive_finite(where, "norm_eps", norm_eps)
+        self.dropout = _dropout(where, dropout)
+        attention_dropout = self.dropout if attention_dropout is None else attention_dropout
+        self.norm_first = bool(norm_first)
+        self.self_attention = MultiHeadAttention(embed_dim, num_heads, dropout=attention_dropout)
+        self.norm_self = nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.feed_forward = FeedForward(embed_dim, ffn_dim, activation=activation)  # dropout: in _residual
+        self.norm_ffn = nn.LayerNorm(embed_dim, eps=norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the block.
+
+        Args:
+            x: ``[B, N, E]``.
+            mask: boolean (True = may attend) or additive float mask, ``[N, N]``,
+                ``[B, N, N]``, ``[B, 1, N]`` or ``[B, H, N, N]``, as in
+                :class:`~attn_course.multihead.MultiHeadAttention`.
+            key_padding_mask: ``[B, N]``, 1/True for a real token and 0/False for padding
+                (Hugging Face's ``attention_mask``). Padding is hidden as a *key*; a padded
+                query still gets an output, which the caller ignores. A sequence with no real
+                token gets all-zero attention weights, never NaN.
+            need_weights: return the attention weights per head.
+
+        Returns:
+            ``(x [B, N, E], weights [B, H, N, N] or None)``.
+
+        Raises:
+            TypeError, ValueError: ``x`` or a mask of the wrong kind or shape, or a
+                ``key_padding_mask`` holding values other than 0 and 1.
+        """
+        where = "EncoderBlock.forward"
+        x = self.self_attention._check_input(where, "x", x)
+        batch, tokens, _ = x.shape
+        mask = self.self_attention._heads_mask(where, mask, batch, tokens, tokens)  # [B|1, H|1, N|1, N]
+        if key_padding_mask is not None:
+            keys = _key_padding(where, key_padding_mask, batch, tokens, x.device)[:, None, None, :]  # [B, 1, 1, N]
+            mask = keys if mask is None else _and(mask, keys)
+        weights = None
+
+        def attend(h):
+            nonlocal weights
+            out, weights = self.self_attention(h, mask=mask, need_weights=need_weights)
+            return out
+
+        x = self._residual(x, attend, self.norm_self)                   # [B, N, E]
+        x = self._residual(x, self.feed_forward, self.norm_ffn)          # [B, N, E]
+        return x, weights
+
+
+class DecoderBlock(_ResidualBlock):
     """Causal self-attention (and optionally cross-attention), then a feed-forward network.
 
     Args:
@@ -142,10 +258,25 @@ class DecoderBlock(nn.Module):
         x = self._residual(x, self.feed_forward, self.norm_ffn)
         return x, weights
 
-    def _residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
-        if self.norm_first:
-            return x + F.dropout(sublayer(norm(x)), self.dropout, self.training)
-        return norm(x + F.dropout(sublayer(x), self.dropout, self.training))
+
+def _key_padding(where: str, mask: object, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
+    """A ``[B, N]`` mask of 1/True (token) and 0/False (padding) as booleans, or say what is wrong."""
+    mask = _validate.tensor(where, "key_padding_mask", mask)
+    if mask.shape != (batch, tokens):
+        raise ValueError(
+            f"{where}: key_padding_mask must be [B, N] = [{batch}, {tokens}] like x, "
+            f"got shape {_validate.shape_str(mask)}"
+        )
+    if mask.is_complex():
+        raise TypeError(f"{where}: key_padding_mask must be boolean or hold 0/1, got dtype {mask.dtype}")
+    if mask.dtype != torch.bool:
+        if not torch.all((mask == 0) | (mask == 1)):
+            raise ValueError(
+                f"{where}: key_padding_mask must hold only 0 (padding) and 1 (token), "
+                f"got values {torch.unique(mask).tolist()[:6]}"
+            )
+        mask = mask != 0
+    return mask.to(device)
 
 
 def _dropout(where: str, dropout: object) -> float:

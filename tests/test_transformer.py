@@ -1,4 +1,4 @@
-"""Transformer blocks, checked against torch.nn.TransformerEncoderLayer with a causal mask."""
+"""Transformer blocks, checked against torch.nn.TransformerEncoderLayer (bidirectional and causal)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from attn_course.kv_cache import KVCache
+from attn_course.masks import padding_mask
 from attn_course.multihead import MultiHeadAttention
-from attn_course.transformer import DecoderBlock, FeedForward
+from attn_course.transformer import DecoderBlock, EncoderBlock, FeedForward
 
 
-def torch_layer_and_ours(norm_first: bool, seed: int = 0):
-    """A torch encoder layer (used causally) and a DecoderBlock holding the same weights."""
+def torch_layer_and_ours(norm_first: bool, seed: int = 0, block=DecoderBlock, eps: float = 1e-5):
+    """A torch encoder layer and one of our blocks holding the same weights.
+
+    The LayerNorms get random weights and biases, so that swapping the two would show.
+    """
     torch.manual_seed(seed)
     reference = nn.TransformerEncoderLayer(
         d_model=16,
@@ -21,10 +25,18 @@ def torch_layer_and_ours(norm_first: bool, seed: int = 0):
         dim_feedforward=32,
         dropout=0.0,
         activation="gelu",
+        layer_norm_eps=eps,
         batch_first=True,
         norm_first=norm_first,
     ).eval()
-    ours = DecoderBlock(16, 4, ffn_dim=32, norm_first=norm_first).eval()
+    with torch.no_grad():
+        for norm in (reference.norm1, reference.norm2):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    if block is EncoderBlock:
+        ours = EncoderBlock(16, 4, ffn_dim=32, norm_first=norm_first, norm_eps=eps).eval()
+    else:
+        ours = DecoderBlock(16, 4, ffn_dim=32, norm_first=norm_first).eval()
     with torch.no_grad():
         ours.self_attention.load_state_dict(MultiHeadAttention.from_torch(reference.self_attn).state_dict())
         ours.feed_forward.up.load_state_dict(reference.linear1.state_dict())
@@ -44,6 +56,98 @@ def test_decoder_block_equals_torch_encoder_layer_with_causal_mask(norm_first):
         got, _ = ours(x)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_encoder_block_equals_torch_encoder_layer(norm_first):
+    reference, ours = torch_layer_and_ours(norm_first, block=EncoderBlock)
+    x = torch.randn(2, 7, 16)
+    with torch.no_grad():
+        expected = reference(x)
+        got, _ = ours(x)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_encoder_block_with_padding_equals_torch_at_real_tokens(norm_first):
+    reference, ours = torch_layer_and_ours(norm_first, seed=1, block=EncoderBlock, eps=1e-12)
+    x = torch.randn(3, 6, 16)
+    lengths = [6, 4, 1]
+    real = padding_mask(lengths, 6)[:, 0]                         # [B, N], True = token
+    with torch.no_grad():
+        expected = reference(x, src_key_padding_mask=~real)         # torch: True = padding
+        from_key_padding, _ = ours(x, key_padding_mask=real.long())  # Hugging Face style 1/0
+        from_mask, _ = ours(x, mask=padding_mask(lengths, 6))       # [B, 1, N]
+    torch.testing.assert_close(from_key_padding[real], expected[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(from_mask, from_key_padding)
+
+
+def test_encoder_block_post_ln_is_the_default_and_eps_reaches_both_norms():
+    block = EncoderBlock(16, 4, norm_eps=1e-12)
+    assert block.norm_first is False
+    assert block.norm_self.eps == block.norm_ffn.eps == 1e-12
+
+
+def test_encoder_block_weights_ignore_padded_keys_and_rows_sum_to_one():
+    torch.manual_seed(0)
+    block = EncoderBlock(16, 4).eval()
+    real = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    with torch.no_grad():
+        _, weights = block(torch.randn(2, 5, 16), key_padding_mask=real, need_weights=True)
+    assert weights.shape == (2, 4, 5, 5)
+    assert torch.all(weights[1, :, :, 2:] == 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
+
+
+def test_encoder_block_is_bidirectional():
+    torch.manual_seed(0)
+    block = EncoderBlock(16, 4).eval()
+    x = torch.randn(1, 6, 16)
+    changed = x.clone()
+    changed[:, -1] += 1.0
+    with torch.no_grad():
+        assert not torch.allclose(block(x)[0][:, 0], block(changed)[0][:, 0])
+
+
+def test_encoder_block_sequence_of_only_padding_gives_zeros_not_nan():
+    torch.manual_seed(0)
+    block = EncoderBlock(16, 4).eval()
+    real = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0]])
+    with torch.no_grad():
+        y, weights = block(torch.randn(2, 4, 16), key_padding_mask=real, need_weights=True)
+    assert torch.isfinite(y).all()
+    assert torch.all(weights[1] == 0)
+
+
+def test_encoder_block_combines_an_additive_mask_with_key_padding():
+    torch.manual_seed(0)
+    block = EncoderBlock(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    real = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    no_first_key = torch.zeros(5, 5)
+    no_first_key[:, 0] = float("-inf")
+    allowed = real[:, None, :] & (torch.arange(5) != 0)                # [B, 1, N]
+    with torch.no_grad():
+        _, combined = block(x, mask=no_first_key, key_padding_mask=real, need_weights=True)
+        _, expected = block(x, mask=allowed, need_weights=True)
+    torch.testing.assert_close(combined, expected)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"x": torch.randn(2, 5, 8)}, ValueError, "x must be"),
+        ({"x": torch.randn(2, 5, 16).long()}, TypeError, "x must be a floating"),
+        ({"key_padding_mask": torch.ones(2, 4)}, ValueError, r"key_padding_mask must be \[B, N\] = \[2, 5\]"),
+        ({"key_padding_mask": torch.full((2, 5), 2)}, ValueError, "only 0 .padding. and 1"),
+        ({"mask": torch.ones(3, 3, dtype=torch.bool)}, ValueError, "mask of shape"),
+    ],
+)
+def test_encoder_block_bad_inputs_name_the_argument(kwargs, error, fragment):
+    block = EncoderBlock(16, 4)
+    x = kwargs.pop("x", torch.randn(2, 5, 16))
+    with pytest.raises(error, match=fragment):
+        block(x, **kwargs)
 
 def test_feed_forward_is_two_linear_layers_around_exact_gelu():
     torch.manual_seed(0)
@@ -109,6 +213,11 @@ def test_need_weights_returns_causal_per_head_weights():
         (lambda: FeedForward(4, 4, dropout=1.0), ValueError, "dropout"),
         (lambda: DecoderBlock(16, 4, dropout="0.1"), TypeError, "dropout"),
         (lambda: DecoderBlock(15, 4), ValueError, "divisible"),
+        (lambda: EncoderBlock(15, 4), ValueError, "divisible"),
+        (lambda: EncoderBlock(16, 4, norm_eps=0), ValueError, "norm_eps"),
+        (lambda: EncoderBlock(16, 4, ffn_dim=0), ValueError, "ffn_dim"),
+        (lambda: EncoderBlock(16, 4, attention_dropout=1.5), ValueError, "dropout"),
+        (lambda: EncoderBlock(16, 4, activation="swish"), ValueError, "activation"),
     ],
 )
 def test_bad_configuration_raises_with_the_argument_named(build, error, fragment):
