@@ -4,6 +4,8 @@ The names students use most are re-exported here; each idea lives in its own mod
 (``attention``, ``masks``, ``toy_sentence``, ``widgets``, ``plots``, ...).
 """
 
+# First: on a machine without a CUDA GPU, select Triton's interpreter before anything imports Triton.
+from attn_course import _triton_mode  # noqa: F401, I001
 from attn_course.attention import classic_self_attention, self_attention
 from attn_course.kv_cache import KVCache
 from attn_course.masks import causal_mask, padding_mask
