@@ -259,20 +259,22 @@ class DecoderBlock(_ResidualBlock):
         return x, weights
 
 
-def _key_padding(where: str, mask: object, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
+def _key_padding(
+    where: str, mask: object, batch: int, tokens: int, device: torch.device, name: str = "key_padding_mask"
+) -> torch.Tensor:
     """A ``[B, N]`` mask of 1/True (token) and 0/False (padding) as booleans, or say what is wrong."""
-    mask = _validate.tensor(where, "key_padding_mask", mask)
+    mask = _validate.tensor(where, name, mask)
     if mask.shape != (batch, tokens):
         raise ValueError(
-            f"{where}: key_padding_mask must be [B, N] = [{batch}, {tokens}] like x, "
+            f"{where}: {name} must be [B, N] = [{batch}, {tokens}] like the input, "
             f"got shape {_validate.shape_str(mask)}"
         )
     if mask.is_complex():
-        raise TypeError(f"{where}: key_padding_mask must be boolean or hold 0/1, got dtype {mask.dtype}")
+        raise TypeError(f"{where}: {name} must be boolean or hold 0/1, got dtype {mask.dtype}")
     if mask.dtype != torch.bool:
         if not torch.all((mask == 0) | (mask == 1)):
             raise ValueError(
-                f"{where}: key_padding_mask must hold only 0 (padding) and 1 (token), "
+                f"{where}: {name} must hold only 0 (padding) and 1 (token), "
                 f"got values {torch.unique(mask).tolist()[:6]}"
             )
         mask = mask != 0
