@@ -1,6 +1,10 @@
-"""Shared test setup: a headless matplotlib and fast, repeatable hypothesis runs."""
+"""Shared test setup: Triton's mode, a headless matplotlib and fast, repeatable hypothesis runs."""
 
 import matplotlib
+
+# Before anything imports Triton (transformers does): without a GPU, attn_course selects
+# Triton's interpreter, which Triton only honours at its own import.
+import attn_course  # noqa: F401, I001
 
 # Before anything imports pyplot: tests draw figures without a display.
 matplotlib.use("Agg")

@@ -126,7 +126,9 @@ def _check_inputs(where: str, q, k, v, causal, scale) -> float:
     allowed = INTERPRETER_DTYPES if interpreted else GPU_DTYPES
     if q.dtype not in allowed:
         place = "in Triton's interpreter" if interpreted else "on a CUDA GPU"
-        raise TypeError(f"{where}: dtype must be one of {[str(d) for d in allowed]} {place}, got {q.dtype}")
+        bfloat16_in_interpreter = interpreted and q.dtype == torch.bfloat16
+        why = " (the interpreter's tl.dot cannot compute in bfloat16)" if bfloat16_in_interpreter else ""
+        raise TypeError(f"{where}: dtype must be one of {[str(d) for d in allowed]} {place}, got {q.dtype}{why}")
     if q.shape[:2] != k.shape[:2] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"{where}: expected q [B, H, N_q, d] and k, v [B, H, N_k, d], got q {_validate.shape_str(q)}, "

@@ -1,0 +1,180 @@
+"""The Triton FlashAttention kernels against float64 math, by the FlashAttention rule.
+
+Without a GPU these run the same kernel source through Triton's interpreter. The rule
+(from the FlashAttention test suite): the kernel's error against a float64 reference is at
+most a small multiple of the error of plain PyTorch attention computed in the same dtype,
+plus a small floor, for the output, the log-sum-exp and each gradient.
+"""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from attn_course.flash import triton_attention  # noqa: E402
+from attn_course.flash.triton_attention import attention_backward, attention_forward, flash_attention  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# On a GPU: half precisions. In the interpreter, bfloat16 tl.dot is unsupported: float16 and float32.
+DTYPES = (torch.float16, torch.bfloat16) if DEVICE == "cuda" else (torch.float16, torch.float32)
+FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 2e-6}
+
+
+def plain_attention(q, k, v, causal, scale):
+    """Attention the obvious way, in whatever dtype the inputs have; returns output and lse."""
+    scores = (q @ k.transpose(-2, -1)) * scale                                # [B, H, N_q, N_k]
+    if causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores.float(), dim=-1)
+
+
+def errors_against_float64(q, k, v, grad_out, causal, run):
+    """Max abs error of (out, lse, dq, dk, dv) from ``run`` against the float64 reference."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    exact_out, exact_lse = plain_attention(*exact, causal, scale)
+    exact_out.backward(grad_out.double())
+    inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = run(*inputs, causal, scale)
+    out.backward(grad_out)
+    results = [out, lse] + [t.grad for t in inputs]
+    references = [exact_out, exact_lse] + [t.grad for t in exact]
+    return [(r.double() - e.double()).abs().max().item() for r, e in zip(results, references)]
+
+
+def flash_with_lse(q, k, v, causal, scale):
+    out = flash_attention(q, k, v, causal=causal, scale=scale)
+    _, lse = attention_forward(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
+    return out, lse
+
+
+def random_inputs(batch, heads, n_q, n_k, head_dim, dtype, *, seed=0, logit_scale=1.0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, n_q, head_dim, generator=generator, dtype=torch.float64) * logit_scale
+    k = torch.randn(batch, heads, n_k, head_dim, generator=generator, dtype=torch.float64)
+    v = torch.randn(batch, heads, n_k, head_dim, generator=generator, dtype=torch.float64)
+    grad_out = torch.randn(batch, heads, n_q, head_dim, generator=generator, dtype=torch.float64)
+    return [t.to(DEVICE, dtype) for t in (q, k, v, grad_out)]
+
+
+def assert_flash_rule(q, k, v, grad_out, causal):
+    kernel = errors_against_float64(q, k, v, grad_out, causal, flash_with_lse)
+    plain = errors_against_float64(q, k, v, grad_out, causal, plain_attention)
+    floor = FLOOR[q.dtype]
+    names = ["output", "lse", "dq", "dk", "dv"]
+    for name, ours, theirs, factor in zip(names, kernel, plain, (2, 2, 3, 3, 3)):
+        assert ours <= factor * theirs + floor, f"{name}: kernel error {ours:.2e}, plain {q.dtype} {theirs:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [1, 17, 200])
+def test_matches_float64_by_the_flash_rule(length, causal, dtype):
+    assert_flash_rule(*random_inputs(2, 3, length, length, 64, dtype), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_sequence(causal):
+    # 1030: 17 key tiles, the last one with only 6 real keys.
+    assert_flash_rule(*random_inputs(1, 1, 1030, 1030, 64, DTYPES[0], seed=1), causal)
+
+
+@pytest.mark.parametrize("n_q, n_k", [(17, 200), (130, 5)])
+def test_queries_and_keys_of_different_lengths(n_q, n_k):
+    assert_flash_rule(*random_inputs(1, 2, n_q, n_k, 32, DTYPES[0], seed=2), False)
+
+
+@pytest.mark.parametrize("head_dim", triton_attention.SUPPORTED_HEAD_DIMS)
+def test_every_supported_head_dim(head_dim):
+    assert_flash_rule(*random_inputs(1, 2, 70, 70, head_dim, DTYPES[0], seed=3), True)
+
+
+def test_logits_scaled_by_50_stay_exact():
+    # Very peaked softmax: exp would overflow without the running maximum.
+    assert_flash_rule(*random_inputs(1, 2, 150, 150, 64, DTYPES[0], seed=4, logit_scale=50.0), False)
+
+
+def test_non_contiguous_inputs_and_gradient():
+    q, k, v, grad_out = random_inputs(2, 3, 90, 90, 32, DTYPES[0], seed=5)
+
+    def strided(t):   # same values, laid out [B, N, H, d] and viewed as [B, H, N, d]
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+    q, k, v, grad_out = map(strided, (q, k, v, grad_out))
+    assert not q.is_contiguous() and not grad_out.is_contiguous()
+    assert_flash_rule(q, k, v, grad_out, True)
+
+
+def test_every_element_is_written():
+    q, k, v, grad_out = random_inputs(2, 2, 67, 67, 16, DTYPES[0], seed=6)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    attention_forward(q, k, v, causal=True, out=out, lse=lse)
+    assert not out.isnan().any() and not lse.isnan().any()
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    attention_backward(grad_out, q, k, v, out, lse, causal=True,
+                       grad_q=grads[0], grad_k=grads[1], grad_v=grads[2])
+    assert not any(g.isnan().any() for g in grads)
+    reference = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert (out.double() - reference).abs().max() < 5e-3
+
+
+def test_matches_sdpa_and_returns_a_tensor_with_a_graph():
+    q, k, v, _ = random_inputs(1, 2, 40, 40, 64, DTYPES[0], seed=7)
+    q.requires_grad_()
+    out = flash_attention(q, k, v, causal=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.requires_grad
+    reference = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(out.float(), reference, atol=2e-3, rtol=0)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter note is for machines without a GPU")
+def test_interpreter_note_is_printed_once(monkeypatch, capsys):
+    monkeypatch.setattr(triton_attention, "_interpreter_note_shown", False)
+    q = torch.randn(1, 1, 4, 16)
+    flash_attention(q, q, q)
+    flash_attention(q, q, q)
+    note = capsys.readouterr().err
+    assert note.count("Triton's interpreter") == 1
+
+
+def _inputs(n_q=8, n_k=8, head_dim=16, dtype=None):
+    dtype = dtype or DTYPES[0]
+    return (torch.randn(1, 2, n_q, head_dim, dtype=dtype, device=DEVICE),
+            torch.randn(1, 2, n_k, head_dim, dtype=dtype, device=DEVICE),
+            torch.randn(1, 2, n_k, head_dim, dtype=dtype, device=DEVICE))
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda q, k, v: (q[..., :8], k[..., :8], v[..., :8]), ValueError, "head dimension d must be one of"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "dtype must be one of"),
+    (lambda q, k, v: (q, k.float() if q.dtype != torch.float32 else k.half(), v), TypeError, "dtype"),
+    (lambda q, k, v: (q[0], k[0], v[0]), ValueError, r"q must (be \[B, H, N, d\]|have at least 4 dimensions)"),
+    (lambda q, k, v: (q, k, v[:, :, :3]), ValueError, "expected q"),
+    (lambda q, k, v: (q, k[:, :1], v[:, :1]), ValueError, "expected q"),
+    (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "at least 1"),
+    (lambda q, k, v: (q.tolist(), k, v), TypeError, "q must be"),
+    (lambda q, k, v: (q, k.to("meta"), v), ValueError, "device"),
+])
+def test_clear_errors(change, error, message):
+    with pytest.raises(error, match=message):
+        flash_attention(*change(*_inputs()))
+
+
+def test_bfloat16_is_refused_in_the_interpreter():
+    if not triton_attention.runs_in_interpreter():
+        pytest.skip("bfloat16 is supported on a GPU")
+    with pytest.raises(TypeError, match="bfloat16.*interpreter|interpreter.*bfloat16"):
+        flash_attention(*_inputs(dtype=torch.bfloat16))
+
+
+def test_causal_needs_equal_lengths_and_scale_must_be_positive():
+    with pytest.raises(ValueError, match="causal needs N_q == N_k"):
+        flash_attention(*_inputs(n_q=4, n_k=8), causal=True)
+    with pytest.raises(ValueError, match="scale"):
+        flash_attention(*_inputs(), scale=-1.0)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attention(*_inputs(), causal=1)
