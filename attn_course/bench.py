@@ -3,8 +3,10 @@
 Speed and memory claims in the course are measured here, not asserted in timed tests.
 
     python -m attn_course.bench kv-cache     # generation with and without a KV cache
+    python -m attn_course.bench flash        # FlashAttention: GPU TFLOP/s, or CPU time and memory
 
-Each benchmark prints a table and writes ``bench-results/NAME.csv``.
+Each benchmark prints a table and writes ``bench-results/NAME.csv`` (``flash`` writes
+``flash-gpu`` or ``flash-cpu``, with a PNG plot); ``--lengths`` overrides the list of N.
 """
 
 from __future__ import annotations
@@ -93,19 +95,55 @@ def _write_csv(name: str, rows: list[dict], out: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attn_course.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=["kv-cache"])
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"))
-    args = parser.parse_args(argv)
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    rows = kv_cache_speedup(repeats=3)
+def _print_kv_cache(rows: list[dict]) -> None:
     print(f"{'new tokens':>10} {'no cache (s)':>13} {'cache (s)':>10} {'speed-up':>9}")
     for row in rows:
         print(f"{row['new_tokens']:>10} {row['seconds_without']:>13.3f} {row['seconds_with']:>10.3f} "
               f"{row['speedup']:>8.1f}x")
-    print(f"wrote {_write_csv(args.name, rows, args.out)}")
+
+
+def _print_flash(rows: list[dict]) -> None:
+    if "tflops" in rows[0]:
+        print(f"{'method':>16} {'dtype':>9} {'d':>4} {'causal':>6} {'N':>6} {'mode':>17} {'TFLOP/s':>8}")
+        for r in rows:
+            print(f"{r['method']:>16} {r['dtype']:>9} {r['head_dim']:>4} {str(r['causal']):>6} {r['n']:>6} "
+                  f"{r['mode']:>17} {r['tflops']:>8.1f}")
+        return
+    print(f"{'method':>6} {'N':>6} {'seconds':>9} {'peak MiB':>9} {'max diff':>9}")
+    for r in rows:
+        print(f"{r['method']:>6} {r['n']:>6} {r['seconds']:>9.3f} {r['peak_mib']:>9.1f} {r['max_difference']:>9.1e}")
+    for n in sorted({r["n"] for r in rows}):
+        peaks = {r["method"]: r["peak_mib"] for r in rows if r["n"] == n}
+        if "naive" in peaks and "tiled" in peaks:
+            print(f"N={n}: tiled peak memory {peaks['naive'] / peaks['tiled']:.1f}x below naive")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attn_course.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("name", choices=["kv-cache", "flash"])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"))
+    parser.add_argument("--lengths", type=int, nargs="+", help="sequence lengths N for flash")
+    args = parser.parse_args(argv)
+    if args.name == "kv-cache":
+        print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads")
+        rows = kv_cache_speedup(repeats=3)
+        _print_kv_cache(rows)
+        print(f"wrote {_write_csv(args.name, rows, args.out)}")
+        return 0
+    from attn_course.flash import benchmark
+
+    description = benchmark.machine_description()
+    print(f"# {description}")
+    lengths = {"lengths": tuple(args.lengths)} if args.lengths else {}
+    on_gpu = torch.cuda.is_available()
+    rows = benchmark.gpu_rows(**lengths) if on_gpu else benchmark.cpu_rows(**lengths)
+    _print_flash(rows)
+    name = "flash-gpu" if on_gpu else "flash-cpu"
+    print(f"wrote {_write_csv(name, rows, args.out)}")
+    plot = args.out / f"{name}.png"
+    benchmark.plot_rows(rows, plot, title=f"FlashAttention benchmark: {description}")
+    print(f"wrote {plot}")
     return 0
 
 
