@@ -25,7 +25,8 @@ def show_source(obj: object) -> _Source:
     """Return the source of a function, class or module for display in a notebook.
 
     Args:
-        obj: a function, class, method or module from any importable module.
+        obj: a function, class, method or module from any importable module, or a Triton
+            kernel (``@triton.jit``, compiled or interpreted).
 
     Returns:
         An object that Jupyter shows as highlighted code; ``repr`` gives plain text.
@@ -38,6 +39,8 @@ def show_source(obj: object) -> _Source:
         >>> print(repr(show_source(self_attention)).splitlines()[1])
         def self_attention(
     """
+    if type(obj).__module__.startswith("triton.") and inspect.isfunction(getattr(obj, "fn", None)):
+        obj = obj.fn   # a Triton kernel wraps the Python function it was defined from
     try:
         code = inspect.getsource(obj)
     except (TypeError, OSError):

@@ -48,3 +48,12 @@ def test_source_of_one_function_excludes_its_neighbours():
 def test_objects_without_python_source_raise_type_error(obj):
     with pytest.raises(TypeError, match="show_source: obj must be a Python function"):
         show_source(obj)
+
+
+def test_shows_a_triton_kernel_with_its_decorator():
+    pytest.importorskip("triton")
+    from attn_course.flash import kernels
+
+    text = repr(show_source(kernels.attention_forward_kernel))
+    assert text.splitlines()[0] == "# attn_course.flash.kernels.attention_forward_kernel"
+    assert "@triton.jit" in text and "def attention_forward_kernel(" in text and "tl.dot(q, k_t)" in text

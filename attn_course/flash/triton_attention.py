@@ -104,7 +104,7 @@ def _kernels_for(tensor: torch.Tensor, where: str) -> types.ModuleType:
     if runs_in_interpreter():
         if not _interpreter_note_shown:
             _interpreter_note_shown = True
-            print(f"{where}: no CUDA GPU, so the Triton kernels run in Triton's interpreter (the same "
+            print("attn_course.flash: no CUDA GPU, so the Triton kernels run in Triton's interpreter (the same "
                   "kernel code, executed tile by tile with NumPy: exact but slow; keep N small).",
                   file=sys.stderr)
     elif not tensor.is_cuda:
