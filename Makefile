@@ -16,10 +16,12 @@ export HF_HUB_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
 STAMP := $(VENV)/.installed
+# JupyterLab settings for this course: never ask about, or fetch, the Jupyter news feed.
+OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 .PHONY: venv lab test lint unit notebooks execute assignments grade clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(OVERRIDES)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +32,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 \
 		--display-name "Python 3 (attn-course)" > /dev/null
 	touch $(STAMP)
+
+$(OVERRIDES): tools/jupyterlab-overrides.json $(STAMP)
+	mkdir -p $(dir $@)
+	cp $< $@
 
 # Offline by design: no update checks, no news feed, no extension catalogue queries.
 LAB_FLAGS := --ServerApp.root_dir=notebooks \
