@@ -140,7 +140,14 @@ PLANTED = {
                 "q4_find_the_bug",
                 "forgot the scaling",
             ),
-        }
+        },
+        "07_transformer_bert": {
+            "masked_mean": (
+                "def masked_mean(hidden, attention_mask):\n    return hidden.mean(dim=1)\n",
+                "q1_mean_pooling",
+                "padding must not count",
+            ),
+        },
     },
     "grace": {
         "02_formula": {
@@ -165,7 +172,16 @@ PLANTED = {
                 "q4_find_the_bug",
                 "instead of the head dimension",
             ),
-        }
+        },
+        "07_transformer_bert": {
+            "fixed_bert_layer": (
+                "def fixed_bert_layer(layer, x):\n    attended, _ = layer.self_attention(x)\n"
+                "    x = x + layer.norm_self(attended)\n"
+                "    return x + layer.norm_ffn(layer.feed_forward(x))\n",
+                "q3_find_the_bug_post_ln",
+                "after the residual addition",
+            ),
+        },
     },
     "linus": {
         "01_intuition": {
