@@ -223,3 +223,32 @@ def test_need_weights_returns_causal_per_head_weights():
 def test_bad_configuration_raises_with_the_argument_named(build, error, fragment):
     with pytest.raises(error, match=fragment):
         build()
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_decoder_block_with_cross_attention_equals_torch_decoder_layer(norm_first):
+    # The decoder of "Attention Is All You Need": causal self-attention, cross-attention to
+    # the encoder's output (with its padding), feed-forward; compared with PyTorch's own layer.
+    torch.manual_seed(3)
+    reference = nn.TransformerDecoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=norm_first).eval()
+    with torch.no_grad():
+        for norm in (reference.norm1, reference.norm2, reference.norm3):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    ours = DecoderBlock(16, 4, ffn_dim=32, cross_attention=True, norm_first=norm_first).eval()
+    with torch.no_grad():
+        ours.self_attention.load_state_dict(MultiHeadAttention.from_torch(reference.self_attn).state_dict())
+        ours.cross_attention.load_state_dict(MultiHeadAttention.from_torch(reference.multihead_attn).state_dict())
+        ours.feed_forward.up.load_state_dict(reference.linear1.state_dict())
+        ours.feed_forward.down.load_state_dict(reference.linear2.state_dict())
+        ours.norm_self.load_state_dict(reference.norm1.state_dict())
+        ours.norm_cross.load_state_dict(reference.norm2.state_dict())
+        ours.norm_ffn.load_state_dict(reference.norm3.state_dict())
+    x, memory = torch.randn(2, 6, 16), torch.randn(2, 9, 16)
+    memory_padding = torch.tensor([[False] * 9, [False] * 6 + [True] * 3])     # torch: True = padding
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        expected = reference(x, memory, tgt_mask=future, memory_key_padding_mask=memory_padding)
+        got, _ = ours(x, memory=memory, memory_mask=padding_mask(torch.tensor([9, 6]), 9))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
