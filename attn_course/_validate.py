@@ -86,3 +86,12 @@ def broadcast_batch(where: str, **shapes: Sequence[int]) -> torch.Size:
             f"{where}: the batch dimensions (all but the last two) must broadcast, "
             f"got {listing}"
         ) from None
+
+
+def dropout(where: str, value: object, name: str = "dropout") -> float:
+    """Require a dropout probability: a real number in ``[0, 1)`` (bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}: {name} must be a number in [0, 1), got {type(value).__name__}")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{where}: {name} must lie in [0, 1), got {value}")
+    return float(value)

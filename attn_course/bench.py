@@ -23,10 +23,11 @@ import torch
 from attn_course import _validate
 from attn_course.language_model import LanguageModelConfig, TinyLanguageModel
 
-__all__ = ["kv_cache_speedup", "main"]
+__all__ = ["best_time", "kv_cache_speedup", "main"]
 
 
-def _best_time(fn, repeats: int) -> float:
+def best_time(fn, repeats: int) -> float:
+    """The shortest of ``repeats`` wall-clock timings of ``fn()``, in seconds."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -79,7 +80,7 @@ def kv_cache_speedup(
 
         if not torch.equal(run(True), run(False)):
             raise RuntimeError("kv_cache_speedup: cached and uncached generation disagree")
-        without, with_cache = _best_time(lambda: run(False), repeats), _best_time(lambda: run(True), repeats)
+        without, with_cache = best_time(lambda: run(False), repeats), best_time(lambda: run(True), repeats)
         rows.append({"new_tokens": count, "seconds_without": without, "seconds_with": with_cache,
                      "speedup": without / with_cache})
     return rows

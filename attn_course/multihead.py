@@ -111,13 +111,9 @@ class MultiHeadAttention(nn.Module):
                 f"{where}: num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads} "
                 f"(each key/value head serves the same number of query heads)"
             )
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise TypeError(f"{where}: dropout must be a number in [0, 1), got {type(dropout).__name__}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"{where}: dropout must lie in [0, 1), got {dropout}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
-        self.dropout = float(dropout)
+        self.dropout = _validate.dropout(where, dropout)
         kv_width = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.k_proj = nn.Linear(embed_dim, kv_width, bias=bias)

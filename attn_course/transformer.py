@@ -44,7 +44,7 @@ class FeedForward(nn.Module):
         hidden_dim = _validate.integer(where, "hidden_dim", hidden_dim, minimum=1)
         if activation not in _ACTIVATIONS:
             raise ValueError(f"{where}: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        self.dropout = _dropout(where, dropout)
+        self.dropout = _validate.dropout(where, dropout)
         self.activation = activation
         self.up = nn.Linear(embed_dim, hidden_dim)
         self.down = nn.Linear(hidden_dim, embed_dim)
@@ -116,7 +116,7 @@ class EncoderBlock(_ResidualBlock):
         embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
         ffn_dim = 4 * embed_dim if ffn_dim is None else _validate.integer(where, "ffn_dim", ffn_dim, minimum=1)
         norm_eps = _validate.positive_finite(where, "norm_eps", norm_eps)
-        self.dropout = _dropout(where, dropout)
+        self.dropout = _validate.dropout(where, dropout)
         attention_dropout = self.dropout if attention_dropout is None else attention_dropout
         self.norm_first = bool(norm_first)
         self.self_attention = MultiHeadAttention(embed_dim, num_heads, dropout=attention_dropout)
@@ -203,7 +203,7 @@ class DecoderBlock(_ResidualBlock):
         super().__init__()
         where = "DecoderBlock"
         embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
-        self.dropout = _dropout(where, dropout)
+        self.dropout = _validate.dropout(where, dropout)
         self.norm_first = bool(norm_first)
         self.self_attention = MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, dropout=dropout)
         self.norm_self = nn.LayerNorm(embed_dim)
@@ -280,10 +280,3 @@ def _key_padding(
         mask = mask != 0
     return mask.to(device)
 
-
-def _dropout(where: str, dropout: object) -> float:
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-        raise TypeError(f"{where}: dropout must be a number in [0, 1), got {type(dropout).__name__}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"{where}: dropout must lie in [0, 1), got {dropout}")
-    return float(dropout)

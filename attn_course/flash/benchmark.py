@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from attn_course import _validate
 from attn_course.attention import self_attention
+from attn_course.bench import best_time
 from attn_course.flash.tiled import tiled_attention
 from attn_course.memory import peak_memory
 
@@ -62,17 +63,6 @@ def machine_description() -> str:
     else:
         device = f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
     return f"{device}; torch {torch.__version__}; Triton {triton_version}"
-
-
-def _best_seconds(fn, repeats: int) -> float:
-    import time
-
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _available_memory_bytes() -> int:
@@ -118,7 +108,7 @@ def cpu_rows(lengths=(512, 1024, 2048, 4096, 8192, 16384), *, head_dim: int = 64
                 continue
             with torch.no_grad():
                 out, peak = peak_memory(fn, q, k, v)
-                seconds = _best_seconds(functools.partial(fn, q, k, v), repeats)
+                seconds = best_time(functools.partial(fn, q, k, v), repeats)
             rows.append({"method": method, "n": n, "seconds": seconds, "peak_mib": peak / 2**20,
                          "max_difference": (out - reference).abs().max().item()})
     return rows
