@@ -17,19 +17,9 @@ from attn_course.attention import (
 )
 from attn_course.masks import causal_mask
 
+from helpers import randn, random_mask
+
 FAST = settings(max_examples=25, deadline=None)
-
-
-def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Standard normal values drawn in float64 from a fixed seed, then cast to ``dtype``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
-
-
-def random_mask(*shape: int, p: float = 0.6, seed: int = 0) -> torch.Tensor:
-    """Boolean mask, True (may attend) with probability ``p``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.rand(*shape, generator=generator) < p
 
 
 def sdpa(q, k, v, mask=None, **kwargs):

@@ -12,16 +12,12 @@ from attn_course.kv_cache import KVCache
 from attn_course.masks import padding_mask
 from attn_course.multihead import MultiHeadAttention
 
+from helpers import randn
+
 FAST = settings(max_examples=25, deadline=None)
 
 E, H = 16, 4                      # model width and query heads of the attention modules
 D = E // H                        # head size
-
-
-def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Standard normal values drawn in float64 from a fixed seed, then cast to ``dtype``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
 
 
 def close(actual, expected, tol=1e-5):

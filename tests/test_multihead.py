@@ -13,22 +13,12 @@ from attn_course.kv_cache import KVCache
 from attn_course.masks import causal_mask, padding_mask
 from attn_course.multihead import MultiHeadAttention, merge_heads, split_heads
 
+from helpers import randn, random_mask
+
 FAST = settings(max_examples=25, deadline=None)
 
 E, H = 16, 4                      # model width and query heads used throughout
 D = E // H                        # head size
-
-
-def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Standard normal values drawn in float64 from a fixed seed, then cast to ``dtype``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
-
-
-def random_mask(*shape: int, p: float = 0.6, seed: int = 0) -> torch.Tensor:
-    """Boolean mask, True (may attend) with probability ``p``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.rand(*shape, generator=generator) < p
 
 
 def close(actual, expected, tol=1e-5):

@@ -19,17 +19,13 @@ from attn_course.kv_cache import KVCache
 from attn_course.multihead import MultiHeadAttention
 from attn_course.rope import RotaryEmbedding
 
+from helpers import randn
+
 FAST = settings(max_examples=25, deadline=None)
 HEAD_DIMS = st.sampled_from([2, 4, 8, 64, 128])
 BASES = st.sampled_from([100.0, 10_000.0, 500_000.0])
 POSITIONS = st.integers(min_value=0, max_value=1023)       # m, n and the shift s: m + s < 2048
 U32, U64 = 2.0 ** -24, 2.0 ** -53                          # float32 and float64 unit round-offs
-
-
-def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Standard normal values drawn in float64 from a fixed seed, then cast to ``dtype``."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
 
 
 def close(actual, expected, tol=1e-5):
