@@ -25,6 +25,7 @@ from attn_course import _validate
 from attn_course.attention import self_attention
 from attn_course.bench import best_time
 from attn_course.flash.tiled import tiled_attention
+from attn_course.masks import causal_mask
 from attn_course.memory import peak_memory
 
 __all__ = ["attention_flops", "cpu_rows", "gpu_rows", "machine_description", "plot_rows"]
@@ -141,11 +142,8 @@ def gpu_rows(lengths=(512, 1024, 2048, 4096, 8192, 16384), *, head_dims=(64, 128
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return run
 
-    def naive(q, k, v, causal):
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        if causal:
-            scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
-        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+    def naive(q, k, v, causal):   # the course's plain attention, as on the CPU
+        return self_attention(q, k, v, causal_mask(q.shape[-2], device=q.device) if causal else None)[0]
 
     methods = {"ours (Triton)": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal),
                "sdpa flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
