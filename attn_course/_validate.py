@@ -76,6 +76,62 @@ def integer(where: str, name: str, value: object, *, minimum: int | None = None)
     return value
 
 
+def integer_tensor(where: str, name: str, value: object) -> torch.Tensor:
+    """Require a tensor of integers (any integer dtype; not bool, floating or complex)."""
+    value = tensor(where, name, value)
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{where}: {name} must hold integers, got dtype {value.dtype}")
+    return value
+
+
+def integer_sequence(where: str, name: str, value: object, *, minimum: int | None = None) -> list[int]:
+    """Require a sequence of ints (not a string), each ``>= minimum``; errors name the index."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{where}: {name} must be a sequence of ints, got {type(value).__name__}")
+    return [integer(where, f"{name}[{index}]", item, minimum=minimum) for index, item in enumerate(value)]
+
+
+def labels(where: str, name: str, value: object, expected: int | None = None) -> list[str]:
+    """Require a sequence of strings (a plain string is not one), of length ``expected`` if given."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{where}: {name} must be a sequence of strings, got {type(value).__name__}")
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            raise TypeError(f"{where}: {name}[{index}] must be a str, got {type(item).__name__}")
+    if expected is not None and len(value) != expected:
+        raise ValueError(f"{where}: {name} must have {expected} labels, got {len(value)}")
+    return list(value)
+
+
+def four_d(where: str, **tensors: object) -> None:
+    """Require floating 4-D tensors (``[B, H, N, d]``) that share one dtype and one device."""
+    for name, value in tensors.items():
+        floating_tensor(where, name, value, min_dim=4)
+        if value.dim() != 4:
+            raise ValueError(f"{where}: {name} must be 4-D [B, H, N, d], got shape {shape_str(value)}")
+    same_dtype_and_device(where, **tensors)
+
+
+def attention_inputs(
+    where: str, q: object, k: object, v: object, *, causal: object = False, scale: object = None
+) -> float:
+    """Check ``q [B, H, N_q, d]``, ``k [B, H, N_k, d]``, ``v [B, H, N_k, d_v]`` and the options.
+
+    Returns:
+        the softmax scale: ``scale``, or ``1 / sqrt(d)`` when it is None.
+    """
+    four_d(where, q=q, k=k, v=v)
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{where}: expected q [B, H, N_q, d], k [B, H, N_k, d] and v [B, H, N_k, d_v], got q "
+            f"{shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+        )
+    boolean(where, "causal", causal)
+    if causal and q.shape[2] != k.shape[2]:
+        raise ValueError(f"{where}: causal needs N_q == N_k, got N_q={q.shape[2]}, N_k={k.shape[2]}")
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else positive_finite(where, "scale", scale)
+
+
 def broadcast_batch(where: str, **shapes: Sequence[int]) -> torch.Size:
     """Broadcast the named batch shapes together, or say which ones clash."""
     try:
@@ -86,6 +142,13 @@ def broadcast_batch(where: str, **shapes: Sequence[int]) -> torch.Size:
             f"{where}: the batch dimensions (all but the last two) must broadcast, "
             f"got {listing}"
         ) from None
+
+
+def boolean(where: str, name: str, value: object) -> bool:
+    """Require a Python bool (``0``/``1`` are not accepted: they usually mean a mix-up)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be a bool, got {type(value).__name__}")
+    return value
 
 
 def dropout(where: str, value: object, name: str = "dropout") -> float:

@@ -20,6 +20,9 @@ __all__ = [
     "combine_masks",
     "to_additive",
     "to_boolean",
+    "to_score_shape",
+    "restrict_mask",
+    "key_padding_to_boolean",
 ]
 
 
@@ -101,11 +104,8 @@ def padding_mask(lengths: torch.Tensor | Sequence[int], n: int) -> torch.Tensor:
                 f"{where}: lengths must be a 1-D integer tensor or a sequence of ints, "
                 f"got {type(lengths).__name__}"
             )
-        for index, length in enumerate(lengths):
-            _validate.integer(where, f"lengths[{index}]", length)
-        lengths = torch.tensor(list(lengths), dtype=torch.long)
-    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
-        raise TypeError(f"{where}: lengths must hold integers, got dtype {lengths.dtype}")
+        lengths = torch.tensor(_validate.integer_sequence(where, "lengths", lengths), dtype=torch.long)
+    lengths = _validate.integer_tensor(where, "lengths", lengths)
     if lengths.dim() != 1:
         raise ValueError(
             f"{where}: lengths must be 1-D [B], got shape {_validate.shape_str(lengths)}"
@@ -214,3 +214,149 @@ def to_boolean(mask: torch.Tensor) -> torch.Tensor:
     """
     _validate.floating_tensor("to_boolean", "mask", mask)
     return mask != float("-inf")
+
+
+def to_score_shape(
+    mask: torch.Tensor | None,
+    batch: int,
+    heads: int,
+    n_q: int,
+    n_k: int,
+    *,
+    caller: str = "to_score_shape",
+    name: str = "mask",
+) -> torch.Tensor | None:
+    """Bring a mask to the 4-D shape of multi-head scores, ``[B|1, H|1, N_q|1, N_k]``, or say why it does not fit.
+
+    Accepted shapes are ``[N_q, N_k]`` (one mask for everything), ``[B, N_q, N_k]`` (one per
+    sequence; ``[B, 1, N_k]`` from :func:`padding_mask`) and ``[B, H, N_q, N_k]``, where any of
+    B, H and N_q may be 1 to broadcast. The mask itself is not copied: size-1 dimensions are
+    added in front as views.
+
+    Args:
+        mask: boolean (True = may attend) or additive floating mask, or None.
+        batch, heads, n_q, n_k: the scores' sizes ``B``, ``H``, ``N_q``, ``N_k``.
+        caller: the name that error messages start with (the public function that was called).
+        name: the argument's name in error messages.
+
+    Returns:
+        The mask as ``[B|1, H|1, N_q|1, N_k]``, or None when ``mask`` is None.
+
+    Raises:
+        TypeError: a mask that is not a boolean or floating tensor.
+        ValueError: a mask whose shape does not broadcast to ``[B, H, N_q, N_k]``.
+
+    Example:
+        >>> to_score_shape(causal_mask(3), batch=2, heads=4, n_q=3, n_k=3).shape
+        torch.Size([1, 1, 3, 3])
+        >>> to_score_shape(padding_mask([2, 3], 3), batch=2, heads=4, n_q=3, n_k=3).shape
+        torch.Size([2, 1, 1, 3])
+    """
+    if mask is None:
+        return None
+    mask = _validate.tensor(caller, name, mask)
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError(f"{caller}: {name} must be boolean or floating, got dtype {mask.dtype}")
+    if mask.dim() == 2:
+        mask = mask[None, None]                                   # [1, 1, N_q, N_k]
+    elif mask.dim() == 3:
+        mask = mask[:, None]                                      # [B, 1, N_q, N_k]
+    expected = (batch, heads, n_q, n_k)
+    fits = mask.dim() == 4 and all(m in (1, e) for m, e in zip(mask.shape, expected))
+    if not fits or mask.shape[-1] != n_k:
+        raise ValueError(
+            f"{caller}: {name} of shape {_validate.shape_str(mask)} does not fit scores "
+            f"[B, H, N_q, N_k] = {list(expected)}; use [N_q, N_k], [B, N_q, N_k] or [B, H, N_q, N_k]"
+        )
+    return mask
+
+
+def restrict_mask(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Tensor:
+    """Block, in a boolean or additive ``mask``, every position that the boolean ``allowed`` blocks.
+
+    A boolean mask is and-ed with ``allowed``; an additive one gets ``-inf`` where ``allowed``
+    is False and keeps its own values elsewhere (a soft bias stays a soft bias). This is how a
+    causal or padding mask is added on top of whatever mask the caller passed.
+
+    Args:
+        mask: boolean (True = may attend) or additive floating mask, or None.
+        allowed: boolean mask that broadcasts against ``mask``.
+
+    Returns:
+        A mask of ``mask``'s kind with the broadcast shape of both; ``allowed`` itself when
+        ``mask`` is None.
+
+    Raises:
+        TypeError: ``allowed`` not boolean, or ``mask`` neither boolean nor floating.
+        ValueError: shapes that do not broadcast.
+
+    Example:
+        >>> additive = torch.tensor([[0.0, -1.0], [0.0, -1.0]])
+        >>> restrict_mask(additive, causal_mask(2))
+        tensor([[ 0., -inf],
+                [ 0., -1.]])
+    """
+    where = "restrict_mask"
+    allowed = _validate.tensor(where, "allowed", allowed)
+    if allowed.dtype != torch.bool:
+        raise TypeError(f"{where}: allowed must be boolean (True = may attend), got dtype {allowed.dtype}")
+    if mask is None:
+        return allowed
+    mask = _validate.tensor(where, "mask", mask)
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError(f"{where}: mask must be boolean or floating, got dtype {mask.dtype}")
+    _validate.broadcast_batch(where, mask=mask.shape, allowed=allowed.shape)
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def key_padding_to_boolean(
+    key_padding_mask: torch.Tensor,
+    batch: int,
+    n: int,
+    *,
+    device: torch.device | str | None = None,
+    caller: str = "key_padding_to_boolean",
+    name: str = "key_padding_mask",
+) -> torch.Tensor:
+    """A ``[B, N]`` key padding mask of 1/True (token) and 0/False (padding) as booleans.
+
+    This is Hugging Face's ``attention_mask`` convention, the same as ours: True (or 1) marks a
+    real token that may be attended to. (``torch.nn.MultiheadAttention``'s
+    ``key_padding_mask`` is the opposite: True marks padding.)
+
+    Args:
+        key_padding_mask: ``[B, N]`` boolean tensor, or integers/floats that are all 0 or 1.
+        batch, n: the expected ``B`` and ``N``.
+        device: move the result there (default: where it is).
+        caller: the name that error messages start with (the public function that was called).
+        name: the argument's name in error messages.
+
+    Returns:
+        ``[B, N]`` boolean tensor, True for real tokens.
+
+    Raises:
+        TypeError: not a tensor, or a complex one.
+        ValueError: a shape other than ``[batch, n]``, or values other than 0 and 1.
+
+    Example:
+        >>> key_padding_to_boolean(torch.tensor([[1, 1, 0]]), batch=1, n=3)
+        tensor([[ True,  True, False]])
+    """
+    mask = _validate.tensor(caller, name, key_padding_mask)
+    if mask.shape != (batch, n):
+        raise ValueError(
+            f"{caller}: {name} must be [B, N] = [{batch}, {n}] like the input, "
+            f"got shape {_validate.shape_str(mask)}"
+        )
+    if mask.is_complex():
+        raise TypeError(f"{caller}: {name} must be boolean or hold 0/1, got dtype {mask.dtype}")
+    if mask.dtype != torch.bool:
+        if not torch.all((mask == 0) | (mask == 1)):
+            raise ValueError(
+                f"{caller}: {name} must hold only 0 (padding) and 1 (token), "
+                f"got values {torch.unique(mask).tolist()[:6]}"
+            )
+        mask = mask != 0
+    return mask if device is None else mask.to(device)
