@@ -80,7 +80,7 @@ def integer_tensor(where: str, name: str, value: object) -> torch.Tensor:
     """Require a tensor of integers (any integer dtype; not bool, floating or complex)."""
     value = tensor(where, name, value)
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{where}: {name} must hold integers, got dtype {value.dtype}")
+        raise TypeError(f"{where}: {name} must be an integer tensor, got dtype {value.dtype}")
     return value
 
 

@@ -55,8 +55,10 @@ class CharTokenizer:
     """
 
     def __init__(self, text: str) -> None:
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"CharTokenizer: text must be a non-empty str, got {text!r:.40}")
+        if not isinstance(text, str):
+            raise TypeError(f"CharTokenizer: text must be a str, got {type(text).__name__}")
+        if not text:
+            raise ValueError("CharTokenizer: text must not be empty")
         self.characters = sorted(set(text))
         self._ids = {character: index for index, character in enumerate(self.characters)}
 
@@ -75,12 +77,32 @@ class CharTokenizer:
 
     def decode(self, ids: torch.Tensor) -> str:
         """``[N]`` ids to a ``str``."""
+        ids = _validate.integer_tensor("CharTokenizer.decode", "ids", ids)
+        if ids.dim() != 1:
+            raise ValueError(f"CharTokenizer.decode: ids must be 1-D [N], got shape {_validate.shape_str(ids)}")
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ValueError(f"CharTokenizer.decode: ids must lie in 0..{self.vocab_size - 1}, "
+                             f"got values from {int(ids.min())} to {int(ids.max())}")
         return "".join(self.characters[int(i)] for i in ids.tolist())
 
 
 @dataclass(frozen=True)
 class LanguageModelConfig:
-    """Sizes of a :class:`TinyLanguageModel`."""
+    """Sizes of a :class:`TinyLanguageModel`.
+
+    Args:
+        vocab_size: number of token ids ``V``.
+        max_length: the longest sequence, prompt and generated tokens together (the number of
+            learned position embeddings).
+        embed_dim: model width ``E``.
+        num_heads: ``H``; must divide ``E``.
+        num_layers: number of decoder blocks.
+        dropout: dropout while training, in ``[0, 1)``.
+
+    Raises:
+        TypeError, ValueError: sizes that are not positive ints, ``E`` not divisible by ``H``,
+            or a dropout outside ``[0, 1)``.
+    """
 
     vocab_size: int
     max_length: int = 128
@@ -88,6 +110,14 @@ class LanguageModelConfig:
     num_heads: int = 4
     num_layers: int = 2
     dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        where = "LanguageModelConfig"
+        for field in ("vocab_size", "max_length", "embed_dim", "num_heads", "num_layers"):
+            _validate.integer(where, field, getattr(self, field), minimum=1)
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"{where}: embed_dim={self.embed_dim} must be divisible by num_heads={self.num_heads}")
+        _validate.dropout(where, self.dropout)
 
 
 class TinyLanguageModel(nn.Module):
@@ -127,11 +157,17 @@ class TinyLanguageModel(nn.Module):
                 than ``max_length``, or the wrong number of caches.
         """
         where = "TinyLanguageModel.forward"
-        _validate.tensor(where, "ids", ids)
-        if ids.dtype != torch.long or ids.dim() != 2:
-            raise ValueError(f"{where}: ids must be a [B, N] int64 tensor, got {ids.dtype} {_validate.shape_str(ids)}")
-        if kv_caches is not None and len(kv_caches) != len(self.blocks):
-            raise ValueError(f"{where}: need one KVCache per block ({len(self.blocks)}), got {len(kv_caches)}")
+        ids = _validate.integer_tensor(where, "ids", ids)
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"{where}: ids must be [B, N] with N >= 1, got shape {_validate.shape_str(ids)}")
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            raise ValueError(f"{where}: ids must lie in 0..{self.config.vocab_size - 1}, "
+                             f"got values from {int(ids.min())} to {int(ids.max())}")
+        if kv_caches is not None:
+            if isinstance(kv_caches, KVCache) or not all(isinstance(c, KVCache) for c in kv_caches):
+                raise TypeError(f"{where}: kv_caches must be a list of KVCache, one per block")
+            if len(kv_caches) != len(self.blocks):
+                raise ValueError(f"{where}: need one KVCache per block ({len(self.blocks)}), got {len(kv_caches)}")
         start = 0 if kv_caches is None else len(kv_caches[0])
         end = start + ids.shape[1]
         if end > self.config.max_length:
@@ -168,8 +204,18 @@ class TinyLanguageModel(nn.Module):
 
         Returns:
             ``[B, N + max_new_tokens]`` (or ``[N + max_new_tokens]`` for a 1-D prompt).
+
+        Raises:
+            TypeError, ValueError: a prompt that is not a 1-D or 2-D integer tensor, a total
+                length beyond ``max_length``, a bad ``temperature``, or a non-bool ``use_cache``.
         """
         where = "TinyLanguageModel.generate"
+        prompt = _validate.integer_tensor(where, "prompt", prompt)
+        if prompt.dim() not in (1, 2):
+            raise ValueError(f"{where}: prompt must be [N] or [B, N], got shape {_validate.shape_str(prompt)}")
+        use_cache = _validate.boolean(where, "use_cache", use_cache)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"{where}: generator must be a torch.Generator, got {type(generator).__name__}")
         single = prompt.dim() == 1
         ids = prompt[None] if single else prompt
         max_new_tokens = _validate.integer(where, "max_new_tokens", max_new_tokens, minimum=0)
@@ -210,7 +256,8 @@ def train_language_model(
         batch_size: random windows per step.
         sequence_length: characters per window.
         learning_rate: peak learning rate.
-        seed: seeds the initial weights and the batches.
+        seed: seeds the initial weights, the batches and any dropout; the caller's global
+            random state is left as it was.
         progress: show a progress bar (tqdm).
 
     Returns:
@@ -220,6 +267,11 @@ def train_language_model(
         TypeError, ValueError: a text shorter than a window, or sizes that are not positive.
     """
     where = "train_language_model"
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: text must be a str, got {type(text).__name__}")
+    if config is not None and not isinstance(config, LanguageModelConfig):
+        raise TypeError(f"{where}: config must be a LanguageModelConfig, got {type(config).__name__}")
+    seed = _validate.integer(where, "seed", seed, minimum=0)
     steps = _validate.integer(where, "steps", steps, minimum=1)
     batch_size = _validate.integer(where, "batch_size", batch_size, minimum=1)
     sequence_length = _validate.integer(where, "sequence_length", sequence_length, minimum=1)
@@ -234,11 +286,7 @@ def train_language_model(
             f"{where}: config.vocab_size must be {tokenizer.vocab_size} and max_length >= sequence_length "
             f"{sequence_length}, got {config}"
         )
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    model = TinyLanguageModel(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps)))
+    generator = torch.Generator().manual_seed(seed)                    # the batches
     offsets = torch.arange(sequence_length + 1)
     losses = []
     iterator = range(steps)
@@ -246,8 +294,14 @@ def train_language_model(
         from tqdm.auto import tqdm
 
         iterator = tqdm(iterator, desc="training", unit="step")
-    model.train()
-    with one_thread():
+    with torch.random.fork_rng(devices=[]), one_thread():                 # keep the caller's RNG
+        torch.manual_seed(seed)                                          # the weights, then any dropout
+        model = TinyLanguageModel(config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps))
+        )
+        model.train()
         for _ in iterator:
             starts = torch.randint(0, len(data) - sequence_length - 1, (batch_size, 1), generator=generator)
             windows = data[starts + offsets]                               # [B, N + 1]

@@ -17,10 +17,10 @@ from torch import nn
 from attn_course import _validate
 from attn_course.attention import self_attention
 from attn_course.kv_cache import KVCache
-from attn_course.masks import causal_mask
+from attn_course.masks import causal_mask, restrict_mask, to_score_shape
 from attn_course.rope import RotaryEmbedding
 
-__all__ = ["MultiHeadAttention", "split_heads", "merge_heads"]
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "check_model_input"]
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -171,11 +171,11 @@ class MultiHeadAttention(nn.Module):
                 value, or a mask that does not fit.
         """
         where = "MultiHeadAttention.forward"
-        query = self._check_input(where, "query", query)
+        query = check_model_input(self, query, caller=where, name="query")
         if (key is None) != (value is None):
             raise ValueError(f"{where}: give both key and value (cross-attention) or neither (self-attention)")
-        key = query if key is None else self._check_input(where, "key", key)
-        value = query if value is None else self._check_input(where, "value", value)
+        key = query if key is None else check_model_input(self, key, caller=where, name="key")
+        value = query if value is None else check_model_input(self, value, caller=where, name="value")
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(
                 f"{where}: key and value must be [B, N_k, E] with query's B, got query "
@@ -194,12 +194,12 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rope(q, positions), self.rope(k, positions)
         n_q, n_k = q.shape[2], k.shape[2] + (0 if kv_cache is None else len(kv_cache))
         # Check the mask before touching the cache, so a rejected call leaves it as it was.
-        mask = self._heads_mask(where, mask, query.shape[0], n_q, n_k)   # [B|1, H|1, N_q, N_k]
+        mask = to_score_shape(mask, query.shape[0], self.num_heads, n_q, n_k, caller=where)  # [B|1, H|1, N_q|1, N_k]
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                              # [B, H_kv, N_k, d]
         if is_causal:
             causal = causal_mask(n_q, n_k, device=query.device)          # queries are the newest
-            mask = causal if mask is None else _and(mask, causal)
+            mask = restrict_mask(mask, causal)
 
         # Grouped-query attention: view the H query heads as H_kv groups of G, so that each
         # key/value head broadcasts over its group instead of being copied G times.
@@ -252,47 +252,39 @@ class MultiHeadAttention(nn.Module):
                 ours.out_proj.bias.copy_(module.out_proj.bias)
         return ours.train(module.training)
 
-    def _check_input(self, where: str, name: str, x: object) -> torch.Tensor:
-        x = _validate.floating_tensor(where, name, x)
-        parameter = self.q_proj.weight
-        if x.dtype != parameter.dtype:
-            raise TypeError(
-                f"{where}: {name} has dtype {x.dtype} but the module's weights are {parameter.dtype}; "
-                f"convert one of them (e.g. module.to({x.dtype}))"
-            )
-        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
-            raise ValueError(
-                f"{where}: {name} must be [B, N, E] with E = embed_dim = {self.embed_dim}, "
-                f"got shape {_validate.shape_str(x)}"
-            )
-        return x
 
-    def _heads_mask(self, where: str, mask, batch: int, n_q: int, n_k: int) -> torch.Tensor | None:
-        """Bring a mask to 4-D ``[B|1, H|1, N_q|1, N_k]``, or say why it does not fit."""
-        if mask is None:
-            return None
-        mask = _validate.tensor(where, "mask", mask)
-        if not (mask.dtype == torch.bool or mask.is_floating_point()):
-            raise TypeError(f"{where}: mask must be boolean or floating, got dtype {mask.dtype}")
-        if mask.dim() == 2:
-            mask = mask[None, None]                                   # [1, 1, N_q, N_k]
-        elif mask.dim() == 3:
-            mask = mask[:, None]                                      # [B, 1, N_q, N_k]
-        expected = (batch, self.num_heads, n_q, n_k)
-        fits = mask.dim() == 4 and all(m in (1, e) for m, e in zip(mask.shape, expected))
-        if not fits or mask.shape[-1] != n_k:
-            raise ValueError(
-                f"{where}: mask of shape {_validate.shape_str(mask)} does not fit scores "
-                f"[B, H, N_q, N_k] = {list(expected)}; use [N_q, N_k], [B, N_q, N_k] or [B, H, N_q, N_k]"
-            )
-        return mask
+def check_model_input(attention: MultiHeadAttention, x: object, *, caller: str, name: str = "x") -> torch.Tensor:
+    """Check that ``x`` is a ``[B, N, E]`` tensor that ``attention`` can read: its width and dtype.
 
+    Blocks built around a :class:`MultiHeadAttention` call this first, so that a wrong input is
+    reported under the block's own name rather than deep inside the attention.
 
-def _and(mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
-    """Combine a boolean or additive mask with a boolean causal mask."""
-    if mask.dtype == torch.bool:
-        return mask & causal
-    return mask.masked_fill(~causal, float("-inf"))
+    Args:
+        attention: the module that will read ``x``.
+        x: the input, ``[B, N, E]`` with ``E = attention.embed_dim``.
+        caller: the name that error messages start with (the public function that was called).
+        name: the argument's name in error messages.
+
+    Returns:
+        ``x``, unchanged.
+
+    Raises:
+        TypeError: not a floating tensor, or a dtype other than the module's weights'.
+        ValueError: not 3-D, or a last dimension other than ``embed_dim``.
+    """
+    x = _validate.floating_tensor(caller, name, x)
+    parameter = attention.q_proj.weight
+    if x.dtype != parameter.dtype:
+        raise TypeError(
+            f"{caller}: {name} has dtype {x.dtype} but the module's weights are {parameter.dtype}; "
+            f"convert one of them (e.g. module.to({x.dtype}))"
+        )
+    if x.dim() != 3 or x.shape[-1] != attention.embed_dim:
+        raise ValueError(
+            f"{caller}: {name} must be [B, N, E] with E = embed_dim = {attention.embed_dim}, "
+            f"got shape {_validate.shape_str(x)}"
+        )
+    return x
 
 
 def _group_mask(mask: torch.Tensor, kv_heads: int, groups: int) -> torch.Tensor:

@@ -54,8 +54,7 @@ class RotaryEmbedding(nn.Module):
         if head_dim % 2:
             raise ValueError(f"{where}: head_dim must be even (features rotate in pairs), got {head_dim}")
         base = _validate.positive_finite(where, "base", base)
-        if not isinstance(interleaved, bool):
-            raise TypeError(f"{where}: interleaved must be True or False, got {interleaved!r}")
+        interleaved = _validate.boolean(where, "interleaved", interleaved)
         self.head_dim, self.base, self.interleaved = head_dim, base, interleaved
 
     def extra_repr(self) -> str:
@@ -71,7 +70,14 @@ class RotaryEmbedding(nn.Module):
 
         Computed in float64 on every call: cheap, and exact enough that position 100 000
         rotates as accurately as position 1 (float32 angles lose about 0.01 rad there).
+
+        Raises:
+            TypeError, ValueError: positions that are not a 1-D integer tensor.
         """
+        positions = _validate.integer_tensor("RotaryEmbedding.angles", "positions", positions)
+        if positions.dim() != 1:
+            raise ValueError(f"RotaryEmbedding.angles: positions must be 1-D [N], "
+                             f"got shape {_validate.shape_str(positions)}")
         theta = self.frequencies(positions.device)
         return positions.to(torch.float64)[:, None] * theta[None, :]
 
@@ -92,7 +98,7 @@ class RotaryEmbedding(nn.Module):
             ValueError: ``x``'s last dimension is not ``head_dim``, or positions are not 1-D
                 of length ``N``.
         """
-        where = "RotaryEmbedding"
+        where = "RotaryEmbedding.forward"
         x = _validate.floating_tensor(where, "x", x, min_dim=2)
         if x.shape[-1] != self.head_dim:
             raise ValueError(
@@ -102,9 +108,7 @@ class RotaryEmbedding(nn.Module):
         if positions is None:
             positions = torch.arange(n, device=x.device)
         else:
-            positions = _validate.tensor(where, "positions", positions)
-            if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-                raise TypeError(f"{where}: positions must be an integer tensor, got dtype {positions.dtype}")
+            positions = _validate.integer_tensor(where, "positions", positions)
             if positions.dim() != 1 or positions.shape[0] != n:
                 raise ValueError(
                     f"{where}: positions must be 1-D with one entry per token (N={n}), "

@@ -10,9 +10,10 @@ The model has a single causal attention layer with two heads and no residual pat
 everything the readout knows must come through attention. After training, one head looks
 one step back and the other at the first token: one lookup per head.
 
-Positions use a fixed sinusoidal code (the original Transformer's idea) rather than one
-learned vector per position: moving one step back turns every (cos, sin) pair of the code by
-the same angle, at every position, so a head learns "one step back" once for all positions.
+Positions use a fixed code of rotating (cos, sin) pairs, like the original Transformer's
+sinusoids but with evenly spread frequencies (see :func:`rotating_position_code`), rather than
+one learned vector per position: moving one step back turns every pair of the code by the
+same angle, at every position, so a head learns "one step back" once for all positions.
 With learned per-position vectors the heads occasionally swap roles at some positions.
 Chapter 05 (RoPE) builds on the same rotation idea.
 
@@ -42,7 +43,7 @@ __all__ = [
     "TwoRelationModel",
     "RelationScores",
     "make_two_relation_data",
-    "sinusoidal_positions",
+    "rotating_position_code",
     "train_two_relation_model",
     "head_relation_scores",
 ]
@@ -105,13 +106,17 @@ def make_two_relation_data(
     return tokens, targets
 
 
-def sinusoidal_positions(seq_len: int, embed_dim: int) -> torch.Tensor:
+def rotating_position_code(seq_len: int, embed_dim: int) -> torch.Tensor:
     """A fixed position code: pairs ``(cos(ω_k n), sin(ω_k n))`` with evenly spaced ``ω_k``.
 
     The ``K = E / 2`` frequencies are ``ω_k = π (k + ½) / K``, spread over ``(0, π)`` so
-    that neighbouring positions differ in every pair. Going from position ``n`` to ``n - 1``
-    turns pair ``k`` by the angle ``-ω_k``, the same at every ``n``: "one step back" is one
-    fixed linear map of the code.
+    that neighbouring positions differ in every pair. This is *not* the original Transformer's
+    sinusoid (Vaswani et al. 2017), whose frequencies fall geometrically,
+    ``ω_k = 10000^(-2k/E)``, so that its slowest pairs barely move over a short sequence; for a
+    ten-token toy task every pair should turn visibly from one position to the next.
+
+    Going from position ``n`` to ``n - 1`` turns pair ``k`` by the angle ``-ω_k``, the same at
+    every ``n``: "one step back" is one fixed linear map of the code.
 
     Args:
         seq_len: ``N``, number of positions (>= 1).
@@ -125,10 +130,10 @@ def sinusoidal_positions(seq_len: int, embed_dim: int) -> torch.Tensor:
         ValueError: sizes below their minimum, or an odd ``embed_dim``.
 
     Example:
-        >>> sinusoidal_positions(3, 4)[0]                       # position 0: cos 0 = 1, sin 0 = 0
+        >>> rotating_position_code(3, 4)[0]                       # position 0: cos 0 = 1, sin 0 = 0
         tensor([1., 0., 1., 0.])
     """
-    where = "sinusoidal_positions"
+    where = "rotating_position_code"
     seq_len = _validate.integer(where, "seq_len", seq_len, minimum=1)
     embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=2)
     if embed_dim % 2:
@@ -176,7 +181,7 @@ class TwoRelationConfig:
 
 
 class TwoRelationModel(nn.Module):
-    """Token embedding + sinusoidal positions, one causal multi-head attention, an MLP readout.
+    """Token embedding + a rotating position code, one causal multi-head attention, an MLP readout.
 
     There is no residual connection: the readout sees only what attention delivers. For
     every position it predicts two tokens, in the order of :data:`RELATIONS`.
@@ -203,7 +208,7 @@ class TwoRelationModel(nn.Module):
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.embed_dim)
         self.register_buffer(
-            "positions", sinusoidal_positions(config.seq_len, config.embed_dim), persistent=False
+            "positions", rotating_position_code(config.seq_len, config.embed_dim), persistent=False
         )                                                                # [N, E]
         self.attention = MultiHeadAttention(config.embed_dim, config.num_heads)
         self.readout = nn.Sequential(                                   # two answers per position
@@ -227,9 +232,7 @@ class TwoRelationModel(nn.Module):
             ValueError: not 2-D, longer than ``seq_len``, or a token outside the vocabulary.
         """
         where = "TwoRelationModel.forward"
-        tokens = _validate.tensor(where, "tokens", tokens)
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"{where}: tokens must be an integer tensor, got dtype {tokens.dtype}")
+        tokens = _validate.integer_tensor(where, "tokens", tokens)
         config = self.config
         if tokens.dim() != 2 or not 1 <= tokens.shape[1] <= config.seq_len:
             raise ValueError(

@@ -13,9 +13,10 @@ from torch import nn
 
 from attn_course import _validate
 from attn_course.kv_cache import KVCache
-from attn_course.multihead import MultiHeadAttention, _and
+from attn_course.masks import key_padding_to_boolean, restrict_mask, to_score_shape
+from attn_course.multihead import MultiHeadAttention, check_model_input
 
-__all__ = ["FeedForward", "EncoderBlock", "DecoderBlock"]
+__all__ = ["FeedForward", "ResidualBlock", "EncoderBlock", "DecoderBlock"]
 
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
@@ -55,19 +56,24 @@ class FeedForward(nn.Module):
         return F.dropout(self.down(hidden), self.dropout, self.training)  # [..., E]
 
 
-class _ResidualBlock(nn.Module):
-    """What every block shares: a sub-layer wrapped with dropout, a residual and a LayerNorm."""
+class ResidualBlock(nn.Module):
+    """What every block shares: a sub-layer wrapped with dropout, a residual and a LayerNorm.
+
+    Subclasses set ``norm_first`` (pre- or post-LayerNorm) and ``dropout`` and call
+    :meth:`residual` once per sub-layer.
+    """
 
     norm_first: bool
     dropout: float
 
-    def _residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, sublayer, norm: nn.LayerNorm) -> torch.Tensor:
+        """``x + sublayer(norm(x))`` (pre-LN) or ``norm(x + sublayer(x))`` (post-LN), ``[B, N, E]``."""
         if self.norm_first:
             return x + F.dropout(sublayer(norm(x)), self.dropout, self.training)
         return norm(x + F.dropout(sublayer(x), self.dropout, self.training))
 
 
-class EncoderBlock(_ResidualBlock):
+class EncoderBlock(ResidualBlock):
     """Bidirectional self-attention, then a feed-forward network: one layer of BERT.
 
     Every token attends to every other (no causal mask), except to keys hidden by a mask.
@@ -118,10 +124,10 @@ class EncoderBlock(_ResidualBlock):
         norm_eps = _validate.positive_finite(where, "norm_eps", norm_eps)
         self.dropout = _validate.dropout(where, dropout)
         attention_dropout = self.dropout if attention_dropout is None else attention_dropout
-        self.norm_first = bool(norm_first)
+        self.norm_first = _validate.boolean(where, "norm_first", norm_first)
         self.self_attention = MultiHeadAttention(embed_dim, num_heads, dropout=attention_dropout)
         self.norm_self = nn.LayerNorm(embed_dim, eps=norm_eps)
-        self.feed_forward = FeedForward(embed_dim, ffn_dim, activation=activation)  # dropout: in _residual
+        self.feed_forward = FeedForward(embed_dim, ffn_dim, activation=activation)  # dropout: in residual
         self.norm_ffn = nn.LayerNorm(embed_dim, eps=norm_eps)
 
     def forward(
@@ -153,12 +159,13 @@ class EncoderBlock(_ResidualBlock):
                 ``key_padding_mask`` holding values other than 0 and 1.
         """
         where = "EncoderBlock.forward"
-        x = self.self_attention._check_input(where, "x", x)
+        x = check_model_input(self.self_attention, x, caller=where)
         batch, tokens, _ = x.shape
-        mask = self.self_attention._heads_mask(where, mask, batch, tokens, tokens)  # [B|1, H|1, N|1, N]
+        heads = self.self_attention.num_heads
+        mask = to_score_shape(mask, batch, heads, tokens, tokens, caller=where)        # [B|1, H|1, N|1, N]
         if key_padding_mask is not None:
-            keys = _key_padding(where, key_padding_mask, batch, tokens, x.device)[:, None, None, :]  # [B, 1, 1, N]
-            mask = keys if mask is None else _and(mask, keys)
+            real = key_padding_to_boolean(key_padding_mask, batch, tokens, device=x.device, caller=where)
+            mask = restrict_mask(mask, real[:, None, None, :])                        # keys: [B, 1, 1, N]
         weights = None
 
         def attend(h):
@@ -166,12 +173,12 @@ class EncoderBlock(_ResidualBlock):
             out, weights = self.self_attention(h, mask=mask, need_weights=need_weights)
             return out
 
-        x = self._residual(x, attend, self.norm_self)                   # [B, N, E]
-        x = self._residual(x, self.feed_forward, self.norm_ffn)          # [B, N, E]
+        x = self.residual(x, attend, self.norm_self)                   # [B, N, E]
+        x = self.residual(x, self.feed_forward, self.norm_ffn)          # [B, N, E]
         return x, weights
 
 
-class DecoderBlock(_ResidualBlock):
+class DecoderBlock(ResidualBlock):
     """Causal self-attention (and optionally cross-attention), then a feed-forward network.
 
     Args:
@@ -182,6 +189,10 @@ class DecoderBlock(_ResidualBlock):
         cross_attention: add a cross-attention sub-layer that reads an encoder's output.
         norm_first: pre-LayerNorm (default) or post-LayerNorm.
         dropout: dropout on attention weights and sub-layer outputs while training.
+
+    Raises:
+        TypeError, ValueError: sizes that are not positive ints, ``E`` not divisible by ``H`` or
+            ``H`` by ``H_kv``, a non-bool ``cross_attention``, or a dropout outside ``[0, 1)``.
 
     Example:
         >>> block = DecoderBlock(embed_dim=32, num_heads=4)
@@ -203,13 +214,15 @@ class DecoderBlock(_ResidualBlock):
         super().__init__()
         where = "DecoderBlock"
         embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
+        ffn_dim = 4 * embed_dim if ffn_dim is None else _validate.integer(where, "ffn_dim", ffn_dim, minimum=1)
+        _validate.boolean(where, "cross_attention", cross_attention)
         self.dropout = _validate.dropout(where, dropout)
-        self.norm_first = bool(norm_first)
+        self.norm_first = _validate.boolean(where, "norm_first", norm_first)
         self.self_attention = MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, dropout=dropout)
         self.norm_self = nn.LayerNorm(embed_dim)
         self.cross_attention = MultiHeadAttention(embed_dim, num_heads, dropout=dropout) if cross_attention else None
         self.norm_cross = nn.LayerNorm(embed_dim) if cross_attention else None
-        self.feed_forward = FeedForward(embed_dim, ffn_dim or 4 * embed_dim)  # dropout: in _residual
+        self.feed_forward = FeedForward(embed_dim, ffn_dim)  # dropout: in residual
         self.norm_ffn = nn.LayerNorm(embed_dim)
 
     def forward(
@@ -236,11 +249,16 @@ class DecoderBlock(_ResidualBlock):
             ``(x [B, N, E], self-attention weights or None)``.
 
         Raises:
-            ValueError: ``memory`` missing for a cross-attention block, or given to one without.
+            TypeError, ValueError: ``x`` or ``memory`` of the wrong kind or shape; ``memory``
+                missing for a cross-attention block, or given to one without.
         """
+        where = "DecoderBlock.forward"
+        x = check_model_input(self.self_attention, x, caller=where)
+        if memory is not None:
+            memory = check_model_input(self.self_attention, memory, caller=where, name="memory")
         if (memory is None) != (self.cross_attention is None):
             raise ValueError(
-                "DecoderBlock.forward: memory is required exactly when the block has cross-attention "
+                f"{where}: memory is required exactly when the block has cross-attention "
                 f"(cross_attention={self.cross_attention is not None}, memory given: {memory is not None})"
             )
         weights = None
@@ -251,32 +269,10 @@ class DecoderBlock(_ResidualBlock):
                                                need_weights=need_weights)
             return out
 
-        x = self._residual(x, attend, self.norm_self)
+        x = self.residual(x, attend, self.norm_self)
         if self.cross_attention is not None:
-            x = self._residual(x, lambda h: self.cross_attention(h, memory, memory, mask=memory_mask,
+            x = self.residual(x, lambda h: self.cross_attention(h, memory, memory, mask=memory_mask,
                                                                  need_weights=False)[0], self.norm_cross)
-        x = self._residual(x, self.feed_forward, self.norm_ffn)
+        x = self.residual(x, self.feed_forward, self.norm_ffn)
         return x, weights
-
-
-def _key_padding(
-    where: str, mask: object, batch: int, tokens: int, device: torch.device, name: str = "key_padding_mask"
-) -> torch.Tensor:
-    """A ``[B, N]`` mask of 1/True (token) and 0/False (padding) as booleans, or say what is wrong."""
-    mask = _validate.tensor(where, name, mask)
-    if mask.shape != (batch, tokens):
-        raise ValueError(
-            f"{where}: {name} must be [B, N] = [{batch}, {tokens}] like the input, "
-            f"got shape {_validate.shape_str(mask)}"
-        )
-    if mask.is_complex():
-        raise TypeError(f"{where}: {name} must be boolean or hold 0/1, got dtype {mask.dtype}")
-    if mask.dtype != torch.bool:
-        if not torch.all((mask == 0) | (mask == 1)):
-            raise ValueError(
-                f"{where}: {name} must hold only 0 (padding) and 1 (token), "
-                f"got values {torch.unique(mask).tolist()[:6]}"
-            )
-        mask = mask != 0
-    return mask.to(device)
 

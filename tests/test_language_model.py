@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from attn_course.kv_cache import KVCache
 from attn_course.language_model import (
     CharTokenizer,
     LanguageModelConfig,
@@ -28,7 +29,7 @@ def test_tokenizer_round_trips_and_rejects_unknown_characters():
     assert tokenizer.vocab_size == len(set("hello world"))
     with pytest.raises(ValueError, match=r"\['z'\]"):
         tokenizer.encode("zed")
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match="must not be empty"):
         CharTokenizer("")
 
 
@@ -78,7 +79,12 @@ def test_short_training_beats_chance_and_is_deterministic():
 @pytest.mark.parametrize(
     "call, error, fragment",
     [
-        (lambda m: m(torch.zeros(2, 3)), ValueError, "int64"),
+        (lambda m: m(torch.zeros(2, 3)), TypeError, "TinyLanguageModel.forward: ids must be an integer tensor"),
+        (lambda m: m(torch.zeros(2, 3, 1, dtype=torch.long)), ValueError, r"ids must be \[B, N\]"),
+        (lambda m: m(torch.full((1, 3), 5)), ValueError, r"ids must lie in 0..4"),
+        (lambda m: m(torch.zeros(1, 2, dtype=torch.long), kv_caches=KVCache()), TypeError, "list of KVCache"),
+        (lambda m: m.generate([1, 2], 2), TypeError, "TinyLanguageModel.generate: prompt must be a torch.Tensor"),
+        (lambda m: m.generate(torch.zeros(3, dtype=torch.long), 2, use_cache=1), TypeError, "use_cache must be a bool"),
         (lambda m: m(torch.zeros(2, 20, dtype=torch.long)), ValueError, "max_length"),
         (lambda m: m.generate(torch.zeros(3, dtype=torch.long), 20), ValueError, "max_length"),
         (lambda m: m.generate(torch.zeros(3, dtype=torch.long), 2, temperature=0), ValueError, "temperature"),
@@ -89,6 +95,36 @@ def test_bad_inputs_raise_with_the_argument_named(call, error, fragment):
     model = TinyLanguageModel(LanguageModelConfig(vocab_size=5, max_length=16))
     with pytest.raises(error, match=fragment):
         call(model)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"vocab_size": 0}, ValueError, "LanguageModelConfig: vocab_size must be >= 1"),
+        ({"vocab_size": 5, "embed_dim": 10, "num_heads": 4}, ValueError, "divisible by num_heads"),
+        ({"vocab_size": 5, "num_layers": 1.5}, TypeError, "num_layers must be an int"),
+        ({"vocab_size": 5, "dropout": 1.0}, ValueError, "dropout must lie in"),
+        ({"vocab_size": 5, "dropout": "0.1"}, TypeError, "dropout must be a number"),
+    ],
+)
+def test_config_rejects_bad_fields_by_name(kwargs, error, fragment):
+    with pytest.raises(error, match=fragment):
+        LanguageModelConfig(**kwargs)
+
+
+def test_tokenizer_and_training_reject_non_strings_with_type_errors():
+    with pytest.raises(TypeError, match="CharTokenizer: text must be a str, got list"):
+        CharTokenizer(["a"])
+    with pytest.raises(TypeError, match="train_language_model: text must be a str, got bytes"):
+        train_language_model(b"abc" * 100, progress=False)
+
+
+def test_training_leaves_the_global_random_state_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    train_language_model(load_rhymes(), steps=2, batch_size=2, sequence_length=8, progress=False)
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_training_rejects_text_shorter_than_a_window():

@@ -348,8 +348,8 @@ def test_rope_that_is_neither_bool_nor_rotary_embedding_is_rejected():
         ({"head_dim": 8, "base": math.inf}, ValueError, "base must be a positive finite number, got inf"),
         ({"head_dim": 8, "base": math.nan}, ValueError, "base must be a positive finite number, got nan"),
         ({"head_dim": 8, "base": "10000"}, TypeError, "base must be a positive finite number, got str"),
-        ({"head_dim": 8, "interleaved": "no"}, TypeError, "interleaved must be True or False, got 'no'"),
-        ({"head_dim": 8, "interleaved": 1}, TypeError, "interleaved must be True or False, got 1"),
+        ({"head_dim": 8, "interleaved": "no"}, TypeError, "interleaved must be a bool, got str"),
+        ({"head_dim": 8, "interleaved": 1}, TypeError, "interleaved must be a bool, got int"),
     ],
 )
 def test_bad_constructor_arguments_are_rejected_by_name(kwargs, error, fragment):
@@ -374,5 +374,5 @@ def test_bad_constructor_arguments_are_rejected_by_name(kwargs, error, fragment)
     ],
 )
 def test_bad_call_arguments_are_rejected_by_name(x, positions, error, fragment):
-    with pytest.raises(error, match=f"RotaryEmbedding: {fragment}"):
+    with pytest.raises(error, match=f"RotaryEmbedding.forward: {fragment}"):
         RotaryEmbedding(8)(x, positions)

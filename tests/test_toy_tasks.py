@@ -13,7 +13,7 @@ from attn_course.toy_tasks import (
     TwoRelationModel,
     head_relation_scores,
     make_two_relation_data,
-    sinusoidal_positions,
+    rotating_position_code,
     train_two_relation_model,
 )
 
@@ -69,7 +69,7 @@ def test_same_seed_gives_the_same_data_and_a_generator_advances():
 
 
 def test_one_step_back_is_the_same_linear_map_at_every_position():
-    code = sinusoidal_positions(64, 16).double()                    # [N, E], N > E
+    code = rotating_position_code(64, 16).double()                    # [N, E], N > E
     now, before = code[1:], code[:-1]                               # positions n and n - 1
     step_back = torch.linalg.lstsq(now, before).solution            # [E, E], fitted on all n at once
     assert torch.allclose(now @ step_back, before, atol=1e-5)          # float32 code
@@ -77,7 +77,7 @@ def test_one_step_back_is_the_same_linear_map_at_every_position():
 
 
 def test_position_code_rows_have_equal_norm_and_distinct_positions():
-    code = sinusoidal_positions(10, 32)
+    code = rotating_position_code(10, 32)
     assert torch.allclose(code.norm(dim=-1), torch.full((10,), 4.0))   # √(32 / 2)
     assert torch.equal(code[0], torch.tensor([1.0, 0.0] * 16))
     similarity = code @ code.T                                          # [N, N]
@@ -185,8 +185,8 @@ def test_relation_scores_of_hand_made_heads():
         (lambda: make_two_relation_data(2, vocab_size=1), ValueError, "vocab_size"),
         (lambda: make_two_relation_data(2, seed=-1), ValueError, "seed"),
         (lambda: make_two_relation_data(2, generator=0), TypeError, "generator"),
-        (lambda: sinusoidal_positions(4, 7), ValueError, "embed_dim"),
-        (lambda: sinusoidal_positions(0, 8), ValueError, "seq_len"),
+        (lambda: rotating_position_code(4, 7), ValueError, "embed_dim"),
+        (lambda: rotating_position_code(0, 8), ValueError, "seq_len"),
         (lambda: TwoRelationConfig(embed_dim=30, num_heads=4), ValueError, "embed_dim"),
         (lambda: TwoRelationConfig(vocab_size=True), TypeError, "vocab_size"),
         (lambda: TwoRelationModel(config="small"), TypeError, "config"),
