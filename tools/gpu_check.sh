@@ -3,7 +3,7 @@
 # It uses the machine's own Python, torch and Triton (no .venv, no registry there):
 #   run: bash tools/gpu_check.sh        (results land in $OUT, or ./gpu-results)
 # 1. what is there; 2. the FlashAttention tests on CUDA (fp16/bf16, compiled kernels);
-# 3. the GPU benchmark (CSV + PNG).
+# 3. the GPU benchmark, python -m attn_course.bench flash (attn_course/bench/flash.py: CSV + PNG).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu-results}"
