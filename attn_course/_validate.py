@@ -84,17 +84,22 @@ def integer_tensor(where: str, name: str, value: object) -> torch.Tensor:
     return value
 
 
+def sequence(where: str, name: str, value: object, *, of: str = "values") -> list:
+    """Require a list, tuple or other sequence (a string is not one here); ``of`` names the items."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{where}: {name} must be a sequence of {of}, got {type(value).__name__}")
+    return list(value)
+
+
 def integer_sequence(where: str, name: str, value: object, *, minimum: int | None = None) -> list[int]:
     """Require a sequence of ints (not a string), each ``>= minimum``; errors name the index."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{where}: {name} must be a sequence of ints, got {type(value).__name__}")
+    value = sequence(where, name, value, of="ints")
     return [integer(where, f"{name}[{index}]", item, minimum=minimum) for index, item in enumerate(value)]
 
 
 def labels(where: str, name: str, value: object, expected: int | None = None) -> list[str]:
     """Require a sequence of strings (a plain string is not one), of length ``expected`` if given."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{where}: {name} must be a sequence of strings, got {type(value).__name__}")
+    value = sequence(where, name, value, of="strings")
     for index, item in enumerate(value):
         if not isinstance(item, str):
             raise TypeError(f"{where}: {name}[{index}] must be a str, got {type(item).__name__}")
@@ -103,12 +108,12 @@ def labels(where: str, name: str, value: object, expected: int | None = None) ->
     return list(value)
 
 
-def four_d(where: str, **tensors: object) -> None:
-    """Require floating 4-D tensors (``[B, H, N, d]``) that share one dtype and one device."""
+def four_d(where: str, *, layout: str = "[B, H, N, d]", **tensors: object) -> None:
+    """Require floating 4-D tensors (``layout`` names their axes) that share one dtype and device."""
     for name, value in tensors.items():
         floating_tensor(where, name, value, min_dim=4)
         if value.dim() != 4:
-            raise ValueError(f"{where}: {name} must be 4-D [B, H, N, d], got shape {shape_str(value)}")
+            raise ValueError(f"{where}: {name} must be 4-D {layout}, got shape {shape_str(value)}")
     same_dtype_and_device(where, **tensors)
 
 

@@ -88,10 +88,8 @@ class KVCache:
                 device, or that do not match what the cache already holds.
         """
         where = "KVCache.append"
-        keys = _validate.floating_tensor(where, "keys", keys, min_dim=4)
-        values = _validate.floating_tensor(where, "values", values, min_dim=4)
-        _validate.same_dtype_and_device(where, keys=keys, values=values)
-        if keys.dim() != 4 or values.dim() != 4 or keys.shape[:3] != values.shape[:3]:
+        _validate.four_d(where, layout="[B, H_kv, N_new, d]", keys=keys, values=values)
+        if keys.shape[:3] != values.shape[:3]:
             raise ValueError(
                 f"{where}: keys and values must be [B, H_kv, N_new, d] with the same B, H_kv and "
                 f"N_new, got keys {_validate.shape_str(keys)} and values {_validate.shape_str(values)}"

@@ -49,8 +49,8 @@ def attention_heatmap(
             f"got shape {_validate.shape_str(weights)}"
         )
     key_tokens = query_tokens if key_tokens is None else key_tokens
-    _check_labels(where, "query_tokens", query_tokens, weights.shape[0])
-    _check_labels(where, "key_tokens", key_tokens, weights.shape[1])
+    _validate.labels(where, "query_tokens", query_tokens, weights.shape[0])
+    _validate.labels(where, "key_tokens", key_tokens, weights.shape[1])
     if ax is None:
         _, ax = plt.subplots(figsize=(1.0 + 0.55 * len(key_tokens), 0.8 + 0.5 * len(query_tokens)))
     weights = weights.detach().float().cpu()
@@ -104,7 +104,7 @@ def weight_bars(
         raise ValueError(
             f"{where}: weights must be 1-D [N_k], got shape {_validate.shape_str(weights)}"
         )
-    _check_labels(where, "tokens", tokens, weights.shape[0])
+    _validate.labels(where, "tokens", tokens, weights.shape[0])
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3))
     values = weights.detach().float().cpu().tolist()
@@ -124,13 +124,8 @@ def figure_png(figure: Figure, *, dpi: int = 100) -> bytes:
     if not isinstance(figure, Figure):
         raise TypeError(f"figure_png: figure must be a matplotlib Figure, got {type(figure).__name__}")
     buffer = io.BytesIO()
-    # A fixed creation date keeps the bytes identical from run to run.
+    # Matplotlib's PNGs carry no date; without the "Software" entry (matplotlib's version) the
+    # bytes depend only on the figure, so a re-run notebook stores the same image.
     figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
     return buffer.getvalue()
 
-
-def _check_labels(where: str, name: str, labels: Sequence[str], expected: int) -> None:
-    if isinstance(labels, str) or not isinstance(labels, Sequence):
-        raise TypeError(f"{where}: {name} must be a sequence of strings, got {type(labels).__name__}")
-    if len(labels) != expected:
-        raise ValueError(f"{where}: {name} must have {expected} labels, got {len(labels)}")

@@ -42,9 +42,7 @@ def dot_product_spread(
         [16, 256]
     """
     where = "dot_product_spread"
-    if isinstance(d_k_values, (str, bytes)) or not isinstance(d_k_values, Sequence):
-        raise TypeError(f"{where}: d_k_values must be a sequence of ints, got {type(d_k_values).__name__}")
-    sizes = [_validate.integer(where, f"d_k_values[{i}]", d, minimum=1) for i, d in enumerate(d_k_values)]
+    sizes = _validate.integer_sequence(where, "d_k_values", d_k_values, minimum=1)
     n_pairs = _validate.integer(where, "n_pairs", n_pairs, minimum=2)
     seed = _validate.integer(where, "seed", seed)
     generator = torch.Generator().manual_seed(seed)
@@ -100,8 +98,7 @@ def softmax_saturation(
         raise ValueError(
             f"{where}: scores must be 1-D [N] with N >= 1, got shape {_validate.shape_str(scores)}"
         )
-    if isinstance(divisors, (str, bytes)) or not isinstance(divisors, Sequence):
-        raise TypeError(f"{where}: divisors must be a sequence of numbers, got {type(divisors).__name__}")
+    divisors = _validate.sequence(where, "divisors", divisors, of="numbers")
     values = [_validate.positive_finite(where, f"divisors[{i}]", d) for i, d in enumerate(divisors)]
     scores = scores.detach().to(torch.float64)
     rows = {"max_weight": [], "entropy": [], "gradient_norm": []}

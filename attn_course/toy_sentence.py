@@ -112,10 +112,10 @@ class ToySentence:
 
     def to_features(self, vectors: torch.Tensor) -> torch.Tensor:
         """Read ``[..., d_k]`` vectors back as ``[..., F]`` named features."""
-        vectors = _validate.floating_tensor("to_features", "vectors", vectors, min_dim=1)
+        vectors = _validate.floating_tensor("ToySentence.to_features", "vectors", vectors, min_dim=1)
         if vectors.shape[-1] != self.d_k:
             raise ValueError(
-                f"to_features: vectors must end in d_k={self.d_k}, "
+                f"ToySentence.to_features: vectors must end in d_k={self.d_k}, "
                 f"got shape {_validate.shape_str(vectors)}"
             )
         return vectors @ self.lift.T
@@ -123,7 +123,7 @@ class ToySentence:
     def index(self, token: str) -> int:
         """Position of the first occurrence of ``token`` (``"the"`` and ``"The"`` differ)."""
         if token not in self.tokens:
-            raise ValueError(f"index: token must be one of {list(self.tokens)}, got {token!r}")
+            raise ValueError(f"ToySentence.index: token must be one of {list(self.tokens)}, got {token!r}")
         return self.tokens.index(token)
 
 

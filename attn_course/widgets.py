@@ -194,8 +194,7 @@ class QueryExplorer(widgets.VBox):
         key_tokens = tokens if key_tokens is None else key_tokens
         for name, labels, size in (("tokens", tokens, weights.shape[0]),
                                    ("key_tokens", key_tokens, weights.shape[1])):
-            if isinstance(labels, str) or not isinstance(labels, Sequence):
-                raise TypeError(f"{where}: {name} must be a sequence of strings, got {type(labels).__name__}")
+            _validate.labels(where, name, labels)
             if len(labels) != size:
                 raise ValueError(f"{where}: {name} must have {size} entries to match "
                                  f"attention_weights {_validate.shape_str(weights)}, got {len(labels)}")

@@ -10,8 +10,6 @@ tile of scores exists at a time.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from attn_course import _validate
@@ -119,22 +117,11 @@ def tiled_attention(
         True
     """
     where = "tiled_attention"
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        _validate.floating_tensor(where, name, tensor, min_dim=4)
-        if tensor.dim() != 4:
-            raise ValueError(f"{where}: {name} must be [B, H, N, d], got shape {_validate.shape_str(tensor)}")
-    _validate.same_dtype_and_device(where, q=q, k=k, v=v)
-    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"{where}: expected q [B, H, N_q, d], k [B, H, N_k, d], v [B, H, N_k, d_v], got q "
-            f"{_validate.shape_str(q)}, k {_validate.shape_str(k)}, v {_validate.shape_str(v)}"
-        )
+    scale = _validate.attention_inputs(where, q, k, v, causal=causal, scale=scale)
     n_q, n_k = q.shape[2], k.shape[2]
-    if causal and n_q != n_k:
-        raise ValueError(f"{where}: causal needs N_q == N_k, got N_q={n_q}, N_k={n_k}")
     block_q = _validate.integer(where, "block_q", block_q, minimum=1)
     block_k = _validate.integer(where, "block_k", block_k, minimum=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
+    return_lse = _validate.boolean(where, "return_lse", return_lse)
 
     outputs, lses = [], []
     for q_start in range(0, n_q, block_q):

@@ -13,7 +13,6 @@ ahead-of-time compile test (``tests/test_flash_compile.py``) checks against real
 
 from __future__ import annotations
 
-import math
 import sys
 import types
 
@@ -117,11 +116,7 @@ def _kernels_for(tensor: torch.Tensor, where: str) -> types.ModuleType:
 
 
 def _check_inputs(where: str, q, k, v, causal, scale) -> float:
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        _validate.floating_tensor(where, name, tensor, min_dim=4)
-        if tensor.dim() != 4:
-            raise ValueError(f"{where}: {name} must be [B, H, N, d], got shape {_validate.shape_str(tensor)}")
-    _validate.same_dtype_and_device(where, q=q, k=k, v=v)
+    scale = _validate.attention_inputs(where, q, k, v, causal=causal, scale=scale)
     interpreted = runs_in_interpreter()
     allowed = INTERPRETER_DTYPES if interpreted else GPU_DTYPES
     if q.dtype not in allowed:
@@ -129,21 +124,15 @@ def _check_inputs(where: str, q, k, v, causal, scale) -> float:
         bfloat16_in_interpreter = interpreted and q.dtype == torch.bfloat16
         why = " (the interpreter's tl.dot cannot compute in bfloat16)" if bfloat16_in_interpreter else ""
         raise TypeError(f"{where}: dtype must be one of {[str(d) for d in allowed]} {place}, got {q.dtype}{why}")
-    if q.shape[:2] != k.shape[:2] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"{where}: expected q [B, H, N_q, d] and k, v [B, H, N_k, d], got q {_validate.shape_str(q)}, "
-            f"k {_validate.shape_str(k)}, v {_validate.shape_str(v)}"
-        )
+    if k.shape != v.shape:
+        raise ValueError(f"{where}: v must have k's shape [B, H, N_k, d] (d_v = d in this kernel), got k "
+                         f"{_validate.shape_str(k)}, v {_validate.shape_str(v)}")
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"{where}: head dimension d must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}")
     if min(q.shape[:3]) == 0 or k.shape[2] == 0:
         raise ValueError(f"{where}: B, H, N_q and N_k must be at least 1, got q {_validate.shape_str(q)}, "
                          f"k {_validate.shape_str(k)}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"{where}: causal must be a bool, got {type(causal).__name__}")
-    if causal and q.shape[2] != k.shape[2]:
-        raise ValueError(f"{where}: causal needs N_q == N_k, got N_q={q.shape[2]}, N_k={k.shape[2]}")
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
+    return scale
 
 
 def _launch(kernels, kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, causal: bool):
