@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_course.attention import (
@@ -17,9 +17,7 @@ from attn_course.attention import (
 )
 from attn_course.masks import causal_mask
 
-from helpers import randn, random_mask
-
-FAST = settings(max_examples=25, deadline=None)
+from helpers import FAST, close, randn, random_mask
 
 
 def sdpa(q, k, v, mask=None, **kwargs):
@@ -33,10 +31,6 @@ def sdpa_weights(q, k, mask=None, **kwargs):
     """SDPA's own attention weights: with the identity as values, the output is the weights."""
     identity = torch.eye(k.shape[-2], dtype=q.dtype)                 # [N_k, N_k]
     return sdpa(q, k, identity, mask, **kwargs)
-
-
-def close(actual, expected, tol):
-    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
 # Shapes (q, k, v): plain, batched, broadcast batch dimensions, N_q != N_k, d_v != d_k.

@@ -5,23 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_course.kv_cache import KVCache
 from attn_course.masks import padding_mask
 from attn_course.multihead import MultiHeadAttention
 
-from helpers import randn
-
-FAST = settings(max_examples=25, deadline=None)
+from helpers import FAST, close, randn
 
 E, H = 16, 4                      # model width and query heads of the attention modules
 D = E // H                        # head size
-
-
-def close(actual, expected, tol=1e-5):
-    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
 def bytes_per_element(dtype: torch.dtype) -> int:

@@ -12,24 +12,19 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_course.kv_cache import KVCache
 from attn_course.multihead import MultiHeadAttention
 from attn_course.rope import RotaryEmbedding
 
-from helpers import randn
+from helpers import FAST, close, randn
 
-FAST = settings(max_examples=25, deadline=None)
 HEAD_DIMS = st.sampled_from([2, 4, 8, 64, 128])
 BASES = st.sampled_from([100.0, 10_000.0, 500_000.0])
 POSITIONS = st.integers(min_value=0, max_value=1023)       # m, n and the shift s: m + s < 2048
 U32, U64 = 2.0 ** -24, 2.0 ** -53                          # float32 and float64 unit round-offs
-
-
-def close(actual, expected, tol=1e-5):
-    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
 def rotated_score(rope: RotaryEmbedding, q: torch.Tensor, k: torch.Tensor, m: int, n: int) -> float:

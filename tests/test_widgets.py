@@ -11,6 +11,8 @@ import torch
 from attn_course.toy_sentence import bank_sentence
 from attn_course.widgets import query_explorer, scaling_walkthrough
 
+from helpers import close
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SENTENCE = bank_sentence()
 
@@ -32,10 +34,6 @@ def span_number(html: str, css_class: str) -> float:
     return float(match.group(1))
 
 
-def close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-6) -> None:
-    torch.testing.assert_close(actual.double(), expected.double(), atol=tol, rtol=tol)
-
-
 @pytest.fixture(scope="module")
 def walkthrough_png_at_8() -> bytes:
     return png(scaling_walkthrough().chart)
@@ -48,7 +46,7 @@ def test_walkthrough_starts_on_bank_at_sqrt_d_k_8():
     w = scaling_walkthrough()
     assert w.query_selector.value == SENTENCE.index("bank")
     assert w.scale_slider.value == 8
-    close(w.weights, expected_weights("bank", 8))
+    close(w.weights.double(), expected_weights("bank", 8), 1e-6)
 
 
 def test_walkthrough_readout_shows_the_largest_weight_to_three_decimals():
@@ -70,7 +68,7 @@ def test_small_sqrt_d_k_makes_the_softmax_one_hot():
     readout_at_8 = w.readout.value
     w.scale_slider.value = 0.25
     assert float(w.weights.max()) > 0.99
-    close(w.weights, expected_weights("bank", 0.25))
+    close(w.weights.double(), expected_weights("bank", 0.25), 1e-6)
     assert w.readout.value != readout_at_8
     assert span_number(w.readout.value, "entropy") < span_number(readout_at_8, "entropy")
     assert span_number(w.readout.value, "largest-weight") == round(float(w.weights.max()), 3)
@@ -88,7 +86,7 @@ def test_large_sqrt_d_k_makes_the_softmax_nearly_uniform():
 def test_selecting_another_query_shows_its_row():
     w = scaling_walkthrough()
     w.query_selector.value = SENTENCE.index("muddy")
-    close(w.weights, expected_weights("muddy", 8))
+    close(w.weights.double(), expected_weights("muddy", 8), 1e-6)
     assert w.readout.value.startswith('<b>"muddy"</b>')
     assert span_number(w.readout.value, "largest-weight") == round(float(w.weights.max()), 3)
 
@@ -120,7 +118,7 @@ def test_repr_is_short_and_holds_no_image_bytes():
 
 def test_walkthrough_on_a_narrower_lift_gives_the_same_weights():
     w = scaling_walkthrough(bank_sentence(6), query="river", sqrt_d_k=4)
-    close(w.weights, expected_weights("river", 4), 1e-5)
+    close(w.weights.double(), expected_weights("river", 4), 1e-5)
 
 
 @pytest.mark.parametrize("sqrt_d_k", [0.25, 64])
