@@ -111,7 +111,7 @@ def labels(where: str, name: str, value: object, expected: int | None = None) ->
 def four_d(where: str, *, layout: str = "[B, H, N, d]", **tensors: object) -> None:
     """Require floating 4-D tensors (``layout`` names their axes) that share one dtype and device."""
     for name, value in tensors.items():
-        floating_tensor(where, name, value, min_dim=4)
+        floating_tensor(where, name, value)
         if value.dim() != 4:
             raise ValueError(f"{where}: {name} must be 4-D {layout}, got shape {shape_str(value)}")
     same_dtype_and_device(where, **tensors)

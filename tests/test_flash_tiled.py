@@ -126,7 +126,7 @@ def test_merging_with_an_empty_block_keeps_the_other():
 @pytest.mark.parametrize(
     "call, error, fragment",
     [
-        (lambda x: tiled_attention(x[0], x, x), ValueError, "q must have"),
+        (lambda x: tiled_attention(x[0], x, x), ValueError, "q must be 4-D"),
         (lambda x: tiled_attention(x.long(), x, x), TypeError, "floating"),
         (lambda x: tiled_attention(x, x.double(), x), TypeError, "dtype"),
         (lambda x: tiled_attention(x, x[:, :, :3], x[:, :, :3], causal=True), ValueError, "causal needs"),

@@ -1,0 +1,172 @@
+"""How to tell whether a FlashAttention kernel is accurate enough: the FlashAttention rule.
+
+A half-precision kernel cannot match float64 exactly, and a fixed tolerance would be either
+too loose for short rows or too strict for long ones. The FlashAttention test suite compares
+instead with what plain attention achieves *in the same dtype*: against a float64 reference,
+
+    kernel error  <=  factor · (error of plain attention in the kernel's dtype)  +  floor
+
+for the output (factor 2), the log-sum-exp (2) and each gradient (3). The floor absorbs
+cases where plain attention happens to be almost exact. Chapter 06 and the kernel tests use
+this module, so both judge the kernel the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from attn_course import _validate
+from attn_course.masks import causal_mask
+
+__all__ = ["FACTORS", "FLOORS", "RuleCheck", "plain_attention", "flash_rule", "report_flash_rule"]
+
+#: How many times plain attention's error the kernel may have, per quantity.
+FACTORS = {"output": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0}
+#: The absolute allowance added on top, per dtype (the FlashAttention tests use similar ones).
+FLOORS = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 2e-6, torch.float64: 1e-12}
+
+
+class RuleCheck(NamedTuple):
+    """One quantity judged by the FlashAttention rule.
+
+    Attributes:
+        quantity: ``"output"``, ``"lse"``, ``"dq"``, ``"dk"`` or ``"dv"``.
+        error: the kernel's largest absolute difference from float64.
+        plain_error: plain attention's (same dtype) largest absolute difference from float64.
+        allowed: ``factor · plain_error + floor``.
+    """
+
+    quantity: str
+    error: float
+    plain_error: float
+    allowed: float
+
+    @property
+    def passed(self) -> bool:
+        """Whether the kernel is within the rule."""
+        return self.error <= self.allowed
+
+
+def plain_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention the obvious way, in the inputs' own dtype: the yardstick of the rule.
+
+    Args:
+        q: ``[B, H, N_q, d]``; k: ``[B, H, N_k, d]``; v: ``[B, H, N_k, d_v]``.
+        causal: query ``i`` sees keys up to ``i`` (``N_q == N_k``).
+        scale: defaults to ``1 / sqrt(d)``.
+
+    Returns:
+        ``(output [B, H, N_q, d_v], lse [B, H, N_q])``; the log-sum-exp of the scaled scores is
+        computed in float32 or wider, as kernels store it.
+
+    Raises:
+        TypeError, ValueError: as :func:`~attn_course.flash.tiled_attention` does.
+    """
+    scale = _validate.attention_inputs("plain_attention", q, k, v, causal=causal, scale=scale)
+    scores = (q @ k.transpose(-2, -1)) * scale                                  # [B, H, N_q, N_k]
+    if causal:
+        allowed = causal_mask(q.shape[2], k.shape[2], device=q.device)          # [N_q, N_k]
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+    return torch.softmax(scores, dim=-1) @ v, lse
+
+
+def _outputs_and_gradients(attention, q, k, v, grad_out, causal, scale):
+    """Run ``attention`` on fresh leaves; return ``{quantity: tensor}`` with the gradients."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    result = attention(q, k, v, causal=causal, scale=scale)
+    out, lse = result if isinstance(result, tuple) else (result, None)
+    out.backward(grad_out)
+    found = {"output": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    if lse is not None:
+        found["lse"] = lse.detach()
+    return found
+
+
+def flash_rule(
+    attention: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+) -> list[RuleCheck]:
+    """Judge an attention implementation, forward and backward, by the FlashAttention rule.
+
+    ``attention(q, k, v, causal=..., scale=...)`` is run on the given inputs and backpropagated
+    with ``grad_out``; so are :func:`plain_attention` in the same dtype and in float64.
+
+    Args:
+        attention: returns the output ``[B, H, N_q, d_v]``, or ``(output, lse)`` to have the
+            log-sum-exp judged as well.
+        q, k, v: the inputs, as for :func:`plain_attention`, in the dtype to be judged.
+        grad_out: ``[B, H, N_q, d_v]``, the gradient flowing into the output.
+        causal, scale: passed to both implementations.
+
+    Returns:
+        One :class:`RuleCheck` per quantity: output, (lse,) dq, dk, dv.
+
+    Raises:
+        TypeError, ValueError: inputs that :func:`plain_attention` rejects, or a ``grad_out``
+            not shaped and typed like the output.
+
+    Example:
+        >>> q, k, v, g = (torch.randn(1, 1, 40, 16, dtype=torch.float16) for _ in range(4))
+        >>> all(check.passed for check in flash_rule(plain_attention, q, k, v, g))
+        True
+    """
+    where = "flash_rule"
+    if not callable(attention):
+        raise TypeError(f"{where}: attention must be callable, got {type(attention).__name__}")
+    _validate.attention_inputs(where, q, k, v, causal=causal, scale=scale)
+    grad_out = _validate.floating_tensor(where, "grad_out", grad_out)
+    expected = (*q.shape[:3], v.shape[-1])
+    if tuple(grad_out.shape) != expected or grad_out.dtype != q.dtype:
+        raise ValueError(f"{where}: grad_out must be {q.dtype} {list(expected)} like the output, got "
+                         f"{grad_out.dtype} {_validate.shape_str(grad_out)}")
+    judged = _outputs_and_gradients(attention, q, k, v, grad_out, causal, scale)
+    plain = _outputs_and_gradients(plain_attention, q, k, v, grad_out, causal, scale)
+    exact = _outputs_and_gradients(plain_attention, *(t.double() for t in (q, k, v, grad_out)), causal, scale)
+    floor = FLOORS[q.dtype]
+    checks = []
+    for quantity in FACTORS:
+        if quantity not in judged:
+            continue
+        error = _max_error(judged[quantity], exact[quantity])
+        plain_error = _max_error(plain[quantity], exact[quantity])
+        checks.append(RuleCheck(quantity, error, plain_error, FACTORS[quantity] * plain_error + floor))
+    return checks
+
+
+def _max_error(got: torch.Tensor, exact: torch.Tensor) -> float:
+    error = (got.double() - exact).abs().max().item()
+    return math.nan if math.isnan(error) or torch.isnan(got).any() else error
+
+
+def report_flash_rule(checks: list[RuleCheck], *, label: str = "", dtype: str = "") -> None:
+    """Print one line per :class:`RuleCheck`: both errors and whether the kernel is within the rule.
+
+    Args:
+        checks: from :func:`flash_rule`.
+        label: put in front of every line (e.g. ``"causal=True "``).
+        dtype: the dtype's name for the text (e.g. ``"float16"``).
+
+    Example:
+        >>> report_flash_rule([RuleCheck("output", 2.8e-4, 3.2e-4, 2 * 3.2e-4 + 1e-3)], dtype="float16")
+        output: kernel's max difference 2.8e-04, plain float16 attention's max difference 3.2e-04, within the rule
+    """
+    plain = f"plain {dtype} attention's" if dtype else "plain attention's"
+    for check in checks:
+        if not isinstance(check, RuleCheck):
+            raise TypeError(f"report_flash_rule: checks must hold RuleCheck, got {type(check).__name__}")
+        verdict = "within the rule" if check.passed else f"OUTSIDE the rule (allowed {check.allowed:.1e})"
+        print(f"{label}{check.quantity:>6}: kernel's max difference {check.error:.1e}, "
+              f"{plain} max difference {check.plain_error:.1e}, {verdict}")
