@@ -5,29 +5,30 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from attn_course.attention import self_attention
 from attn_course.masks import (
     causal_mask,
     combine_masks,
+    key_padding_to_boolean,
     padding_mask,
+    restrict_mask,
     sliding_window_mask,
     to_additive,
     to_boolean,
+    to_score_shape,
 )
 
-FAST = settings(max_examples=25, deadline=None)
+from helpers import FAST, close
+
+TOL = 1e-6   # float32 masks tests: tighter than the shared default
 
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=generator)
-
-
-def close(actual, expected, tol=1e-6):
-    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
 def causal_by_loop(n_q: int, n_k: int, offset: int) -> torch.Tensor:
@@ -71,7 +72,7 @@ def test_default_offset_matches_torch_causal_lower_right(n_q, n_k):
     bias = pytest.importorskip("torch.nn.attention.bias")
     q, k, v = randn(2, n_q, 8, seed=1), randn(2, n_k, 8, seed=2), randn(2, n_k, 8, seed=3)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.causal_lower_right(n_q, n_k))
-    close(self_attention(q, k, v, causal_mask(n_q, n_k))[0], expected)
+    close(self_attention(q, k, v, causal_mask(n_q, n_k))[0], expected, tol=TOL)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +86,7 @@ def test_explicit_offset_matches_loop(n_q, n_k, offset):
 def test_offset_zero_matches_sdpa_is_causal(n_q, n_k):
     q, k, v = randn(2, 2, n_q, 8, seed=1), randn(2, 2, n_k, 8, seed=2), randn(2, 2, n_k, 8, seed=3)
     output, _ = self_attention(q, k, v, causal_mask(n_q, n_k, offset=0))
-    close(output, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    close(output, F.scaled_dot_product_attention(q, k, v, is_causal=True), tol=TOL)
 
 
 def test_causal_mask_is_created_on_the_requested_device():
@@ -169,7 +170,7 @@ def test_padding_mask_in_self_attention_matches_sdpa_with_the_same_mask():
     q, k, v = randn(3, 5, 8, seed=1), randn(3, 6, 8, seed=2), randn(3, 6, 4, seed=3)
     mask = padding_mask(lengths, 6)                                  # [B, 1, N_k]
     output, weights = self_attention(q, k, v, mask)
-    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), tol=TOL)
     for b, length in enumerate(lengths):
         assert torch.equal(weights[b, :, length:], torch.zeros(5, 6 - length))
 
@@ -179,14 +180,14 @@ def test_padding_mask_unsqueezed_works_per_head():
     q, k, v = randn(2, 4, 5, 8, seed=1), randn(2, 4, 5, 8, seed=2), randn(2, 4, 5, 8, seed=3)
     mask = padding_mask(lengths, 5).unsqueeze(1)                     # [B, 1, 1, N_k]
     output, _ = self_attention(q, k, v, mask)
-    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), tol=TOL)
 
 
 def test_padding_combined_with_causal_mask_matches_sdpa():
     q, k, v = randn(2, 5, 8, seed=1), randn(2, 5, 8, seed=2), randn(2, 5, 8, seed=3)
     mask = causal_mask(5) & padding_mask([3, 5], 5)                  # [B, N, N]
     output, _ = self_attention(q, k, v, mask)
-    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), tol=TOL)
 
 
 def test_zero_length_sequence_gets_zero_output():
@@ -213,7 +214,7 @@ def test_padded_keys_get_zero_weight_and_do_not_change_the_output(lengths, n_q, 
     new_k, new_v = k.clone(), v.clone()
     for b, length in enumerate(lengths):
         assert torch.equal(weights[b, :, length:], torch.zeros(n_q, n - length))
-        close(weights[b].sum(dim=-1), torch.ones(n_q))
+        close(weights[b].sum(dim=-1), torch.ones(n_q), tol=TOL)
         new_k[b, length:] = 1e3                            # garbage in the padding
         new_v[b, length:] = -1e3
     assert torch.equal(self_attention(q, new_k, new_v, mask)[0], output)
@@ -299,7 +300,7 @@ def test_sliding_window_output_ignores_keys_outside_the_window(n, window, seed):
     q, k, v = randn(2, n, 4, seed=seed), randn(2, n, 4, seed=seed + 1), randn(2, n, 3, seed=seed + 2)
     mask = sliding_window_mask(n, window=window)
     output, _ = self_attention(q, k, v, mask)
-    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), tol=TOL)
     last = n - 1                                 # the last query: change every key it may not see
     new_k, new_v = k.clone(), v.clone()
     new_k[:, : max(last - window + 1, 0)] = 1e3
@@ -385,7 +386,7 @@ def test_combine_masks_of_nothing_is_none():
 def test_combined_mask_in_attention_matches_sdpa():
     q, k, v = randn(2, 5, 8, seed=1), randn(2, 5, 8, seed=2), randn(2, 5, 4, seed=3)
     mask = combine_masks(sliding_window_mask(5, window=3), padding_mask([5, 2], 5))
-    close(self_attention(q, k, v, mask)[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    close(self_attention(q, k, v, mask)[0], F.scaled_dot_product_attention(q, k, v, attn_mask=mask), tol=TOL)
 
 
 COMBINE_BAD_MASKS = [
@@ -428,10 +429,10 @@ def test_additive_mask_gives_the_same_attention_as_the_boolean_one():
     allowed[..., 0] = True
     output, weights = self_attention(q, k, v, to_additive(allowed))
     expected, expected_weights = self_attention(q, k, v, allowed)
-    close(output, expected)
-    close(weights, expected_weights)
-    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
-    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=to_additive(allowed)))
+    close(output, expected, tol=TOL)
+    close(weights, expected_weights, tol=TOL)
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed), tol=TOL)
+    close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=to_additive(allowed)), tol=TOL)
 
 
 def test_additive_mask_with_a_fully_masked_row_gives_zeros_like_the_boolean_one():
@@ -439,7 +440,7 @@ def test_additive_mask_with_a_fully_masked_row_gives_zeros_like_the_boolean_one(
     allowed = padding_mask([0, 4], 6)                                # batch 0 sees nothing
     output, weights = self_attention(q, k, v, to_additive(allowed))
     assert torch.equal(output[0], torch.zeros(4, 3)) and torch.equal(weights[0], torch.zeros(4, 6))
-    close(output, self_attention(q, k, v, allowed)[0])
+    close(output, self_attention(q, k, v, allowed)[0], tol=TOL)
 
 
 @FAST
@@ -494,3 +495,87 @@ def test_to_additive_rejects_bad_arguments(mask, dtype, error, fragment):
 def test_to_boolean_rejects_non_floating_masks(mask):
     with pytest.raises(TypeError, match=r"^to_boolean: mask must be"):
         to_boolean(mask)
+
+
+# --- the plumbing that brings masks to score shape and combines them ---------------------
+
+
+@pytest.mark.parametrize(
+    "shape, expected",
+    [
+        ((6, 7), (1, 1, 6, 7)),          # one mask for everything
+        ((2, 6, 7), (2, 1, 6, 7)),       # one per sequence
+        ((2, 1, 7), (2, 1, 1, 7)),       # padding_mask's [B, 1, N_k]
+        ((1, 3, 6, 7), (1, 3, 6, 7)),    # per head
+        ((2, 3, 1, 7), (2, 3, 1, 7)),
+    ],
+)
+def test_to_score_shape_broadcasts_exactly_like_the_scores(shape, expected):
+    mask = torch.rand(shape) < 0.5
+    shaped = to_score_shape(mask, 2, 3, 6, 7)
+    assert shaped.shape == expected
+    # The same positions are allowed, read through broadcasting against [B, H, N_q, N_k] scores.
+    scores = torch.zeros(2, 3, 6, 7)
+    torch.testing.assert_close(torch.broadcast_to(shaped, scores.shape),
+                               torch.broadcast_to(mask if mask.dim() == 4 else mask.unsqueeze(-3)
+                                                  if mask.dim() == 3 else mask, scores.shape))
+    assert shaped.data_ptr() == mask.data_ptr()                      # a view, not a copy
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (2, 6, 8), (3, 1, 7), (2, 2, 6, 7), (7,), (1, 1, 1, 6, 7)])
+def test_to_score_shape_says_what_does_not_fit(shape):
+    with pytest.raises(ValueError, match=r"EncoderBlock.forward: attn of shape .* does not fit scores "
+                                         r"\[B, H, N_q, N_k\] = \[2, 3, 6, 7\]"):
+        to_score_shape(torch.ones(shape, dtype=torch.bool), 2, 3, 6, 7, caller="EncoderBlock.forward", name="attn")
+
+
+def test_to_score_shape_passes_none_and_rejects_integer_masks():
+    assert to_score_shape(None, 2, 3, 6, 7) is None
+    with pytest.raises(TypeError, match="to_score_shape: mask must be boolean or floating, got dtype torch.int64"):
+        to_score_shape(torch.ones(6, 7, dtype=torch.long), 2, 3, 6, 7)
+
+
+def test_restrict_mask_ands_booleans_and_blocks_additive_masks():
+    causal = causal_mask(4)
+    other = torch.rand(2, 4, 4) < 0.7
+    assert torch.equal(restrict_mask(other, causal), other & causal)
+    assert restrict_mask(None, causal) is causal
+    soft = -torch.rand(2, 4, 4)                                       # a soft bias, finite everywhere
+    restricted = restrict_mask(soft, causal)
+    assert restricted.shape == (2, 4, 4)
+    assert torch.equal(restricted[:, causal], soft[:, causal])        # allowed: the bias stays
+    assert torch.isneginf(restricted[:, ~causal]).all()               # blocked: -inf
+    # Attention under the combination equals attention under the two applied one after the other.
+    q, k, v = randn(2, 4, 8), randn(2, 4, 8, seed=1), randn(2, 4, 8, seed=2)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=soft.masked_fill(~causal, float("-inf")))
+    close(self_attention(q, k, v, restricted)[0], expected, tol=TOL)
+
+
+def test_restrict_mask_rejects_what_it_cannot_combine():
+    with pytest.raises(TypeError, match="restrict_mask: allowed must be boolean"):
+        restrict_mask(None, torch.zeros(3, 3))
+    with pytest.raises(TypeError, match="restrict_mask: mask must be boolean or floating"):
+        restrict_mask(torch.ones(3, 3, dtype=torch.long), causal_mask(3))
+    with pytest.raises(ValueError, match="restrict_mask: the batch dimensions"):
+        restrict_mask(torch.ones(2, 3, 3, dtype=torch.bool), torch.ones(4, 3, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.long, torch.int32, torch.float32])
+def test_key_padding_to_boolean_reads_hugging_face_masks(dtype):
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]]).to(dtype)
+    expected = torch.tensor([[True, True, False], [True, False, False]])
+    assert torch.equal(key_padding_to_boolean(mask, 2, 3), expected)
+
+
+@pytest.mark.parametrize(
+    "mask, error, fragment",
+    [
+        (torch.ones(2, 4), ValueError, r"BertModel.forward: attention_mask must be \[B, N\] = \[2, 3\]"),
+        (torch.full((2, 3), 0.5), ValueError, "attention_mask must hold only 0 .padding. and 1 .token."),
+        (torch.ones(2, 3, dtype=torch.complex64), TypeError, "attention_mask must be boolean or hold 0/1"),
+        ([[1, 1, 1], [1, 1, 1]], TypeError, "attention_mask must be a torch.Tensor"),
+    ],
+)
+def test_key_padding_to_boolean_names_the_caller(mask, error, fragment):
+    with pytest.raises(error, match=fragment):
+        key_padding_to_boolean(mask, 2, 3, caller="BertModel.forward", name="attention_mask")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
@@ -13,16 +13,10 @@ from attn_course.kv_cache import KVCache
 from attn_course.masks import causal_mask, padding_mask
 from attn_course.multihead import MultiHeadAttention, merge_heads, split_heads
 
-from helpers import randn, random_mask
-
-FAST = settings(max_examples=25, deadline=None)
+from helpers import FAST, close, randn, random_mask
 
 E, H = 16, 4                      # model width and query heads used throughout
 D = E // H                        # head size
-
-
-def close(actual, expected, tol=1e-5):
-    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
 
 
 def torch_attention(*, bias: bool = True, seed: int = 0, dtype=torch.float32) -> nn.MultiheadAttention:
@@ -588,7 +582,7 @@ def test_forward_rejects_inputs_of_another_dtype_than_the_module(call):
         call(_attention())
 
 
-@settings(max_examples=25, deadline=None)
+@FAST
 @given(
     tokens=st.integers(2, 7),
     cut=st.integers(1, 6),
@@ -608,7 +602,7 @@ def test_causal_module_output_before_a_change_ignores_the_changed_future(tokens,
     torch.testing.assert_close(before[:, :cut], after[:, :cut], atol=1e-6, rtol=1e-6)
 
 
-@settings(max_examples=25, deadline=None)
+@FAST
 @given(lengths=st.lists(st.integers(1, 5), min_size=1, max_size=3), seed=st.integers(0, 2**31 - 1))
 def test_padded_tokens_do_not_change_the_real_tokens_outputs(lengths, seed):
     torch.manual_seed(seed)

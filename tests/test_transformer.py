@@ -218,11 +218,48 @@ def test_need_weights_returns_causal_per_head_weights():
         (lambda: EncoderBlock(16, 4, ffn_dim=0), ValueError, "ffn_dim"),
         (lambda: EncoderBlock(16, 4, attention_dropout=1.5), ValueError, "dropout"),
         (lambda: EncoderBlock(16, 4, activation="swish"), ValueError, "activation"),
+        (lambda: DecoderBlock(16, 4, ffn_dim=0), ValueError, "DecoderBlock: ffn_dim must be >= 1, got 0"),
+        (lambda: DecoderBlock(16, 4, ffn_dim=32.0), TypeError, "DecoderBlock: ffn_dim must be an int"),
+        (lambda: DecoderBlock(16, 4, cross_attention="yes"), TypeError, "DecoderBlock: cross_attention must be a bool"),
+        (lambda: DecoderBlock(16, 4, norm_first=1), TypeError, "DecoderBlock: norm_first must be a bool"),
+        (lambda: EncoderBlock(16, 4, norm_first=None), TypeError, "EncoderBlock: norm_first must be a bool"),
     ],
 )
 def test_bad_configuration_raises_with_the_argument_named(build, error, fragment):
     with pytest.raises(error, match=fragment):
         build()
+
+
+def test_decoder_block_default_ffn_is_four_times_the_width():
+    assert DecoderBlock(16, 4).feed_forward.up.out_features == 64
+
+
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda b: b(torch.randn(2, 5, 12)), ValueError, r"DecoderBlock.forward: x must be \[B, N, E\] with E = "),
+        (lambda b: b(torch.randn(2, 5, 16).double()), TypeError, "DecoderBlock.forward: x has dtype torch.float64"),
+        (lambda b: b(torch.zeros(2, 5, 16, dtype=torch.long)), TypeError, "DecoderBlock.forward: x must be a floating"),
+        (lambda b: b(torch.randn(2, 5, 16), memory=torch.randn(2, 3, 8)), ValueError, "DecoderBlock.forward: memory"),
+    ],
+)
+def test_decoder_block_names_itself_for_bad_inputs(call, error, fragment):
+    with pytest.raises(error, match=fragment):
+        call(DecoderBlock(16, 4, cross_attention=True))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"mask": torch.ones(3, 5, 5, dtype=torch.bool)}, ValueError, r"mask of shape \[3, 1, 5, 5\]"),
+        ({"mask": torch.ones(5, 5, dtype=torch.long)}, TypeError, "mask must be boolean or floating"),
+        ({"key_padding_mask": torch.ones(2, 4)}, ValueError, r"key_padding_mask must be \[B, N\]"),
+        ({"key_padding_mask": torch.full((2, 5), 2)}, ValueError, "key_padding_mask must hold only 0"),
+    ],
+)
+def test_encoder_block_masks_are_checked_under_its_own_name(kwargs, error, fragment):
+    with pytest.raises(error, match="EncoderBlock.forward: " + fragment):
+        EncoderBlock(16, 4)(torch.randn(2, 5, 16), **kwargs)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
