@@ -1,4 +1,4 @@
-"""Plots the chapters share: attention heatmaps and weight bar charts."""
+"""Plots the chapters share: labelled heatmaps (attention maps among them) and weight bar charts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,78 @@ from matplotlib.figure import Figure
 
 from attn_course import _validate
 
-__all__ = ["attention_heatmap", "weight_bars", "figure_png"]
+__all__ = ["heatmap", "attention_heatmap", "weight_bars", "figure_png"]
+
+
+def heatmap(
+    values: torch.Tensor,
+    row_labels: Sequence[str],
+    column_labels: Sequence[str] | None = None,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    annotate: bool | None = None,
+    xlabel: str = "",
+    ylabel: str = "",
+    cmap: str = "Blues",
+    vmin: float = 0.0,
+    vmax: float | None = None,
+) -> Axes:
+    """Draw a labelled matrix, each value written in its cell: the picture behind every map in the course.
+
+    Args:
+        values: ``[R, C]``.
+        row_labels: ``R`` labels; column_labels: ``C`` labels, defaulting to ``row_labels``.
+        ax: where to draw; a new figure when omitted.
+        title, xlabel, ylabel: texts of the axes.
+        annotate: write each value in its cell; defaults to True up to 12 × 12.
+        cmap, vmin, vmax: the colour scale (``vmax`` defaults to the largest value).
+
+    Returns:
+        The ``Axes`` drawn on.
+
+    Raises:
+        TypeError: values not a floating tensor, or labels not sequences of strings.
+        ValueError: values not 2-D, label counts that do not match, or ``vmax <= vmin``.
+
+    Example:
+        >>> ax = heatmap(torch.tensor([[0.9, 0.1], [0.3, 0.7]]), ["a", "b"], xlabel="key")
+        >>> [text.get_text() for text in ax.texts]
+        ['0.90', '0.10', '0.30', '0.70']
+    """
+    where = "heatmap"
+    values = _validate.floating_tensor(where, "values", values)
+    if values.dim() != 2:
+        raise ValueError(f"{where}: values must be 2-D [R, C], got shape {_validate.shape_str(values)}")
+    column_labels = row_labels if column_labels is None else column_labels
+    _validate.labels(where, "row_labels", row_labels, values.shape[0])
+    _validate.labels(where, "column_labels", column_labels, values.shape[1])
+    values = values.detach().float().cpu()
+    vmax = max(float(values.max()), vmin + 1e-9) if vmax is None else float(vmax)
+    if vmax <= vmin:
+        raise ValueError(f"{where}: vmax must be above vmin={vmin}, got {vmax}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.0 + 0.55 * len(column_labels), 0.8 + 0.5 * len(row_labels)))
+    image = ax.imshow(values.numpy(), cmap=cmap, vmin=vmin, vmax=vmax)
+    rotate = max(map(len, column_labels), default=0) > 2         # words slant, digits stay upright
+    ax.set_xticks(range(len(column_labels)), column_labels, rotation=45 if rotate else 0,
+                  ha="right" if rotate else "center")
+    ax.set_yticks(range(len(row_labels)), row_labels)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    if annotate is None:
+        annotate = max(values.shape) <= 12
+    if annotate:
+        # Dark cells get white text; "dark" depends on where the value sits on the colour scale.
+        threshold = vmin + 0.6 * (min(vmax, float(values.max())) - vmin)
+        for row in range(values.shape[0]):
+            for col in range(values.shape[1]):
+                value = float(values[row, col])
+                color = "white" if value > threshold else "black"
+                ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=8, color=color)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        ax.set_title(title)
+    return ax
 
 
 def attention_heatmap(
@@ -24,7 +95,7 @@ def attention_heatmap(
     title: str | None = None,
     annotate: bool | None = None,
 ) -> Axes:
-    """Draw an attention map: one row per query, one column per key.
+    """Draw an attention map: one row per query, one column per key (a :func:`heatmap`).
 
     Args:
         attention_weights: ``[N_q, N_k]``.
@@ -51,27 +122,8 @@ def attention_heatmap(
     key_tokens = query_tokens if key_tokens is None else key_tokens
     _validate.labels(where, "query_tokens", query_tokens, weights.shape[0])
     _validate.labels(where, "key_tokens", key_tokens, weights.shape[1])
-    if ax is None:
-        _, ax = plt.subplots(figsize=(1.0 + 0.55 * len(key_tokens), 0.8 + 0.5 * len(query_tokens)))
-    weights = weights.detach().float().cpu()
-    image = ax.imshow(weights.numpy(), cmap="Blues", vmin=0.0, vmax=max(float(weights.max()), 1e-9))
-    ax.set_xticks(range(len(key_tokens)), key_tokens, rotation=45, ha="right")
-    ax.set_yticks(range(len(query_tokens)), query_tokens)
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query (attending)")
-    if annotate is None:
-        annotate = max(weights.shape) <= 12
-    if annotate:
-        threshold = 0.6 * float(weights.max())
-        for row in range(weights.shape[0]):
-            for col in range(weights.shape[1]):
-                value = float(weights[row, col])
-                color = "white" if value > threshold else "black"
-                ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=8, color=color)
-    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    if title:
-        ax.set_title(title)
-    return ax
+    return heatmap(weights, query_tokens, key_tokens, ax=ax, title=title, annotate=annotate,
+                   xlabel="key (attended to)", ylabel="query (attending)")
 
 
 def weight_bars(

@@ -12,7 +12,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
-from attn_course.plots import attention_heatmap, figure_png, weight_bars
+from attn_course.plots import attention_heatmap, figure_png, heatmap, weight_bars
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -168,3 +168,39 @@ def test_figure_png_rejects_anything_but_a_figure(not_a_figure):
 def test_figure_png_rejects_an_axes():
     with pytest.raises(TypeError, match="Axes"):
         figure_png(plt.subplots()[1])
+
+
+# --- heatmap (any labelled matrix) -------------------------------------------------------------
+
+
+def test_heatmap_draws_each_value_at_its_row_and_column_on_the_given_scale():
+    values = torch.tensor([[0.75, 0.8, 0.95], [0.9, 0.72, 1.0]])          # like cosine similarities
+    ax = heatmap(values, ["river", "cash"], ["a", "b", "c"], xlabel="head", ylabel="layer",
+                 cmap="viridis", vmin=0.7, vmax=1.0)
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
+    assert texts[(0, 2)] == "0.95" and texts[(1, 1)] == "0.72"            # (row, column)
+    image = ax.images[0]
+    assert image.get_clim() == (0.7, 1.0) and image.get_cmap().name == "viridis"
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("head", "layer")
+    assert tick_texts(ax.get_xticklabels()) == ["a", "b", "c"]
+    assert ax.get_xticklabels()[0].get_rotation() == 0                   # short labels stay upright
+
+
+def test_attention_heatmap_is_a_heatmap_with_attention_axis_names():
+    ax = attention_heatmap(WEIGHTS, QUERIES, KEYS)
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("key (attended to)", "query (attending)")
+
+
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda: heatmap(torch.ones(3), ["a"]), ValueError, r"heatmap: values must be 2-D"),
+        (lambda: heatmap(torch.ones(2, 2), "ab"), TypeError, "heatmap: row_labels must be a sequence of strings"),
+        (lambda: heatmap(torch.ones(2, 2), ["a", "b"], ["c"]), ValueError, "column_labels must have 2 labels"),
+        (lambda: heatmap(torch.ones(2, 2), ["a", "b"], vmin=1.0, vmax=0.5), ValueError, "vmax must be above"),
+        (lambda: heatmap(torch.ones(2, 2, dtype=torch.long), ["a", "b"]), TypeError, "values must be a floating"),
+    ],
+)
+def test_heatmap_rejects_bad_input_by_name(call, error, fragment):
+    with pytest.raises(error, match=fragment):
+        call()
