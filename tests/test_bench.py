@@ -132,13 +132,6 @@ def test_kv_cache_speedup_returns_one_row_per_count():
         assert row.speedup == pytest.approx(row.seconds_without / row.seconds_with)
 
 
-def test_kv_cache_row_reads_like_the_dict_chapter_04_indexes():
-    row = kv_cache.KvCacheRow(new_tokens=8, seconds_without=2.0, seconds_with=0.5, speedup=4.0)
-    assert (row["new_tokens"], row["speedup"]) == (8, 4.0)
-    with pytest.raises(KeyError):
-        row["tflops"]
-
-
 def test_benchmarks_leave_the_global_rng_as_it_was():
     state = torch.random.get_rng_state()
     tiny_kv_cache(new_tokens=(2,), seed=7)

@@ -36,13 +36,6 @@ class KvCacheRow:
     seconds_with: float
     speedup: float
 
-    def __getitem__(self, name: str) -> float:
-        # Chapter 04's notebook reads rows as row["speedup"], from when rows were dicts;
-        # attributes are the API, this keeps that cell running unchanged.
-        if name not in {field.name for field in dataclasses.fields(self)}:
-            raise KeyError(name)
-        return getattr(self, name)
-
 
 def kv_cache_speedup(
     new_tokens: Sequence[int] = (32, 64, 128, 256),
