@@ -73,13 +73,13 @@ def heatmap(
     if annotate is None:
         annotate = max(values.shape) <= 12
     if annotate:
-        # Dark cells get white text; "dark" depends on where the value sits on the colour scale.
-        threshold = vmin + 0.6 * (min(vmax, float(values.max())) - vmin)
         for row in range(values.shape[0]):
             for col in range(values.shape[1]):
                 value = float(values[row, col])
-                color = "white" if value > threshold else "black"
-                ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=8, color=color)
+                red, green, blue, _ = image.cmap(image.norm(value))           # the cell's colour
+                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5        # perceived brightness
+                ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     if title:
         ax.set_title(title)

@@ -184,6 +184,8 @@ def test_heatmap_draws_each_value_at_its_row_and_column_on_the_given_scale():
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("head", "layer")
     assert tick_texts(ax.get_xticklabels()) == ["a", "b", "c"]
     assert ax.get_xticklabels()[0].get_rotation() == 0                   # short labels stay upright
+    colors = {t.get_text(): t.get_color() for t in ax.texts}
+    assert colors["0.72"] == "white" and colors["1.00"] == "black"        # viridis: dark low, bright high
 
 
 def test_attention_heatmap_is_a_heatmap_with_attention_axis_names():
