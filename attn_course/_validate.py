@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import pathlib
 from collections.abc import Sequence
 
 import torch
@@ -40,6 +42,29 @@ def floating_tensor(where: str, name: str, value: object, *, min_dim: int = 0) -
             f"got shape {shape_str(value)}"
         )
     return value
+
+
+def matrix(where: str, name: str, value: object, *, axes: str = "[N_q, N_k]") -> torch.Tensor:
+    """Require a 2-D floating tensor, such as one attention map (``axes`` names its dimensions)."""
+    value = floating_tensor(where, name, value)
+    if value.dim() != 2:
+        raise ValueError(f"{where}: {name} must be 2-D {axes}, got shape {shape_str(value)}")
+    return value
+
+
+def path(where: str, name: str, value: object) -> pathlib.Path:
+    """Require a ``str`` or ``os.PathLike`` and return it as a ``pathlib.Path``."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{where}: {name} must be a str or pathlib.Path, got {type(value).__name__}")
+    return pathlib.Path(value)
+
+
+def existing_file(where: str, name: str, value: object, *, what: str = "file") -> pathlib.Path:
+    """Require the path of an existing file; ``what`` says which in the error (``"config file"``)."""
+    found = path(where, name, value)
+    if not found.is_file():
+        raise FileNotFoundError(f"{where}: no {what} {found}")
+    return found
 
 
 def same_dtype_and_device(where: str, **tensors: torch.Tensor) -> None:

@@ -52,9 +52,7 @@ def heatmap(
         ['0.90', '0.10', '0.30', '0.70']
     """
     where = "heatmap"
-    values = _validate.floating_tensor(where, "values", values)
-    if values.dim() != 2:
-        raise ValueError(f"{where}: values must be 2-D [R, C], got shape {_validate.shape_str(values)}")
+    values = _validate.matrix(where, "values", values, axes="[R, C]")
     column_labels = row_labels if column_labels is None else column_labels
     _validate.labels(where, "row_labels", row_labels, values.shape[0])
     _validate.labels(where, "column_labels", column_labels, values.shape[1])
@@ -113,12 +111,7 @@ def attention_heatmap(
         ValueError: weights not 2-D, or label counts that do not match.
     """
     where = "attention_heatmap"
-    weights = _validate.floating_tensor(where, "attention_weights", attention_weights)
-    if weights.dim() != 2:
-        raise ValueError(
-            f"{where}: attention_weights must be 2-D [N_q, N_k], "
-            f"got shape {_validate.shape_str(weights)}"
-        )
+    weights = _validate.matrix(where, "attention_weights", attention_weights)
     key_tokens = query_tokens if key_tokens is None else key_tokens
     _validate.labels(where, "query_tokens", query_tokens, weights.shape[0])
     _validate.labels(where, "key_tokens", key_tokens, weights.shape[1])

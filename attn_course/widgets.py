@@ -185,12 +185,7 @@ class QueryExplorer(widgets.VBox):
         title: str = "attention",
     ) -> None:
         where = "query_explorer"
-        weights = _validate.floating_tensor(where, "attention_weights", attention_weights)
-        if weights.dim() != 2:
-            raise ValueError(
-                f"{where}: attention_weights must be 2-D [N_q, N_k], "
-                f"got shape {_validate.shape_str(weights)}"
-            )
+        weights = _validate.matrix(where, "attention_weights", attention_weights)
         key_tokens = tokens if key_tokens is None else key_tokens
         for name, labels, size in (("tokens", tokens, weights.shape[0]),
                                    ("key_tokens", key_tokens, weights.shape[1])):

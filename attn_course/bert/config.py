@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pathlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -160,11 +159,7 @@ class BertConfig:
             6
         """
         where = "BertConfig.from_json_file"
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"{where}: path must be a str or pathlib.Path, got {type(path).__name__}")
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{where}: no config file {path}")
+        path = _validate.existing_file(where, "path", path, what="config file")
         try:
             values = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:

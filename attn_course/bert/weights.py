@@ -7,10 +7,11 @@ checked against the model before anything is copied; all problems are listed at 
 from __future__ import annotations
 
 import os
-import pathlib
 from collections.abc import Mapping, Sequence
 
 import torch
+
+from attn_course import _validate
 
 __all__ = ["LAYER_NAMES", "EMBEDDING_NAMES", "hugging_face_name", "read_safetensors", "match_hugging_face"]
 
@@ -92,11 +93,7 @@ def read_safetensors(path: str | os.PathLike, *, caller: str = "read_safetensors
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{caller}: path must be a str or pathlib.Path, got {type(path).__name__}")
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{caller}: no weights file {path}")
+    path = _validate.existing_file(caller, "path", path, what="weights file")
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError) as error:
