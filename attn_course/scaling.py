@@ -38,8 +38,8 @@ def dot_product_spread(
 
     Example:
         >>> spread = dot_product_spread([16, 256], n_pairs=4000)
-        >>> [round(v) for v in spread["raw_variance"].tolist()]
-        [16, 256]
+        >>> [round(v) for v in spread["raw_variance"].tolist()]    # theory: 16 and 256
+        [17, 251]
     """
     where = "dot_product_spread"
     sizes = _validate.integer_sequence(where, "d_k_values", d_k_values, minimum=1)
