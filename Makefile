@@ -16,47 +16,58 @@ export HF_HUB_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
 STAMP := $(VENV)/.installed
+# The notebook kernel is this .venv's Python, registered inside .venv only, under the display
+# name the chapters carry (tools/run_notebooks.py writes it when re-executing them, and
+# `ipykernel install` gives it by default on conda and Binder). Under any other name JupyterLab
+# rewrites a chapter's metadata as it opens, and then asks to save changes nobody made.
+KERNEL := $(VENV)/share/jupyter/kernels/python3/kernel.json
+KERNEL_DISPLAY_NAME := Python 3 (ipykernel)
 # JupyterLab settings for this course: never ask about, or fetch, the Jupyter news feed.
 OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 .PHONY: venv lab test lint unit notebooks execute assignments grade clean
 
-venv: $(STAMP) $(OVERRIDES)
+venv: $(STAMP) $(KERNEL) $(OVERRIDES)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	# The notebook kernel is this .venv's Python, registered inside .venv only.
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 \
-		--display-name "Python 3 (attn-course)" > /dev/null
 	touch $(STAMP)
+
+# Re-registered when the Makefile changes, so an existing .venv picks up a new display name.
+$(KERNEL): $(STAMP) Makefile
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 \
+		--display-name "$(KERNEL_DISPLAY_NAME)" > /dev/null
 
 $(OVERRIDES): tools/jupyterlab-overrides.json $(STAMP)
 	mkdir -p $(dir $@)
 	cp $< $@
 
-# Offline by design: no update checks, no news feed, no extension catalogue queries.
-LAB_FLAGS := --ServerApp.root_dir=notebooks \
-	--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
-	--LabApp.news_url=None --LabApp.extension_manager=readonly \
-	$(if $(filter 0,$(shell id -u)),--allow-root)
-
+# JupyterLab's flags (offline: no update checks, no news, no extension catalogue) live in
+# tools/lab.py, which the browser tests start the server with too. Extra options: LAB_ARGS=...
 lab: venv
-	$(BIN)/jupyter lab $(LAB_FLAGS) $(LAB_ARGS)
+	$(BIN)/python tools/lab.py $(LAB_ARGS)
 
 lint: venv
 	$(BIN)/ruff check attn_course tests tools notebooks
 
+# Every chapter re-run in this environment and compared, output by output, with the
+# committed one; round-off in "max difference" lines is normalised (see the .cfg file).
+NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+# The quick loop while editing (under 2 minutes on 2 cores): everything but the tests
+# marked slow (browser, otter grading, Triton's compiler, the real BERT).
 unit: venv
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -m "not slow" tests
 
 notebooks: venv
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg notebooks
+	$(BIN)/python -m pytest $(NBVAL_FLAGS) notebooks
 
+# What CI runs (.ci/run): lint, every test, slow ones included, and every chapter.
 test: lint venv
-	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg tests notebooks
+	$(BIN)/python -m pytest $(NBVAL_FLAGS) tests notebooks
 
 # Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/, then grading.
 assignments: venv

@@ -1,7 +1,9 @@
-"""The course as a whole: the README's chapter map, chapter headers, the Colab cell, Binder."""
+"""The course as a whole: the README's chapter map, chapter headers, the Colab cell, the
+kernel the chapters name, Binder."""
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import re
 import subprocess
@@ -47,6 +49,36 @@ def test_each_chapter_states_prerequisites_run_time_and_next(path):
     index = CHAPTERS.index(path)
     if index + 1 < len(CHAPTERS):
         assert f"]({CHAPTERS[index + 1].name})" in text, f"{path.name} must link to the next chapter"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_a_chapter_opens_with_its_title_and_goals_then_the_colab_cell(path):
+    """What a student sees first: the lesson, not otter's configuration or set-up code."""
+    cells = nbformat.read(path, as_version=4).cells
+    title, setup = cells[0], cells[1]
+    assert title.cell_type == "markdown" and title.source.startswith("# Chapter "), title.source[:80]
+    assert "**What you will learn**" in title.source
+    assert setup.cell_type == "code" and setup.source == first_code_cell(path)
+    assert "google.colab" in setup.source and len(setup.source.splitlines()) <= 12
+    # otter's raw cells (configuration, questions, solutions, tests) belong to the exercises.
+    exercises = next(i for i, cell in enumerate(cells) if cell.cell_type == "markdown"
+                     and cell.source.startswith("## Exercises"))
+    assert [cell.source.splitlines()[0] for cell in cells[:exercises] if cell.cell_type == "raw"] == []
+
+
+def test_chapters_name_the_kernel_that_make_registers():
+    """JupyterLab rewrites a notebook's kernelspec to the running kernel's, marking it modified,
+    unless the two agree; so the chapters, `make execute` and `make venv` use one display name."""
+    makefile = (ROOT / "Makefile").read_text()
+    display_name = re.search(r"^KERNEL_DISPLAY_NAME := (.+)$", makefile, re.M).group(1).strip()
+    assert re.search(r'--name python3 \\\n\s+--display-name "\$\(KERNEL_DISPLAY_NAME\)"', makefile)
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "tools" / "run_notebooks.py")
+    run_notebooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_notebooks)
+    expected = {"name": "python3", "display_name": display_name, "language": "python"}
+    assert run_notebooks.KERNELSPEC == expected
+    for path in CHAPTERS:
+        assert nbformat.read(path, as_version=4).metadata.kernelspec == expected, path.name
 
 
 def test_chapter_01_has_the_notation_table():

@@ -18,6 +18,9 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The kernel the chapters name. `make venv` registers python3 under the same display name (the
+# Makefile's KERNEL_DISPLAY_NAME; also ipykernel's default, as on conda and Binder): where the two
+# differ, JupyterLab rewrites the metadata as a chapter opens and marks it modified.
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 

@@ -1,0 +1,60 @@
+"""Start JupyterLab for this course, offline, with this environment's kernel.
+
+    .venv/bin/python tools/lab.py                          # what `make lab` runs: notebooks/
+    .venv/bin/python tools/lab.py --root DIR --no-browser --port=8899
+
+The one place for JupyterLab's flags: `make lab` and the browser tests (tests/test_browser.py)
+both start the server through this script. Any option after ``--root`` goes to JupyterLab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Offline by design: no update checks, no news feed, no extension catalogue queries.
+OFFLINE_FLAGS = [
+    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    "--LabApp.news_url=None",
+    "--LabApp.extension_manager=readonly",
+]
+
+
+def lab_command(root_dir: pathlib.Path | str, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The command line that serves ``root_dir`` with this Python's JupyterLab."""
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root_dir}", *OFFLINE_FLAGS]
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        command.append("--allow-root")  # containers and CI machines often run as root
+    return command + list(extra)
+
+
+def lab_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with this environment's Jupyter data
+    first, so its kernel "python3" and its JupyterLab settings win over any user-level ones,
+    and the Hugging Face hub kept offline."""
+    environment = dict(os.environ if base is None else base)
+    own = str(pathlib.Path(sys.prefix) / "share" / "jupyter")
+    others = [path for path in environment.get("JUPYTER_PATH", "").split(os.pathsep) if path and path != own]
+    environment["JUPYTER_PATH"] = os.pathsep.join([own, *others])
+    environment.setdefault("HF_HUB_OFFLINE", "1")
+    environment.setdefault("PYTHONHASHSEED", "0")
+    return environment
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=pathlib.Path, default=ROOT / "notebooks",
+                        help="folder to serve (default: the chapters in notebooks/)")
+    args, extra = parser.parse_known_args(argv)
+    command = lab_command(args.root.resolve(), extra)
+    # Replace this process: Ctrl+C and signals reach JupyterLab itself.
+    os.execve(command[0], command, lab_environment())
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
