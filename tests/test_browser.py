@@ -1,17 +1,21 @@
-"""The widgets in a real browser: JupyterLab from this environment, driven by Playwright.
+"""The chapters in a real browser: JupyterLab from this environment, driven by Playwright.
 
-Chromium is Debian's (``/usr/bin/chromium``, installed by ``.ci/run``); Playwright never
-downloads a browser. Without Chromium or Playwright the tests skip, except in CI
-(``CI=true``), where they fail. The notebooks are copied to a temporary folder first, so
-JupyterLab's autosave can never touch the committed ones. Screenshots go to
-``test-artifacts/``.
+Chromium is Debian's (``/usr/bin/chromium``, installed by ``.ci/run``; ``ATTN_COURSE_CHROMIUM``
+points at another); Playwright never downloads a browser. Without Chromium or Playwright the
+browser tests skip with one line that says how to enable them, except in CI (``CI`` set to
+true, 1 or yes), where they fail. The tests of that decision run everywhere; the browser
+tests are marked slow (``make unit`` leaves them out). The notebooks are copied to a
+temporary folder first, so JupyterLab's autosave can never touch the committed ones.
+Screenshots go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
+import platform
 import re
 import secrets
 import shutil
@@ -20,48 +24,88 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import NamedTuple
 
+import nbformat
 import pytest
 import torch
 
 from attn_course.toy_sentence import bank_sentence
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_VARIABLE = "ATTN_COURSE_CHROMIUM"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", "180000"))
 
 
-def _missing(reason: str):
-    if IN_CI:
-        pytest.fail(f"{reason}: in CI the browser tests must run (.ci/run installs chromium)")
-    pytest.skip(reason)
+# --- whether the browser tests can run, and what happens when they cannot ------------------
+
+
+def chromium_executable() -> str:
+    """``$ATTN_COURSE_CHROMIUM`` if set, else ``chromium`` on PATH, else Debian's path."""
+    return os.environ.get(CHROMIUM_VARIABLE) or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def missing_browser() -> str | None:
+    """Why the browser tests cannot run here, with how to fix it; ``None`` when they can."""
+    chromium = chromium_executable()
+    if not (os.path.isfile(chromium) and os.access(chromium, os.X_OK)):
+        return (f"no Chromium at {chromium}; enable them with `apt-get install chromium` "
+                f"(or set {CHROMIUM_VARIABLE} to a Chromium executable)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright is not installed; enable them with `pip install -e '.[test]'` (or `make venv`)"
+    return None
+
+
+def require_browser() -> str:
+    """Chromium's path when the browser tests can run; otherwise skip them, or fail in CI."""
+    reason = missing_browser()
+    if reason is None:
+        return chromium_executable()
+    if in_ci():
+        pytest.fail(f"browser tests cannot run in CI: {reason} (.ci/run installs it)", pytrace=False)
+    # conftest.py reports every skip that starts this way on one summary line.
+    pytest.skip(f"browser tests skipped: {reason}")
+
+
+# --- JupyterLab and Chromium ---------------------------------------------------------------
+
+
+class Lab(NamedTuple):
+    base: str                   # http://127.0.0.1:PORT
+    token: str
+    root: pathlib.Path          # the folder it serves: copies of the chapters
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server on a free loopback port with a random token: yields its base URL."""
-    if not pathlib.Path(CHROMIUM).exists():
-        _missing(f"no Chromium at {CHROMIUM}")
+def chromium() -> str:
+    return require_browser()
+
+
+@pytest.fixture(scope="module")
+def lab(chromium, tmp_path_factory):
+    """A JupyterLab server, started as `make lab` starts it (tools/lab.py), on a free loopback
+    port with a random token, serving copies of the chapters."""
     root = tmp_path_factory.mktemp("lab")
-    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+    for notebook in CHAPTERS:
         shutil.copy(notebook, root)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     token = secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_PATH": str(pathlib.Path(sys.prefix) / "share" / "jupyter"),
-           "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-               f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}",
-               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None",
-               "--LabApp.extension_manager=readonly"]
-    if hasattr(os, "getuid") and os.getuid() == 0:
-        command.append("--allow-root")
+    command = [sys.executable, str(ROOT / "tools" / "lab.py"), "--root", str(root),
+               "--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--ServerApp.token={token}"]
     log = open(tmp_path_factory.mktemp("lab-log") / "jupyterlab.log", "w")
-    server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -73,7 +117,7 @@ def lab(tmp_path_factory):
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"JupyterLab did not start; see {log.name}") from None
                 time.sleep(0.5)
-        yield base, token
+        yield Lab(base, token, root)
     finally:
         server.terminate()
         try:
@@ -84,39 +128,54 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright is not installed")
+def browser(chromium):
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
+        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield launched
+        launched.close()
 
 
-def open_and_run_all(browser, lab, notebook: str, widget_selector: str):
-    """Open ``notebook`` in JupyterLab, run every cell, wait for the widget; return the page."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    base, token = lab
+def open_notebook(browser, lab: Lab, notebook: str):
+    """Open ``notebook`` (a path under the lab's root) in a workspace of its own and wait until
+    its kernel has started and is idle; return the page."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(int(os.environ.get("BROWSER_TIMEOUT_MS", "180000")))
+    page.set_default_timeout(TIMEOUT_MS)
+    # A workspace of its own, reset: no tab left open by another test.
+    workspace = re.sub(r"[^A-Za-z0-9]+", "-", notebook.removesuffix(".ipynb"))
     try:
-        # A workspace of its own, reset: no tab left open by another test.
-        workspace = pathlib.Path(notebook).stem.replace("_", "-")
-        page.goto(f"{base}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={token}")
+        page.goto(f"{lab.base}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={lab.token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell")
-        # JupyterLab may ask which kernel to start (the notebook names python3; this
-        # environment's python3 is the one offered): accept it.
+        # The execution indicator says "idle" before any kernel exists, too: wait for the
+        # toolbar to name a kernel and for that kernel to be idle, or for JupyterLab to ask
+        # which kernel to start (a notebook without kernelspec): then accept its offer, this
+        # environment's python3, and wait again.
+        kernel_idle = """() => {
+            const name = document.querySelector('.jp-Toolbar-kernelName')?.textContent.trim();
+            const status = document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status;
+            return name && name !== 'No Kernel' && status === 'idle';
+        }"""
+        page.wait_for_function(f"() => ({kernel_idle})() || document.querySelector('.jp-Dialog') !== null")
         select = page.locator(".jp-Dialog .jp-Dialog-button", has_text=re.compile(r"^Select$"))
-        try:
-            select.wait_for(timeout=15_000)
+        if select.count():
             select.click()
-        except PlaywrightTimeout:
-            pass
-        # The kernel must be up before "Run All Cells"; the toolbar's indicator says so.
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+        page.wait_for_function(kernel_idle)
+    except Exception:
+        screenshot_on_failure(page, workspace)
+        raise
+    return page
+
+
+def screenshot_on_failure(page, name: str):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}-failure.png"))
+
+
+def open_and_run_all(browser, lab: Lab, notebook: str, widget_selector: str):
+    """Open ``notebook`` in JupyterLab, run every cell, wait for the widget; return the page."""
+    page = open_notebook(browser, lab, notebook)
+    try:
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
         page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
         page.wait_for_selector(f"{widget_selector} .widget-html-content", state="attached")
@@ -129,8 +188,7 @@ def open_and_run_all(browser, lab, notebook: str, widget_selector: str):
             }"""
         )
     except Exception:
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / f"{pathlib.Path(notebook).stem}-failure.png"))
+        screenshot_on_failure(page, pathlib.Path(notebook).stem)
         raise
     assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                         has_text="Traceback").count() == 0
@@ -164,6 +222,7 @@ def wait_for_change(widget, before: list[float]) -> list[float]:
     return displayed_weights(widget)
 
 
+@pytest.mark.slow
 def test_scaling_walkthrough_in_jupyterlab(browser, lab):
     page, widget = open_and_run_all(browser, lab, "02_formula.ipynb", ".scaling-walkthrough")
     sentence = bank_sentence()
@@ -209,6 +268,7 @@ def test_scaling_walkthrough_in_jupyterlab(browser, lab):
     page.close()
 
 
+@pytest.mark.slow
 def test_query_explorer_in_jupyterlab(browser, lab):
     page, widget = open_and_run_all(browser, lab, "01_intuition.ipynb", ".query-explorer")
     sentence = bank_sentence()
@@ -233,3 +293,149 @@ def test_query_explorer_in_jupyterlab(browser, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     widget.screenshot(path=str(ARTIFACTS / "01_query_explorer.png"))
     page.close()
+
+
+# --- opening a chapter changes nothing -----------------------------------------------------
+
+
+def api(lab: Lab, path: str, method: str = "GET"):
+    request = urllib.request.Request(f"{lab.base}/api/{path}", method=method,
+                                     headers={"Authorization": f"token {lab.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+def fresh_copy(lab: Lab, chapter: pathlib.Path) -> str:
+    """Copy ``chapter`` into a folder that no other test opens; return its path in the lab.
+
+    One thing is adjusted, and only where it differs: the Python version in
+    ``language_info``. JupyterLab records the running kernel's version there, so a chapter
+    executed under another Python (3.11.7 against 3.11.8 is enough) is marked modified on
+    opening. That is the machine that last ran `make execute`, not this course's doing.
+    """
+    folder = lab.root / "fresh"
+    folder.mkdir(exist_ok=True)
+    target = folder / chapter.name
+    notebook = json.loads(chapter.read_text(encoding="utf-8"))
+    language = notebook["metadata"].get("language_info", {})
+    if language.get("version", platform.python_version()) != platform.python_version():
+        language["version"] = platform.python_version()
+        target.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    else:
+        shutil.copyfile(chapter, target)
+    return f"fresh/{chapter.name}"
+
+
+def shut_down_kernel(lab: Lab, notebook: str) -> None:
+    for session in api(lab, "sessions"):
+        if session["path"] == notebook:
+            api(lab, f"sessions/{session['id']}", method="DELETE")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_opening_a_chapter_leaves_it_unmodified(browser, lab, chapter):
+    # JupyterLab rewrites the kernelspec metadata (and so marks the notebook modified) unless
+    # the kernel it starts has the display name the chapter carries.
+    carried = nbformat.read(chapter, as_version=4).metadata.kernelspec
+    registered = api(lab, "kernelspecs")["kernelspecs"][carried.name]["spec"]["display_name"]
+    assert registered == carried.display_name, (
+        f"the {carried.name!r} kernel is registered as {registered!r}, the chapters say {carried.display_name!r}: "
+        "re-register it with `make venv`, or keep the Makefile's KERNEL_DISPLAY_NAME and the chapters in step")
+
+    notebook = fresh_copy(lab, chapter)
+    on_disk = (lab.root / notebook).read_bytes()
+    page = open_notebook(browser, lab, notebook)
+    try:
+        tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=chapter.name)
+        assert tab.count() == 1
+        assert page.locator(".jp-Toolbar-kernelName").first.text_content().strip() == carried.display_name
+        # JupyterLab writes the kernel's metadata into the model once the kernel connects;
+        # watch for a while, not once.
+        for _ in range(20):
+            assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), (
+                f"JupyterLab marked {chapter.name} modified as it opened: its metadata differs from "
+                "what JupyterLab records for this kernel (kernelspec, language_info)")
+            time.sleep(0.25)
+        assert page.locator(".jp-mod-dirty").count() == 0, "a document title is marked modified"
+    except Exception:
+        screenshot_on_failure(page, f"unmodified-{chapter.stem}")
+        raise
+    finally:
+        page.close()
+    shut_down_kernel(lab, notebook)
+    assert (lab.root / notebook).read_bytes() == on_disk, "the notebook file changed"
+
+
+# --- the skip, and the failure in CI, without a browser (these run everywhere) -------------
+
+
+@pytest.mark.parametrize("ci", [None, "", "0", "false", "no"])
+def test_a_missing_chromium_skips_with_how_to_enable_it(monkeypatch, tmp_path, ci):
+    missing = tmp_path / "no-chromium"
+    monkeypatch.setenv(CHROMIUM_VARIABLE, str(missing))
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        require_browser()
+    assert str(skipped.value) == (f"browser tests skipped: no Chromium at {missing}; enable them with "
+                                  f"`apt-get install chromium` (or set {CHROMIUM_VARIABLE} to a Chromium executable)")
+
+
+@pytest.mark.parametrize("ci", ["true", "1", "yes", "TRUE", "True"])
+def test_a_missing_chromium_fails_in_ci(monkeypatch, tmp_path, ci):
+    monkeypatch.setenv(CHROMIUM_VARIABLE, str(tmp_path / "no-chromium"))
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(pytest.fail.Exception, match=r"browser tests cannot run in CI: no Chromium at .*no-chromium"):
+        require_browser()
+
+
+def test_a_file_that_is_not_executable_is_no_chromium(monkeypatch, tmp_path):
+    not_a_program = tmp_path / "chromium"
+    not_a_program.write_text("")
+    monkeypatch.setenv(CHROMIUM_VARIABLE, str(not_a_program))
+    assert missing_browser().startswith(f"no Chromium at {not_a_program};")
+
+
+def run_browser_tests(tmp_path, **environment) -> subprocess.CompletedProcess:
+    """This file's browser tests (the slow ones) in a pytest of their own."""
+    env = {key: value for key, value in os.environ.items() if key not in ("CI", "PYTEST_ADDOPTS")}
+    env.update(environment)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-m", "slow", "-q", "-rsE", "-p", "no:cacheprovider"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def outcome_counts(completed: subprocess.CompletedProcess) -> dict[str, int]:
+    """pytest's last line, "9 skipped, 12 deselected in 0.23s", as {"skipped": 9, "deselected": 12}."""
+    summary = completed.stdout.strip().splitlines()[-1]
+    return {word: int(number) for number, word in re.findall(r"(\d+) (\w+)", summary.split(" in ")[0])}
+
+
+def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
+    """End to end, fixtures included: nothing may try to launch a browser that is not there."""
+    missing = str(tmp_path / "no-chromium")
+    browser_tests = 2 + len(CHAPTERS)
+
+    skipped = run_browser_tests(tmp_path, ATTN_COURSE_CHROMIUM=missing)
+    report = skipped.stdout + skipped.stderr
+    assert skipped.returncode == 0, report
+    counts = outcome_counts(skipped)
+    assert counts.pop("skipped") == browser_tests and set(counts) <= {"deselected"}, report
+    reasons = [line for line in report.splitlines() if line.startswith("SKIPPED")]
+    assert reasons == [f"SKIPPED [{browser_tests}] tests/test_browser.py: browser tests skipped: no Chromium at "
+                       f"{missing}; enable them with `apt-get install chromium` (or set {CHROMIUM_VARIABLE} "
+                       "to a Chromium executable)"], report
+    assert "executable doesn't exist" not in report
+
+    failed = run_browser_tests(tmp_path, ATTN_COURSE_CHROMIUM=missing, CI="true")
+    report = failed.stdout + failed.stderr
+    assert failed.returncode == 1, report
+    counts = outcome_counts(failed)
+    assert counts.pop("errors") == browser_tests and set(counts) <= {"deselected"}, report
+    assert f"browser tests cannot run in CI: no Chromium at {missing}" in report
+    assert "executable doesn't exist" not in report
