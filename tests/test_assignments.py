@@ -7,6 +7,7 @@ the mistakes that attn_course.checks diagnoses.
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import pathlib
@@ -18,12 +19,17 @@ import zipfile
 
 import nbformat
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-pytestmark = pytest.mark.skipif(
-    not (pathlib.Path(sys.executable).parent / "otter").exists(), reason="otter-grader is not installed"
-)
+HAS_OTTER = (pathlib.Path(sys.executable).parent / "otter").exists()
+
+
+def grading(test):
+    """A test that builds assignments or grades with otter: slow (`make unit` leaves it out),
+    and skipped where otter-grader is not installed."""
+    return pytest.mark.slow(pytest.mark.skipif(not HAS_OTTER, reason="otter-grader is not installed")(test))
 
 
 def run_tool(*args: str) -> str:
@@ -39,10 +45,13 @@ def dist(tmp_path_factory) -> pathlib.Path:
     return out
 
 
-def master_blocks(master: pathlib.Path) -> tuple[list[str], list[str]]:
-    """Lines found only in solutions, and sources of hidden test cells, in a master notebook."""
-    solution_lines, other_lines, hidden_tests = [], set(), []
+def master_blocks(master: pathlib.Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """Lines found only in solutions, and (question, body) of each hidden test, in a master
+    notebook. A hidden test's body is its cell without the ``# HIDDEN`` line."""
+    solution_lines, other_lines, hidden_tests, question = [], set(), [], None
     for cell in nbformat.read(master, as_version=4).cells:
+        if cell.cell_type == "raw" and cell.source.startswith("# BEGIN QUESTION"):
+            question = re.search(r"name:\s*(\S+)", cell.source).group(1)
         if cell.cell_type != "code":
             continue
         inside = False
@@ -54,9 +63,48 @@ def master_blocks(master: pathlib.Path) -> tuple[list[str], list[str]]:
             elif line.strip():
                 (solution_lines.append if inside else other_lines.add)(line.strip())
         if cell.source.startswith("# HIDDEN"):
-            hidden_tests.append(cell.source)
+            hidden_tests.append((question, cell.source.split("\n", 1)[1]))
     # A line that the chapter's teaching code also shows is no secret.
     return [line for line in solution_lines if line not in other_lines], hidden_tests
+
+
+def statements(source: str) -> list[str]:
+    """The top-level statements of ``source`` as syntax trees (``ast.dump``): what a test *does*,
+    whatever its comments and spelling. otter rewrites tests (drops comments, writes 1e-5
+    as 1e-05, adds parentheses), so text comparisons miss them; trees do not."""
+    return [ast.dump(node) for node in ast.parse(TransformerManager().transform_cell(source)).body]
+
+
+def doctest_source(code: str) -> str:
+    """The Python in one of otter's doctest cases (``>>> `` and ``... `` lines; the rest is the
+    expected output)."""
+    return "\n".join(line[4:] for line in code.splitlines() if line[:4] in (">>> ", "... ") or line in (">>>", "..."))
+
+
+def zip_cases(zip_path: pathlib.Path) -> dict[str, list[dict]]:
+    """{question: its test cases} from an autograder zip's ``tests/*.py`` (``test = {...}``)."""
+    cases = {}
+    with zipfile.ZipFile(zip_path) as archive:
+        for name in archive.namelist():
+            if name.startswith("tests/") and name.endswith(".py"):
+                module = ast.parse(archive.read(name).decode())
+                (test,) = [ast.literal_eval(node.value) for node in module.body if isinstance(node, ast.Assign)
+                           and [target.id for target in node.targets if isinstance(target, ast.Name)] == ["test"]]
+                cases[test["name"]] = [case for suite in test["suites"] for case in suite["cases"]]
+    return cases
+
+
+def student_code(student: nbformat.NotebookNode) -> list[list[str]]:
+    """Everything a student notebook could run or show as code: each code cell, and each test
+    case that otter stores in its metadata, as a list of statements."""
+    units = [statements(cell.source) for cell in student.cells if cell.cell_type == "code"]
+    for test in student.metadata.get("otter", {}).get("tests", {}).values():
+        units += [statements(doctest_source(case["code"])) for suite in test["suites"] for case in suite["cases"]]
+    return units
+
+
+def contains(unit: list[str], body: list[str]) -> bool:
+    return any(unit[i:i + len(body)] == body for i in range(len(unit) - len(body) + 1))
 
 
 def questions(master: pathlib.Path) -> list[tuple[str, str]]:
@@ -80,32 +128,57 @@ def test_every_chapter_has_three_kinds_of_exercise(master):
 
 
 @pytest.mark.parametrize("master", CHAPTERS, ids=lambda p: p.stem)
+def test_assignment_config_sits_just_before_the_first_question(master):
+    """Out of the students' way (the chapter opens with its title), and still ahead of every
+    question: otter assign reads the config cell where it finds it, in cell order."""
+    cells = nbformat.read(master, as_version=4).cells
+    raw = [(i, cell.source) for i, cell in enumerate(cells) if cell.cell_type == "raw"]
+    configs = [i for i, source in raw if source.startswith("# ASSIGNMENT CONFIG")]
+    first_question = next(i for i, source in raw if source.startswith("# BEGIN QUESTION"))
+    assert configs == [first_question - 1]
+    assert re.search(r"^name: (\S+)$", cells[configs[0]].source, re.M).group(1) == master.stem
+
+
+@grading
+@pytest.mark.parametrize("master", CHAPTERS, ids=lambda p: p.stem)
 def test_student_notebook_has_no_solution_code_and_no_hidden_test(dist, master):
     solution_lines, hidden_tests = master_blocks(master)
     assert solution_lines and hidden_tests, "the master notebook should have both"
     student = nbformat.read(dist / "student" / master.name, as_version=4)
-    student_code = "\n".join(cell.source for cell in student.cells if cell.cell_type == "code")
-    student_text = (dist / "student" / master.name).read_text()
-    leaked = [line for line in solution_lines if line in student_code]
+    student_text = "\n".join(cell.source for cell in student.cells if cell.cell_type == "code")
+    leaked = [line for line in solution_lines if line in student_text]
     assert leaked == []
-    for hidden in hidden_tests:
-        body = hidden.splitlines()[-1]  # the test's expression
-        assert body not in student_text
-    assert "# BEGIN SOLUTION" not in student_text and "# HIDDEN" not in student_text
+    units = student_code(student)
+    for question, body in hidden_tests:
+        tree = statements(body)
+        assert not any(contains(unit, tree) for unit in units), f"{question}: a hidden test is in the student notebook"
+        # Nor the expression that decides it, anywhere, as code or as text.
+        assert not any(tree[-1] in unit for unit in units), f"{question}: a hidden test's check is visible"
+        assert body.splitlines()[-1].strip() not in student_text
+    # The same search finds the public tests, which the student notebook does carry.
+    for question, cases in zip_cases(dist / "autograder" / f"{master.stem}.zip").items():
+        for case in cases:
+            if not case["hidden"]:
+                public = statements(doctest_source(case["code"]))
+                assert any(contains(unit, public) for unit in units), f"{question}: a public test is missing"
+    raw = (dist / "student" / master.name).read_text()
+    assert "# BEGIN SOLUTION" not in raw and "# HIDDEN" not in raw and "# ASSIGNMENT CONFIG" not in raw
 
 
+@grading
 @pytest.mark.parametrize("master", CHAPTERS, ids=lambda p: p.stem)
 def test_autograder_holds_the_hidden_tests(dist, master):
     _, hidden_tests = master_blocks(master)
-    with zipfile.ZipFile(dist / "autograder" / f"{master.stem}.zip") as archive:
-        tests = "\n".join(
-            archive.read(name).decode() for name in archive.namelist() if name.startswith("tests/")
-        )
-    for hidden in hidden_tests:
-        assert hidden.splitlines()[-1].split("(")[0] in tests
-    assert "'hidden': True" in tests or '"hidden": True' in tests or "hidden=True" in tests
+    cases = zip_cases(dist / "autograder" / f"{master.stem}.zip")
+    for question, body in hidden_tests:
+        hidden = [statements(doctest_source(case["code"])) for case in cases[question] if case["hidden"]]
+        assert statements(body) in hidden, f"{question}: this hidden test is not in the autograder:\n{body}"
+    for question in cases:
+        in_master = [body for name, body in hidden_tests if name == question]
+        assert len(in_master) == sum(case["hidden"] for case in cases[question]), question
 
 
+@grading
 def test_assignments_are_reproducible(dist, tmp_path):
     run_tool("tools/assign.py", "--no-run-tests", "--out", str(tmp_path))
     for master in CHAPTERS:
@@ -252,6 +325,7 @@ def grade_rows(graded: pathlib.Path) -> dict[str, dict[str, str]]:
         return {row["student"]: row for row in csv.DictReader(handle)}
 
 
+@grading
 def test_csv_has_a_row_per_student_and_a_column_per_question(graded):
     rows = grade_rows(graded)
     assert set(rows) == {"solutions", "untouched", *PLANTED}
@@ -259,17 +333,20 @@ def test_csv_has_a_row_per_student_and_a_column_per_question(graded):
     assert expected_columns <= set(next(iter(rows.values())))
 
 
+@grading
 def test_solutions_score_full_marks(graded):
     row = grade_rows(graded)["solutions"]
     assert float(row["total"]) == float(row["possible"]) > 0
 
 
+@grading
 def test_untouched_student_notebooks_score_zero_without_crashing(graded):
     row = grade_rows(graded)["untouched"]
     scores = [float(value) for key, value in row.items() if ":" in key]
     assert scores and all(score == 0 for score in scores)
 
 
+@grading
 @pytest.mark.parametrize(
     "student, chapter, name",
     [(s, c, n) for s, chapters in PLANTED.items() for c, functions in chapters.items() for n in functions],

@@ -248,12 +248,64 @@ def test_non_callable_is_a_type_error():
         check_softmax(torch.zeros(3))
 
 
-def test_every_public_check_is_exported():
-    assert {name for name in checks.__all__ if name.startswith("check_")} == {
-        "check_softmax",
-        "check_attention",
-        "check_attention_weights",
-        "check_split_heads",
-        "check_causal_attention",
-        "check_close",
-    }
+# --- every exported check: a right answer passes, a planted mistake is named -----------------
+
+
+def causal_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def sdpa_weights(q, k):
+    return F.scaled_dot_product_attention(q, k, torch.eye(k.shape[-2]).expand(*k.shape[:-1], -1))
+
+
+def split_by_chunks(x, heads):
+    return torch.stack(x.chunk(heads, dim=-1), dim=1)                    # [B, H, N, d]
+
+
+# check: (a call with a right answer, a call with a planted mistake, what the diagnosis must say)
+EXPORTED_CHECKS = {
+    "check_softmax": (
+        lambda check: check(loop_softmax),
+        lambda check: check(lambda s: torch.softmax(s, dim=0)),
+        "normalises over the wrong dimension",
+    ),
+    "check_attention": (
+        lambda check: check(sdpa_attention, with_mask=True),
+        lambda check: check(attention_with(invert=True), with_mask=True),
+        "mask is inverted",
+    ),
+    "check_attention_weights": (
+        lambda check: check(sdpa_weights),
+        lambda check: check(lambda q, k: torch.softmax(q @ k.transpose(-2, -1), dim=-1)),
+        "forgot the scaling",
+    ),
+    "check_split_heads": (
+        lambda check: check(split_by_chunks),
+        lambda check: check(lambda x, h: x.view(x.shape[0], h, x.shape[1], -1)),
+        "scrambles tokens and heads",
+    ),
+    "check_causal_attention": (
+        lambda check: check(causal_sdpa),
+        lambda check: check(causal_with(lambda n: torch.ones(n, n, dtype=torch.bool).triu())),
+        "leaks the future",
+    ),
+    "check_close": (
+        lambda check: check(torch.full((4,), 0.25), torch.softmax(torch.zeros(4), dim=-1)),
+        lambda check: check(torch.tensor([0.4, 0.2, 0.2, 0.2]), torch.full((4,), 0.25), hint="equal scores"),
+        "Hint: equal scores",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(name for name in checks.__all__ if name.startswith("check_")))
+def test_every_exported_check_passes_a_right_answer_and_names_a_planted_mistake(name):
+    assert name in EXPORTED_CHECKS, f"checks exports {name}: give it a right answer and a planted mistake here"
+    right, wrong, diagnosis = EXPORTED_CHECKS[name]
+    check = getattr(checks, name)
+    assert right(check) is True
+    with pytest.raises(CheckFailed) as raised:
+        wrong(check)
+    assert diagnosis in str(raised.value)
+    # otter, and a bare test cell, see an ordinary failed assertion.
+    assert isinstance(raised.value, AssertionError)

@@ -3,7 +3,7 @@
 Triton's interpreter (what the other flash tests use without a GPU) does not enforce dot
 shapes, dtypes or shared-memory limits; the real compiler does. This needs no GPU.
 Triton fixes its mode at import, so compilation runs in subprocesses with
-``TRITON_INTERPRET=0``, two shards in parallel.
+``TRITON_INTERPRET=0``, two shards in parallel. The compiling tests are marked slow.
 """
 
 import os
@@ -38,6 +38,7 @@ def compile_report():
     return lines
 
 
+@pytest.mark.slow
 def test_every_configuration_compiles_for_sm80_and_sm90(compile_report):
     assert len(compile_report) == len(all_cases())
     for kernel, head_dim, dtype, causal, capability in all_cases():
@@ -45,6 +46,7 @@ def test_every_configuration_compiles_for_sm80_and_sm90(compile_report):
         assert any(line.startswith(expected) for line in compile_report), expected
 
 
+@pytest.mark.slow
 def test_shared_memory_fits_each_gpu(compile_report):
     too_big = [line for line in compile_report if not line.endswith(" OK")]
     assert not too_big, too_big
