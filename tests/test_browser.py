@@ -400,14 +400,19 @@ def test_a_file_that_is_not_executable_is_no_chromium(monkeypatch, tmp_path):
     assert missing_browser().startswith(f"no Chromium at {not_a_program};")
 
 
-def run_browser_tests(tmp_path, **environment) -> subprocess.CompletedProcess:
+def start_browser_tests(**environment) -> subprocess.Popen:
     """This file's browser tests (the slow ones) in a pytest of their own."""
     env = {key: value for key, value in os.environ.items() if key not in ("CI", "PYTEST_ADDOPTS")}
     env.update(environment)
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "pytest", __file__, "-m", "slow", "-q", "-rsE", "-p", "no:cacheprovider"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+
+
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    stdout, stderr = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def outcome_counts(completed: subprocess.CompletedProcess) -> dict[str, int]:
@@ -421,7 +426,11 @@ def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
     missing = str(tmp_path / "no-chromium")
     browser_tests = 2 + len(CHAPTERS)
 
-    skipped = run_browser_tests(tmp_path, ATTN_COURSE_CHROMIUM=missing)
+    # Both runs at once: each spends its few seconds importing torch.
+    running = [start_browser_tests(ATTN_COURSE_CHROMIUM=missing),
+               start_browser_tests(ATTN_COURSE_CHROMIUM=missing, CI="true")]
+    skipped, failed = (finish(process) for process in running)
+
     report = skipped.stdout + skipped.stderr
     assert skipped.returncode == 0, report
     counts = outcome_counts(skipped)
@@ -432,7 +441,6 @@ def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
                        "to a Chromium executable)"], report
     assert "executable doesn't exist" not in report
 
-    failed = run_browser_tests(tmp_path, ATTN_COURSE_CHROMIUM=missing, CI="true")
     report = failed.stdout + failed.stderr
     assert failed.returncode == 1, report
     counts = outcome_counts(failed)
