@@ -1,0 +1,129 @@
+"""What every exercise check shares: calling the student's function safely, and naming the mistake.
+
+:func:`diagnose` compares a wrong answer with the answers that known mistakes would give and
+raises :class:`CheckFailed` with the first one that matches, else with the first entry that
+differs. :func:`check_close` does the same for any tensor answer with a fixed hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["ATOL", "CheckFailed", "call_student", "same", "first_difference", "check_shape", "diagnose",
+           "check_close"]
+
+ATOL = 1e-5
+
+
+class CheckFailed(AssertionError):
+    """An exercise's answer is wrong; the message says how."""
+
+
+def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
+    """Call the student's function, unwrap ``(output, weights)``, insist on a tensor.
+
+    A crash in the student's code becomes a :class:`CheckFailed` that names the exception and the
+    shapes it was called with; ``...`` or None becomes "returns nothing yet".
+    """
+    if not callable(fn):
+        raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
+    try:
+        result = fn(*args)
+    except CheckFailed:
+        raise
+    except Exception as error:  # the student's code crashed: say where, keep the cause
+        raise CheckFailed(
+            f"Your function raised {type(error).__name__}: {error}. It was called with "
+            + ", ".join(f"a tensor of shape {list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
+                        for a in args)
+            + "."
+        ) from error
+    if isinstance(result, tuple):
+        result = result[0]
+    if result is Ellipsis or result is None:
+        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    if not isinstance(result, torch.Tensor):
+        raise CheckFailed(
+            f"Your function should return a torch.Tensor, but it returned {type(result).__name__}."
+        )
+    return result
+
+
+def same(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Same shape and close to ``ATOL`` (absolute) and 1e-4 (relative), compared in float64."""
+    if got.shape != expected.shape:
+        return False
+    return torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=1e-4)
+
+
+def first_difference(got: torch.Tensor, expected: torch.Tensor, axes: tuple[str, ...]) -> str:
+    """Describe the first entry where two same-shape tensors differ."""
+    bad = ~torch.isclose(got.double(), expected.double(), atol=ATOL, rtol=1e-4)
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    names = axes[-len(index):] if len(axes) >= len(index) else ("",) * len(index)
+    where = ", ".join(f"{name} {i}" if name else str(i) for name, i in zip(names, index))
+    return (
+        f"The first entry that differs is at [{where}]: expected {expected[index].item():.4f}, "
+        f"got {got[index].item():.4f}."
+    )
+
+
+def check_shape(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Raise :class:`CheckFailed` naming both shapes when they differ."""
+    if got.shape != expected.shape:
+        raise CheckFailed(
+            f"{what} has shape {list(got.shape)} but should have shape {list(expected.shape)}."
+        )
+
+
+def diagnose(got: torch.Tensor, expected: torch.Tensor, mistakes: list[tuple[str, torch.Tensor]],
+              axes: tuple[str, ...], what: str) -> None:
+    """Raise with the first known mistake that reproduces ``got``, else the first difference."""
+    # A mistake can also show up as NaN (e.g. a row with nothing to attend to): compare as 0.
+    finite_got = torch.nan_to_num(got, nan=0.0)
+    for hint, mistaken in mistakes:
+        if same(finite_got, mistaken):
+            raise CheckFailed(hint)
+    if torch.isnan(got).any() and not torch.isnan(expected).any():
+        raise CheckFailed(f"{what} contains NaN where the reference has numbers. "
+                          + first_difference(torch.nan_to_num(got, nan=float("inf")), expected, axes))
+    raise CheckFailed(f"{what} differs from the reference. " + first_difference(got, expected, axes))
+
+
+
+def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer", hint: str = "",
+                rtol: float = 1e-4, atol: float = ATOL) -> bool:
+    """Compare an answer with an expected tensor; on failure say where, and give a hint.
+
+    Args:
+        got: the student's answer (a tensor, or something convertible such as a float).
+        expected: the reference, computed independently of the answer.
+        what: how to name the answer in the message.
+        hint: a sentence that nudges towards the idea, shown on failure.
+        rtol, atol: tolerances as in ``torch.allclose``.
+
+    Returns:
+        ``True`` when close.
+
+    Raises:
+        CheckFailed: with the shape mismatch or the first differing entry, then the hint.
+    """
+    if got is Ellipsis or got is None:
+        raise CheckFailed(f"{what} is not there yet: replace the `...` with your code.")
+    if not isinstance(got, torch.Tensor):
+        try:
+            got = torch.as_tensor(got, dtype=expected.dtype)
+        except (TypeError, ValueError, RuntimeError):
+            raise CheckFailed(f"{what} should be a tensor, got {type(got).__name__}.") from None
+    got = got.reshape(expected.shape) if got.numel() == expected.numel() == 1 else got
+    check_shape(got, expected, what)
+    if not torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol):
+        axes = ("",) * expected.dim()
+        message = f"{what} is not right. " + (
+            first_difference(got, expected, axes) if expected.dim() else
+            f"Expected about {expected.item():.4g}, got {got.item():.4g}."
+        )
+        raise CheckFailed(message + (f" Hint: {hint}" if hint else ""))
+    return True
