@@ -7,7 +7,7 @@ differs. :func:`check_close` does the same for any tensor answer with a fixed hi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -94,21 +94,35 @@ def diagnose(got: torch.Tensor, expected: torch.Tensor, mistakes: list[tuple[str
 
 
 def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer", hint: str = "",
-                rtol: float = 1e-4, atol: float = ATOL) -> bool:
-    """Compare an answer with an expected tensor; on failure say where, and give a hint.
+                rtol: float = 1e-4, atol: float = ATOL,
+                mistakes: Sequence[tuple[str, torch.Tensor]] = ()) -> bool:
+    """Compare an answer with an expected tensor; on failure name the mistake it matches, else say where.
 
     Args:
         got: the student's answer (a tensor, or something convertible such as a float).
         expected: the reference, computed independently of the answer.
         what: how to name the answer in the message.
-        hint: a sentence that nudges towards the idea, shown on failure.
+        hint: a sentence that nudges towards the idea, shown when no known mistake matches.
         rtol, atol: tolerances as in ``torch.allclose``.
+        mistakes: ``(message, answer)`` pairs: what each known wrong version would give. The
+            first that matches ``got`` is reported instead of the generic hint, so a student who
+            fixed one bug and has another is told about the one that remains.
 
     Returns:
         ``True`` when close.
 
     Raises:
-        CheckFailed: with the shape mismatch or the first differing entry, then the hint.
+        CheckFailed: with the matching mistake, the shape mismatch, or the first differing
+            entry followed by the hint.
+
+    Example:
+        >>> expected = torch.tensor([0.5, 0.5])
+        >>> check_close(torch.tensor([0.5, 0.5]), expected)
+        True
+        >>> check_close(torch.tensor([1.0, 1.0]), expected, mistakes=[("You forgot to normalise.", torch.ones(2))])
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You forgot to normalise.
     """
     if got is Ellipsis or got is None:
         raise CheckFailed(f"{what} is not there yet: replace the `...` with your code.")
@@ -120,6 +134,9 @@ def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer
     got = got.reshape(expected.shape) if got.numel() == expected.numel() == 1 else got
     check_shape(got, expected, what)
     if not torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol):
+        for message, wrong in mistakes:
+            if got.shape == wrong.shape and torch.allclose(got.double(), wrong.double(), rtol=rtol, atol=atol):
+                raise CheckFailed(message)
         axes = ("",) * expected.dim()
         message = f"{what} is not right. " + (
             first_difference(got, expected, axes) if expected.dim() else
