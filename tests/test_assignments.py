@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import importlib
 import json
 import pathlib
 import re
@@ -189,108 +190,19 @@ def test_assignments_are_reproducible(dist, tmp_path):
 
 # --- grading a small class -----------------------------------------------------------
 
-PLANTED = {
-    # student: {chapter: {function name: (planted code, question, hint it must get)}}
-    "ada": {
-        "02_formula": {
-            "stable_softmax": (
-                "def stable_softmax(scores):\n    e = torch.exp(scores)\n"
-                "    return e / e.sum(dim=0, keepdim=True)\n",
-                "q1_stable_softmax",
-                "normalises over the wrong dimension",
-            ),
-            "my_attention": (
-                "def my_attention(q, k, v, mask=None):\n"
-                "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
-                "    if mask is not None:\n        scores = scores.masked_fill(mask, float('-inf'))\n"
-                "    return torch.softmax(scores, dim=-1) @ v\n",
-                "q2_attention_from_scratch",
-                "mask is inverted",
-            ),
-            "fixed_attention": (
-                "def fixed_attention(q, k, v):\n"
-                "    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v\n",
-                "q4_find_the_bug",
-                "forgot the scaling",
-            ),
-        },
-        "07_transformer_bert": {
-            "masked_mean": (
-                "def masked_mean(hidden, attention_mask):\n    return hidden.mean(dim=1)\n",
-                "q1_mean_pooling",
-                "padding must not count",
-            ),
-        },
-    },
-    "grace": {
-        "02_formula": {
-            "stable_softmax": (
-                "def stable_softmax(scores):\n    e = torch.exp(scores)\n"
-                "    return e / e.sum(dim=-1, keepdim=True)\n",
-                "q1_stable_softmax",
-                "overflows",
-            ),
-            "my_attention": (
-                "def my_attention(q, k, v, mask=None):\n"
-                "    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
-                "    if mask is not None:\n        weights = weights * mask\n"
-                "    return weights @ v\n",
-                "q2_attention_from_scratch",
-                "after the softmax",
-            ),
-            "fixed_attention": (
-                "def fixed_attention(q, k, v):\n"
-                "    d_model = q.shape[1] * q.shape[-1]\n"
-                "    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_model), dim=-1) @ v\n",
-                "q4_find_the_bug",
-                "instead of the head dimension",
-            ),
-        },
-        "07_transformer_bert": {
-            "fixed_bert_layer": (
-                "def fixed_bert_layer(layer, x):\n    attended, _ = layer.self_attention(x)\n"
-                "    x = x + layer.norm_self(attended)\n"
-                "    return x + layer.norm_ffn(layer.feed_forward(x))\n",
-                "q3_find_the_bug_post_ln",
-                "after the residual addition",
-            ),
-        },
-    },
-    "linus": {
-        "01_intuition": {
-            "fixed_attention_map": (
-                "def fixed_attention_map(queries, keys):\n"
-                "    return torch.softmax(queries @ keys.T / queries.shape[-1] ** 0.5, dim=0)\n",
-                "q3_find_the_bug",
-                "wrong dimension",
-            ),
-        },
-        "06_flash_attention": {
-            "merge_blocks": (
-                "def merge_blocks(max_a, sum_a, max_b, sum_b):\n"
-                "    return torch.maximum(max_a, max_b), sum_a + sum_b\n",
-                "q1_merge_step",
-                "relative to its own maximum",
-            ),
-            "fixed_streaming_attention": (
-                "def fixed_streaming_attention(q, k, v, block):\n"
-                "    row_max = torch.full((q.shape[0],), float('-inf'))\n"
-                "    row_sum, acc = torch.zeros(q.shape[0]), torch.zeros(q.shape[0], v.shape[1])\n"
-                "    for start in range(0, k.shape[0], block):\n"
-                "        scores = q @ k[start:start + block].T / math.sqrt(q.shape[1])\n"
-                "        new_max = torch.maximum(row_max, scores.amax(dim=1))\n"
-                "        correction = torch.exp(row_max - new_max)\n"
-                "        weights = torch.exp(scores - new_max[:, None])\n"
-                "        row_sum = row_sum * correction + weights.sum(dim=1)\n"
-                "        acc = acc + weights @ v[start:start + block]\n"
-                "        row_max = new_max\n"
-                "    return acc / row_sum[:, None]\n",
-                "q3_find_the_bug_rescale",
-                "rescale it too",
-            ),
-        },
-    },
-}
+def load_planted() -> dict[str, dict[str, dict[str, tuple[str, str, str]]]]:
+    """student -> chapter -> function -> (planted code, question, hint), from tests/planted_NN.py."""
+    planted: dict[str, dict[str, dict]] = {}
+    for path in sorted(pathlib.Path(__file__).parent.glob("planted_[0-9][0-9].py")):
+        module = importlib.import_module(path.stem)
+        for student, functions in module.PLANTED.items():
+            planted.setdefault(student, {})[module.CHAPTER] = functions
+    return planted
+
+
+# One file of planted mistakes per chapter (tests/planted_NN.py), so that each chapter's
+# exercises and their mistakes change together.
+PLANTED = load_planted()
 
 
 def plant(student_notebook: pathlib.Path, functions: dict, destination: pathlib.Path) -> None:
