@@ -125,6 +125,7 @@ def weight_bars(
     *,
     ax: Axes | None = None,
     highlight: int | None = None,
+    highlight_label: str | None = None,
     title: str | None = None,
 ) -> Axes:
     """Bar chart of one query's attention weights over the tokens.
@@ -133,15 +134,26 @@ def weight_bars(
         weights: ``[N_k]``.
         tokens: ``N_k`` labels.
         ax: where to draw; a new figure when omitted.
-        highlight: index of a bar to draw in a different colour (e.g. the query itself).
+        highlight: index ``0 <= highlight < N_k`` of a bar to draw in a different colour
+            (e.g. the query itself).
+        highlight_label: what the highlighted bar is (e.g. ``'the query, "bank"'``), shown in
+            a legend; needs ``highlight``. Without it no legend is drawn.
         title: optional title.
 
     Returns:
         The ``Axes`` drawn on.
 
     Raises:
-        TypeError: weights not a floating tensor.
-        ValueError: weights not 1-D, or a label count that does not match.
+        TypeError: weights not a floating tensor, ``highlight`` not an int, or
+            ``highlight_label`` not a string.
+        ValueError: weights not 1-D, a label count that does not match, ``highlight`` out of
+            range, or ``highlight_label`` without ``highlight``.
+
+    Example:
+        >>> ax = weight_bars(torch.tensor([0.2, 0.8]), ["bank", "river"], highlight=0,
+        ...                  highlight_label="the query")
+        >>> [text.get_text() for text in ax.get_legend().get_texts()]
+        ['the query']
     """
     where = "weight_bars"
     weights = _validate.floating_tensor(where, "weights", weights)
@@ -150,6 +162,15 @@ def weight_bars(
             f"{where}: weights must be 1-D [N_k], got shape {_validate.shape_str(weights)}"
         )
     _validate.labels(where, "tokens", tokens, weights.shape[0])
+    if highlight is not None:
+        highlight = _validate.integer(where, "highlight", highlight, minimum=0)
+        if highlight >= weights.shape[0]:
+            raise ValueError(f"{where}: highlight={highlight} is out of range; it must be below {weights.shape[0]}")
+    if highlight_label is not None:
+        if not isinstance(highlight_label, str):
+            raise TypeError(f"{where}: highlight_label must be a str, got {type(highlight_label).__name__}")
+        if highlight is None:
+            raise ValueError(f"{where}: highlight_label needs highlight, the index of the bar it names")
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3))
     values = weights.detach().float().cpu().tolist()
@@ -159,6 +180,9 @@ def weight_bars(
     ax.set_xticks(range(len(tokens)), tokens)
     ax.set_ylim(0, 1.08)
     ax.set_ylabel("attention weight")
+    if highlight_label is not None:
+        bars[highlight].set_label(highlight_label)
+        ax.legend(handles=[bars[highlight]], loc="upper right", fontsize=8)
     if title:
         ax.set_title(title)
     return ax

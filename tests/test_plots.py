@@ -119,6 +119,31 @@ def test_weight_bars_highlights_only_the_requested_bar():
     assert colors[2] == to_rgba("tab:orange")
 
 
+def test_weight_bars_legend_names_only_the_highlighted_bar():
+    ax = weight_bars(torch.tensor([0.1, 0.6, 0.3]), KEYS, highlight=2, highlight_label='the query, "sat"')
+    legend = ax.get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == ['the query, "sat"']
+    (handle,) = legend.legend_handles
+    assert handle.get_facecolor() == to_rgba("tab:orange")
+
+
+def test_weight_bars_without_highlight_label_draw_no_legend():
+    assert weight_bars(torch.tensor([0.1, 0.6, 0.3]), KEYS, highlight=1).get_legend() is None
+
+
+def test_weight_bars_reject_a_highlight_label_without_a_highlight():
+    with pytest.raises(ValueError, match="weight_bars: highlight_label needs highlight"):
+        weight_bars(torch.tensor([0.1, 0.6, 0.3]), KEYS, highlight_label="the query")
+    with pytest.raises(TypeError, match="weight_bars: highlight_label must be a str"):
+        weight_bars(torch.tensor([0.1, 0.6, 0.3]), KEYS, highlight=0, highlight_label=3)
+
+
+@pytest.mark.parametrize("highlight, error", [(3, ValueError), (-1, ValueError), (1.0, TypeError)])
+def test_weight_bars_reject_a_highlight_that_is_not_a_bar(highlight, error):
+    with pytest.raises(error, match="weight_bars: highlight"):
+        weight_bars(torch.tensor([0.1, 0.6, 0.3]), KEYS, highlight=highlight)
+
+
 def test_weight_bars_label_each_bar_with_its_weight():
     ax = weight_bars(torch.tensor([0.125, 0.5, 0.375]), KEYS)
     assert sorted(text.get_text() for text in ax.texts) == ["0.12", "0.38", "0.50"]
