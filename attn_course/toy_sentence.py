@@ -14,8 +14,8 @@ can be explained. Each token is described by six named *features*::
 
 The three roles of attention are then:
 
-* **value** = the token's features (``W_V`` is the identity): its content.
-* **key** = the token's features too (``W_K`` is the identity): what it offers.
+* **value** = the token's features (``W_V`` is the 6 × 6 identity): its content.
+* **key** = the token's features too (``W_K`` is the 6 × 6 identity): what it offers.
 * **query** = ``x @ W_Q``: row ``f`` of ``W_Q`` says which features a token that has
   feature ``f`` looks for. A thing looks for nature/money context (that settles
   which thing it is) and a little for descriptions; a property looks for the thing
@@ -23,12 +23,16 @@ The three roles of attention are then:
 
 So a score ``q_i · k_j`` is "how much of what token *i* wants does token *j* offer".
 
-Finally the six features are *lifted* into ``d_k = 64`` dimensions by a fixed matrix
-with orthonormal rows, so the vectors look like a real model's (dense, 64 wide,
-``√d_k = 8``) while every dot product stays exactly what the features say. ``W_Q``
-carries a factor of 8 so that the scores spread like those of 64-dimensional random
-vectors (standard deviation about √64 = 8); that is what makes ``√d_k = 8`` the
-natural scaling for this sentence.
+Finally the six features are *lifted* into ``d_k`` dimensions (64 by default) by a fixed
+matrix ``L [6, d_k]`` with orthonormal rows (``L Lᵀ = I``): ``Q = X W_Q L``, ``K = X L``,
+``V = X L``. The lift only makes the vectors look like a real model's (dense, 64 wide);
+it changes no score, since ``Q Kᵀ = X W_Q L Lᵀ Xᵀ = X W_Q Xᵀ`` whatever ``d_k`` is. So
+``d_k`` does not set the scale of the scores here, and nothing in this toy derives the
+division by 8: 8 is the default scaling factor of the concept card the course is built
+from (``√d_k`` with ``d_k = 64``). ``W_Q`` is the table of wants times 8 so that, after
+that division, the scaled scores are exactly ``X · wants · Xᵀ``, numbers one can read.
+Divided by ``√6`` instead (the formula's value for ``d_k = 6``), the same scores would
+give sharper weights.
 """
 
 from __future__ import annotations
@@ -68,7 +72,9 @@ _WANTS = [
     [2.0, 0.0, 0.0, 0.0, 0.5, 0.0],  # a grammar word wants its noun
     [1.0, 1.0, 1.0, 1.0, 1.0, 0.0],  # the full stop looks at everything
 ]
-_SCORE_SPREAD = 8.0  # see the module docstring: scores spread like d_k = 64 vectors
+# W_Q = wants × 8, so that scores / 8 (8: the card's default √d_k, see the module
+# docstring) equal X · wants · Xᵀ. The lift does not change any score.
+_SCORE_SPREAD = 8.0
 
 
 @dataclass(frozen=True)
@@ -79,8 +85,10 @@ class ToySentence:
         tokens: the ``N`` tokens.
         feature_names: the ``F`` feature names.
         embeddings: ``X [N, F]``, the tokens' features.
-        w_q, w_k, w_v: ``[F, F]`` projections (``w_k`` and ``w_v`` are identities).
-        lift: ``[F, d_k]`` with orthonormal rows; maps features into ``d_k`` dimensions.
+        w_q, w_k, w_v: ``[F, F]`` projections on the features, before the lift (``w_k`` and
+            ``w_v`` are the ``F × F`` identity; ``w_q`` is the wants table times 8).
+        lift: ``L [F, d_k]`` with orthonormal rows; maps features into ``d_k`` dimensions
+            without changing any dot product (``L Lᵀ = I``).
     """
 
     tokens: tuple[str, ...]
@@ -97,17 +105,17 @@ class ToySentence:
 
     @property
     def queries(self) -> torch.Tensor:
-        """``Q = X W_Q``, lifted: ``[N, d_k]``."""
+        """``Q = X W_Q L``: ``[N, d_k]``."""
         return self.embeddings @ self.w_q @ self.lift
 
     @property
     def keys(self) -> torch.Tensor:
-        """``K = X W_K``, lifted: ``[N, d_k]``."""
+        """``K = X W_K L = X L``: ``[N, d_k]``."""
         return self.embeddings @ self.w_k @ self.lift
 
     @property
     def values(self) -> torch.Tensor:
-        """``V = X W_V``, lifted: ``[N, d_k]``."""
+        """``V = X W_V L = X L``: ``[N, d_k]``."""
         return self.embeddings @ self.w_v @ self.lift
 
     def to_features(self, vectors: torch.Tensor) -> torch.Tensor:
@@ -131,7 +139,8 @@ def bank_sentence(d_k: int = 64, *, dtype: torch.dtype = torch.float32) -> ToySe
     """The hand-built embedding of "The bank of the river was muddy.".
 
     Deterministic: the lift comes from a fixed seed, and every dot product is exact
-    whatever the seed, because the lift's rows are orthonormal.
+    whatever the seed and whatever ``d_k``, because the lift's rows are orthonormal:
+    ``bank_sentence(6)`` and ``bank_sentence(64)`` give the same scores ``Q Kᵀ``.
 
     Args:
         d_k: width of the query/key/value vectors, at least ``len(FEATURES)`` = 6.
