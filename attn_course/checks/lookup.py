@@ -1,0 +1,368 @@
+"""Checks for chapter 01's exercises: attention as a lookup, from embeddings to weights and back.
+
+* :func:`check_attention_from_embeddings`: ``fn(x, w_q, w_k, w_v) -> (output, weights)``, the
+  whole computation from token embeddings; names a scaling by the embedding width, a
+  transposed map, keys projected with ``w_q``, values mixed with the scores or not projected.
+* :func:`check_identical_keys_prediction`: ``fn(n) -> [n]``, the weights when every key is the
+  same vector, compared with real attention for several ``n``.
+* :func:`check_attention_map`: ``fn(queries, keys) -> [N_q, N_k]`` with ``N_q != N_k``; names a
+  map whose rows are the keys, a softmax over the queries, and scalings by the wrong size.
+* :func:`check_rescaled_weights`: ``fn(weights, factor) -> [..., N]``, one softmax's weights
+  after its scores are multiplied by ``factor``, predicted from the weights alone.
+
+Each returns ``True`` or raises :class:`~attn_course.checks.diagnosis.CheckFailed` whose message
+names the mistake the answer matches. Inputs are drawn from a private generator, so a check
+neither depends on nor changes the caller's random state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from attn_course.attention import self_attention
+from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+
+__all__ = [
+    "check_attention_from_embeddings",
+    "check_identical_keys_prediction",
+    "check_attention_map",
+    "check_rescaled_weights",
+]
+
+# --- messages --------------------------------------------------------------------------------
+
+NO_SCALING = ("Your weights are softmax(Q Kᵀ), without the scaling: divide the scores by √d_k "
+              "(here √{d_k} = {sqrt_d_k:.3g}) before the softmax.")
+SCALED_BY_D_K = "You divided the scores by d_k = {d_k}; divide by its square root, √d_k = {sqrt_d_k:.3g}."
+SCALED_BY_E = ("You divided the scores by √E = √{e}, the width of the embeddings x. d_k is the width of a "
+               "query after the projection, w_q.shape[1] = {d_k} here: divide by √{d_k}.")
+SCALED_BY_N = ("You divided the scores by √{n_k}, the square root of the number of keys. d_k is the size of "
+               "one key vector, the last dimension of keys ({d_k} here).")
+OVER_QUERIES = ("Each column of your map sums to 1, not each row: your softmax normalises over the queries. "
+                "Row i holds query i's weights over all the keys, and those must sum to 1.")
+TRANSPOSED = ("Your map is transposed: entry [i, j] must be how well key j answers query i, the softmax "
+              "over j of q_i · k_j. Yours is built from k_i · q_j, token i's key against the others' queries.")
+KEYS_FROM_W_Q = ("Your keys were projected with w_q: your scores are Q Qᵀ. The keys are x @ w_k, "
+                 "the queries x @ w_q.")
+NOT_PROJECTED = ("Your scores compare the embeddings x with each other, not queries with keys: project first, "
+                 "Q = x @ w_q and K = x @ w_k.")
+OUTPUT_FROM_X = ("Your output has shape {shape}, the width E of the embeddings: you mixed the rows of x. "
+                 "Mix the values, V = x @ w_v, whose width is d_v = {d_v}.")
+OUTPUT_FROM_SCORES = ("Your output mixes the values with the scores, not with the weights: the scores are any "
+                      "real numbers; the softmax turns each row into weights that sum to 1, and those weigh "
+                      "the values.")
+OUTPUT_TRANSPOSED = ("Your output uses the transposed weights: row i of the output must be Σ_j a_ij v_j, "
+                     "query i's weights (row i of the map) times the values.")
+NOT_A_PAIR = ("Your function returns one tensor of shape {shape}; return the pair (output, weights): "
+              "output [N, d_v] and weights [N, N].")
+ROWS_ARE_KEYS = ("Your map has shape {shape} = [N_k, N_q]: one row per key. The check passes N_q = {n_q} "
+                 "queries and N_k = {n_k} keys, and the map needs one row per query, [N_q, N_k] = [{n_q}, {n_k}], "
+                 "row i being where query i looks.")
+ROWS_ARE_KEYS_RIGHT_VALUES = ("Your map holds the right weights, but transposed: shape {shape} = [N_k, N_q], "
+                              "one row per key. Row i must be query i's weights, so the map is [N_q, N_k].")
+NOT_FLOATING = "Your {what} has dtype {dtype}: weights are fractions between 0 and 1, so use a floating dtype."
+ONE_NUMBER = ("Your prediction for n = {n} is a single number; return one weight per key, "
+              "a tensor of shape [n] = [{n}].")
+SUM_NOT_ONE = ("Your weights for n = {n} sum to {total:.4g}: one query's weights always sum to 1 (that is "
+               "what the softmax is for), whatever the keys.")
+ONE_KEY_WINS = ("Your prediction puts all the weight on one key. When all the keys are the same vector, "
+                "what makes one of them win? Compare the scores q · k_j of one query.")
+UNEQUAL = ("Your weights for n = {n} sum to 1 but are not all equal. Compare the scores q · k_j of one "
+           "query when every k_j is the same vector.")
+UNCHANGED = ("Your weights did not change, but multiplying the scores by c = {factor:.3g} does change "
+             "them ({what}). Write one weight as exp(s_j) / Σ_k exp(s_k) and see what c · s_j does "
+             "to each term.")
+WEIGHTS_AS_SCORES = ("You put the weights through a softmax as if they were the scores. They are not: "
+                     "a weight is exp(s_j) / Σ_k exp(s_k). What does that tell you about s_j?")
+WRONG_WAY = ("Your weights moved the wrong way: multiplying the scores by c = {factor:.3g} {should}, and "
+             "yours {did}. Check whether c ends up multiplying or dividing.")
+NEARLY = "Close: your weights are proportional to the right ones, but row 0 sums to {total:.4g}, not 1."
+ROWS_NOT_ONE = ("Your new weights do not sum to 1 along the last dimension (row 0 sums to {total:.4g}); "
+                "whatever the factor, they are one softmax over the keys.")
+WRONG_DIM = ("Your new weights sum to 1 along dimension 0, not along the last one: each row (the last "
+             "dimension, the keys) is its own softmax.")
+
+
+def _generator() -> torch.Generator:
+    return torch.Generator().manual_seed(2024)
+
+
+def _require_callable(where: str, fn: object) -> None:
+    if not callable(fn):
+        raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
+
+
+def _scaled_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+# --- exercise: from embeddings to outputs ----------------------------------------------------
+
+def embedding_inputs(n: int = 6, e: int = 10, d_k: int = 4, d_v: int = 3):
+    """Fresh ``x [n, e]``, ``w_q [e, d_k]``, ``w_k [e, d_k]``, ``w_v [e, d_v]`` in float32.
+
+    ``e``, ``d_k`` and ``d_v`` differ, so a scaling by the wrong width or a mix of the wrong
+    rows shows. The projections are scaled so that the scores spread over a few units.
+    """
+    generator = _generator()
+    x = torch.randn(n, e, generator=generator)                                 # [N, E]
+    w_q, w_k, w_v = (torch.randn(e, width, generator=generator) / math.sqrt(e) * 1.5
+                     for width in (d_k, d_k, d_v))                             # [E, d_k], [E, d_k], [E, d_v]
+    return x, w_q, w_k, w_v
+
+
+def check_attention_from_embeddings(attention_fn: Callable) -> bool:
+    """Check ``fn(x, w_q, w_k, w_v) -> (output, weights)``: self-attention from token embeddings.
+
+    The function is called once with float32 ``x [6, 10]`` (``N = 6`` tokens, ``E = 10``),
+    ``w_q, w_k [10, 4]`` (``d_k = 4``) and ``w_v [10, 3]`` (``d_v = 3``), and must return a tuple
+    ``(output [N, d_v], weights [N, N])`` with ``weights = softmax(Q Kᵀ / √d_k)`` over the keys
+    and ``output = weights V``, where ``Q = x w_q``, ``K = x w_k``, ``V = x w_v``. Any floating
+    dtype is accepted; entries must agree to 1e-5 (absolute) and 1e-4 (relative).
+
+    Args:
+        attention_fn: the student's function.
+
+    Returns:
+        ``True`` when both results are right.
+
+    Raises:
+        TypeError: ``attention_fn`` is not callable.
+        CheckFailed: naming the mistake the answer matches (a single tensor instead of the pair,
+            the weights: no scaling, √E or d_k instead of √d_k, softmax over the queries, a
+            transposed map, keys from ``w_q``, no projection; the output: the embeddings mixed
+            instead of the values, values mixed with the scores or with the transposed
+            weights), else the first entry that differs.
+
+    Example:
+        >>> def attention_from_embeddings(x, w_q, w_k, w_v):
+        ...     q, k, v = x @ w_q, x @ w_k, x @ w_v
+        ...     weights = torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1)
+        ...     return weights @ v, weights
+        >>> check_attention_from_embeddings(attention_from_embeddings)
+        True
+    """
+    where = "check_attention_from_embeddings"
+    _require_callable(where, attention_fn)
+    x, w_q, w_k, w_v = embedding_inputs()
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    expected_output, expected_weights = self_attention(q, k, v)
+    returned = []
+
+    def keep(*args):
+        returned.append(attention_fn(*args))
+        return tuple(returned[-1]) if isinstance(returned[-1], list) else returned[-1]
+
+    output = call_student(where, keep, x.clone(), w_q.clone(), w_k.clone(), w_v.clone())
+    result = returned[-1]
+    if not isinstance(result, (tuple, list)):
+        raise CheckFailed(NOT_A_PAIR.format(shape=list(output.shape)))
+    if len(result) != 2 or not isinstance(result[1], torch.Tensor):
+        raise CheckFailed(f"Your function returns a {type(result).__name__} of {len(result)} items; return the "
+                          "pair (output, weights), two tensors.")
+    weights = result[1]
+    check_shape(weights, expected_weights, "Your weights")
+    if not same(weights, expected_weights):
+        d_k, e = q.shape[-1], x.shape[-1]
+        facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "e": e}
+        raw = q @ k.T                                                          # [N, N]
+        mistakes = [
+            (NO_SCALING.format(**facts), torch.softmax(raw, dim=-1)),
+            (SCALED_BY_D_K.format(**facts), torch.softmax(raw / d_k, dim=-1)),
+            (SCALED_BY_E.format(**facts), torch.softmax(raw / math.sqrt(e), dim=-1)),
+            (OVER_QUERIES, torch.softmax(raw / math.sqrt(d_k), dim=0)),
+            (TRANSPOSED, torch.softmax(raw.T / math.sqrt(d_k), dim=-1)),
+            (KEYS_FROM_W_Q, torch.softmax(_scaled_scores(q, q), dim=-1)),
+            (NOT_PROJECTED, torch.softmax(x @ x.T / math.sqrt(d_k), dim=-1)),
+            (NOT_PROJECTED, torch.softmax(x @ x.T / math.sqrt(e), dim=-1)),
+        ]
+        diagnose(weights, expected_weights, mistakes, ("query", "key"), "Your weights")
+    if output.shape == (x.shape[0], x.shape[1]) and x.shape[1] != v.shape[1]:
+        raise CheckFailed(OUTPUT_FROM_X.format(shape=list(output.shape), d_v=v.shape[1]))
+    check_shape(output, expected_output, "Your output")
+    if not same(output, expected_output):
+        scores = _scaled_scores(q, k)
+        mistakes = [
+            (OUTPUT_FROM_SCORES, scores @ v),
+            (OUTPUT_FROM_SCORES, (q @ k.T) @ v),
+            (OUTPUT_TRANSPOSED, expected_weights.T @ v),
+        ]
+        diagnose(output, expected_output, mistakes, ("token", "feature"), "Your output")
+    return True
+
+
+# --- exercise: identical keys -----------------------------------------------------------------
+
+def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -> bool:
+    """Check ``fn(n) -> [n]``: the predicted weights of a query when all ``n`` keys are one vector.
+
+    The prediction is compared, for ``n`` = 1, 4 and 7, with the weights that real attention
+    gives a random query against ``n`` copies of one random key. It must be a floating tensor
+    of shape ``[n]`` (any floating dtype), agreeing to 1e-5.
+
+    Args:
+        predict_fn: the student's function; it receives a Python int.
+
+    Returns:
+        ``True`` when right for every ``n``.
+
+    Raises:
+        TypeError: ``predict_fn`` is not callable.
+        CheckFailed: naming the mistake (an integer dtype, a single number, weights that do not
+            sum to 1, all the weight on one key, unequal weights), else the first entry that differs.
+
+    Example:
+        >>> check_identical_keys_prediction(lambda n: torch.full((n,), 1.0 / n))
+        True
+    """
+    where = "check_identical_keys_prediction"
+    _require_callable(where, predict_fn)
+    generator = _generator()
+    for n in (1, 4, 7):
+        query = torch.randn(1, 8, generator=generator)                           # [1, d_k]
+        keys = torch.randn(1, 8, generator=generator).expand(n, 8)              # [n, d_k], all the same
+        values = torch.randn(n, 2, generator=generator)                         # [n, d_v]
+        expected = self_attention(query, keys, values)[1][0]                     # [n]
+        got = call_student(where, predict_fn, n)
+        if not got.is_floating_point():
+            raise CheckFailed(NOT_FLOATING.format(what="prediction", dtype=got.dtype))
+        if got.dim() == 0 or (got.numel() == 1 and n > 1):
+            raise CheckFailed(ONE_NUMBER.format(n=n))
+        check_shape(got, expected, f"Your prediction for n = {n}")
+        if same(got, expected):
+            continue
+        total = float(got.double().sum())
+        if not math.isclose(total, 1.0, abs_tol=1e-4):
+            raise CheckFailed(SUM_NOT_ONE.format(n=n, total=total))
+        if float(got.max()) > 1 - 1e-4:
+            raise CheckFailed(ONE_KEY_WINS)
+        raise CheckFailed(UNEQUAL.format(n=n))
+    return True
+
+
+# --- exercise: the map, rows and columns ---------------------------------------------------
+
+def check_attention_map(map_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
+    """Check ``fn(queries, keys) -> weights [N_q, N_k]``, the attention map of plain matrices.
+
+    Called with float32 ``queries [5, 16]`` and ``keys [7, 16]``: ``N_q = 5`` differs from
+    ``N_k = 7``, so rows and columns cannot be confused unseen. Row ``i`` must be
+    ``softmax_j(q_i · k_j / √d_k)``. Any floating dtype is accepted; ``(weights, ...)`` tuples
+    are unwrapped to their first item.
+
+    Args:
+        map_fn: the student's function.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        TypeError: ``map_fn`` is not callable.
+        CheckFailed: naming the mistake (a map with one row per key, the right map transposed,
+            a softmax over the queries, no scaling, a scaling by d_k or by the number of keys),
+            else the first entry that differs.
+
+    Example:
+        >>> check_attention_map(lambda q, k: torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1))
+        True
+    """
+    where = "check_attention_map"
+    _require_callable(where, map_fn)
+    generator = _generator()
+    queries = torch.randn(5, 16, generator=generator)                          # [N_q, d_k]
+    keys = torch.randn(7, 16, generator=generator)                             # [N_k, d_k]
+    _, expected = self_attention(queries, keys, torch.zeros(7, 1))             # [N_q, N_k]
+    got = call_student(where, map_fn, queries.clone(), keys.clone())
+    n_q, n_k, d_k = queries.shape[0], keys.shape[0], queries.shape[1]
+    if got.shape == (n_k, n_q):
+        message = ROWS_ARE_KEYS_RIGHT_VALUES if same(got.T, expected) else ROWS_ARE_KEYS
+        raise CheckFailed(message.format(shape=list(got.shape), n_q=n_q, n_k=n_k))
+    check_shape(got, expected, "Your attention map")
+    if not same(got, expected):
+        raw = queries @ keys.T                                                 # [N_q, N_k]
+        facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "n_k": n_k}
+        mistakes = [
+            (OVER_QUERIES, torch.softmax(raw / math.sqrt(d_k), dim=0)),
+            (NO_SCALING.format(**facts), torch.softmax(raw, dim=-1)),
+            (SCALED_BY_D_K.format(**facts), torch.softmax(raw / d_k, dim=-1)),
+            (SCALED_BY_N.format(**facts), torch.softmax(raw / math.sqrt(n_k), dim=-1)),
+            (SCALED_BY_N.format(**facts), torch.softmax(raw / math.sqrt(n_q), dim=-1)),
+        ]
+        diagnose(got, expected, mistakes, ("query", "key"), "Your attention map")
+    return True
+
+
+# --- exercise: what a factor on the scores does to the weights --------------------------------
+
+def check_rescaled_weights(rescale_fn: Callable[[torch.Tensor, float], torch.Tensor]) -> bool:
+    """Check ``fn(weights, factor) -> [..., N]``: softmax weights after the scores are multiplied by ``factor``.
+
+    ``weights`` are float32 softmax outputs over the last dimension (shapes ``[3, 6]`` and
+    ``[6]``), and ``factor`` a positive Python float (2.0, 8/√6 and 0.5). The answer must equal
+    ``softmax(factor · s)`` for the scores ``s`` the weights came from, which the function does
+    not see; any floating dtype, to 1e-5 (absolute) and 1e-4 (relative).
+
+    Args:
+        rescale_fn: the student's function.
+
+    Returns:
+        ``True`` when correct for every shape and factor.
+
+    Raises:
+        TypeError: ``rescale_fn`` is not callable.
+        CheckFailed: naming the mistake (the weights returned unchanged, the weights put through a
+            softmax as if they were scores, the factor applied the wrong way, the right weights
+            not normalised, rows that do not sum to 1, a normalisation over the wrong dimension),
+            else the first entry that differs.
+
+    Example:
+        >>> check_rescaled_weights(lambda w, c: torch.softmax(c * torch.log(w), dim=-1))
+        True
+    """
+    where = "check_rescaled_weights"
+    _require_callable(where, rescale_fn)
+    generator = _generator()
+    for shape in ((3, 6), (6,)):
+        scores = torch.randn(*shape, generator=generator, dtype=torch.float64) * 1.5     # [..., N]
+        weights = torch.softmax(scores, dim=-1).float()                                  # [..., N]
+        for factor in (2.0, 8 / math.sqrt(6), 0.5):
+            expected = torch.softmax(factor * scores, dim=-1)                           # [..., N]
+            got = call_student(where, rescale_fn, weights.clone(), factor)
+            if not got.is_floating_point():
+                raise CheckFailed(NOT_FLOATING.format(what="result", dtype=got.dtype))
+            check_shape(got, expected, "Your new weights")
+            if not same(got, expected):
+                _diagnose_rescaled(got, expected, weights.double(), factor)
+    return True
+
+
+def _diagnose_rescaled(got: torch.Tensor, expected: torch.Tensor, weights: torch.Tensor, factor: float) -> None:
+    sharper = factor > 1
+    change = "sharpens them: the largest weight grows" if sharper else "flattens them: the largest weight shrinks"
+    powered = weights ** factor                                                           # [..., N]
+    inverse = weights ** (1 / factor)
+    mistakes = [
+        (UNCHANGED.format(factor=factor, what=change), weights),
+        (WEIGHTS_AS_SCORES, torch.softmax(weights * factor, dim=-1)),
+        (WEIGHTS_AS_SCORES, torch.softmax(weights, dim=-1)),
+        (WRONG_WAY.format(factor=factor, should="sharpens the weights" if sharper else "flattens the weights",
+                          did="got flatter" if sharper else "got sharper"),
+         inverse / inverse.sum(dim=-1, keepdim=True)),
+    ]
+    if got.dim() > 1:
+        mistakes.append((WRONG_DIM, powered / powered.sum(dim=0, keepdim=True)))
+    finite = torch.nan_to_num(got.double(), nan=0.0)
+    for message, wrong in mistakes:
+        if same(finite, wrong):
+            raise CheckFailed(message)
+    row = finite.reshape(-1, finite.shape[-1])[0]
+    total = float(row.sum())
+    if not math.isclose(total, 1.0, abs_tol=1e-4):
+        ratio = finite / expected                                                          # [..., N]
+        proportional = torch.allclose(ratio, ratio[..., :1].expand_as(ratio), rtol=1e-4)
+        raise CheckFailed((NEARLY if proportional else ROWS_NOT_ONE).format(total=total))
+    axes = ("row", "key")[-got.dim():]
+    diagnose(got, expected, [], axes, "Your new weights")
