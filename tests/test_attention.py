@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from attn_course.attention import (
     classic_self_attention,
+    scaled_dot_product,
     self_attention,
     softmax_with_empty_rows,
 )
@@ -486,3 +487,71 @@ def test_softmax_with_empty_rows_matches_torch_softmax_on_other_rows(rows, n, se
 def test_softmax_with_empty_rows_rejects_integer_scores():
     with pytest.raises(TypeError, match="scores"):
         softmax_with_empty_rows(torch.tensor([1, 2, 3]))
+
+
+# --- scaled_dot_product: the formula on its own, in the inputs' dtype ------------------------
+
+
+@pytest.mark.parametrize(("q_shape", "k_shape", "v_shape"), SHAPES)
+def test_formula_matches_sdpa_in_float64_with_a_boolean_and_a_float_mask(q_shape, k_shape, v_shape):
+    q, k, v = (randn(*shape, seed=s, dtype=torch.float64) for s, shape in enumerate((q_shape, k_shape, v_shape)))
+    allowed = random_mask(q_shape[-2], k_shape[-2], seed=4)
+    allowed[:, 0] = True
+    additive = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, -math.inf)
+    for mask in (None, allowed, additive):
+        output, weights = scaled_dot_product(q, k, v, mask)
+        close(output, sdpa(q, k, v, mask), 1e-12)
+        close(weights, sdpa_weights(q, k, mask), 1e-12)
+
+
+def test_formula_is_what_self_attention_computes_in_float32():
+    q, k, v = randn(2, 5, 8, seed=1), randn(2, 7, 8, seed=2), randn(2, 7, 4, seed=3)
+    mask = torch.ones(2, 5, 7, dtype=torch.bool).tril()
+    mask[0, 2] = False                                              # one fully masked row
+    for ours, formula in zip(self_attention(q, k, v, mask, scale=0.3),
+                             scaled_dot_product(q, k, v, mask, scale=0.3), strict=True):
+        assert torch.equal(ours, formula)
+    assert torch.equal(scaled_dot_product(q, k, v, mask)[1][0, 2], torch.zeros(7))
+
+
+def test_formula_keeps_float16_where_self_attention_computes_in_float32():
+    # q · k reaches 60² · 32 = 115200 before the scale: beyond float16's 65504.
+    q = (60 * randn(4, 32, seed=1).sign()).half()
+    k = (60 * randn(6, 32, seed=2).sign()).half()
+    k[0] = q[0]
+    v = randn(6, 4, seed=3, dtype=torch.float16)
+    output, weights = scaled_dot_product(q, k, v, scale=1e-3)
+    assert output.dtype == weights.dtype == torch.float16
+    assert not torch.isfinite(output).all()                         # inf - inf in the softmax
+    assert torch.isfinite(self_attention(q, k, v, scale=1e-3)[0]).all()
+
+
+def test_formula_in_float16_rounds_the_scores_and_loses_accuracy():
+    # Entries of size 3 give raw scores of a few hundred, which float16 stores only to the
+    # nearest 1/4 (spacing 0.25 from 256 to 512): after the scale 1/8 an exponent can be off
+    # by 1/64, a weight by about 1.6 %. self_attention's float32 scores are exact products.
+    q64, k64, v64 = (3 * randn(64, 64, seed=s, dtype=torch.float64) for s in (1, 2, 3))
+    q, k, v = q64.half(), k64.half(), v64.half()
+    truth = sdpa(q.double(), k.double(), v.double())                # the float16 inputs, exactly
+    no_upcast = (scaled_dot_product(q, k, v)[0].double() - truth).abs().max().item()
+    upcast = (self_attention(q, k, v)[0].double() - truth).abs().max().item()
+    rounding = (truth.half().double() - truth).abs().max().item()   # storing the result in float16
+    assert upcast <= 1.5 * rounding
+    assert no_upcast > 5 * upcast
+
+
+@pytest.mark.parametrize(("changes", "error", "fragments"), BAD_INPUTS)
+def test_formula_checks_its_inputs_like_self_attention(changes, error, fragments):
+    arguments = {"q": Q, "k": K, "v": V, "mask": None, **changes}
+    scale = arguments.pop("scale", None)
+    with pytest.raises(error) as raised:
+        scaled_dot_product(*arguments.values(), scale=scale)
+    message = str(raised.value)
+    assert message.startswith("scaled_dot_product:")
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_softmax_with_empty_rows_rejects_a_zero_dimensional_tensor():
+    with pytest.raises(ValueError, match="softmax_with_empty_rows: scores"):
+        softmax_with_empty_rows(torch.tensor(1.0))
