@@ -3,8 +3,14 @@
 * :func:`dot_product_spread`: the dot product of two random vectors with unit-variance
   entries has variance ``d_k``, so unscaled scores grow with the head size; dividing
   by √d_k brings the variance back to 1.
-* :func:`softmax_saturation`: as scores grow (or the divisor shrinks) the softmax
-  approaches one-hot, and its Jacobian, the thing gradients flow through, goes to 0.
+* :func:`attention_gradients`: the chain rule through ``softmax(q kᵀ / τ)``, from a loss
+  on the weights back to the raw scores, the queries and ``W_Q``.
+* :func:`scaling_experiment`: random queries and keys for head sizes ``d_k``, with and
+  without the ``1/√d_k``: how peaked the weights are and how much gradient reaches the
+  raw scores and ``W_Q``, query by query.
+* :func:`softmax_saturation`: one row of fixed scores at temperatures ``τ``: as ``τ``
+  shrinks the softmax approaches one-hot and its Jacobian goes to 0; as ``τ`` grows the
+  weights flatten and the gradient with respect to the raw scores shrinks as ``1/τ``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ import torch
 
 from attn_course import _validate
 
-__all__ = ["dot_product_spread", "softmax_jacobian", "softmax_saturation"]
+__all__ = [
+    "dot_product_spread",
+    "softmax_jacobian",
+    "attention_gradients",
+    "scaling_experiment",
+    "softmax_saturation",
+]
 
 
 def dot_product_spread(
@@ -73,24 +85,169 @@ def softmax_jacobian(weights: torch.Tensor) -> torch.Tensor:
     return torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
 
 
-def softmax_saturation(
-    scores: torch.Tensor, divisors: Sequence[float]
+def attention_gradients(
+    x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, upstream: torch.Tensor, *, temperature: float
 ) -> dict[str, torch.Tensor]:
-    """How peaked ``softmax(scores / divisor)`` is, and how much gradient gets through.
+    """Backpropagate ``L = Σ a ⊙ upstream`` through ``a = softmax(x W_Q (x W_K)ᵀ / τ)`` by hand.
+
+    The raw scores are ``s = q kᵀ`` with ``q = x W_Q`` and ``k = x W_K``; the softmax sees
+    ``s / τ``. Row by row, ``∂L/∂(s/τ) = J · upstream`` with the softmax Jacobian
+    ``J = diag(a) - a aᵀ``, so ``∂L/∂s = (1/τ) J · upstream``: the division by ``τ`` in the
+    forward pass multiplies every gradient below it by ``1/τ``.
+
+    Args:
+        x: ``[..., N, E]`` token vectors (``...``: any batch dimensions, the same for all).
+        w_q, w_k: ``[..., E, d_k]`` projections.
+        upstream: ``[..., N, N]``, ``∂L/∂a``: what the layers above want the weights to do.
+        temperature: ``τ > 0``, what the scores are divided by (``√d_k`` in the formula).
+
+    Returns:
+        ``{"weights": a [..., N, N], "scores": ∂L/∂s [..., N, N], "queries": ∂L/∂q
+        [..., N, d_k], "w_q": ∂L/∂W_Q [..., E, d_k], "w_q_per_query": [..., N]}``. Query
+        ``i`` only touches row ``i`` of the loss; its share of ``∂L/∂W_Q`` is the outer
+        product ``x_iᵀ ∂L/∂q_i``, whose norm ``‖x_i‖ ‖∂L/∂q_i‖`` is ``w_q_per_query[i]``.
+
+    Raises:
+        TypeError: a non-floating tensor, tensors of different dtypes, or a temperature
+            that is not a number.
+        ValueError: shapes that do not fit together, or a temperature that is not
+            positive and finite.
+
+    Example:
+        >>> x, w = torch.eye(2), torch.eye(2)
+        >>> grads = attention_gradients(x, w, w, torch.tensor([[1.0, 0.0], [0.0, 0.0]]), temperature=1.0)
+        >>> grads["weights"][0], grads["scores"][0]
+        (tensor([0.7311, 0.2689]), tensor([ 0.1966, -0.1966]))
+    """
+    where = "attention_gradients"
+    x = _validate.floating_tensor(where, "x", x, min_dim=2)
+    w_q = _validate.floating_tensor(where, "w_q", w_q, min_dim=2)
+    w_k = _validate.floating_tensor(where, "w_k", w_k, min_dim=2)
+    upstream = _validate.floating_tensor(where, "upstream", upstream, min_dim=2)
+    _validate.same_dtype_and_device(where, x=x, w_q=w_q, w_k=w_k, upstream=upstream)
+    temperature = _validate.positive_finite(where, "temperature", temperature)
+    *batch, n, width = x.shape
+    if w_q.shape != w_k.shape or tuple(w_q.shape[:-1]) != (*batch, width):
+        raise ValueError(f"{where}: w_q and w_k must both be [..., E, d_k] with x's batch dimensions and "
+                         f"E = {width}, got x {_validate.shape_str(x)}, w_q {_validate.shape_str(w_q)} "
+                         f"and w_k {_validate.shape_str(w_k)}")
+    if tuple(upstream.shape) != (*batch, n, n):
+        raise ValueError(f"{where}: upstream must be [..., N, N] = {[*batch, n, n]}, "
+                         f"got {_validate.shape_str(upstream)}")
+    q, k = x @ w_q, x @ w_k                                            # [..., N, d_k] each
+    weights = torch.softmax(q @ k.transpose(-2, -1) / temperature, dim=-1)      # [..., N, N]
+    # J · upstream for each row, without building J: a ⊙ (g - ⟨a, g⟩).
+    through_softmax = weights * (upstream - (weights * upstream).sum(-1, keepdim=True))
+    scores = through_softmax / temperature                             # ∂L/∂s [..., N, N]
+    queries = scores @ k                                               # ∂L/∂q [..., N, d_k]
+    return {
+        "weights": weights,
+        "scores": scores,
+        "queries": queries,
+        "w_q": x.transpose(-2, -1) @ queries,                          # [..., E, d_k]
+        "w_q_per_query": x.norm(dim=-1) * queries.norm(dim=-1),        # [..., N]
+    }
+
+
+def scaling_experiment(
+    d_k_values: Sequence[int],
+    *,
+    n_tokens: int = 16,
+    width: int = 64,
+    n_trials: int = 32,
+    seed: int = 0,
+) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
+    """What dividing by √d_k does to the weights and to learning, for random heads of size ``d_k``.
+
+    Each trial draws ``n_tokens`` token vectors ``x [N, E]`` with N(0, 1) entries (as after
+    a LayerNorm), projections ``W_Q, W_K [E, d_k]`` with N(0, 1/E) entries (so the entries
+    of ``q`` and ``k`` have variance 1), and an upstream gradient ``∂L/∂a [N, N]`` with
+    N(0, 1) entries, then runs :func:`attention_gradients` twice on the same draws: at
+    ``τ = 1`` (unscaled) and at ``τ = √d_k`` (scaled). All in float64.
+
+    Args:
+        d_k_values: head sizes to try.
+        n_tokens: ``N``, tokens (and so queries and keys) per trial.
+        width: ``E``, the width of the token vectors.
+        n_trials: independent draws per head size.
+        seed: seed of the random generator.
+
+    Returns:
+        ``{"d_k": [D], "unscaled": {...}, "scaled": {...}}``, each inner dict holding
+        ``[D]`` float64 tensors over the ``N · n_trials`` queries of each head size:
+
+        * ``max_weight``: the mean of each query's largest weight;
+        * ``score_gradient``: the median over queries of ``‖∂L/∂s_i‖`` (raw scores);
+        * ``w_q_gradient``: the median over queries of their share ``‖x_i‖ ‖∂L/∂q_i‖`` of
+          ``∂L/∂W_Q``;
+        * ``w_q_gradient_total``: the mean over trials of ``‖∂L/∂W_Q‖`` (all queries);
+        * ``starved``: the fraction of queries whose share of ``∂L/∂W_Q`` is below
+          1/100 of the median share in the scaled run at the same ``d_k``.
+
+    Raises:
+        TypeError, ValueError: sizes or counts that are not positive ints.
+
+    Example:
+        >>> result = scaling_experiment([16, 256], n_trials=4)
+        >>> result["unscaled"]["max_weight"] > result["scaled"]["max_weight"]
+        tensor([True, True])
+    """
+    where = "scaling_experiment"
+    sizes = _validate.integer_sequence(where, "d_k_values", d_k_values, minimum=1)
+    n_tokens = _validate.integer(where, "n_tokens", n_tokens, minimum=2)
+    width = _validate.integer(where, "width", width, minimum=1)
+    n_trials = _validate.integer(where, "n_trials", n_trials, minimum=1)
+    seed = _validate.integer(where, "seed", seed)
+    generator = torch.Generator().manual_seed(seed)
+    runs = ("unscaled", "scaled")
+    names = ("max_weight", "score_gradient", "w_q_gradient", "w_q_gradient_total", "starved")
+    columns = {run: {name: [] for name in names} for run in runs}
+    for d_k in sizes:
+        # All trials at once: a batch dimension T in front.
+        x = torch.randn(n_trials, n_tokens, width, generator=generator, dtype=torch.float64)
+        w_q, w_k = (torch.randn(n_trials, width, d_k, generator=generator, dtype=torch.float64)
+                    / math.sqrt(width) for _ in range(2))                       # [T, E, d_k]
+        upstream = torch.randn(n_trials, n_tokens, n_tokens, generator=generator, dtype=torch.float64)
+        grads = {run: attention_gradients(x, w_q, w_k, upstream, temperature=temperature)
+                 for run, temperature in zip(runs, (1.0, math.sqrt(d_k)))}
+        typical_share = grads["scaled"]["w_q_per_query"].median()
+        for run in runs:
+            shares = grads[run]["w_q_per_query"]                                # [T, N]
+            columns[run]["max_weight"].append(grads[run]["weights"].amax(dim=-1).mean().item())
+            columns[run]["score_gradient"].append(grads[run]["scores"].norm(dim=-1).median().item())
+            columns[run]["w_q_gradient"].append(shares.median().item())
+            columns[run]["w_q_gradient_total"].append(grads[run]["w_q"].norm(dim=(-2, -1)).mean().item())
+            columns[run]["starved"].append((shares < typical_share / 100).double().mean().item())
+    result: dict[str, torch.Tensor | dict[str, torch.Tensor]] = {"d_k": torch.tensor(sizes, dtype=torch.float64)}
+    for run, column in columns.items():
+        result[run] = {name: torch.tensor(values, dtype=torch.float64) for name, values in column.items()}
+    return result
+
+
+def softmax_saturation(
+    scores: torch.Tensor, temperatures: Sequence[float]
+) -> dict[str, torch.Tensor]:
+    """How peaked ``softmax(scores / τ)`` is, and how much gradient gets through, for each ``τ``.
 
     Args:
         scores: ``[N]`` raw scores of one query.
-        divisors: values of the scaling factor (√d_k) to try.
+        temperatures: the values of ``τ`` to try (what the scores are divided by).
 
     Returns:
-        ``{"divisor", "max_weight", "entropy", "gradient_norm"}``, each ``[D]``
-        (float64). ``gradient_norm`` is the Frobenius norm of the softmax Jacobian
-        with respect to its input ``scores / divisor``: near 0 means almost no
-        gradient reaches the scores.
+        ``{"temperature", "max_weight", "entropy", "jacobian_scaled", "jacobian_raw"}``,
+        each ``[T]`` (float64). ``jacobian_scaled`` is the Frobenius norm of the softmax
+        Jacobian with respect to its input ``scores / τ``; ``jacobian_raw`` is the norm of
+        ``∂a/∂scores``, the same Jacobian times ``1/τ``: what reaches the raw scores, and
+        through them ``W_Q`` and ``W_K``. Near 0 means almost no gradient gets through.
 
     Raises:
-        TypeError, ValueError: scores not a 1-D floating tensor, or a divisor that is
+        TypeError, ValueError: scores not a 1-D floating tensor, or a temperature that is
         not a positive finite number.
+
+    Example:
+        >>> sweep = softmax_saturation(torch.tensor([0.0, 4.0]), [1.0, 4.0])
+        >>> sweep["jacobian_raw"] / sweep["jacobian_scaled"]       # 1/τ
+        tensor([1.0000, 0.2500], dtype=torch.float64)
     """
     where = "softmax_saturation"
     scores = _validate.floating_tensor(where, "scores", scores)
@@ -98,16 +255,18 @@ def softmax_saturation(
         raise ValueError(
             f"{where}: scores must be 1-D [N] with N >= 1, got shape {_validate.shape_str(scores)}"
         )
-    divisors = _validate.sequence(where, "divisors", divisors, of="numbers")
-    values = [_validate.positive_finite(where, f"divisors[{i}]", d) for i, d in enumerate(divisors)]
+    temperatures = _validate.sequence(where, "temperatures", temperatures, of="numbers")
+    values = [_validate.positive_finite(where, f"temperatures[{i}]", t) for i, t in enumerate(temperatures)]
     scores = scores.detach().to(torch.float64)
-    rows = {"max_weight": [], "entropy": [], "gradient_norm": []}
-    for divisor in values:
-        weights = torch.softmax(scores / divisor, dim=-1)
+    rows = {"max_weight": [], "entropy": [], "jacobian_scaled": [], "jacobian_raw": []}
+    for temperature in values:
+        weights = torch.softmax(scores / temperature, dim=-1)
         entropy = -(weights * weights.clamp_min(1e-300).log()).sum()
+        jacobian = torch.linalg.matrix_norm(softmax_jacobian(weights)).item()
         rows["max_weight"].append(weights.max().item())
         rows["entropy"].append(entropy.item())
-        rows["gradient_norm"].append(torch.linalg.matrix_norm(softmax_jacobian(weights)).item())
-    result = {"divisor": torch.tensor(values, dtype=torch.float64)}
+        rows["jacobian_scaled"].append(jacobian)
+        rows["jacobian_raw"].append(jacobian / temperature)
+    result = {"temperature": torch.tensor(values, dtype=torch.float64)}
     result.update({name: torch.tensor(column, dtype=torch.float64) for name, column in rows.items()})
     return result
