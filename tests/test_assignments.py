@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import csv
 import importlib
+import importlib.util
 import json
 import pathlib
 import re
@@ -76,32 +77,43 @@ def statements(source: str) -> list[str]:
     return [ast.dump(node) for node in ast.parse(TransformerManager().transform_cell(source)).body]
 
 
-def doctest_source(code: str) -> str:
-    """The Python in one of otter's doctest cases (``>>> `` and ``... `` lines; the rest is the
-    expected output)."""
-    return "\n".join(line[4:] for line in code.splitlines() if line[:4] in (">>> ", "... ") or line in (">>>", "..."))
+def test_file_cases(source: str) -> tuple[str, list[dict]]:
+    """(question, its cases) of one otter exception-based test file: each ``@test_case(...)``
+    function, as ``{"hidden": bool, "code": its body}``."""
+    module = ast.parse(source)
+    (question,) = [node.value.value for node in module.body if isinstance(node, ast.Assign)
+                   and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["name"]]
+    cases = []
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and node.decorator_list:
+            options = {k.arg: ast.literal_eval(k.value) for k in node.decorator_list[0].keywords}
+            cases.append({"hidden": bool(options.get("hidden")), "code": "\n".join(map(ast.unparse, node.body))})
+    return question, cases
 
 
 def zip_cases(zip_path: pathlib.Path) -> dict[str, list[dict]]:
-    """{question: its test cases} from an autograder zip's ``tests/*.py`` (``test = {...}``)."""
-    cases = {}
+    """{question: its test cases} from an autograder zip's ``tests/*.py``."""
     with zipfile.ZipFile(zip_path) as archive:
-        for name in archive.namelist():
-            if name.startswith("tests/") and name.endswith(".py"):
-                module = ast.parse(archive.read(name).decode())
-                (test,) = [ast.literal_eval(node.value) for node in module.body if isinstance(node, ast.Assign)
-                           and [target.id for target in node.targets if isinstance(target, ast.Name)] == ["test"]]
-                cases[test["name"]] = [case for suite in test["suites"] for case in suite["cases"]]
-    return cases
+        return dict(test_file_cases(archive.read(name).decode()) for name in archive.namelist()
+                    if name.startswith("tests/") and name.endswith(".py"))
 
 
 def student_code(student: nbformat.NotebookNode) -> list[list[str]]:
     """Everything a student notebook could run or show as code: each code cell, and each test
-    case that otter stores in its metadata, as a list of statements."""
+    case that otter stores in its metadata (the public ones), as a list of statements."""
     units = [statements(cell.source) for cell in student.cells if cell.cell_type == "code"]
-    for test in student.metadata.get("otter", {}).get("tests", {}).values():
-        units += [statements(doctest_source(case["code"])) for suite in test["suites"] for case in suite["cases"]]
+    for source in student.metadata.get("otter", {}).get("tests", {}).values():
+        units += [statements(case["code"]) for case in test_file_cases(source)[1]]
     return units
+
+
+def as_graded(body: str) -> list[str]:
+    """A chapter test cell's statements as otter runs them (tools/assign.py's exception_test)."""
+    spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    (function, _) = ast.parse(tool.exception_test(body, "test")).body
+    return [ast.dump(node) for node in function.body]
 
 
 def contains(unit: list[str], body: list[str]) -> bool:
@@ -160,7 +172,7 @@ def test_student_notebook_has_no_solution_code_and_no_hidden_test(dist, master):
     for question, cases in zip_cases(dist / "autograder" / f"{master.stem}.zip").items():
         for case in cases:
             if not case["hidden"]:
-                public = statements(doctest_source(case["code"]))
+                public = statements(case["code"])
                 assert any(contains(unit, public) for unit in units), f"{question}: a public test is missing"
     raw = (dist / "student" / master.name).read_text()
     assert "# BEGIN SOLUTION" not in raw and "# HIDDEN" not in raw and "# ASSIGNMENT CONFIG" not in raw
@@ -172,8 +184,8 @@ def test_autograder_holds_the_hidden_tests(dist, master):
     _, hidden_tests = master_blocks(master)
     cases = zip_cases(dist / "autograder" / f"{master.stem}.zip")
     for question, body in hidden_tests:
-        hidden = [statements(doctest_source(case["code"])) for case in cases[question] if case["hidden"]]
-        assert statements(body) in hidden, f"{question}: this hidden test is not in the autograder:\n{body}"
+        hidden = [statements(case["code"]) for case in cases[question] if case["hidden"]]
+        assert as_graded(body) in hidden, f"{question}: this hidden test is not in the autograder:\n{body}"
     for question in cases:
         in_master = [body for name, body in hidden_tests if name == question]
         assert len(in_master) == sum(case["hidden"] for case in cases[question]), question

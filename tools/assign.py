@@ -11,11 +11,19 @@ For each ``notebooks/NN_name.ipynb`` this runs ``otter assign`` and writes
 
 The student notebooks are byte-for-byte reproducible: otter gives new cells random ids,
 which are replaced here by ids derived from the chapter name and the cell's position.
+
+The chapters write each test as a plain cell (``check_softmax(stable_softmax)``), which reads
+well in the chapter. Before otter sees it, every test cell becomes an otter *exception-based*
+test (a function and its call, see :func:`exception_test`), so that a failing check shows
+the student one line of the test and the check's own diagnosis, not a 30-line doctest
+traceback through the package's files.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
 import hashlib
 import os
 import pathlib
@@ -57,16 +65,80 @@ def tidy_student_notebook(path: pathlib.Path) -> None:
     nbformat.write(notebook, path)
 
 
+def free_names(tree: ast.AST) -> list[str]:
+    """Names a piece of code reads but never binds (nor are builtins), in order of first use."""
+    bound, read = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            read.append(node.id)
+        elif isinstance(node, ast.Name):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+    return [name for name in dict.fromkeys(read) if name not in bound and not hasattr(builtins, name)]
+
+
+def exception_test(source: str, name: str) -> str:
+    """One chapter test cell as an otter exception-based test: ``def name(...): ...`` and its call.
+
+    otter passes each parameter from the notebook's variables by name, so the parameters are
+    the names the cell reads (the student's function, ``torch``, the check). A final
+    expression that is not a check call (``torch.allclose(...)``, the doctest style) becomes an
+    ``assert``; a check call stays as it is, since a check raises its own diagnosis.
+    A leading ``# HIDDEN`` line is kept.
+    """
+    hidden, _, body = source.partition("\n") if source.startswith("# HIDDEN") else ("", "", source)
+    tree = ast.parse(body)
+    last = tree.body[-1]
+    is_check = (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+                and isinstance(last.value.func, ast.Name) and last.value.func.id.startswith("check"))
+    if isinstance(last, ast.Expr) and not is_check:
+        tree.body[-1] = ast.Assert(test=last.value, msg=ast.Constant("this check did not hold"))
+    parameters = free_names(tree)
+    function = ast.FunctionDef(
+        name=name, args=ast.arguments(posonlyargs=[], args=[ast.arg(p) for p in parameters], kwonlyargs=[],
+                                      kw_defaults=[], defaults=[]),
+        body=tree.body, decorator_list=[], returns=None, type_params=[],
+    )
+    call = ast.Expr(ast.Call(ast.Name(name, ast.Load()), [ast.Name(p, ast.Load()) for p in parameters], []))
+    module = ast.fix_missing_locations(ast.Module(body=[function, call], type_ignores=[]))
+    return (hidden + "\n" if hidden else "") + ast.unparse(module)
+
+
+def with_exception_tests(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of a chapter whose test cells are exception-based tests, and whose assignment
+    config tells otter so (``tests: ok_format: false``)."""
+    notebook = nbformat.from_dict(notebook)
+    question, in_tests, count = None, False, 0
+    for cell in notebook.cells:
+        if cell.cell_type == "raw":
+            first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+            if first == "# ASSIGNMENT CONFIG":
+                cell.source = cell.source.rstrip() + "\ntests:\n  ok_format: false"
+            elif first == "# BEGIN QUESTION":
+                question, count = cell.source.split("name:")[1].split()[0], 0
+            in_tests = {"# BEGIN TESTS": True, "# END TESTS": False}.get(first, in_tests)
+        elif cell.cell_type == "code" and in_tests and cell.source.strip():
+            count += 1
+            cell.source = exception_test(cell.source, f"test_{question}_{count}")
+    return notebook
+
+
 def assign(master: pathlib.Path, out: pathlib.Path, *, run_tests: bool) -> None:
     """Run ``otter assign`` on one chapter and copy its results into ``out``."""
     name = master.stem
     with tempfile.TemporaryDirectory(prefix=f"assign-{name}-") as scratch:
         result = pathlib.Path(scratch) / "result"
+        source = pathlib.Path(scratch) / "source"
+        source.mkdir()
+        nbformat.write(with_exception_tests(nbformat.read(master, as_version=4)), source / master.name)
         command = otter_command() + ["assign", master.name, str(result)]
         if not run_tests:
             command.append("--no-run-tests")
         completed = subprocess.run(
-            command, cwd=master.parent, env=kernel_environment(), capture_output=True, text=True
+            command, cwd=source, env=kernel_environment(), capture_output=True, text=True
         )
         if completed.returncode != 0:
             sys.stderr.write(completed.stdout + completed.stderr)

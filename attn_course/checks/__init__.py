@@ -18,7 +18,7 @@ independent reference ("max difference 4.5e-08, within the tolerance 1e-05").
 
 from attn_course.checks.attention import check_attention, check_attention_weights
 from attn_course.checks.causal import check_causal_attention
-from attn_course.checks.diagnosis import CheckFailed, check_close
+from attn_course.checks.diagnosis import CheckFailed, check_close, show_diagnosis_only
 from attn_course.checks.heads import check_split_heads
 from attn_course.checks.reporting import report_difference
 from attn_course.checks.softmax import check_softmax
@@ -33,3 +33,6 @@ __all__ = [
     "check_close",
     "report_difference",
 ]
+
+# A failing check in a notebook shows what is wrong, not a traceback through this package.
+show_diagnosis_only()

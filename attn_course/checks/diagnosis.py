@@ -12,13 +12,44 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = ["ATOL", "CheckFailed", "call_student", "same", "first_difference", "check_shape", "diagnose",
-           "check_close"]
+           "check_close", "show_diagnosis_only"]
 
 ATOL = 1e-5
 
 
 class CheckFailed(AssertionError):
     """An exercise's answer is wrong; the message says how."""
+
+
+def show_diagnosis_only(shell: object = None) -> bool:
+    """In a notebook, show a failing check as its diagnosis alone, without the traceback.
+
+    A :class:`CheckFailed` that reaches the notebook is displayed as one error line,
+    ``CheckFailed: <what is wrong>``: the traceback would only show the inside of the course's
+    checks. Every other exception keeps its full traceback. Outside IPython nothing changes.
+
+    Args:
+        shell: an IPython ``InteractiveShell``; default the running one, if any.
+
+    Returns:
+        ``True`` when the display was installed, ``False`` outside IPython.
+    """
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:   # pragma: no cover - IPython comes with Jupyter
+            return False
+        shell = get_ipython()
+    if shell is None:
+        return False
+
+    def diagnosis(shell, etype, value, tb, tb_offset=None):
+        lines = [f"{etype.__name__}: {value}"]
+        shell._showtraceback(etype, value, lines)   # how IPython sends an error to the notebook
+        return lines
+
+    shell.set_custom_exc((CheckFailed,), diagnosis)
+    return True
 
 
 def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
