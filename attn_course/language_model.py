@@ -1,12 +1,19 @@
 """A tiny character-level causal language model, trained on CPU in under a minute.
 
-Chapter 04 trains it on the nursery rhymes shipped in ``attn_course/data`` and lets it
-write new ones, one character at a time, with and without a key/value cache.
+Chapter 04 trains it on the nursery rhymes shipped in ``attn_course/data`` (holding the last
+tenth out to measure what it learned) and lets it write new ones, one character at a time,
+with and without a key/value cache.
+
+The model has learned position embeddings, one per position of its context window
+(``LanguageModelConfig.max_length``). Training uses windows of exactly that length, so every
+position is trained; generation keeps the last ``max_length`` tokens as its context (as
+nanoGPT does: ``idx[:, -block_size:]``), so no position beyond the trained ones is ever used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +27,15 @@ from attn_course import _validate
 from attn_course.kv_cache import KVCache
 from attn_course.transformer import DecoderBlock
 
-__all__ = ["load_rhymes", "CharTokenizer", "LanguageModelConfig", "TinyLanguageModel", "train_language_model"]
+__all__ = [
+    "load_rhymes",
+    "held_out_split",
+    "CharTokenizer",
+    "LanguageModelConfig",
+    "TinyLanguageModel",
+    "TrainingHistory",
+    "train_language_model",
+]
 
 
 @contextlib.contextmanager
@@ -43,6 +58,40 @@ def one_thread() -> Iterator[None]:
 def load_rhymes() -> str:
     """The course's training text: traditional (public-domain) English nursery rhymes, ~6 KB."""
     return resources.files("attn_course").joinpath("data/nursery_rhymes.txt").read_text(encoding="utf-8")
+
+
+def held_out_split(text: str, fraction: float = 0.1) -> tuple[str, str]:
+    """Split ``text`` into a part to train on and the last ``fraction`` of it, held out.
+
+    The cut moves back to the nearest blank line before it, so that no rhyme (or paragraph)
+    is split between the two parts; without a blank line it falls exactly at the fraction.
+
+    Args:
+        text: the whole text.
+        fraction: the share of characters to hold out, in ``[0, 1)``; 0 holds out nothing.
+
+    Returns:
+        ``(train_text, held_out_text)``, which concatenate to ``text``.
+
+    Raises:
+        TypeError: ``text`` not a str, or ``fraction`` not a number.
+        ValueError: ``fraction`` outside ``[0, 1)``.
+
+    Example:
+        >>> held_out_split("one two\\n\\nthree four\\n\\nfive", fraction=0.2)
+        ('one two\\n\\nthree four\\n\\n', 'five')
+    """
+    where = "held_out_split"
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: text must be a str, got {type(text).__name__}")
+    fraction = _validate.dropout(where, fraction, name="fraction")
+    if fraction == 0:
+        return text, ""
+    cut = round(len(text) * (1 - fraction))
+    blank_line = text.rfind("\n\n", 0, cut)
+    if blank_line > 0:
+        cut = blank_line + 2
+    return text[:cut], text[cut:]
 
 
 class CharTokenizer:
@@ -92,8 +141,10 @@ class LanguageModelConfig:
 
     Args:
         vocab_size: number of token ids ``V``.
-        max_length: the longest sequence, prompt and generated tokens together (the number of
-            learned position embeddings).
+        max_length: the context window: the number of learned position embeddings, hence the
+            longest input of one forward pass. :func:`train_language_model` trains on windows of
+            exactly this length, and :meth:`TinyLanguageModel.generate` keeps the last
+            ``max_length`` tokens as context.
         embed_dim: model width ``E``.
         num_heads: ``H``; must divide ``E``.
         num_layers: number of decoder blocks.
@@ -191,28 +242,44 @@ class TinyLanguageModel(nn.Module):
     ) -> torch.Tensor:
         """Sample ``max_new_tokens`` tokens after ``prompt``, one at a time.
 
-        Without a cache every step re-runs the whole sequence (cost grows as N² per step);
-        with one, each step feeds only the newest token and attends to the cached keys and
-        values. Both produce the same tokens for the same generator state.
+        The model only knows ``max_length`` positions, so its context is the last ``max_length``
+        tokens: once the text is longer, the window slides and the oldest token drops out (as
+        in nanoGPT, ``idx[:, -block_size:]``). No position beyond the trained ones is used.
+
+        Without a cache, every step re-runs the model over the whole context. With one, each
+        step feeds only the newest token and attends to the cached keys and values, as long as
+        the context starts at the text's first token. Once the window slides, every token moves
+        to a new position, and with learned position embeddings that changes every key and
+        value in every layer: the cache no longer holds the right ones, so each step recomputes
+        the cropped context in full, exactly as without a cache. Both ways produce the same
+        tokens for the same generator state.
 
         Args:
-            prompt: ``[N]`` or ``[B, N]`` token ids, at least one.
+            prompt: ``[N]`` or ``[B, N]`` token ids, at least one; a prompt longer than
+                ``max_length`` is cropped to its last ``max_length`` tokens as context.
             max_new_tokens: how many tokens to add.
-            use_cache: decode with :class:`KVCache`.
+            use_cache: decode with :class:`KVCache` while the context fits the window.
             temperature: divides the logits (lower = more predictable).
             generator: random generator for reproducible samples.
 
         Returns:
-            ``[B, N + max_new_tokens]`` (or ``[N + max_new_tokens]`` for a 1-D prompt).
+            ``[B, N + max_new_tokens]`` (or ``[N + max_new_tokens]`` for a 1-D prompt): the whole
+            prompt followed by the new tokens.
 
         Raises:
-            TypeError, ValueError: a prompt that is not a 1-D or 2-D integer tensor, a total
-                length beyond ``max_length``, a bad ``temperature``, or a non-bool ``use_cache``.
+            TypeError, ValueError: a prompt that is not a 1-D or 2-D integer tensor or is empty,
+                a bad ``temperature``, or a non-bool ``use_cache``.
+
+        Example:
+            >>> model = TinyLanguageModel(LanguageModelConfig(vocab_size=5, max_length=4)).eval()
+            >>> model.generate(torch.tensor([1, 2]), 6, generator=torch.Generator().manual_seed(0)).shape
+            torch.Size([8])
         """
         where = "TinyLanguageModel.generate"
         prompt = _validate.integer_tensor(where, "prompt", prompt)
-        if prompt.dim() not in (1, 2):
-            raise ValueError(f"{where}: prompt must be [N] or [B, N], got shape {_validate.shape_str(prompt)}")
+        if prompt.dim() not in (1, 2) or prompt.shape[-1] < 1:
+            raise ValueError(f"{where}: prompt must be [N] or [B, N] with N >= 1, got shape "
+                             f"{_validate.shape_str(prompt)}")
         use_cache = _validate.boolean(where, "use_cache", use_cache)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"{where}: generator must be a torch.Generator, got {type(generator).__name__}")
@@ -220,20 +287,63 @@ class TinyLanguageModel(nn.Module):
         ids = prompt[None] if single else prompt
         max_new_tokens = _validate.integer(where, "max_new_tokens", max_new_tokens, minimum=0)
         temperature = _validate.positive_finite(where, "temperature", temperature)
-        if ids.shape[1] < 1 or ids.shape[1] + max_new_tokens > self.config.max_length:
-            raise ValueError(
-                f"{where}: prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} must be between 1 "
-                f"and max_length={self.config.max_length}"
-            )
-        caches = [KVCache(max_length=self.config.max_length) for _ in self.blocks] if use_cache else None
-        new_input = ids
+        window = self.config.max_length
+        caches = None
         for _ in range(max_new_tokens):
-            logits = self(new_input if use_cache else ids, kv_caches=caches)[:, -1]   # [B, V]
-            probabilities = torch.softmax(logits / temperature, dim=-1)
-            next_id = torch.multinomial(probabilities, 1, generator=generator)     # [B, 1]
+            context = ids[:, -window:]                                          # [B, <= window]
+            if not use_cache or ids.shape[1] > window:
+                logits = self(context)[:, -1]                                   # the whole context
+            elif caches is None:
+                caches = [KVCache(max_length=window) for _ in self.blocks]
+                logits = self(context, kv_caches=caches)[:, -1]                 # prefill the cache
+            else:
+                logits = self(ids[:, -1:], kv_caches=caches)[:, -1]             # only the newest token
+            probabilities = torch.softmax(logits / temperature, dim=-1)          # [B, V]
+            next_id = torch.multinomial(probabilities, 1, generator=generator)  # [B, 1]
             ids = torch.cat([ids, next_id], dim=1)
-            new_input = next_id
         return ids[0] if single else ids
+
+
+@dataclass(frozen=True)
+class TrainingHistory:
+    """What :func:`train_language_model` measured while training.
+
+    Attributes:
+        train_losses: the cross-entropy of each step's batch, one per step taken.
+        validation_steps: after how many steps each validation loss was measured (0: before
+            the first step).
+        validation_losses: the mean cross-entropy over the held-out windows, one per entry of
+            ``validation_steps``.
+        best_step: the step (one of ``validation_steps``) with the lowest validation loss, whose
+            weights the returned model holds; None when nothing was held out (the model then
+            holds the last step's weights).
+    """
+
+    train_losses: list[float]
+    validation_steps: list[int]
+    validation_losses: list[float]
+    best_step: int | None
+
+    @property
+    def best_validation_loss(self) -> float | None:
+        """The lowest validation loss, or None when nothing was held out."""
+        return min(self.validation_losses) if self.validation_losses else None
+
+
+def _validation_windows(data: torch.Tensor, length: int) -> torch.Tensor:
+    """Non-overlapping windows of ``length + 1`` ids: each held-out character is a target once."""
+    starts = torch.arange(0, len(data) - length, length)                  # [W]
+    return data[starts[:, None] + torch.arange(length + 1)]                # [W, N + 1]
+
+
+def _mean_loss(model: TinyLanguageModel, windows: torch.Tensor) -> float:
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        logits = model(windows[:, :-1])                                     # [W, N, V]
+        loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
+    model.train(was_training)
+    return loss
 
 
 def train_language_model(
@@ -244,27 +354,42 @@ def train_language_model(
     batch_size: int = 32,
     sequence_length: int = 64,
     learning_rate: float = 3e-3,
+    validation_fraction: float = 0.1,
+    eval_every: int = 25,
+    patience: int | None = 4,
     seed: int = 0,
     progress: bool = True,
-) -> tuple[TinyLanguageModel, CharTokenizer, list[float]]:
+) -> tuple[TinyLanguageModel, CharTokenizer, TrainingHistory]:
     """Train a :class:`TinyLanguageModel` to predict the next character of ``text``.
 
+    The last ``validation_fraction`` of the text (cut at a blank line, see
+    :func:`held_out_split`) is held out: every ``eval_every`` steps the model is scored on it,
+    and the model returned holds the weights with the lowest validation loss. Training stops
+    early once ``patience`` scorings in a row have not improved on the best.
+
     Args:
-        text: the training text.
-        config: model sizes; ``vocab_size`` is taken from the text when omitted.
-        steps: optimisation steps (AdamW, cosine-decayed learning rate).
+        text: the training text; its characters make the vocabulary.
+        config: model sizes; when omitted, ``vocab_size`` comes from the text and
+            ``max_length`` is ``sequence_length``. A given config must have
+            ``max_length == sequence_length``, so that every position embedding is trained.
+        steps: the most optimisation steps (AdamW, learning rate cosine-decayed over ``steps``).
         batch_size: random windows per step.
-        sequence_length: characters per window.
+        sequence_length: characters per window: the context window ``N`` of the model.
         learning_rate: peak learning rate.
+        validation_fraction: share of the text held out, in ``[0, 1)``; 0 trains on all of it
+            and keeps the last weights.
+        eval_every: steps between two validation scorings.
+        patience: stop after this many scorings without a new best; None never stops early.
         seed: seeds the initial weights, the batches and any dropout; the caller's global
             random state is left as it was.
         progress: show a progress bar (tqdm).
 
     Returns:
-        ``(model, tokenizer, losses)``, with the model in eval mode and one loss per step.
+        ``(model, tokenizer, history)``: the model in eval mode, and a :class:`TrainingHistory`.
 
     Raises:
-        TypeError, ValueError: a text shorter than a window, or sizes that are not positive.
+        TypeError, ValueError: a training or held-out part shorter than a window, a config
+            whose ``max_length`` differs from ``sequence_length``, or sizes that are not positive.
     """
     where = "train_language_model"
     if not isinstance(text, str):
@@ -276,20 +401,32 @@ def train_language_model(
     batch_size = _validate.integer(where, "batch_size", batch_size, minimum=1)
     sequence_length = _validate.integer(where, "sequence_length", sequence_length, minimum=1)
     learning_rate = _validate.positive_finite(where, "learning_rate", learning_rate)
+    validation_fraction = _validate.dropout(where, validation_fraction, name="validation_fraction")
+    eval_every = _validate.integer(where, "eval_every", eval_every, minimum=1)
+    if patience is not None:
+        patience = _validate.integer(where, "patience", patience, minimum=1)
     tokenizer = CharTokenizer(text)
-    data = tokenizer.encode(text)
+    train_text, held_out = held_out_split(text, validation_fraction)
+    data, validation_data = tokenizer.encode(train_text), tokenizer.encode(held_out)
     if len(data) <= sequence_length + 1:
-        raise ValueError(f"{where}: text must be longer than sequence_length + 1 = {sequence_length + 1} characters")
-    config = config or LanguageModelConfig(vocab_size=tokenizer.vocab_size)
-    if config.vocab_size != tokenizer.vocab_size or sequence_length > config.max_length:
+        raise ValueError(f"{where}: the training part of the text ({len(data)} characters) must be longer "
+                         f"than sequence_length + 1 = {sequence_length + 1}")
+    if validation_fraction and len(validation_data) <= sequence_length:
+        raise ValueError(f"{where}: the held-out part ({len(validation_data)} characters) must be longer than "
+                         f"sequence_length = {sequence_length}; hold out more or use shorter windows")
+    config = config or LanguageModelConfig(vocab_size=tokenizer.vocab_size, max_length=sequence_length)
+    if config.vocab_size != tokenizer.vocab_size or config.max_length != sequence_length:
         raise ValueError(
-            f"{where}: config.vocab_size must be {tokenizer.vocab_size} and max_length >= sequence_length "
-            f"{sequence_length}, got {config}"
+            f"{where}: config.vocab_size must be {tokenizer.vocab_size} and config.max_length must equal "
+            f"sequence_length={sequence_length} (a longer context would have position embeddings that "
+            f"training never reaches), got {config}"
         )
+    validation_windows = _validation_windows(validation_data, sequence_length) if validation_fraction else None
     generator = torch.Generator().manual_seed(seed)                    # the batches
     offsets = torch.arange(sequence_length + 1)
-    losses = []
-    iterator = range(steps)
+    train_losses, validation_steps, validation_losses = [], [], []
+    best_state, best_step = None, None
+    iterator = range(1, steps + 1)
     if progress:
         from tqdm.auto import tqdm
 
@@ -301,8 +438,20 @@ def train_language_model(
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps))
         )
+
+        def score(step: int) -> bool:
+            """Measure the validation loss after ``step`` steps; True when training should stop."""
+            nonlocal best_state, best_step
+            validation_steps.append(step)
+            validation_losses.append(_mean_loss(model, validation_windows))
+            if validation_losses[-1] < min(validation_losses[:-1], default=math.inf):
+                best_state, best_step = copy.deepcopy(model.state_dict()), step
+            return patience is not None and len(validation_steps) - 1 - validation_steps.index(best_step) >= patience
+
+        if validation_windows is not None:
+            score(0)
         model.train()
-        for _ in iterator:
+        for step in iterator:
             starts = torch.randint(0, len(data) - sequence_length - 1, (batch_size, 1), generator=generator)
             windows = data[starts + offsets]                               # [B, N + 1]
             logits = model(windows[:, :-1])                                # [B, N, V]
@@ -312,8 +461,19 @@ def train_language_model(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
-            losses.append(loss.item())
+            train_losses.append(loss.item())
+            stop = validation_windows is not None and (step % eval_every == 0 or step == steps) and score(step)
             if progress:
-                iterator.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+                postfix = {"loss": f"{loss.item():.3f}"}
+                if validation_losses:
+                    postfix["validation"] = f"{validation_losses[-1]:.3f}"
+                iterator.set_postfix(postfix, refresh=False)
+            if stop:
+                break
+        if best_state is not None:
+            model.load_state_dict(best_state)
+    if progress:
+        iterator.close()
     model.eval()
-    return model, tokenizer, losses
+    history = TrainingHistory(train_losses, validation_steps, validation_losses, best_step)
+    return model, tokenizer, history
