@@ -78,7 +78,7 @@ def held_out_split(text: str, fraction: float = 0.1) -> tuple[str, str]:
         ValueError: ``fraction`` outside ``[0, 1)``.
 
     Example:
-        >>> held_out_split("one two\\n\\nthree four\\n\\nfive", fraction=0.2)
+        >>> held_out_split("one two\\n\\nthree four\\n\\nfive", fraction=0.1)
         ('one two\\n\\nthree four\\n\\n', 'five')
     """
     where = "held_out_split"
