@@ -12,9 +12,10 @@ import torch
 
 from attn_course.attention import self_attention
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
-from attn_course.checks.softmax import OVERFLOW
+from attn_course.checks.softmax import diagnose_non_finite
 
-__all__ = ["check_attention", "check_attention_weights", "attention_inputs", "attention_mistakes"]
+__all__ = ["check_attention", "check_attention_weights", "check_masked_attention", "check_fixed_attention",
+           "attention_inputs", "attention_mistakes", "check_large_scores"]
 
 
 NO_SCALING = ("You forgot the scaling: your result equals softmax(Q Kᵀ) V. Divide the scores by "
@@ -115,12 +116,26 @@ def check_attention(
     if not same(got, expected):
         mistakes = [(hint, output) for hint, (output, _) in attention_mistakes(q, k, v, mask).items()]
         diagnose(got, expected, mistakes, ("batch", "head", "query", "feature"), "Your output")
-    large = (q * 40, k * 40, v) + (() if mask is None else (mask,))     # scores in the thousands
-    got_large = call_student("check_attention", attention_fn, *large)
-    if not torch.isfinite(got_large).all():
-        raise CheckFailed(OVERFLOW.format(big=(large[0] @ large[1].transpose(-2, -1)).abs().max().item()
-                                          / math.sqrt(q.shape[-1])))
+    check_large_scores("check_attention", attention_fn, q, k, v, mask)
     return True
+
+
+def check_large_scores(where: str, attention_fn: Callable, q, k, v, mask) -> None:
+    """Call the student's attention on scores in the thousands; name an overflow or underflow.
+
+    ``q`` and ``k`` are multiplied by 40, so the scaled scores spread over thousands, and
+    their true softmax is perfectly finite.
+    """
+    large_q, large_k = q * 40, k * 40
+    args = (large_q, large_k, v) + (() if mask is None else (mask,))
+    got = call_student(where, attention_fn, *args)
+    scores = large_q @ large_k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # [..., N_q, N_k]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    diagnose_non_finite(got, scores)
+    expected, _ = self_attention(*args)
+    if not same(got, expected):
+        diagnose(got, expected, [], ("batch", "head", "query", "feature"), "Your output on large scores")
 
 
 def check_attention_weights(weights_fn: Callable, *, batched: bool = True) -> bool:
@@ -143,4 +158,162 @@ def check_attention_weights(weights_fn: Callable, *, batched: bool = True) -> bo
     if not same(got, expected):
         mistakes = [(hint, weights) for hint, (_, weights) in attention_mistakes(q, k, v, None).items()]
         diagnose(got, expected, mistakes, ("batch", "head", "query", "key"), "Your attention weights")
+    return True
+
+
+# --- attention with a mask, fully masked rows included ---------------------------------------
+
+EMPTY_ROW_NAN = ("Your output is NaN for query {row}, whose mask row is all False (it may attend to nothing): "
+                 "the softmax of a row of -inf is 0/0. Such a query must get a zero output, as self_attention "
+                 "and PyTorch's scaled_dot_product_attention (from 2.5) give; for example, set the weights of "
+                 "rows that are entirely masked to 0.")
+EMPTY_ROW_UNIFORM = ("Your output for query {row}, whose mask row is all False, is the plain average of all the "
+                     "values: filling blocked scores with a large negative number (-1e9, finfo.min) instead of "
+                     "-inf makes a row with nothing to attend to uniform. Such a query must get a zero output.")
+EMPTY_ROW_WRONG = ("Your output is right for every query except query {row}, whose mask row is all False: it must "
+                   "be all zeros (no key to attend to), got {got}.")
+NEEDS_MASK_ARGUMENT = ("Your function must also work without a mask: call it as fn(q, k, v) and it should do plain "
+                       "attention (mask=None by default).")
+
+
+def _variant(q, k, v, mask, scale: float, mask_mode: str, dim: int) -> torch.Tensor:
+    """The output of attention with one choice of scaling, masking and softmax dimension.
+
+    ``mask_mode``: ``"right"`` (-inf before the softmax), ``"inverted"`` or ``"after"`` (weights
+    multiplied by the mask, not renormalised). Rows left with nothing to attend to give 0, as in
+    :func:`self_attention`.
+    """
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None and mask_mode in ("right", "inverted"):
+        allowed = mask if mask_mode == "right" else ~mask
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.nan_to_num(torch.softmax(scores, dim=dim), nan=0.0)
+    if mask is not None and mask_mode == "after":
+        weights = weights * mask
+    return weights @ v
+
+
+def _known_mistakes(q, k, v, mask) -> list[tuple[str, torch.Tensor]]:
+    """(message, output) for every combination of the classic mistakes, one or two at a time."""
+    d_k = q.shape[-1]
+    heads = q.shape[-3] if q.dim() >= 4 else 1
+    facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "d_model": heads * d_k, "heads": heads}
+    scalings = [(None, 1 / math.sqrt(d_k)), (NO_SCALING, 1.0), (SCALED_BY_D_K, 1.0 / d_k)]
+    if heads > 1:
+        scalings.append((SCALED_BY_D_MODEL, 1.0 / math.sqrt(heads * d_k)))
+    masking = [(None, "right")]
+    if mask is not None:
+        masking += [(INVERTED_MASK, "inverted"), (MASK_AFTER_SOFTMAX, "after")]
+    dims = [(None, -1), (SOFTMAX_OVER_QUERIES, -2)]
+    found = []
+    for scale_hint, scale in scalings:
+        for mask_hint, mode in masking:
+            for dim_hint, dim in dims:
+                hints = [hint.format(**facts) for hint in (scale_hint, mask_hint, dim_hint) if hint]
+                if not hints:
+                    continue
+                if len(hints) == 1:
+                    message = hints[0]
+                else:
+                    words = {2: "Two", 3: "Three"}[len(hints)]
+                    message = f"{words} mistakes remain. " + " And: ".join(hints)
+                found.append((message, _variant(q, k, v, mask, scale, mode, dim)))
+    found.sort(key=lambda item: item[0].count(" And: "))          # single mistakes first
+    return found
+
+
+def _compare_masked(where: str, got: torch.Tensor, expected: torch.Tensor, q, k, v, mask) -> None:
+    """Raise :class:`CheckFailed` naming what differs between ``got`` and ``expected``."""
+    check_shape(got, expected, "Your output")
+    if same(got, expected):
+        return
+    empty = torch.zeros(expected.shape[:-1], dtype=torch.bool)                 # [..., N_q]
+    if mask is not None:
+        empty = (~mask).all(dim=-1).expand(expected.shape[:-1])
+    if empty.any():
+        row = int(empty.nonzero()[0][-1])
+        others_right = same(torch.where(empty[..., None], expected, got), expected)
+        if others_right:
+            if torch.isnan(got[empty]).all():
+                raise CheckFailed(EMPTY_ROW_NAN.format(row=row))
+            uniform = v.mean(dim=-2, keepdim=True).expand(expected.shape)
+            if same(got[empty], uniform[empty]):
+                raise CheckFailed(EMPTY_ROW_UNIFORM.format(row=row))
+            raise CheckFailed(EMPTY_ROW_WRONG.format(row=row, got=f"{got[empty].flatten()[:3].tolist()} ..."))
+    # The classic mistakes, judged on the rows that are not empty (those are named above).
+    keep = ~empty
+    for message, mistaken in _known_mistakes(q, k, v, mask):
+        if same(torch.nan_to_num(got[keep], nan=0.0), mistaken[keep]):
+            raise CheckFailed(message)
+    diagnose(got, expected, [], ("batch", "head", "query", "feature"), "Your output")
+
+
+def check_masked_attention(attention_fn: Callable) -> bool:
+    """Check ``fn(q, k, v, mask=None)`` returning scaled dot-product attention's output.
+
+    The function is called on ``q [2, 3, 5, 16]``, ``k [2, 3, 7, 16]``, ``v [2, 3, 7, 8]``
+    (``[B, H, N, d]``) without a mask, then with a boolean mask ``[5, 7]`` (``True`` = may
+    attend, broadcast over ``B`` and ``H``) in which query 4 may attend to nothing: its
+    output must be all zeros, as :func:`self_attention` gives. Then on plain ``[N, d]``
+    matrices, and on scores in the thousands (no overflow). ``(output, weights)`` is
+    accepted; only the output is checked.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming NaN or uniform weights on the fully masked query, the classic
+            mistakes (no scaling, √d_k missing or squared, √d_model, an inverted mask, a mask
+            applied after the softmax, a softmax over the queries) alone or together, an
+            overflow, or the first entry that differs.
+
+    Example:
+        >>> check_masked_attention(lambda q, k, v, mask=None: self_attention(q, k, v, mask))
+        True
+    """
+    where = "check_masked_attention"
+    q, k, v, mask = attention_inputs(batched=True)
+    mask[4] = False                                                   # query 4 sees nothing
+    try:
+        got = call_student(where, attention_fn, q, k, v)
+    except CheckFailed as failure:
+        if isinstance(failure.__cause__, TypeError) and "mask" in str(failure.__cause__):
+            raise CheckFailed(NEEDS_MASK_ARGUMENT) from None
+        raise
+    _compare_masked(where, got, self_attention(q, k, v)[0], q, k, v, None)
+    got = call_student(where, attention_fn, q, k, v, mask.clone())
+    _compare_masked(where, got, self_attention(q, k, v, mask)[0], q, k, v, mask)
+    plain = (q[0, 0], k[0, 0], v[0, 0])                                 # [N, d] matrices
+    got = call_student(where, attention_fn, *plain, mask.clone())
+    _compare_masked(where, got, self_attention(*plain, mask)[0], *plain, mask)
+    visible = mask.clone()
+    visible[4, 0] = True                                                # no empty row here
+    check_large_scores(where, attention_fn, q, k, v, visible)
+    return True
+
+
+def check_fixed_attention(attention_fn: Callable) -> bool:
+    """Check ``fn(q, k, v, mask)`` for heads ``[B, H, N, d_k]``: the find-the-bug exercise.
+
+    The function is called on ``q [2, 3, 5, 16]``, ``k [2, 3, 7, 16]``, ``v [2, 3, 7, 8]``
+    with a boolean mask ``[5, 7]`` (``True`` = may attend) in which every query may attend
+    to at least one key, then on scores in the thousands. ``(output, weights)`` is
+    accepted.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming each mistake that remains (√d_model instead of √d_k, a mask
+            applied after the softmax, and the other classic ones), or the first difference.
+
+    Example:
+        >>> check_fixed_attention(lambda q, k, v, mask: self_attention(q, k, v, mask))
+        True
+    """
+    where = "check_fixed_attention"
+    q, k, v, mask = attention_inputs(batched=True)
+    got = call_student(where, attention_fn, q, k, v, mask.clone())
+    _compare_masked(where, got, self_attention(q, k, v, mask)[0], q, k, v, mask)
+    check_large_scores(where, attention_fn, q, k, v, mask)
     return True

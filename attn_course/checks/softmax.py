@@ -1,4 +1,4 @@
-"""Check a softmax: the right dimension, and no overflow on large scores."""
+"""Check a softmax: the right dimension, and no overflow or underflow on large scores."""
 
 from __future__ import annotations
 
@@ -8,18 +8,75 @@ import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
 
-__all__ = ["check_softmax", "WRONG_DIM", "OVERFLOW"]
+__all__ = ["check_softmax", "large_scores", "diagnose_non_finite", "WRONG_DIM", "OVERFLOW", "GLOBAL_SHIFT",
+           "NON_FINITE"]
 
 
 WRONG_DIM = ("Your softmax normalises over the wrong dimension: {detail} The weights of each query "
              "(each row, the last dimension) must sum to 1; use dim=-1.")
-OVERFLOW = ("Your softmax overflows on large scores: exp({big:.0f}) is inf in float32, so the result "
-            "has inf/NaN. Subtract each row's maximum before exponentiating; it does not change the "
-            "result, because softmax(x - c) = softmax(x).")
+OVERFLOW = ("Your softmax overflows on large scores: exp({big:.0f}) is inf in float32 (so is the exp of "
+            "anything above 88.7), so the result has inf/NaN. Subtract each row's maximum before "
+            "exponentiating; it does not change the result, because softmax(x - c) = softmax(x).")
+GLOBAL_SHIFT = ("Your softmax gives NaN on large scores, in the rows whose scores all lie far below the "
+                "largest score of the whole tensor ({big:.0f}): you subtracted one maximum for the whole "
+                "tensor, not each row's own. In a row whose largest score is {gap:.0f} below it, every "
+                "exp rounds to 0 in float32, and 0/0 is NaN. Subtract each row's maximum: "
+                "scores.amax(dim=-1, keepdim=True).")
+NON_FINITE = ("Your softmax gives inf/NaN on large scores (row {row} here, whose scores reach {big:.0f}): "
+              "an exp above 88.7 overflows to inf in float32, and a row whose every exp rounds to 0 "
+              "gives 0/0. Subtract each row's own maximum before exponentiating.")
+
+
+def large_scores(shape: tuple[int, ...] = (2, 3, 6)) -> torch.Tensor:
+    """Fresh scores ``[..., rows, N]`` in the thousands, each row shifted by its own offset.
+
+    Within a row the scores spread over about ±900 (a plain ``exp`` overflows); the rows
+    sit at offsets 0, -4000 and +4000, so one maximum for the whole tensor lies thousands
+    above most rows (their every ``exp`` rounds to 0). Neither changes the true softmax.
+    """
+    scores = torch.randn(*shape) * 300
+    offsets = torch.tensor([0.0, -4000.0, 4000.0]).repeat(shape[-2] // 3 + 1)[: shape[-2]]
+    return scores + offsets[:, None]
+
+
+def _bad_rows(result: torch.Tensor) -> torch.Tensor:
+    """``[..., rows]``: True where a row of ``result`` holds inf or NaN."""
+    return ~torch.isfinite(result).all(dim=-1)
+
+
+def diagnose_non_finite(got: torch.Tensor, scores: torch.Tensor) -> None:
+    """Raise :class:`CheckFailed` naming why ``got`` (computed from ``scores``) has inf/NaN rows.
+
+    ``got`` is anything whose rows follow the rows of ``scores`` ``[..., rows, N]`` (the
+    weights, or an attention output ``[..., rows, d_v]``). Its bad rows are compared with
+    those of the two classic unstable softmaxes, each computed here in float32: one that
+    subtracts a single maximum for the whole tensor (rows far below it underflow, then 0/0;
+    the row holding the maximum is always fine) and a plain ``exp`` (overflow, and 0/0 in
+    rows that underflow). Does nothing if ``got`` is finite.
+    """
+    bad = _bad_rows(got)
+    if not bad.any():
+        return
+    scores = scores.float()
+    exps = torch.exp(scores)
+    plain_bad = _bad_rows(exps / exps.sum(dim=-1, keepdim=True))
+    shifted = torch.exp(scores - scores.max())
+    global_bad = _bad_rows(shifted / shifted.sum(dim=-1, keepdim=True))
+    if not (bad & ~global_bad).any():
+        gap = (scores.max() - scores.amax(dim=-1))[bad].min().item()
+        raise CheckFailed(GLOBAL_SHIFT.format(big=scores.max().item(), gap=gap))
+    if not (bad & ~plain_bad).any():
+        raise CheckFailed(OVERFLOW.format(big=scores.amax(dim=-1)[bad].max().item()))
+    row = tuple(int(i) for i in bad.nonzero()[0])
+    finite = scores[row].masked_fill(~torch.isfinite(scores[row]), 0.0)
+    raise CheckFailed(NON_FINITE.format(row=list(row), big=finite.abs().max().item()))
 
 
 def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     """Check a softmax over the last dimension, including numerical stability.
+
+    The function is called on fresh scores ``[2, 3, 6]`` of ordinary size, then on scores in
+    the thousands (:func:`large_scores`), whose true softmax is perfectly finite.
 
     Args:
         softmax_fn: maps scores ``[..., N]`` to weights ``[..., N]``.
@@ -28,7 +85,13 @@ def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         ``True`` when correct.
 
     Raises:
-        CheckFailed: with a diagnosis (wrong dimension, overflow, shape, first difference).
+        CheckFailed: with a diagnosis (wrong dimension; overflow of a plain exp; one maximum
+            subtracted for the whole tensor, so rows underflow and give 0/0; shape; first
+            difference).
+
+    Example:
+        >>> check_softmax(lambda scores: torch.softmax(scores, dim=-1))
+        True
     """
     scores = torch.randn(2, 3, 6) * 3                                   # [B, N_q, N_k]
     expected = torch.softmax(scores, dim=-1)
@@ -43,11 +106,11 @@ def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
                           f"sums to {row_sums[0, 0].item():.3f}.")
         mistakes = [(WRONG_DIM.format(detail=detail), torch.softmax(scores, dim=dim)) for dim in (0, 1)]
         diagnose(got, expected, mistakes, ("batch", "row", "column"), "Your softmax")
-    large = scores * 300                                                 # scores up to ~3000
+    large = large_scores()
     got_large = call_student("check_softmax", softmax_fn, large.clone())
-    if not torch.isfinite(got_large).all():
-        raise CheckFailed(OVERFLOW.format(big=large.abs().max().item()))
+    check_shape(got_large, large, "Your softmax's output")
+    diagnose_non_finite(got_large, large)
     if not same(got_large, torch.softmax(large, dim=-1)):
         diagnose(got_large, torch.softmax(large, dim=-1), [], ("batch", "row", "column"),
-                  "Your softmax on large scores")
+                 "Your softmax on large scores")
     return True
