@@ -21,11 +21,14 @@ How reliable is it? With the default settings, seeds 0 to 29 give two specialise
 above 0.9 on its relation) in 29 runs out of 30; seed 8 ends with one head blending both
 relations. A single head (``num_heads=1``) blends in every run we tried (seeds 0 to 5): about
 two thirds of its weight on the first token and a quarter to a third on the previous one.
+:func:`compare_head_counts` trains several seeds with one and with two heads and reports, for
+each run, when its loss first fell below a threshold, its final loss and where its heads look.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -46,6 +49,9 @@ __all__ = [
     "rotating_position_code",
     "train_two_relation_model",
     "head_relation_scores",
+    "steps_to_reach",
+    "HeadCountRun",
+    "compare_head_counts",
 ]
 
 IGNORE_INDEX = -100
@@ -356,3 +362,129 @@ def head_relation_scores(attention_weights: torch.Tensor) -> RelationScores:
     previous = weights[:, :, queries, queries - 1].mean(dim=(0, 2))       # [H]
     first = weights[:, :, queries, 0].mean(dim=(0, 2))                    # [H]
     return RelationScores(previous=previous, first=first)
+
+
+def steps_to_reach(losses: torch.Tensor, threshold: float) -> int | None:
+    """The first step whose loss is below ``threshold``, or None if no step's is.
+
+    Args:
+        losses: ``[steps]``, one loss per training step (e.g. from :func:`train_two_relation_model`).
+        threshold: a positive loss level.
+
+    Returns:
+        The index of the first entry ``< threshold``, or None.
+
+    Raises:
+        TypeError: ``losses`` not a floating tensor, or ``threshold`` not a number.
+        ValueError: ``losses`` not 1-D and non-empty, or ``threshold`` not positive and finite.
+
+    Example:
+        >>> steps_to_reach(torch.tensor([2.0, 0.5, 0.05, 0.2, 0.01]), 0.1)
+        2
+        >>> steps_to_reach(torch.tensor([2.0, 0.5]), 0.1) is None
+        True
+    """
+    where = "steps_to_reach"
+    losses = _validate.floating_tensor(where, "losses", losses)
+    threshold = _validate.positive_finite(where, "threshold", threshold)
+    if losses.dim() != 1 or losses.numel() == 0:
+        raise ValueError(f"{where}: losses must be 1-D [steps] and non-empty, got shape {_validate.shape_str(losses)}")
+    below = (losses < threshold).nonzero()
+    return int(below[0]) if len(below) else None
+
+
+class HeadCountRun(NamedTuple):
+    """One training run of :func:`compare_head_counts`.
+
+    Attributes:
+        seed: the run's seed.
+        num_heads: ``H`` of its model.
+        losses: ``[steps]``, the training loss of every step.
+        steps_to_threshold: the first step whose loss fell below the threshold (None: never).
+        final_loss: the mean loss of the last ``final_window`` steps (one step's loss is noisy:
+            each step draws a new batch).
+        previous, first: ``[H]``, each head's average weight on the previous and on the first
+            token over fresh sequences (:func:`head_relation_scores`).
+    """
+
+    seed: int
+    num_heads: int
+    losses: torch.Tensor
+    steps_to_threshold: int | None
+    final_loss: float
+    previous: torch.Tensor
+    first: torch.Tensor
+
+
+def compare_head_counts(
+    seeds: Sequence[int],
+    head_counts: Sequence[int] = (1, 2),
+    *,
+    steps: int = 100,
+    threshold: float = 0.1,
+    final_window: int = 10,
+    probe_sequences: int = 512,
+    probe_seed: int = 1,
+) -> list[HeadCountRun]:
+    """Train the two-relation model once per seed and head count, and summarise each run.
+
+    Every run is :func:`train_two_relation_model` with the default sizes except ``num_heads``,
+    so the runs of one seed share their batches and differ only in the model. The caller's
+    random state is left as it was, and the same arguments give the same numbers.
+
+    Args:
+        seeds: the seeds to run (each >= 0).
+        head_counts: the values of ``H`` to compare (each must divide the width, 32).
+        steps: training steps per run.
+        threshold: the loss level whose first crossing is reported.
+        final_window: how many of the last steps ``final_loss`` averages (1 <= it <= steps).
+        probe_sequences: how many fresh sequences measure where the heads look.
+        probe_seed: the seed of those sequences.
+
+    Returns:
+        One :class:`HeadCountRun` per (seed, head count), seeds in the outer loop.
+
+    Raises:
+        TypeError: sequences that are not sequences of ints, or arguments of the wrong type.
+        ValueError: empty sequences, a negative seed, a head count that does not divide the
+            width, ``final_window`` outside ``[1, steps]``, or other values out of range.
+
+    Example:
+        >>> runs = compare_head_counts([0], steps=40)
+        >>> [(run.num_heads, run.steps_to_threshold) for run in runs]
+        [(1, None), (2, 27)]
+    """
+    where = "compare_head_counts"
+    seeds = _validate.integer_sequence(where, "seeds", seeds, minimum=0)
+    head_counts = _validate.integer_sequence(where, "head_counts", head_counts, minimum=1)
+    if not seeds or not head_counts:
+        raise ValueError(f"{where}: seeds and head_counts must not be empty")
+    steps = _validate.integer(where, "steps", steps, minimum=1)
+    threshold = _validate.positive_finite(where, "threshold", threshold)
+    final_window = _validate.integer(where, "final_window", final_window, minimum=1)
+    if final_window > steps:
+        raise ValueError(f"{where}: final_window must be at most steps={steps}, got {final_window}")
+    probe_sequences = _validate.integer(where, "probe_sequences", probe_sequences, minimum=1)
+    probe_seed = _validate.integer(where, "probe_seed", probe_seed, minimum=0)
+    configs = {}
+    for heads in head_counts:
+        try:
+            configs[heads] = TwoRelationConfig(num_heads=heads)
+        except ValueError as error:
+            raise ValueError(f"{where}: head count {heads} does not fit the model: {error}") from None
+
+    probe, _ = make_two_relation_data(probe_sequences, seed=probe_seed)        # [P, N]
+    runs = []
+    for seed in seeds:
+        for heads in head_counts:
+            model, losses = train_two_relation_model(steps, seed, config=configs[heads])
+            with torch.no_grad():
+                _, weights = model(probe)                                      # [P, H, N, N]
+            scores = head_relation_scores(weights)
+            runs.append(HeadCountRun(
+                seed=seed, num_heads=heads, losses=losses,
+                steps_to_threshold=steps_to_reach(losses, threshold),
+                final_loss=losses[-final_window:].mean().item(),
+                previous=scores.previous, first=scores.first,
+            ))
+    return runs

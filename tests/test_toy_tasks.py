@@ -11,9 +11,11 @@ from attn_course.toy_tasks import (
     IGNORE_INDEX,
     TwoRelationConfig,
     TwoRelationModel,
+    compare_head_counts,
     head_relation_scores,
     make_two_relation_data,
     rotating_position_code,
+    steps_to_reach,
     train_two_relation_model,
 )
 
@@ -173,6 +175,54 @@ def test_relation_scores_of_hand_made_heads():
     assert torch.allclose(scores.first, torch.tensor([0.0, 1.0, expected_uniform]))
 
 
+# --- several seeds, one and two heads ---------------------------------------------------
+
+
+def test_steps_to_reach_is_the_first_step_below_the_threshold():
+    losses = torch.tensor([2.0, 0.3, 0.09, 0.5, 0.01])
+    assert steps_to_reach(losses, 0.1) == 2                        # the later rise does not matter
+    assert steps_to_reach(losses, 0.01) is None                    # strictly below
+    assert steps_to_reach(losses, 3.0) == 0
+
+
+@pytest.fixture(scope="module")
+def compared():
+    """Seeds 0 and 1, one and two heads, 60 steps each."""
+    return compare_head_counts([0, 1], steps=60, final_window=5)
+
+
+def test_compare_head_counts_repeats_the_single_runs(compared):
+    assert [(run.seed, run.num_heads) for run in compared] == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    probe, _ = make_two_relation_data(512, seed=1)
+    for run in compared:
+        model, losses = train_two_relation_model(60, run.seed, config=TwoRelationConfig(num_heads=run.num_heads))
+        assert torch.equal(run.losses, losses)
+        assert run.steps_to_threshold == steps_to_reach(losses, 0.1)
+        assert run.final_loss == pytest.approx(losses[-5:].mean().item())
+        with torch.no_grad():
+            _, weights = model(probe)
+        scores = head_relation_scores(weights)
+        assert torch.equal(run.previous, scores.previous) and torch.equal(run.first, scores.first)
+        assert run.previous.shape == (run.num_heads,)
+
+
+def test_compare_head_counts_is_deterministic_and_leaves_the_random_state_alone(compared):
+    torch.manual_seed(321)
+    state = torch.random.get_rng_state()
+    again = compare_head_counts([1], steps=60, final_window=5)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert [torch.equal(a.losses, b.losses) for a, b in zip(again, compared[2:])] == [True, True]
+
+
+def test_two_heads_get_below_the_threshold_sooner_than_one(compared):
+    by_run = {(run.seed, run.num_heads): run for run in compared}
+    for seed in (0, 1):
+        two, one = by_run[seed, 2], by_run[seed, 1]
+        assert two.steps_to_threshold is not None
+        assert one.steps_to_threshold is None or two.steps_to_threshold < one.steps_to_threshold
+        assert two.final_loss < one.final_loss
+
+
 # --- input checks ----------------------------------------------------------------------
 
 
@@ -198,6 +248,17 @@ def test_relation_scores_of_hand_made_heads():
         (lambda: head_relation_scores(torch.ones(2, 3, 3)), ValueError, "attention_weights"),
         (lambda: head_relation_scores(torch.ones(1, 1, 2, 2)), ValueError, "attention_weights"),
         (lambda: head_relation_scores(torch.ones(1, 1, 3, 3, dtype=torch.long)), TypeError, "attention_weights"),
+        (lambda: steps_to_reach(torch.ones(2, 2), 0.1), ValueError, "losses"),
+        (lambda: steps_to_reach(torch.ones(0), 0.1), ValueError, "losses"),
+        (lambda: steps_to_reach([1.0], 0.1), TypeError, "losses"),
+        (lambda: steps_to_reach(torch.ones(3), 0.0), ValueError, "threshold"),
+        (lambda: compare_head_counts([]), ValueError, "seeds"),
+        (lambda: compare_head_counts("01"), TypeError, "seeds"),
+        (lambda: compare_head_counts([-1]), ValueError, "seeds"),
+        (lambda: compare_head_counts([0], head_counts=[3]), ValueError, "head count 3"),
+        (lambda: compare_head_counts([0], steps=5, final_window=6), ValueError, "final_window"),
+        (lambda: compare_head_counts([0], threshold=-1.0), ValueError, "threshold"),
+        (lambda: compare_head_counts([0], probe_sequences=0), ValueError, "probe_sequences"),
     ],
 )
 def test_bad_arguments_are_named(call, error, words):
