@@ -1,14 +1,17 @@
-"""Check splitting ``[B, N, E]`` into heads ``[B, H, N, d]``: the reshape and the transpose."""
+"""Checks for the multi-head exercises: splitting into heads (also from one fused projection),
+multi-head attention from raw weights, grouped-query attention, and mean-pooling key/value heads."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
 
-__all__ = ["check_split_heads"]
+__all__ = ["check_split_heads", "check_split_fused_qkv", "check_multi_head_attention",
+           "check_grouped_query_attention", "check_mean_pooled_kv_heads"]
 
 
 VIEW_WITHOUT_TRANSPOSE = (
@@ -41,4 +44,408 @@ def check_split_heads(split_fn: Callable[[torch.Tensor, int], torch.Tensor]) -> 
     if not same(got, expected):
         mistakes = [(VIEW_WITHOUT_TRANSPOSE, x.reshape(batch, heads, tokens, head_dim))]
         diagnose(got, expected, mistakes, ("batch", "head", "token", "feature"), "Your split")
+    return True
+
+
+# --- helpers shared by the checks below ------------------------------------------------------------
+
+
+def _call_raw(where: str, fn: Callable, *args) -> object:
+    """Call the student's function with :func:`call_student`'s crash handling, keep the raw result."""
+    results = []
+
+    def keep(*inner):
+        results.append(fn(*inner))
+        return torch.zeros(())
+
+    call_student(where, keep, *args)
+    return results[0]
+
+
+def _tensors(result: object, count: int, names: str) -> tuple[torch.Tensor, ...]:
+    """Insist on a tuple of ``count`` tensors; say what came back otherwise."""
+    if result is Ellipsis or result is None:
+        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    if not isinstance(result, (tuple, list)) or len(result) != count:
+        raise CheckFailed(f"Your function should return {count} tensors, ({names}), but it returned "
+                          f"{type(result).__name__}" + (f" of length {len(result)}" if isinstance(result, (tuple, list))
+                                                        else "") + ".")
+    for name, item in zip(names.split(", "), result):
+        if not isinstance(item, torch.Tensor):
+            raise CheckFailed(f"Your {name} should be a torch.Tensor, but it is a {type(item).__name__}.")
+    return tuple(result)
+
+
+def _crashed(failed: CheckFailed) -> str | None:
+    """What a crash in the student's function raised ("raised TypeError: ..."), or None if it did not crash."""
+    text = str(failed)
+    if not text.startswith("Your function raised"):
+        return None
+    return text[len("Your function "):].split(". It was called")[0]
+
+
+def _sentence_list(messages: list[str]) -> str:
+    if len(messages) == 1:
+        return messages[0]
+    return f"{len(messages)} mistakes: " + " ".join(f"({i}) {m}" for i, m in enumerate(messages, start=1))
+
+
+# --- splitting a fused projection into query, key and value heads ----------------------------------
+
+EQUAL_PARTS = (
+    "Your split works when H_kv = H, but with H = {heads} query heads and H_kv = {kv_heads} key/value "
+    "heads ({problem}). With grouped-query attention the three parts are not equal: qkv is "
+    "(H + 2·H_kv)·d = {width} wide, so d = {d}; the queries take the first H·d = {q_width} numbers, "
+    "the keys the next H_kv·d = {kv_width} and the values the last {kv_width}."
+)
+SPLIT_SCRAMBLED = (
+    "Your {name} reshapes its part straight to [B, {h}, N, d] with view/reshape. That scrambles tokens "
+    "and heads: each 'head' holds pieces of several tokens. Reshape to [B, N, {h}, d] first, then "
+    "transpose(1, 2)."
+)
+SPLIT_NOT_MOVED = (
+    "Your {name} has shape {shape} = [B, N, heads, d]: the heads are split but the head axis is not in "
+    "front of the tokens. Add .transpose(1, 2) to get [B, heads, N, d]."
+)
+KEYS_VALUES_SWAPPED = (
+    "Your keys and values are swapped: the fused projection is laid out [queries | keys | values]."
+)
+
+
+def check_split_fused_qkv(split_fn: Callable) -> bool:
+    """Check ``fn(qkv [B, N, (H + 2·H_kv)·d], num_heads, num_kv_heads) -> (q, k, v)``.
+
+    ``q`` must be ``[B, H, N, d]``, ``k`` and ``v`` ``[B, H_kv, N, d]``, from the layout
+    ``[queries | keys | values]`` along the last axis, each part split into heads as
+    :func:`~attn_course.multihead.split_heads` does. Tried with ``H_kv = H`` first, then with
+    grouped-query (``H = 6, H_kv = 2``) and multi-query (``H = 4, H_kv = 1``) sizes.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming equal thirds where the parts differ, a head split without a
+            transpose or without moving the head axis, swapped keys and values, or the first
+            entry that differs.
+
+    Example:
+        >>> def split(qkv, num_heads, num_kv_heads):
+        ...     d = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
+        ...     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+        ...     return tuple(t.unflatten(-1, (-1, d)).transpose(1, 2) for t in (q, k, v))
+        >>> check_split_fused_qkv(split)
+        True
+    """
+    where = "check_split_fused_qkv"
+    batch, tokens, d = 2, 5, 3
+    for heads, kv_heads in [(4, 4), (6, 2), (4, 1)]:
+        width = (heads + 2 * kv_heads) * d
+        qkv = torch.randn(batch, tokens, width)                              # [B, N, (H + 2 H_kv) d]
+        parts = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        counts = (heads, kv_heads, kv_heads)
+        expected = [part.unflatten(-1, (h, d)).transpose(1, 2) for part, h in zip(parts, counts)]
+        facts = {"heads": heads, "kv_heads": kv_heads, "width": width, "d": d, "q_width": heads * d,
+                 "kv_width": kv_heads * d}
+        grouped = kv_heads != heads
+        try:
+            got = _tensors(_call_raw(where, split_fn, qkv.clone(), heads, kv_heads), 3, "q, k, v")
+        except CheckFailed as failed:
+            if grouped and _crashed(failed):
+                raise CheckFailed(EQUAL_PARTS.format(problem=f"width {width}, it {_crashed(failed)}", **facts)) \
+                    from failed.__cause__
+            raise
+        if grouped and any(g.shape != e.shape for g, e in zip(got, expected)):
+            shapes = ", ".join(f"{name} {list(g.shape)}" for name, g in zip("qkv", got))
+            raise CheckFailed(EQUAL_PARTS.format(problem=f"width {width}, you return {shapes}", **facts))
+        for name, g, e, h in zip(("q", "k", "v"), got, expected, counts):
+            if g.shape == (batch, tokens, h, d) and h != tokens:
+                raise CheckFailed(SPLIT_NOT_MOVED.format(name=name, shape=list(g.shape)))
+            check_shape(g, e, f"Your {name}")
+        if same(got[1], expected[2]) and same(got[2], expected[1]):
+            raise CheckFailed(KEYS_VALUES_SWAPPED)
+        for name, g, e, part, h in zip(("q", "k", "v"), got, expected, parts, counts):
+            if not same(g, e):
+                mistakes = [(SPLIT_SCRAMBLED.format(name=name, h=h), part.reshape(batch, h, tokens, d))]
+                diagnose(g, e, mistakes, ("batch", "head", "token", "feature"), f"Your {name}")
+    return True
+
+
+# --- multi-head attention from raw weights ------------------------------------------------------------
+
+MERGE_WITHOUT_TRANSPOSE = (
+    "You merge the heads without a transpose: reshaping [B, H, N, d] straight to [B, N, E] reads the "
+    "numbers in memory order, so a token's row is filled with pieces of other tokens. Move the head "
+    "axis back first: transpose(1, 2) gives [B, N, H, d], then reshape to [B, N, E]."
+)
+SPLIT_WITHOUT_TRANSPOSE = (
+    "You split the heads with a view straight to [B, H, N, d], without a transpose: each 'head' then "
+    "holds pieces of several tokens. View as [B, N, H, d], then transpose(1, 2)."
+)
+SCALE_BY_MODEL_WIDTH = (
+    "You divide the scores by √E = √{E} (the model width, all {H} heads together) instead of √d = √{d}, "
+    "the size of one head: a head's scores are dot products of d numbers."
+)
+SCALE_NONE = "You forgot the scaling: divide each head's scores by √d = √{d} before the softmax."
+SCALE_BY_D = "You divide the scores by d = {d}; divide by its square root, √d."
+WEIGHTS_NOT_TRANSPOSED = (
+    "You multiply by the weights as stored: they are [out, in] like nn.Linear's, so a projection is "
+    "x @ w.T, not x @ w."
+)
+SOFTMAX_OVER_QUERIES_MHA = (
+    "Your softmax runs over the queries (dim=-2): each query's weights over the keys must sum to 1, "
+    "so use dim=-1."
+)
+NO_OUTPUT_PROJECTION = "You left out the output projection: the merged heads still go through w_o (@ w_o.T)."
+
+
+def _mha_variant(x, w_q, w_k, w_v, w_o, heads, *, scale, split_transpose=True, merge_transpose=True,
+                 weights_transposed=True, softmax_dim=-1, output_projection=True):
+    """Multi-head attention from raw ``[out, in]`` weights, with the named mistakes switchable."""
+    batch, tokens, width = x.shape
+    d = width // heads
+
+    def project(w):
+        return x @ (w.T if weights_transposed else w)                   # [B, N, E]
+
+    def split(t):
+        if split_transpose:
+            return t.view(batch, tokens, heads, d).transpose(1, 2)       # [B, H, N, d]
+        return t.reshape(batch, heads, tokens, d)
+
+    q, k, v = split(project(w_q)), split(project(w_k)), split(project(w_v))
+    weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=softmax_dim)   # [B, H, N, N]
+    out = weights @ v                                                    # [B, H, N, d]
+    merged = out.transpose(1, 2).reshape(batch, tokens, width) if merge_transpose else out.reshape(
+        batch, tokens, width)
+    if not output_projection:
+        return merged
+    return merged @ (w_o.T if weights_transposed else w_o)               # [B, N, E]
+
+
+def _mha_mistakes(x, w_q, w_k, w_v, w_o, heads) -> list[tuple[str, torch.Tensor]]:
+    """Every combination of the known mistakes, fewest first, with the message naming them."""
+    width = x.shape[-1]
+    d = width // heads
+    facts = {"E": width, "H": heads, "d": d}
+    scales = [(None, 1 / math.sqrt(d)), (SCALE_BY_MODEL_WIDTH, 1 / math.sqrt(width)), (SCALE_NONE, 1.0),
+              (SCALE_BY_D, 1 / d)]
+    switches = [("merge_transpose", MERGE_WITHOUT_TRANSPOSE), ("split_transpose", SPLIT_WITHOUT_TRANSPOSE),
+                ("weights_transposed", WEIGHTS_NOT_TRANSPOSED), ("output_projection", NO_OUTPUT_PROJECTION)]
+    found = []
+    for scale_message, scale in scales:
+        for mask in range(2 ** len(switches)):
+            flags = {name: not (mask >> i) & 1 for i, (name, _) in enumerate(switches)}
+            messages = [message for i, (_, message) in enumerate(switches) if (mask >> i) & 1]
+            if scale_message:
+                messages.append(scale_message.format(**facts))
+            for softmax_dim in (-1, -2):
+                all_messages = messages + ([SOFTMAX_OVER_QUERIES_MHA] if softmax_dim == -2 else [])
+                if all_messages:
+                    wrong = _mha_variant(x, w_q, w_k, w_v, w_o, heads, scale=scale, softmax_dim=softmax_dim, **flags)
+                    found.append((all_messages, wrong))
+    found.sort(key=lambda item: len(item[0]))
+    return [(_sentence_list(messages), wrong) for messages, wrong in found]
+
+
+def check_multi_head_attention(attention_fn: Callable) -> bool:
+    """Check ``fn(x [B, N, E], w_q, w_k, w_v, w_o, num_heads) -> output [B, N, E]``.
+
+    The four weights are ``[E, E]``, stored like ``nn.Linear``'s (``[out, in]``), without
+    biases; the reference is ``torch.nn.MultiheadAttention`` holding the same weights. On a
+    mismatch the answer is compared with every combination of the known mistakes (merge
+    without a transpose, split without a transpose, scaling by √E, by d or not at all, weights
+    not transposed, no output projection, softmax over the queries), and the ones it matches
+    are named, so a student who fixed one bug is told about the one that remains.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming the mistakes the answer shows, or the first entry that differs.
+
+    Example:
+        >>> from attn_course.multihead import MultiHeadAttention
+        >>> def ours(x, w_q, w_k, w_v, w_o, num_heads):
+        ...     layer = MultiHeadAttention(x.shape[-1], num_heads, bias=False)
+        ...     for linear, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj), (w_q, w_k, w_v, w_o)):
+        ...         linear.weight.data.copy_(w)
+        ...     return layer(x)[0]
+        >>> check_multi_head_attention(ours)
+        True
+    """
+    where = "check_multi_head_attention"
+    batch, tokens, width, heads = 2, 5, 16, 4
+    x = torch.randn(batch, tokens, width)                                 # [B, N, E]
+    w_q, w_k, w_v, w_o = (torch.randn(width, width) / math.sqrt(width) for _ in range(4))   # [out, in]
+    reference = torch.nn.MultiheadAttention(width, heads, bias=False, batch_first=True)
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(torch.cat([w_q, w_k, w_v]))
+        reference.out_proj.weight.copy_(w_o)
+        expected, _ = reference(x, x, x, need_weights=False)               # [B, N, E]
+    got = call_student(where, attention_fn, x.clone(), w_q.clone(), w_k.clone(), w_v.clone(), w_o.clone(), heads)
+    check_shape(got, expected, "Your output")
+    if not same(got, expected):
+        diagnose(got, expected, _mha_mistakes(x, w_q, w_k, w_v, w_o, heads), ("batch", "token", "feature"),
+                 "Your output")
+    return True
+
+
+# --- grouped-query attention ------------------------------------------------------------------------
+
+GQA_TILED = (
+    "Query head h used key/value head h % H_kv: copying the key/value heads with .repeat tiles them "
+    "(0, 1, 0, 1, ...). Consecutive query heads form a group: head h uses key/value head h // G, "
+    "the order repeat_interleave(G, dim=1) gives."
+)
+GQA_FIRST_ONLY = "Every query head used key/value head 0; query head h must use key/value head h // G."
+GQA_FAILS_GROUPED = (
+    "Your function works when H_kv = H, but with H = {heads} query heads and H_kv = {kv_heads} "
+    "key/value heads it {problem}. Each key/value head serves G = H / H_kv = {groups} consecutive query "
+    "heads: repeat it G times along the head axis (repeat_interleave), or view the queries as "
+    "[B, H_kv, G, N, d]."
+)
+GQA_SCALES = {
+    "none": "You forgot the scaling: divide the scores by √d (here √{d}) before the softmax.",
+    "by_d": "You divide the scores by d = {d}; divide by its square root, √d.",
+}
+GQA_SOFTMAX_OVER_QUERIES = "Your softmax runs over the queries (dim=-2); use dim=-1, over the keys."
+
+
+def _gqa_reference(q, k, v, kv_index, scale, softmax_dim=-1):
+    """Attention where query head h uses key/value head ``kv_index[h]``, float64."""
+    k, v = k[:, kv_index].double(), v[:, kv_index].double()                 # [B, H, N, d]
+    weights = torch.softmax(q.double() @ k.transpose(-2, -1) * scale, dim=softmax_dim)
+    return (weights @ v).to(q.dtype)
+
+
+def check_grouped_query_attention(attention_fn: Callable) -> bool:
+    """Check ``fn(q [B, H, N, d], k [B, H_kv, N, d], v [B, H_kv, N, d]) -> [B, H, N, d]``.
+
+    Query head ``h`` must attend with key/value head ``h // G``, ``G = H / H_kv``; the reference
+    is ``F.scaled_dot_product_attention(..., enable_gqa=True)``. Tried with ``H_kv = H``
+    (ordinary multi-head), then ``H = 6, H_kv = 2`` (G = 3) and ``H = 4, H_kv = 1`` (multi-query).
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming tiled key/value heads (``h % H_kv``), one key/value head for all,
+            a function that only works for ``H_kv = H``, a wrong scaling or softmax axis, or the
+            first entry that differs.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> check_grouped_query_attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        True
+    """
+    where = "check_grouped_query_attention"
+    batch, tokens, d = 2, 5, 8
+    for heads, kv_heads in [(3, 3), (6, 2), (4, 1)]:
+        q = torch.randn(batch, heads, tokens, d)                          # [B, H, N, d]
+        k = torch.randn(batch, kv_heads, tokens, d)                       # [B, H_kv, N, d]
+        v = torch.randn(batch, kv_heads, tokens, d)                       # [B, H_kv, N, d]
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        groups = heads // kv_heads
+        facts = {"heads": heads, "kv_heads": kv_heads, "groups": groups, "d": d}
+        try:
+            got = call_student(where, attention_fn, q.clone(), k.clone(), v.clone())
+        except CheckFailed as failed:
+            if groups > 1 and _crashed(failed):
+                raise CheckFailed(GQA_FAILS_GROUPED.format(problem=_crashed(failed), **facts)) from failed.__cause__
+            raise
+        if groups > 1 and got.shape != expected.shape:
+            raise CheckFailed(GQA_FAILS_GROUPED.format(
+                problem=f"returns shape {list(got.shape)} instead of [B, H, N, d] = {list(expected.shape)}", **facts))
+        check_shape(got, expected, "Your output")
+        if same(got, expected):
+            continue
+        heads_index = torch.arange(heads)
+        orders = [(None, heads_index // groups)]
+        if groups > 1:
+            orders += [(GQA_TILED, heads_index % kv_heads)]
+        if kv_heads > 1:
+            orders += [(GQA_FIRST_ONLY, torch.zeros(heads, dtype=torch.long))]
+        scales = [(None, 1 / math.sqrt(d)), (GQA_SCALES["none"], 1.0), (GQA_SCALES["by_d"], 1 / d)]
+        mistakes = []
+        for order_message, kv_index in orders:
+            for scale_message, scale in scales:
+                for softmax_dim in (-1, -2):
+                    messages = [m.format(**facts) for m in (order_message, scale_message) if m]
+                    messages += [GQA_SOFTMAX_OVER_QUERIES] if softmax_dim == -2 else []
+                    if messages:
+                        mistakes.append((messages, _gqa_reference(q, k, v, kv_index, scale, softmax_dim)))
+        mistakes.sort(key=lambda item: len(item[0]))
+        diagnose(got, expected, [(_sentence_list(m), wrong) for m, wrong in mistakes],
+                 ("batch", "head", "query", "feature"), f"Your output (H = {heads}, H_kv = {kv_heads})")
+    return True
+
+
+# --- converting a multi-head checkpoint: mean-pooling key/value heads ----------------------------
+
+POOL_STRIDED = (
+    "You pooled heads h, h + H_kv, h + 2·H_kv, ... together (a view as [G, H_kv, d, ...]). A group is G "
+    "consecutive heads, g·G ... g·G + G - 1, the query heads that share key/value head g: view the rows "
+    "as [H_kv, G, d, ...] and average over G."
+)
+POOL_FIRST_HEAD = (
+    "You kept the first head of each group instead of averaging the group. Ainslie et al. (2023) tried "
+    "that too and found mean-pooling works better: it keeps something of every head."
+)
+POOL_SUM = "You summed the G heads of each group; average them (divide by G = {groups})."
+POOL_FAILS_ON_BIAS = (
+    "Your function works on a weight [H·d, E] but on a bias [H·d] it {problem}. Pool along the first "
+    "dimension only, whatever follows it: e.g. unflatten dim 0 into (H_kv, G, d)."
+)
+
+
+def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
+    """Check ``fn(w [H·d, ...], num_heads, num_kv_heads) -> [H_kv·d, ...]``: each key/value head of a
+    grouped-query layer as the mean of its group's heads in a multi-head layer.
+
+    Group ``g`` is heads ``g·G … g·G + G - 1`` (``G = H / H_kv``), head ``h`` being rows
+    ``h·d … h·d + d - 1`` of ``w`` (``nn.Linear``'s ``[out, in]`` layout). Tried on weights
+    ``[H·d, E]`` for ``(H, H_kv) = (6, 2), (4, 4), (4, 1)``, and on a bias ``[H·d]``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming strided groups, the first head kept, a sum instead of a mean, an
+            average over the wrong axis, a function that fails on a 1-D bias, or the first entry
+            that differs.
+
+    Example:
+        >>> def pool(w, num_heads, num_kv_heads):
+        ...     return w.unflatten(0, (num_kv_heads, num_heads // num_kv_heads, -1)).mean(dim=1).flatten(0, 1)
+        >>> check_mean_pooled_kv_heads(pool)
+        True
+    """
+    where = "check_mean_pooled_kv_heads"
+    d, width = 4, 10
+    cases = [(6, 2, (width,)), (4, 4, (width,)), (4, 1, (width,)), (6, 3, ())]
+    for heads, kv_heads, rest in cases:
+        groups = heads // kv_heads
+        w = torch.randn(heads * d, *rest)                                   # [H·d, E] or [H·d]
+        by_head = w.unflatten(0, (kv_heads, groups, d))                     # [H_kv, G, d, ...]
+        expected = by_head.mean(dim=1).flatten(0, 1)                        # [H_kv·d, ...]
+        try:
+            got = call_student(where, pool_fn, w.clone(), heads, kv_heads)
+        except CheckFailed as failed:
+            if not rest and _crashed(failed):
+                raise CheckFailed(POOL_FAILS_ON_BIAS.format(problem=_crashed(failed))) from failed.__cause__
+            raise
+        what = f"Your pooled {'bias' if not rest else 'weight'} (H = {heads}, H_kv = {kv_heads})"
+        if got.shape != expected.shape:
+            if not rest:
+                raise CheckFailed(POOL_FAILS_ON_BIAS.format(
+                    problem=f"returns shape {list(got.shape)} instead of [H_kv·d] = {list(expected.shape)}"))
+            check_shape(got, expected, what)
+        if same(got, expected):
+            continue
+        mistakes = [
+            (POOL_STRIDED, w.unflatten(0, (groups, kv_heads, d)).mean(dim=0).flatten(0, 1)),
+            (POOL_FIRST_HEAD, by_head[:, 0].flatten(0, 1)),
+            (POOL_SUM.format(groups=groups), by_head.sum(dim=1).flatten(0, 1)),
+        ]
+        diagnose(got, expected, mistakes, ("row", "column")[: expected.dim()], what)
     return True

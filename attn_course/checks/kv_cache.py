@@ -1,0 +1,145 @@
+"""Check a prediction of a key/value cache's memory: the bytes it stores and the bytes it allocates.
+
+A :class:`~attn_course.kv_cache.KVCache` made without ``max_length`` sizes its buffers by its first
+append and, when a later append does not fit, doubles its capacity (at least to what is needed),
+like a Python list. So ``len(cache)`` tokens are stored in room for ``cache.capacity``, and
+``cache.memory_bytes`` counts the room.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+
+import torch
+
+from attn_course.checks.diagnosis import CheckFailed, call_student
+from attn_course.kv_cache import KVCache
+
+__all__ = ["check_kv_cache_bytes", "filled_cache"]
+
+
+ONLY_KEYS = ("You counted only the keys (or only the values): the cache holds both, each "
+             "[B, H_kv, tokens, d], so every count has a factor 2.")
+BITS_NOT_BYTES = ("You counted bits, not bytes: a {dtype} number takes torch.finfo(dtype).bits // 8 = "
+                  "{size} bytes.")
+FOUR_BYTES = "You assumed 4 bytes per number, but a {dtype} number takes {size} bytes."
+SWAPPED = ("You returned (allocated, stored): the first number is the bytes of the tokens stored "
+           "(len(cache)), the second the bytes allocated (capacity).")
+NO_ROOM_AHEAD = (
+    "Your allocated bytes equal the stored bytes, but the cache allocates ahead: when an append does not "
+    "fit, it doubles its capacity. After {history}, it stores {stored} tokens in room for {capacity}."
+)
+POWER_OF_TWO = (
+    "You rounded the capacity up to a power of two. The cache starts with room for exactly the prompt "
+    "and doubles from there: after {history}, its capacity is {capacity}, not {power}."
+)
+DOUBLED_ALWAYS = (
+    "You doubled the capacity even where nothing outgrew it: with no new tokens after the prompt, the "
+    "cache has room for the prompt only."
+)
+STORED_WRONG = ("Your stored bytes are not right for batch={batch}, num_kv_heads={kv_heads}, head_dim={d}, "
+                "{dtype}, {prompt} + {new} tokens: expected {expected}, got {got}. Count B · H_kv · tokens · d "
+                "numbers for the keys, as many for the values, and the bytes of one number.")
+ALLOCATED_WRONG = ("Your allocated bytes are not right for batch={batch}, num_kv_heads={kv_heads}, head_dim={d}, "
+                   "{dtype}, {prompt} + {new} tokens: expected {expected}, got {got}. The cache starts with room "
+                   "for the prompt and doubles its capacity whenever an append does not fit.")
+
+
+def filled_cache(batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype, prompt: int, new: int) -> KVCache:
+    """A fresh ``KVCache()`` after a prompt of ``prompt`` tokens, then ``new`` tokens one at a time."""
+    cache = KVCache()
+    block = torch.zeros(batch, kv_heads, prompt, head_dim, dtype=dtype)   # [B, H_kv, N, d]
+    cache.append(block, block)
+    one = block[:, :, :1]                                                 # [B, H_kv, 1, d]
+    for _ in range(new):
+        cache.append(one, one)
+    return cache
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CheckFailed(f"Your {name} should be a number, but it is a {type(value).__name__}.")
+    return float(value)
+
+
+def _answer(fn: Callable, args: tuple) -> tuple[float, float]:
+    results = []
+
+    def keep(*inner):
+        results.append(fn(*inner))
+        return torch.zeros(())
+
+    call_student("check_kv_cache_bytes", keep, *args)
+    result = results[0]
+    if result is Ellipsis or result is None:
+        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise CheckFailed("Your function should return two numbers, (stored_bytes, allocated_bytes), but it "
+                          f"returned {type(result).__name__}"
+                          + (f" of length {len(result)}." if isinstance(result, (tuple, list)) else "."))
+    return _number(result[0], "stored byte count"), _number(result[1], "allocated byte count")
+
+
+def check_kv_cache_bytes(bytes_fn: Callable) -> bool:
+    """Check ``fn(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens) -> (stored, allocated)``.
+
+    The answer is compared with a real :class:`~attn_course.kv_cache.KVCache` (made without
+    ``max_length``) after a prompt of ``prompt_tokens`` tokens appended at once and
+    ``new_tokens`` appended one at a time: ``stored`` is the bytes of the ``len(cache)``
+    cached tokens' keys and values, ``allocated`` is ``cache.memory_bytes``. Several sizes and
+    dtypes (float16, bfloat16, float32) are tried, with and without new tokens.
+
+    Returns:
+        ``True`` when every prediction is right.
+
+    Raises:
+        CheckFailed: naming the mistake: only keys counted, bits for bytes, 4 bytes for every
+            dtype, the two numbers swapped, no room allocated ahead, a power-of-two capacity, a
+            capacity doubled without need; else the case and the number that is wrong.
+
+    Example:
+        >>> def predict(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):
+        ...     per_token = 2 * batch * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+        ...     capacity = prompt_tokens
+        ...     while capacity < prompt_tokens + new_tokens:
+        ...         capacity *= 2
+        ...     return per_token * (prompt_tokens + new_tokens), per_token * capacity
+        >>> check_kv_cache_bytes(predict)
+        True
+    """
+    cases = [(2, 4, 16, torch.float16, 10, 0), (1, 2, 8, torch.bfloat16, 5, 7), (3, 1, 4, torch.float32, 3, 14),
+             (1, 8, 64, torch.float32, 6, 6), (2, 2, 32, torch.float16, 12, 1)]
+    for batch, kv_heads, d, dtype, prompt, new in cases:
+        cache = filled_cache(batch, kv_heads, d, dtype, prompt, new)
+        size = torch.finfo(dtype).bits // 8
+        per_token = 2 * batch * kv_heads * d * size                         # keys and values
+        stored, allocated = per_token * len(cache), cache.memory_bytes
+        got = _answer(bytes_fn, (batch, kv_heads, d, dtype, prompt, new))
+        if got == (stored, allocated):
+            continue
+        power = 1 << (len(cache) - 1).bit_length()
+        history = (f"a prompt of {prompt} tokens and {new} more, one at a time" if new
+                   else f"a prompt of {prompt} tokens and nothing more")
+        facts = {"dtype": str(dtype).replace("torch.", ""), "size": size, "history": history,
+                 "stored": len(cache), "capacity": cache.capacity, "power": power}
+        mistakes = [
+            (ONLY_KEYS, (stored / 2, allocated / 2)),
+            (BITS_NOT_BYTES, (stored * 8, allocated * 8)),
+            (FOUR_BYTES, (stored / size * 4, allocated / size * 4)),
+            (SWAPPED, (allocated, stored)),
+            (NO_ROOM_AHEAD, (stored, stored)),
+            (POWER_OF_TWO, (stored, per_token * power)),
+            (DOUBLED_ALWAYS, (stored, 2 * allocated)),
+        ]
+        for message, wrong in mistakes:
+            if wrong != (stored, allocated) and got == wrong:
+                raise CheckFailed(message.format(**facts))
+        details = {"batch": batch, "kv_heads": kv_heads, "d": d, "dtype": facts["dtype"], "prompt": prompt,
+                   "new": new}
+        if got[0] != stored:
+            raise CheckFailed(STORED_WRONG.format(expected=stored, got=f"{got[0]:g}", **details))
+        raise CheckFailed(ALLOCATED_WRONG.format(expected=allocated, got=f"{got[1]:g}", **details))
+    return True
