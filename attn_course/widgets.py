@@ -6,7 +6,8 @@ notebook, and under plain pytest, where a test can set ``scale_slider.value`` an
 ``weights``.
 
 * :func:`scaling_walkthrough`: pick a query token of "The bank of the river was
-  muddy." and drag √d_k to see the softmax sharpen or flatten.
+  muddy." and drag the temperature τ (what the scores are divided by; √d_k in the
+  formula) to see the softmax sharpen or flatten.
 * :func:`query_explorer`: pick a query token of any sentence and see where its
   attention goes, for any attention map (the toy one, or a real BERT head).
 """
@@ -28,9 +29,10 @@ from attn_course.toy_sentence import ToySentence, bank_sentence
 __all__ = ["ScalingWalkthrough", "QueryExplorer", "scaling_walkthrough", "query_explorer"]
 
 SCALING_HINT = (
-    "Lower scaling factors amplify the differences between raw scores (a sharper, more "
-    "one-hot distribution, whose gradients vanish); higher scaling factors smooth them "
-    "out (towards uniform, where the query can no longer focus)."
+    "τ is the number the raw scores are divided by (√d_k in the formula). A lower τ "
+    "amplifies the differences between the scores (a sharper, more one-hot distribution, "
+    "whose gradients vanish); a higher τ smooths them out (towards uniform, where the "
+    "query can no longer focus)."
 )
 
 
@@ -71,11 +73,12 @@ def _bar_chart_png(tokens: Sequence[str], weights: torch.Tensor, highlight: int,
 
 
 class ScalingWalkthrough(widgets.VBox):
-    """The scaling-factor walkthrough: query selector, √d_k slider, softmax weights.
+    """The scaling walkthrough: query selector, temperature slider, softmax weights.
 
     Attributes:
         query_selector: ``ToggleButtons``; its value is the query's index.
-        scale_slider: ``FloatLogSlider`` for √d_k, from 0.25 to 64.
+        scale_slider: ``FloatLogSlider`` for the temperature τ (the divisor of the raw
+            scores, √d_k in the formula), from 0.25 to 64.
         readout: ``HTML`` with the largest weight and the entropy.
         weights_table: ``HTML`` with every weight.
         chart: ``Image`` with the bar chart (PNG).
@@ -105,7 +108,7 @@ class ScalingWalkthrough(widgets.VBox):
         )
         self.scale_slider = widgets.FloatLogSlider(
             value=sqrt_d_k, base=2, min=-2, max=6, step=0.25,
-            description="√d_k", readout_format=".3g", continuous_update=True,
+            description="τ", readout_format=".3g", continuous_update=True,
             layout=widgets.Layout(width="480px"),
         )
         self.hint = widgets.HTML(f"<i>{SCALING_HINT}</i>")
@@ -135,7 +138,7 @@ class ScalingWalkthrough(widgets.VBox):
 
     @property
     def weights(self) -> torch.Tensor:
-        """``[N]``: softmax of the selected query's scores divided by √d_k."""
+        """``[N]``: softmax of the selected query's scores divided by the temperature τ."""
         return torch.softmax(self.raw_scores[self.query_index] / self.sqrt_d_k, dim=-1)
 
     def _update(self, change: object = None) -> None:
@@ -143,13 +146,15 @@ class ScalingWalkthrough(widgets.VBox):
         top = int(weights.argmax())
         uniform_entropy = math.log(len(tokens))
         ratio = self.sqrt_d_k / self.natural_sqrt_d_k
+        natural = f"√d_k = √{self.sentence.d_k} = {self.natural_sqrt_d_k:.3g}"
         if math.isclose(ratio, 1.0):
-            effect = f"√d_k = {self.sqrt_d_k:.3g} = √{self.sentence.d_k}: the scaling the formula prescribes."
+            effect = (f"τ = {natural}: what the formula divides by for these {self.sentence.d_k}-wide "
+                      "vectors (the toy's scores are written by hand, so nothing makes it the best τ).")
         elif ratio < 1:
-            effect = (f"√d_k = {self.sqrt_d_k:.3g} is {1 / ratio:.3g}× below √{self.sentence.d_k}: "
+            effect = (f"τ = {self.sqrt_d_k:.3g} is {1 / ratio:.3g}× below {natural}: "
                       "score differences are amplified, the softmax sharpens.")
         else:
-            effect = (f"√d_k = {self.sqrt_d_k:.3g} is {ratio:.3g}× above √{self.sentence.d_k}: "
+            effect = (f"τ = {self.sqrt_d_k:.3g} is {ratio:.3g}× above {natural}: "
                       "score differences shrink, the softmax flattens.")
         self.readout.value = (
             f'<b>"{html.escape(tokens[self.query_index])}"</b> attends most to '
@@ -250,13 +255,13 @@ def scaling_walkthrough(
     Args:
         sentence: the toy sentence (default :func:`~attn_course.toy_sentence.bank_sentence`).
         query: the token selected at first.
-        sqrt_d_k: the slider's first value, in [0.25, 64].
+        sqrt_d_k: the temperature τ the slider starts at, in [0.25, 64].
 
     Returns:
         A :class:`ScalingWalkthrough` widget; display it as the last line of a cell.
 
     Raises:
-        TypeError, ValueError: an unknown query token or an out-of-range √d_k.
+        TypeError, ValueError: an unknown query token or an an out-of-range temperature.
     """
     return ScalingWalkthrough(sentence, query=query, sqrt_d_k=sqrt_d_k)
 
