@@ -261,7 +261,7 @@ def scaling_walkthrough(
         A :class:`ScalingWalkthrough` widget; display it as the last line of a cell.
 
     Raises:
-        TypeError, ValueError: an unknown query token or an an out-of-range temperature.
+        TypeError, ValueError: an unknown query token or an out-of-range temperature.
     """
     return ScalingWalkthrough(sentence, query=query, sqrt_d_k=sqrt_d_k)
 
