@@ -43,6 +43,10 @@ def test_a_right_softmax_passes():
 
 MISTAKES = {
     "wrong dimension": (lambda s: torch.softmax(s, dim=0), "normalises over the wrong dimension"),
+    "stable, but normalised over the batch": (
+        lambda s: (e := (s - s.amax(dim=-1, keepdim=True)).exp()) / e.sum(dim=0, keepdim=True),
+        "sums to 1 along dimension 0",
+    ),
     "plain exp": (plain_exp, "overflows on large scores: exp("),
     "one maximum for the whole tensor": (global_max, "one maximum for the whole tensor"),
     "shifted by the row mean": (row_mean, "overflow"),

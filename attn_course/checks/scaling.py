@@ -51,11 +51,19 @@ def _as_number(where: str, value: object, d_k: int) -> float:
 
 
 def measured_score_std(d_k: int, std_q: float, std_k: float, *, n_pairs: int = 20_000, seed: int = 0) -> float:
-    """The standard deviation of ``q·k`` over ``n_pairs`` random pairs with N(0, σ²) entries (float64)."""
+    """The standard deviation of ``q·k`` over ``n_pairs`` random pairs with N(0, σ²) entries (float64).
+
+    The pairs are drawn in chunks of at most a million numbers, so a large ``d_k`` needs little memory.
+    """
     generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(n_pairs, d_k, generator=generator, dtype=torch.float64) * std_q
-    k = torch.randn(n_pairs, d_k, generator=generator, dtype=torch.float64) * std_k
-    return (q * k).sum(dim=-1).std().item()
+    chunk = max(1, 1_000_000 // d_k)
+    dots = []
+    for start in range(0, n_pairs, chunk):
+        rows = min(chunk, n_pairs - start)
+        q = torch.randn(rows, d_k, generator=generator, dtype=torch.float64) * std_q
+        k = torch.randn(rows, d_k, generator=generator, dtype=torch.float64) * std_k
+        dots.append((q * k).sum(dim=-1))
+    return torch.cat(dots).std().item()
 
 
 def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, seed: int = 0,
