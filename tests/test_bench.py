@@ -134,6 +134,18 @@ def test_kv_cache_speedup_returns_one_row_per_count():
         assert row.speedup == pytest.approx(row.seconds_without / row.seconds_with)
 
 
+def test_kv_cache_speedup_refuses_to_time_generation_that_disagrees(monkeypatch):
+    generate = TinyLanguageModel.generate
+
+    def cached_goes_wrong(self, prompt, count, *, use_cache=True, **options):
+        out = generate(self, prompt, count, use_cache=use_cache, **options)
+        return out + 1 if use_cache else out
+
+    monkeypatch.setattr(TinyLanguageModel, "generate", cached_goes_wrong)
+    with pytest.raises(RuntimeError, match=r"^kv_cache_speedup: cached and uncached generation disagree at new_tokens"):
+        tiny_kv_cache()
+
+
 @pytest.mark.parametrize("prompt_length, new_tokens", [(1, 1), (3, 4), (5, 11)])
 def test_positions_processed_counts_what_generation_feeds_the_model(prompt_length, new_tokens):
     """Counted independently: a hook on the position table sees every position a pass uses."""
