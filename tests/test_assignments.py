@@ -77,7 +77,7 @@ def statements(source: str) -> list[str]:
     return [ast.dump(node) for node in ast.parse(TransformerManager().transform_cell(source)).body]
 
 
-def test_file_cases(source: str) -> tuple[str, list[dict]]:
+def cases_of_test_file(source: str) -> tuple[str, list[dict]]:
     """(question, its cases) of one otter exception-based test file: each ``@test_case(...)``
     function, as ``{"hidden": bool, "code": its body}``."""
     module = ast.parse(source)
@@ -94,7 +94,7 @@ def test_file_cases(source: str) -> tuple[str, list[dict]]:
 def zip_cases(zip_path: pathlib.Path) -> dict[str, list[dict]]:
     """{question: its test cases} from an autograder zip's ``tests/*.py``."""
     with zipfile.ZipFile(zip_path) as archive:
-        return dict(test_file_cases(archive.read(name).decode()) for name in archive.namelist()
+        return dict(cases_of_test_file(archive.read(name).decode()) for name in archive.namelist()
                     if name.startswith("tests/") and name.endswith(".py"))
 
 
@@ -103,7 +103,7 @@ def student_code(student: nbformat.NotebookNode) -> list[list[str]]:
     case that otter stores in its metadata (the public ones), as a list of statements."""
     units = [statements(cell.source) for cell in student.cells if cell.cell_type == "code"]
     for source in student.metadata.get("otter", {}).get("tests", {}).values():
-        units += [statements(case["code"]) for case in test_file_cases(source)[1]]
+        units += [statements(case["code"]) for case in cases_of_test_file(source)[1]]
     return units
 
 
