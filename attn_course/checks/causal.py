@@ -14,7 +14,7 @@ import torch
 
 from attn_course.attention import self_attention
 from attn_course.checks.attention import attention_inputs
-from attn_course.checks.diagnosis import ATOL, CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import ATOL, CheckFailed, call_answer, call_student, check_shape, diagnose, same
 from attn_course.kv_cache import KVCache
 from attn_course.language_model import LanguageModelConfig, TinyLanguageModel, one_thread
 from attn_course.masks import causal_mask
@@ -81,22 +81,6 @@ MASK_INVERTED = ("Your mask is inverted: True must mean 'may attend' (the past a
                  "False the future.")
 
 
-def _call(where: str, fn: Callable, *args, described: str) -> object:
-    """Call the student's function; a crash becomes a CheckFailed that says how it was called."""
-    if not callable(fn):
-        raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
-    try:
-        result = fn(*args)
-    except CheckFailed:
-        raise
-    except Exception as error:  # the student's code crashed: say where, keep the cause
-        raise CheckFailed(f"Your function raised {type(error).__name__}: {error}. It was called with {described}.") \
-            from error
-    if result is Ellipsis or result is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
-    return result
-
-
 def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
                       sizes: Sequence[tuple[int, int]] = ((4, 4), (2, 5), (1, 6), (3, 7))) -> bool:
     """Check ``fn(n_q, n_k) -> [n_q, n_k]`` boolean causal mask for the last ``n_q`` of ``n_k`` positions.
@@ -117,7 +101,7 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
         True
     """
     for n_q, n_k in sizes:
-        got = _call("check_causal_mask", mask_fn, n_q, n_k, described=f"n_q={n_q}, n_k={n_k}")
+        got = call_answer("check_causal_mask", mask_fn, n_q, n_k, described=f"n_q={n_q}, n_k={n_k}")
         if not isinstance(got, torch.Tensor):
             raise CheckFailed(f"Your function should return a torch.Tensor, but it returned {type(got).__name__}.")
         if got.shape != (n_q, n_k):
@@ -178,7 +162,7 @@ def check_positions_without_cache(count_fn: Callable[[int, int], int],
         True
     """
     for prompt, new in cases:
-        got = _call("check_positions_without_cache", count_fn, prompt, new, described=f"P={prompt}, T={new}")
+        got = call_answer("check_positions_without_cache", count_fn, prompt, new, described=f"P={prompt}, T={new}")
         if isinstance(got, torch.Tensor):
             raise CheckFailed(COUNT_NOT_INT.format(kind="tensor", detail=" (return int(...) or build the "
                                                    "formula from the ints P and T)"))
@@ -275,7 +259,7 @@ def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[
         for size in chunks:
             new_ids = ids[:, start:start + size]
             described = f"the model, new_ids of shape {list(new_ids.shape)} and caches holding {len(caches[0])} tokens"
-            got = _call("check_decode_logits", decode_fn, model, new_ids, caches, described=described)
+            got = call_answer("check_decode_logits", decode_fn, model, new_ids, caches, described=described)
             if isinstance(got, tuple):
                 got = got[0]
             if not isinstance(got, torch.Tensor):
@@ -371,7 +355,7 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, chunks: Seq
         past_k, past_v = past["yours"]
         described = (f"q, k, v of shape {list(piece[0].shape)} and past_keys, past_values of shape "
                      f"{list(past_k.shape)}")
-        result = _call("check_cached_attention_step", step_fn, *[t.clone() for t in piece], past_k.clone(),
+        result = call_answer("check_cached_attention_step", step_fn, *[t.clone() for t in piece], past_k.clone(),
                        past_v.clone(), described=described)
         if not isinstance(result, (tuple, list)) or len(result) != 3 or not all(
                 isinstance(t, torch.Tensor) for t in result):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["ATOL", "CheckFailed", "call_student", "same", "first_difference", "check_shape", "diagnose",
+__all__ = ["ATOL", "CheckFailed", "call_answer", "call_student", "same", "first_difference", "check_shape", "diagnose",
            "check_close", "show_diagnosis_only"]
 
 ATOL = 1e-5
@@ -52,11 +52,12 @@ def show_diagnosis_only(shell: object = None) -> bool:
     return True
 
 
-def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
-    """Call the student's function, unwrap ``(output, weights)``, insist on a tensor.
+def call_answer(where: str, fn: Callable, *args, described: str | None = None) -> object:
+    """Call the student's function and return whatever it returns, but never crash the check.
 
-    A crash in the student's code becomes a :class:`CheckFailed` that names the exception and the
-    shapes it was called with; ``...`` or None becomes "returns nothing yet".
+    A crash in the student's code becomes a :class:`CheckFailed` that names the exception and how
+    the function was called (``described``, or the shapes of the arguments); ``...`` or None
+    becomes "returns nothing yet".
     """
     if not callable(fn):
         raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
@@ -65,12 +66,19 @@ def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
     except CheckFailed:
         raise
     except Exception as error:  # the student's code crashed: say where, keep the cause
-        raise CheckFailed(
-            f"Your function raised {type(error).__name__}: {error}. It was called with "
-            + ", ".join(f"a tensor of shape {list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
-                        for a in args)
-            + "."
-        ) from error
+        if described is None:
+            described = ", ".join(f"a tensor of shape {list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
+                                  for a in args)
+        raise CheckFailed(f"Your function raised {type(error).__name__}: {error}. It was called with {described}.") \
+            from error
+    if result is Ellipsis or result is None:
+        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    return result
+
+
+def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
+    """Call the student's function (:func:`call_answer`), unwrap ``(output, weights)``, insist on a tensor."""
+    result = call_answer(where, fn, *args)
     if isinstance(result, tuple):
         result = result[0]
     if result is Ellipsis or result is None:
