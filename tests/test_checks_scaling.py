@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ def test_the_right_prediction_passes_as_a_float_or_a_tensor():
     assert check_score_std_prediction(lambda d_k, std_q, std_k: math.sqrt(d_k) * std_q * std_k) is True
     assert check_score_std_prediction(lambda d_k, std_q, std_k: torch.tensor(d_k * (std_q * std_k) ** 2).sqrt())
     assert check_score_std_prediction(lambda d_k, std_q, std_k: torch.tensor([d_k**0.5 * std_q * std_k]))
+    assert check_score_std_prediction(lambda d_k, std_q, std_k: np.float32(math.sqrt(d_k) * std_q * std_k))
 
 
 def test_the_right_prediction_passes_for_other_cases_and_seeds():

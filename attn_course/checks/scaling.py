@@ -4,11 +4,12 @@ flows back through ``softmax(q kᵀ / √d_k)`` to the queries."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
 
 __all__ = ["check_score_std_prediction", "check_query_gradient", "SCORE_STD_CASES"]
 
@@ -41,10 +42,8 @@ OFF = ("Your prediction for d_k = {d_k}, std_q = {std_q:.3g}, std_k = {std_k:.3g
 def _as_number(where: str, value: object, d_k: int) -> float:
     if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dtype != torch.bool:
         return float(value.item())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):   # int, float, numpy scalars
         return float(value)
-    if value is Ellipsis or value is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
     what = (f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor)
             else f"a {type(value).__name__}")
     raise CheckFailed(NOT_A_NUMBER.format(d_k=d_k, what=what))
@@ -98,13 +97,8 @@ def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, s
     predictions = []
     for d_k, std_q, std_k in cases:
         state = torch.random.get_rng_state()
-        try:
-            value = predict_fn(d_k, std_q, std_k)
-        except CheckFailed:
-            raise
-        except Exception as error:
-            raise CheckFailed(f"Your function raised {type(error).__name__}: {error}. It was called as "
-                              f"predicted_score_std({d_k}, {std_q:.3g}, {std_k:.3g}).") from error
+        value = call_answer(where, predict_fn, d_k, std_q, std_k,
+                            described=f"predicted_score_std({d_k}, {std_q:.3g}, {std_k:.3g})")
         if not torch.equal(state, torch.random.get_rng_state()):
             torch.random.set_rng_state(state)
             raise CheckFailed(RANDOM_PREDICTION)
