@@ -33,11 +33,18 @@ from assign import kernel_environment, otter_command
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def grade_one(autograder: pathlib.Path, submission: pathlib.Path) -> list[dict]:
-    """Run one submission through ``otter run``; return its per-question results."""
+def grade_one(autograder: pathlib.Path, submission: pathlib.Path, threads: int = 1) -> list[dict]:
+    """Run one submission through ``otter run``; return its per-question results.
+
+    ``threads`` is how many threads the notebook's kernel may give PyTorch (and OpenMP):
+    kernels graded side by side that each start a thread per core oversubscribe the CPU.
+    """
+    environment = kernel_environment()
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        environment.setdefault(variable, str(threads))   # an instructor's own setting wins
     with tempfile.TemporaryDirectory(prefix="grade-") as scratch:
         command = otter_command() + ["run", "-a", str(autograder), "-o", scratch, str(submission)]
-        completed = subprocess.run(command, env=kernel_environment(), capture_output=True, text=True)
+        completed = subprocess.run(command, env=environment, capture_output=True, text=True)
         results_file = pathlib.Path(scratch) / "results.json"
         if completed.returncode != 0 or not results_file.exists():
             sys.stderr.write(completed.stdout + completed.stderr)
@@ -76,9 +83,13 @@ def main() -> int:
 
     jobs = [(student, chapter, notebook) for student, notebooks in submissions.items()
             for chapter, notebook in notebooks.items()]
-    # Each job is a kernel running a notebook: run as many at once as there are cores.
+    if args.jobs < 1:
+        raise SystemExit(f"grade: --jobs must be at least 1, got {args.jobs}")
+    # Each job is a kernel running a notebook: run as many at once as there are cores, and
+    # share the cores out between them.
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        graded = list(pool.map(lambda job: grade_one(autograders[job[1]], job[2].resolve()), jobs))
+        graded = list(pool.map(lambda job: grade_one(autograders[job[1]], job[2].resolve(), threads), jobs))
     results = {(student, chapter): questions for (student, chapter, _), questions in zip(jobs, graded)}
 
     rows, columns = [], {}
