@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from attn_course import _validate
+from attn_course.flash.tiled_autograd import TiledAttentionFunction
 
 __all__ = ["online_softmax", "merge_softmax_blocks", "tiled_attention"]
 
@@ -92,6 +93,11 @@ def tiled_attention(
     rescales the old ``l`` and ``acc`` by ``exp(m_old - m_new)``. With ``causal``, key blocks
     entirely in the future of a query block are skipped.
 
+    When an input requires a gradient, the same loop runs inside
+    :class:`~attn_course.flash.tiled_autograd.TiledAttentionFunction`, which keeps only the
+    output and the log-sum-exp and recomputes each tile of weights in the backward pass
+    (FlashAttention-2's backward): training memory grows as N, not N².
+
     Args:
         q: ``[B, H, N_q, d]``.
         k: ``[B, H, N_k, d]``.
@@ -122,6 +128,10 @@ def tiled_attention(
     block_q = _validate.integer(where, "block_q", block_q, minimum=1)
     block_k = _validate.integer(where, "block_k", block_k, minimum=1)
     return_lse = _validate.boolean(where, "return_lse", return_lse)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # Training: keep O and the log-sum-exp only; the backward recomputes the tiles.
+        output, lse = TiledAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k)
+        return (output, lse) if return_lse else output
 
     outputs, lses = [], []
     for q_start in range(0, n_q, block_q):
