@@ -69,7 +69,8 @@ class MultiHeadAttention(nn.Module):
         rope: rotate queries and keys by their positions (chapter 05): ``True`` for a
             :class:`~attn_course.rope.RotaryEmbedding` with the defaults, or your own
             instance (its ``head_dim`` must be ``E / H``). Applies to self-attention; with
-            a cache, new tokens get the positions after the cached ones.
+            a cache, new tokens get the positions after the cached ones (or those passed
+            as ``positions`` to :meth:`forward`).
 
     Raises:
         TypeError: non-int sizes or a non-number dropout.
@@ -147,6 +148,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         kv_cache: KVCache | None = None,
         need_weights: bool = True,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (to ``query`` itself when they are None).
 
@@ -162,13 +164,26 @@ class MultiHeadAttention(nn.Module):
             kv_cache: a :class:`~attn_course.kv_cache.KVCache`; the new keys and values are
                 appended to it and the queries attend to everything it holds.
             need_weights: return the per-head weights (else None).
+            positions: with ``rope``, the integer positions of the new tokens, ``[N_q]`` for the
+                whole batch or ``[B, N_q]`` one row per sequence (a left-padded batch: each
+                sequence's real tokens at ``0, 1, ...``, with ``mask`` hiding the padding). Default
+                ``len(kv_cache), len(kv_cache) + 1, ...`` (``0 .. N_q-1`` without a cache).
 
         Returns:
             ``(output [B, N_q, E], attention_weights [B, H, N_q, N_k] or None)``.
 
         Raises:
             TypeError, ValueError: inputs of the wrong kind or shape, only one of key and
-                value, or a mask that does not fit.
+                value, a mask that does not fit, or positions that are not ``[N_q]``/``[B, N_q]``
+                integers or are given without ``rope`` or for cross-attention.
+
+        Example:
+            >>> attention = MultiHeadAttention(embed_dim=16, num_heads=2, rope=True)
+            >>> x = torch.randn(2, 4, 16)                                      # [B, N, E]
+            >>> positions = torch.tensor([[0, 0, 1, 2], [0, 1, 2, 3]])         # sequence 0 left-padded by 1
+            >>> output, _ = attention(x, positions=positions)
+            >>> output.shape
+            torch.Size([2, 4, 16])
         """
         where = "MultiHeadAttention.forward"
         query = check_model_input(self, query, caller=where, name="query")
@@ -184,14 +199,17 @@ class MultiHeadAttention(nn.Module):
         if kv_cache is not None and not isinstance(kv_cache, KVCache):
             raise TypeError(f"{where}: kv_cache must be a KVCache, got {type(kv_cache).__name__}")
         self_attending = key is query
+        if positions is not None:
+            positions = self._check_positions(where, positions, query, self_attending)
 
         q = split_heads(self.q_proj(query), self.num_heads)           # [B, H, N_q, d]
         k = split_heads(self.k_proj(key), self.num_kv_heads)          # [B, H_kv, N_new, d]
         v = split_heads(self.v_proj(value), self.num_kv_heads)        # [B, H_kv, N_new, d]
         if self.rope is not None and self_attending:
-            start = 0 if kv_cache is None else len(kv_cache)            # new tokens follow the cache
-            positions = torch.arange(start, start + q.shape[2], device=q.device)
-            q, k = self.rope(q, positions), self.rope(k, positions)
+            if positions is None:
+                start = 0 if kv_cache is None else len(kv_cache)        # new tokens follow the cache
+                positions = torch.arange(start, start + q.shape[2], device=q.device)   # [N_q]
+            q, k = self.rope(q, positions), self.rope(k, positions)     # positions [N_q] or [B, N_q]
         n_q, n_k = q.shape[2], k.shape[2] + (0 if kv_cache is None else len(kv_cache))
         # Check the mask before touching the cache, so a rejected call leaves it as it was.
         mask = to_score_shape(mask, query.shape[0], self.num_heads, n_q, n_k, caller=where)  # [B|1, H|1, N_q|1, N_k]
@@ -215,6 +233,22 @@ class MultiHeadAttention(nn.Module):
         output = output.flatten(1, 2)                                    # [B, H, N_q, d]
         output = self.out_proj(merge_heads(output))                      # [B, N_q, E]
         return output, (weights.flatten(1, 2) if need_weights else None)
+
+    def _check_positions(self, where: str, positions: object, query: torch.Tensor,
+                         self_attending: bool) -> torch.Tensor:
+        """``positions`` as an integer ``[N_q]`` or ``[B, N_q]`` tensor on the query's device."""
+        if self.rope is None:
+            raise ValueError(f"{where}: positions only matter with rotary embeddings; build the module with rope=True")
+        if not self_attending:
+            raise ValueError(f"{where}: positions apply to self-attention; cross-attention is not rotated")
+        positions = _validate.integer_tensor(where, "positions", positions)
+        batch, tokens = query.shape[:2]
+        if positions.shape not in ((tokens,), (batch, tokens)):
+            raise ValueError(
+                f"{where}: positions must be [N_q] = [{tokens}] or [B, N_q] = [{batch}, {tokens}] for query of "
+                f"shape {_validate.shape_str(query)}, got shape {_validate.shape_str(positions)}"
+            )
+        return positions.to(query.device)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -355,11 +355,17 @@ def test_bad_constructor_arguments_are_rejected_by_name(kwargs, error, fragment)
 @pytest.mark.parametrize(
     "x, positions, error, fragment",
     [
-        (torch.zeros(2, 5, 8), torch.arange(4), ValueError, r"positions must be 1-D .* \(N=5\), got shape \[4\]"),
+        (torch.zeros(2, 5, 8), torch.arange(4), ValueError,
+         r"positions must be \[N\] = \[5\] or \[B, N\] = \[2, 5\] for x of shape \[2, 5, 8\], got shape \[4\]"),
+        (torch.zeros(5, 8), torch.zeros(1, 5, dtype=torch.long), ValueError,
+         r"positions must be \[N\] = \[5\] for x of shape \[5, 8\], got shape \[1, 5\]"),
+        (torch.zeros(2, 5, 8), torch.zeros(3, 5, dtype=torch.long), ValueError,
+         r"positions must be .*\[B, N\] = \[2, 5\].* got shape \[3, 5\]"),
+        (torch.zeros(2, 5, 8), torch.zeros(2, 5, 1, dtype=torch.long), ValueError,
+         r"positions must be .*got shape \[2, 5, 1\]"),
         (torch.zeros(2, 5, 8), torch.arange(5.0), TypeError, "positions must be an integer tensor, got dtype "
                                                              "torch.float32"),
         (torch.zeros(2, 5, 8), torch.ones(5, dtype=torch.bool), TypeError, "positions must be an integer tensor"),
-        (torch.zeros(2, 5, 8), torch.arange(5)[None], ValueError, r"positions must be 1-D .* got shape \[1, 5\]"),
         (torch.zeros(2, 5, 8), [0, 1, 2, 3, 4], TypeError, "positions must be a torch.Tensor, got list"),
         (torch.zeros(2, 5, 6), None, ValueError, r"x must end in head_dim=8, got shape \[2, 5, 6\]"),
         (torch.zeros(8), None, ValueError, r"x must have at least 2 dimensions, got shape \[8\]"),
