@@ -1,0 +1,264 @@
+"""Checks for the rotary-embedding exercises (chapter 05): positions for a left-padded batch, how many
+pairs turn more slowly than a context, the newest token's scores during decoding, and attention with
+RoPE. Each runs the student's function on fresh inputs, compares it with
+:class:`~attn_course.rope.RotaryEmbedding` and :func:`~attn_course.attention.self_attention`, and names
+the mistake it recognises."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import torch
+
+from attn_course.attention import self_attention
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
+from attn_course.rope import RotaryEmbedding
+
+__all__ = ["check_left_padded_positions", "check_pairs_slower_than_context", "check_last_token_scores",
+           "check_rope_attention"]
+
+
+# --- positions of a left-padded batch ------------------------------------------------------------
+
+SHARED_POSITIONS = (
+    "You gave every row the positions 0 .. N-1 of the padded batch, so a sequence with p padding tokens "
+    "starts at position p. Its real tokens must be at 0, 1, 2, ... as if it were alone: count only the "
+    "real tokens (a cumulative sum of the mask does that)."
+)
+STARTS_AT_ONE = ("Your positions start at 1: the first real token of each sequence is at position 0. "
+                 "A cumulative sum of the mask counts the token itself; subtract 1.")
+COUNTS_DOWN = ("Your positions count down towards the end of the row. Positions grow from the first real "
+               "token (0) to the last (length - 1).")
+POSITIONS_NOT_INTEGERS = ("Your positions are {dtype}: RotaryEmbedding takes integer positions (torch.long); "
+                          "convert with .long().")
+
+
+def _left_padded_masks() -> list[torch.Tensor]:
+    """``[B, N]`` 0/1 masks (1 = real token), each row padded on the left."""
+    cases = [([3, 6, 1, 5], 6), ([2, 2], 4), ([7], 7), ([4, 9, 6], 9)]
+    return [torch.stack([(torch.arange(n) >= n - length).long() for length in lengths]) for lengths, n in cases]
+
+
+def _positions_variants(mask: torch.Tensor) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
+    n = mask.shape[-1]
+    count = mask.cumsum(-1)                                                      # [B, N]
+    expected = (count - 1).clamp(min=0)
+    arange = torch.arange(n).expand_as(mask)
+    mistakes = [
+        (SHARED_POSITIONS, arange),
+        (STARTS_AT_ONE, count),
+        (COUNTS_DOWN, mask.flip(-1).cumsum(-1).flip(-1) - 1),
+    ]
+    return expected, mistakes
+
+
+def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Check ``fn(attention_mask [B, N]) -> positions [B, N]`` for a left-padded batch.
+
+    ``attention_mask`` holds 1 for a real token and 0 for padding, the padding first in each row.
+    Each sequence's real tokens must get positions ``0, 1, ..., length - 1``; the padding slots may
+    hold anything (they are masked). Tried on four batches, one with a single sequence and no padding.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming shared positions ``0 .. N-1``, positions that start at 1 or count down,
+            non-integer positions, or the first real token that differs.
+
+    Example:
+        >>> check_left_padded_positions(lambda mask: (mask.cumsum(-1) - 1).clamp(min=0))
+        True
+    """
+    for mask in _left_padded_masks():
+        got = call_student("check_left_padded_positions", positions_fn, mask.clone())
+        expected, mistakes = _positions_variants(mask)
+        check_shape(got, expected, "Your positions")
+        if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:
+            raise CheckFailed(POSITIONS_NOT_INTEGERS.format(dtype=got.dtype))
+        real = mask.bool()
+        if torch.equal(got[real], expected[real]):
+            continue
+        for message, wrong in mistakes:
+            if torch.equal(got[real], wrong[real]):
+                raise CheckFailed(message)
+        b, t = (int(i) for i in (~(got == expected) & real).nonzero()[0])
+        raise CheckFailed(
+            f"Your positions are not right for the mask {mask[b].tolist()}: the real token in slot {t} should be "
+            f"at position {int(expected[b, t])}, you gave {int(got[b, t])}."
+        )
+    return True
+
+
+# --- how many pairs turn more slowly than the context ----------------------------------------------
+
+NO_TWO_PI = ("You compared 1/θ_i = base^(2i/d) with the context, but a full turn is 2π radians: pair i "
+             "completes one every 2π/θ_i tokens.")
+FEATURE_INDEX = ("You used θ_i = base^(-i/d), as if i counted features. i counts pairs (0 .. d/2 - 1), "
+                 "and pair i turns by base^(-2i/d) radians per token.")
+FASTER_PAIRS = ("You counted the pairs that complete a turn within the context (the fast ones); the question "
+                "asks for those whose wavelength is longer than the context.")
+COUNTED_FEATURES = ("You counted features, not pairs: each pair is two features, and there are d/2 pairs.")
+SLOWER_WRONG = ("Your count is not right for d={d}, base={base:g}, context={context}: expected {expected}, "
+                "got {got}. Pair i completes a full turn every 2π · base^(2i/d) tokens.")
+
+SLOWER_CASES = [(128, 10_000.0, 4096), (128, 500_000.0, 8192), (64, 10_000.0, 2048), (16, 100.0, 50),
+                (96, 1_000_000.0, 32_768)]
+
+
+def _slow_count(d: int, base: float, context: int, *, two_pi: bool = True, exponent: float = 2.0) -> int:
+    i = torch.arange(d // 2, dtype=torch.float64)
+    wavelength = (2 * math.pi if two_pi else 1.0) * base ** (exponent * i / d)
+    return int((wavelength > context).sum())
+
+
+def _count(value: object) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CheckFailed(f"Your function should return a number (an int), but it returned {type(value).__name__}.")
+    return float(value)
+
+
+def check_pairs_slower_than_context(count_fn: Callable[[int, float, int], int]) -> bool:
+    """Check ``fn(d, base, context) -> int``: how many of the ``d/2`` pairs have a wavelength
+    ``2π / θ_i`` longer than ``context`` tokens (they never complete a turn within it).
+
+    The reference counts ``RotaryEmbedding(d, base=base).wavelengths() > context`` for five heads,
+    from ``d = 16, base = 100`` to ``d = 128, base = 500 000``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a missing 2π, a feature index for a pair index, the fast pairs counted
+            instead of the slow ones, features counted instead of pairs, or the first case that differs.
+
+    Example:
+        >>> check_pairs_slower_than_context(
+        ...     lambda d, base, context: sum(2 * math.pi * base ** (2 * i / d) > context for i in range(d // 2)))
+        True
+    """
+    got, expected = [], []
+    for d, base, context in SLOWER_CASES:
+        got.append(_count(call_answer("check_pairs_slower_than_context", count_fn, d, base, context)))
+        expected.append(int((RotaryEmbedding(d, base=base).wavelengths() > context).sum()))
+    if got == expected:
+        return True
+    mistakes = [
+        (NO_TWO_PI, [_slow_count(d, b, c, two_pi=False) for d, b, c in SLOWER_CASES]),
+        (FEATURE_INDEX, [_slow_count(d, b, c, exponent=1.0) for d, b, c in SLOWER_CASES]),
+        (FASTER_PAIRS, [d // 2 - e for (d, _, _), e in zip(SLOWER_CASES, expected)]),
+        (COUNTED_FEATURES, [2 * e for e in expected]),
+    ]
+    for message, wrong in mistakes:
+        if got == wrong:
+            raise CheckFailed(message)
+    index = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e)
+    d, base, context = SLOWER_CASES[index]
+    raise CheckFailed(SLOWER_WRONG.format(d=d, base=base, context=context, expected=expected[index],
+                                          got=f"{got[index]:g}"))
+
+
+# --- the newest token's scores during decoding ---------------------------------------------------
+
+QUERY_AT_ZERO = (
+    "Your query is rotated at position 0 (RotaryEmbedding's default for a single vector), while the keys "
+    "sit at 0 .. N-1. The newest token is at position N - 1: pass its position, "
+    "rope(q_last[None], torch.tensor([N - 1])), so each score sees the true distance."
+)
+QUERY_ONE_PAST = ("Your query is rotated at position N, one past the newest token: the keys are at 0 .. N-1 "
+                  "and the newest of them is the token itself, at N - 1.")
+KEYS_NOT_ROTATED = ("Your keys are not rotated: RoPE turns the keys by their positions too, or the score "
+                    "would depend on the query's position alone.")
+SCORES_SCALED = ("Your scores are divided by √d. The function returns the plain dot products q · k, as the "
+                 "original one does; the scaling happens later, in the attention.")
+
+
+def check_last_token_scores(scores_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
+    """Check ``fn(q_last [d], keys [N, d], base) -> scores [N]``: the newest token's row of RoPE scores.
+
+    The reference is the last row of ``rope(queries) @ rope(keys).T`` over the whole sequence, for
+    ``N = 6, d = 16, base 10 000`` and ``N = 9, d = 32, base 500``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a query rotated at position 0 or N, keys left unrotated, scores divided
+            by √d, or the first entry that differs.
+    """
+    generator = torch.Generator().manual_seed(53)
+    for tokens, d, base in [(6, 16, 10_000.0), (9, 32, 500.0)]:
+        queries, keys = torch.randn(tokens, d, generator=generator), torch.randn(tokens, d, generator=generator)
+        rope = RotaryEmbedding(d, base=base)
+        got = call_student("check_last_token_scores", scores_fn, queries[-1].clone(), keys.clone(), base)
+        k = rope(keys)                                                         # [N, d]
+        expected = rope(queries)[-1] @ k.T                                     # [N]
+        check_shape(got, expected, "Your row of scores")
+        if same(got, expected):
+            continue
+        mistakes = [
+            (QUERY_AT_ZERO, queries[-1] @ k.T),
+            (QUERY_ONE_PAST, rope(queries[-1:], torch.tensor([tokens]))[0] @ k.T),
+            (KEYS_NOT_ROTATED, rope(queries)[-1] @ keys.T),
+            (SCORES_SCALED, expected / math.sqrt(d)),
+        ]
+        diagnose(got, expected, mistakes, ("key",), "Your row of scores")
+    return True
+
+
+# --- attention with RoPE ---------------------------------------------------------------------------
+
+VALUES_ROTATED = (
+    "You rotate the values too. RoPE turns queries and keys only: their dot products then depend on "
+    "distances, while the values are the content that gets mixed, and rotating them makes the output "
+    "depend on where the sequence starts (and fails when d_v differs from d)."
+)
+NOT_ROTATED = "Nothing is rotated: your output is plain attention. Rotate the queries and the keys."
+ONLY_QUERIES = ("Only the queries are rotated: rotate the keys as well, by their own positions, so that the "
+                "scores depend on the distance m - n.")
+ONLY_KEYS = "Only the keys are rotated: rotate the queries as well, so that the scores depend on m - n."
+VALUES_CRASH = ("Your function crashed when the values are narrower than the queries (d_v = {dv}, d = {d}): "
+                "{error}. Only queries and keys are rotated; the values keep their width.")
+
+
+def check_rope_attention(attention_fn: Callable) -> bool:
+    """Check ``fn(q, k, v, base) -> output [..., N, d_v]``: attention with RoPE at positions ``0 .. N-1``.
+
+    Tried with ``d_v = d`` (``[2, 6, 8]``) and with narrower values (``[2, 3, 5, 16]``, ``d_v = 6``).
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming rotated values, nothing rotated, only queries or only keys rotated, a
+            crash on narrower values, or the first entry that differs.
+    """
+    generator = torch.Generator().manual_seed(54)
+    for shape, dv, base in [((2, 6, 8), 8, 10_000.0), ((2, 3, 5, 16), 6, 100.0)]:
+        q, k = torch.randn(*shape, generator=generator), torch.randn(*shape, generator=generator)
+        v = torch.randn(*shape[:-1], dv, generator=generator)
+        rope = RotaryEmbedding(shape[-1], base=base)
+        try:
+            got = call_student("check_rope_attention", attention_fn, q.clone(), k.clone(), v.clone(), base)
+        except CheckFailed as failed:
+            if dv != shape[-1] and str(failed).startswith("Your function raised"):
+                raise CheckFailed(VALUES_CRASH.format(dv=dv, d=shape[-1], error=str(failed).split(". It was")[0]
+                                                      .removeprefix("Your function "))) from failed.__cause__
+            raise
+        expected = self_attention(rope(q), rope(k), v)[0]
+        check_shape(got, expected, "Your output")
+        if same(got, expected):
+            continue
+        mistakes = [
+            (NOT_ROTATED, self_attention(q, k, v)[0]),
+            (ONLY_QUERIES, self_attention(rope(q), k, v)[0]),
+            (ONLY_KEYS, self_attention(q, rope(k), v)[0]),
+        ]
+        if dv == shape[-1]:
+            mistakes.insert(0, (VALUES_ROTATED, self_attention(rope(q), rope(k), rope(v))[0]))
+        diagnose(got, expected, mistakes, ("", "", "token", "feature"), "Your output")
+    return True
