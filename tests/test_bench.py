@@ -373,3 +373,25 @@ def test_main_rejects_a_length_below_one(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["flash", "--lengths", "64", "0"])
     assert exit_info.value.code == 2 and "must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_training_rows_measure_forward_and_backward_and_tiled_needs_less_memory():
+    rows = flash.training_rows((128, 256), head_dim=16, block=32)
+    assert [(r.method, r.n) for r in rows] == [(m, n) for n in (128, 256) for m in ("naive", "tiled")]
+    assert all(isinstance(r, flash.TrainingRow) and r.max_grad_difference < 1e-5 and r.seconds > 0 for r in rows)
+    peak = {(r.method, r.n): r.peak_mib for r in rows}
+    assert peak["naive", 256] > 3 * peak["naive", 128]          # N² weights kept for the backward
+    assert peak["tiled", 256] < 2.5 * peak["tiled", 128]        # O and the LSE only
+    assert peak["naive", 256] > 2 * peak["tiled", 256]
+
+
+def test_training_rows_reject_bad_input():
+    with pytest.raises(ValueError, match=r"^training_rows: lengths must not be empty"):
+        flash.training_rows(())
+    with pytest.raises(TypeError, match=r"^print_training: "):
+        flash.print_training([flash.CpuRow(method="naive", n=1, seconds=1.0, peak_mib=1.0, max_difference=0.0)])
+
+
+def test_print_training_prints_the_ratio(capsys):
+    flash.print_training([flash.TrainingRow("naive", 64, 0.1, 40.0, 1e-7), flash.TrainingRow("tiled", 64, 0.2, 2.0, 1e-7)])
+    assert "N=64: forward+backward peak memory 20.0x below naive (40.0 MiB against 2.0 MiB)" in capsys.readouterr().out

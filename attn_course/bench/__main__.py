@@ -2,9 +2,10 @@
 
     python -m attn_course.bench kv-cache     # generation with and without a KV cache
     python -m attn_course.bench flash        # FlashAttention: GPU TFLOP/s, or CPU time and memory
+                                             # (on a CPU also forward+backward memory, for training)
 
 ``kv-cache`` writes ``bench-results/kv-cache.csv``; ``flash`` writes ``flash-gpu.csv`` on a
-CUDA machine, ``flash-cpu.csv`` elsewhere, each with a PNG plot. ``--out`` changes the
+CUDA machine, ``flash-cpu.csv`` and ``flash-cpu-training.csv`` elsewhere, with a PNG plot. ``--out`` changes the
 folder; ``--lengths`` overrides the list of N for ``flash`` and the numbers of generated
 tokens for ``kv-cache``.
 """
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         print("matplotlib is not installed: no plot")
     else:
         print(f"wrote {plot}")
+    if not on_gpu:
+        training = flash.training_rows(**lengths)
+        flash.print_training(training)
+        print(f"wrote {write_csv(training, args.out / 'flash-cpu-training.csv')}")
     return 0
 
 

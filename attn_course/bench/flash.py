@@ -3,12 +3,16 @@
 * On a CPU (:func:`cpu_rows`): seconds and peak memory against N for naive attention (the
   N × N weights are materialised), :func:`~attn_course.flash.tiled_attention` and PyTorch's
   ``scaled_dot_product_attention``. Naive memory grows as N², tiled memory as N.
+* On a CPU, for training (:func:`training_rows`): peak memory of one forward and backward pass,
+  naive attention (autograd keeps the N × N weights) against ``tiled_attention``, whose backward
+  (:class:`~attn_course.flash.TiledAttentionFunction`) keeps only O and the log-sum-exp.
 * On a CUDA GPU (:func:`gpu_rows`): forward and forward+backward TFLOP/s of
   :func:`~attn_course.flash.flash_attention`, of SDPA with each available backend
   (flash, memory-efficient, cuDNN) and of naive attention, in float16 and bfloat16, head
   dims 64 and 128, N from 512 to 16384, causal or not.
 
-Both are written to ``bench-results/flash-<cpu|gpu>.csv`` with a PNG plot (:func:`plot_rows`).
+Rows are written to ``bench-results/flash-<cpu|gpu>.csv`` with a PNG plot (:func:`plot_rows`), the
+training rows to ``flash-cpu-training.csv``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import dataclasses
 import functools
 import math
 import os
+import time
 from collections.abc import Sequence
 
 import torch
@@ -29,9 +34,11 @@ from attn_course.flash.tiled import tiled_attention
 from attn_course.masks import causal_mask
 from attn_course.memory import peak_memory
 
-__all__ = ["CpuRow", "GpuRow", "attention_flops", "cpu_rows", "gpu_rows", "plot_rows", "print_flash"]
+__all__ = ["CpuRow", "GpuRow", "TrainingRow", "attention_flops", "cpu_rows", "gpu_rows", "plot_rows", "print_flash",
+           "print_training", "training_rows"]
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+TRAINING_LENGTHS = (1024, 2048, 4096, 8192)
 _MODES = {"forward": 1.0, "backward": 2.5, "forward+backward": 3.5}   # in forwards, as the papers count
 
 
@@ -77,6 +84,25 @@ class GpuRow:
     mode: str
     milliseconds: float
     tflops: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRow:
+    """One (method, N) measurement of :func:`training_rows`: a forward and a backward pass.
+
+    Attributes:
+        method: ``"naive"`` or ``"tiled"``.
+        n: sequence length N.
+        seconds: wall-clock time of the forward and backward pass.
+        peak_mib: peak memory allocated during both passes, in MiB (inputs excluded, gradients included).
+        max_grad_difference: largest absolute difference of dq, dk, dv from SDPA's.
+    """
+
+    method: str
+    n: int
+    seconds: float
+    peak_mib: float
+    max_grad_difference: float
 
 
 def attention_flops(batch: int, heads: int, n: int, head_dim: int, *, causal: bool, mode: str) -> float:
@@ -180,6 +206,87 @@ def cpu_rows(lengths: Sequence[int] = DEFAULT_LENGTHS, *, head_dim: int = 64, bl
             rows.append(CpuRow(method=method, n=n, seconds=seconds, peak_mib=peak / 2**20,
                                max_difference=(out - reference).abs().max().item()))
     return rows
+
+
+def training_rows(lengths: Sequence[int] = TRAINING_LENGTHS, *, head_dim: int = 64, block: int = 256,
+                  seed: int = 0) -> list[TrainingRow]:
+    """Peak memory of training: one forward and backward pass, naive against tiled, one head, float32.
+
+    Naive attention (:func:`~attn_course.attention.self_attention`) is backpropagated by autograd,
+    which keeps its N × N weights; :func:`~attn_course.flash.tiled_attention` keeps only the
+    output and the log-sum-exp and recomputes the weights tile by tile. The gradient flowing into
+    the output is random; the gradients are compared with SDPA's. Naive attention is skipped
+    where its four N × N float32 buffers would not fit comfortably in the memory available now.
+
+    Args:
+        lengths: sequence lengths N.
+        head_dim: d of ``q``, ``k``, ``v`` ``[1, 1, N, d]``.
+        block: tile size (queries and keys) of ``tiled_attention``.
+        seed: for the random inputs; ``>= 0``. The global RNG is not touched.
+
+    Returns:
+        One :class:`TrainingRow` per (N, method), N in the order given.
+
+    Raises:
+        TypeError: ``lengths`` not a sequence of ints, or another size not an int.
+        ValueError: no lengths, a size below 1, or a negative seed.
+
+    Example:
+        >>> rows = training_rows((64,), head_dim=8, block=16)
+        >>> [row.method for row in rows], max(row.max_grad_difference for row in rows) < 1e-5
+        (['naive', 'tiled'], True)
+    """
+    where = "training_rows"
+    lengths = _lengths(where, lengths)
+    head_dim = _validate.integer(where, "head_dim", head_dim, minimum=1)
+    block = _validate.integer(where, "block", block, minimum=1)
+    seed = _validate.integer(where, "seed", seed, minimum=0)
+    methods = {
+        "naive": lambda q, k, v: self_attention(q, k, v)[0],
+        "tiled": lambda q, k, v: tiled_attention(q, k, v, block_q=block, block_k=block),
+    }
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        q, k, v, grad_out = (torch.randn(1, 1, n, head_dim, generator=generator) for _ in range(4))
+        reference = [t.clone().requires_grad_() for t in (q, k, v)]
+        F.scaled_dot_product_attention(*reference).backward(grad_out)
+        for method, fn in methods.items():
+            if method == "naive" and 4 * 4 * n * n > _available_memory_bytes() // 2:
+                continue
+            inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+
+            def forward_backward(fn=fn, inputs=inputs, grad_out=grad_out):
+                fn(*inputs).backward(grad_out)
+
+            start = time.perf_counter()
+            _, peak = peak_memory(forward_backward)
+            seconds = time.perf_counter() - start
+            difference = max((mine.grad - theirs.grad).abs().max().item() for mine, theirs in zip(inputs, reference))
+            rows.append(TrainingRow(method=method, n=n, seconds=seconds, peak_mib=peak / 2**20,
+                                    max_grad_difference=difference))
+    return rows
+
+
+def print_training(rows: Sequence[TrainingRow]) -> None:
+    """Print the rows of :func:`training_rows`, then tiled attention's memory saving per N.
+
+    Args:
+        rows: a non-empty sequence of :class:`TrainingRow`.
+
+    Raises:
+        TypeError: ``rows`` not a sequence of :class:`TrainingRow`.
+        ValueError: no rows.
+    """
+    rows = check_rows("print_training", rows, (TrainingRow,))
+    print(f"{'method':>6} {'N':>6} {'seconds':>9} {'peak MiB':>9} {'grad diff':>9}   (forward + backward)")
+    for r in rows:
+        print(f"{r.method:>6} {r.n:>6} {r.seconds:>9.3f} {r.peak_mib:>9.1f} {r.max_grad_difference:>9.1e}")
+    for n in sorted({r.n for r in rows}):
+        peaks = {r.method: r.peak_mib for r in rows if r.n == n}
+        if "naive" in peaks and "tiled" in peaks:
+            print(f"N={n}: forward+backward peak memory {peaks['naive'] / peaks['tiled']:.1f}x below naive "
+                  f"({peaks['naive']:.1f} MiB against {peaks['tiled']:.1f} MiB)")
 
 
 def gpu_rows(lengths: Sequence[int] = DEFAULT_LENGTHS, *, head_dims: Sequence[int] = (64, 128),

@@ -7,9 +7,9 @@ instead with what plain attention achieves *in the same dtype*: against a float6
     kernel error  <=  factor · (error of plain attention in the kernel's dtype)  +  floor
 
 for the output (factor 2), the log-sum-exp (2) and each gradient (3). The floor only absorbs
-cases where plain attention happens to be exact (a row with one key, say): it is about a
-hundredth of the errors a half-precision computation of attention reaches (1e-5 for float16,
-whose errors here are around 1e-3), so the factor, not the floor, decides. Chapter 06 and the
+cases where plain attention happens to be exact (one key: its ``dq`` is exactly 0, a kernel's a
+few float32 round-offs): 1e-5 for float16, about a hundredth of the errors float16 attention
+reaches (around 1e-3), so the factor, not the floor, decides; 1e-6 for float32. Chapter 06 and the
 kernel tests use this module, so both judge the kernel the same way.
 """
 
@@ -29,7 +29,7 @@ __all__ = ["FACTORS", "FLOORS", "RuleCheck", "plain_attention", "flash_rule", "r
 #: How many times plain attention's error the kernel may have, per quantity.
 FACTORS = {"output": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0}
 #: The absolute allowance added on top, per dtype: far below the errors the dtype reaches.
-FLOORS = {torch.float16: 1e-5, torch.bfloat16: 1e-4, torch.float32: 1e-8, torch.float64: 1e-14}
+FLOORS = {torch.float16: 1e-5, torch.bfloat16: 1e-4, torch.float32: 1e-6, torch.float64: 1e-14}
 
 
 class RuleCheck(NamedTuple):

@@ -1,0 +1,72 @@
+"""Launch a small, one-program attention kernel: the frame of chapter 06's Triton exercise.
+
+The exercise's kernel (written in the notebook) computes attention for one head: all ``N_Q``
+queries in one program, the keys in tiles of ``BLOCK_N``, with the online softmax in base 2.
+Its signature is fixed::
+
+    @triton.jit
+    def kernel(Q, K, V, Out, n_k, scale, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_N: tl.constexpr): ...
+
+with ``Q [N_Q, HEAD_DIM]``, ``K``, ``V [n_k, HEAD_DIM]`` and ``Out [N_Q, HEAD_DIM]`` contiguous
+float32. :func:`launch_small_attention` checks the inputs, allocates the output and launches one
+program, on the GPU or, without one, in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attn_course import _validate
+
+__all__ = ["launch_small_attention"]
+
+
+def launch_small_attention(kernel: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                           block_n: int = 16) -> torch.Tensor:
+    """Run a one-program attention kernel on ``q``, ``k``, ``v`` and return its output.
+
+    Args:
+        kernel: a ``@triton.jit`` function with the signature of this module's docstring.
+        q: ``[N_Q, d]``, N_Q and d powers of two ``>= 16`` (what ``tl.arange`` and ``tl.dot`` need).
+        k: ``[N_k, d]``, any ``N_k >= 1``.
+        v: ``[N_k, d]``.
+        block_n: keys per tile, a power of two ``>= 16``.
+
+    Returns:
+        ``[N_Q, d]`` float32, on ``q``'s device.
+
+    Raises:
+        TypeError: ``kernel`` is not a Triton kernel, or inputs that are not floating tensors.
+        ValueError: shapes that do not fit the kernel, or a bad ``block_n``.
+
+    Example:
+        >>> q, k, v = torch.randn(16, 16), torch.randn(40, 16), torch.randn(40, 16)
+        >>> launch_small_attention(print, q, k, v)
+        Traceback (most recent call last):
+        ...
+        TypeError: launch_small_attention: kernel must be a @triton.jit function, got builtin_function_or_method
+    """
+    where = "launch_small_attention"
+    if not (hasattr(kernel, "__getitem__") and hasattr(kernel, "fn")):
+        raise TypeError(f"{where}: kernel must be a @triton.jit function, got {type(kernel).__name__}")
+    q = _validate.floating_tensor(where, "q", q, min_dim=2)
+    k = _validate.floating_tensor(where, "k", k, min_dim=2)
+    v = _validate.floating_tensor(where, "v", v, min_dim=2)
+    block_n = _validate.integer(where, "block_n", block_n, minimum=16)
+    if q.dim() != 2 or k.dim() != 2 or v.dim() != 2:
+        raise ValueError(f"{where}: q, k, v must be 2-D [N, d], got {_validate.shape_str(q)}, "
+                         f"{_validate.shape_str(k)}, {_validate.shape_str(v)}")
+    n_q, d = q.shape
+    for name, size in (("N_Q", n_q), ("d", d), ("block_n", block_n)):
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{where}: {name} must be a power of two >= 16, got {size}")
+    if k.shape[1] != d or v.shape != k.shape or k.shape[0] < 1:
+        raise ValueError(f"{where}: k and v must both be [N_k, {d}] with N_k >= 1, got "
+                         f"{_validate.shape_str(k)} and {_validate.shape_str(v)}")
+    q, k, v = (t.to(torch.float32).contiguous() for t in (q, k, v))
+    out = torch.empty_like(q)                                               # [N_Q, d]
+    kernel[(1,)](q, k, v, out, k.shape[0], 1.0 / math.sqrt(d), N_Q=n_q, HEAD_DIM=d, BLOCK_N=block_n)
+    return out
