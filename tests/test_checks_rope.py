@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import planted_05
 import pytest
 import torch
 
@@ -147,3 +148,24 @@ def test_rotating_values_crashes_on_narrow_values_with_the_values_hint():
 
     # Passes d_v = d only if the values are left alone; the first case names the mistake.
     assert "You rotate the values too" in hint(check_rope_attention, buggy)
+
+
+# --- the planted mistakes of tests/planted_05.py, checked without otter ------------------------
+
+CHECK_OF_QUESTION = {
+    "q1_left_padded_positions": check_left_padded_positions,
+    "q2_predict_slow_pairs": check_pairs_slower_than_context,
+    "q3_find_the_bug_cache_position": check_last_token_scores,
+    "q4_find_the_bug_values": check_rope_attention,
+}
+
+
+@pytest.mark.parametrize(
+    "student, name",
+    [(student, name) for student, functions in planted_05.PLANTED.items() for name in functions],
+)
+def test_each_planted_mistake_gets_its_hint_from_the_check(student, name):
+    code, question, phrase = planted_05.PLANTED[student][name]
+    namespace = {"torch": torch, "math": math, "RotaryEmbedding": RotaryEmbedding, "self_attention": self_attention}
+    exec(code, namespace)
+    assert phrase in hint(CHECK_OF_QUESTION[question], namespace[name])
