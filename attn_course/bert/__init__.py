@@ -17,6 +17,9 @@ One idea per module; every name below can be imported from ``attn_course.bert`` 
 - ``tokenizer``: :class:`BertTokenizer`, :class:`BatchEncoding`;
 - ``loading``: :func:`load_pretrained`, :data:`REQUIRED_FILES`;
 - ``mlm``: :func:`mask_tokens`, BERT's masked-language-model corruption (80/10/10);
+- ``pretraining``: :func:`pretrain_mlm`, a small BERT trained with that objective on the course's rhymes
+  (:class:`WordVocabulary`, :class:`MaskedLanguageModel`, :func:`masked_lm_loss`, :func:`masked_word_accuracy`,
+  :func:`top_predictions`);
 - ``analysis``: :func:`mean_pool`, :func:`strongest_head`, :func:`attention_share`;
 - ``attribution``: :func:`norm_attribution`, attention weight versus contribution (Kobayashi et al., 2020).
 """
@@ -27,6 +30,15 @@ from attn_course.bert.config import BertConfig
 from attn_course.bert.loading import REQUIRED_FILES, load_pretrained
 from attn_course.bert.mlm import IGNORE_INDEX, MaskedTokens, mask_tokens
 from attn_course.bert.model import BertEmbeddings, BertModel, BertOutput
+from attn_course.bert.pretraining import (
+    MaskedLanguageModel,
+    PretrainingConfig,
+    WordVocabulary,
+    masked_lm_loss,
+    masked_word_accuracy,
+    pretrain_mlm,
+    top_predictions,
+)
 from attn_course.bert.tokenizer import BatchEncoding, BertTokenizer
 
 __all__ = [
@@ -48,4 +60,11 @@ __all__ = [
     "IGNORE_INDEX",
     "MaskedTokens",
     "mask_tokens",
+    "MaskedLanguageModel",
+    "PretrainingConfig",
+    "WordVocabulary",
+    "masked_lm_loss",
+    "masked_word_accuracy",
+    "pretrain_mlm",
+    "top_predictions",
 ]

@@ -278,7 +278,7 @@ class PretrainingConfig:
         steps, batch_size, learning_rate: AdamW, cosine-decayed learning rate, ``batch_size`` rhymes a step.
         probability: the share of ordinary tokens chosen (BERT: 0.15).
         eval_every: steps between two held-out scorings.
-        eval_corruptions: how many fixed corruptions of the held-out rhymes the held-out loss averages.
+        eval_corruptions: how many fixed choices of held-out words to hide the held-out loss averages.
         seed: seeds the weights, the batches, the corruption and the dropout.
     """
 
@@ -319,7 +319,8 @@ class PretrainingHistory:
         train_losses: the MLM loss of each step's batch (a step whose batch drew no token to predict,
             possible only for tiny batches, is skipped).
         eval_steps: after how many steps each held-out loss was measured (0: before training).
-        held_out_losses: the MLM loss on the held-out rhymes (mean over ``eval_corruptions`` fixed corruptions).
+        held_out_losses: the MLM loss on the held-out rhymes, every chosen word replaced by ``[MASK]``
+            (mean over ``eval_corruptions`` fixed choices).
         unigram_loss: the same loss for a model that ignores the context and predicts the training
             words' frequencies: the line to beat.
         best_step: the entry of ``eval_steps`` with the lowest held-out loss, whose weights the returned
@@ -397,8 +398,10 @@ def pretrain_mlm(
     :func:`~attn_course.bert.mask_tokens` (``probability`` chosen, then 80/10/10; ``[PAD]``,
     ``[UNK]``, ``[CLS]``, ``[SEP]`` never chosen) and takes an AdamW step on
     :func:`masked_lm_loss`. Every ``eval_every`` steps the held-out rhymes are scored under
-    ``eval_corruptions`` fixed corruptions, and the weights with the lowest held-out loss are
-    the ones returned (a model this size on so little text soon starts to memorise). Runs on
+    ``eval_corruptions`` fixed choices of ``probability`` of their words, each chosen word replaced
+    by ``[MASK]`` (none left visible, so the score compares fairly with the unigram guess), and
+    the weights with the lowest held-out loss are the ones returned (a model this size on so
+    little text soon starts to memorise). Runs on
     one CPU thread (faster for so small a model, and the same numbers on every run); the
     caller's random state is left as it was.
 
@@ -450,7 +453,10 @@ def pretrain_mlm(
 
     eval_generator = torch.Generator().manual_seed(config.seed + 1)
     held_out = [corrupt(held_ids, eval_generator) for _ in range(config.eval_corruptions)]
-    held_out = [m for m in held_out if m.chosen.any()]
+    # Scored with every chosen word hidden by [MASK]: the 10 % left visible by the 80/10/10 rule
+    # would let the model copy the answer, which the unigram guess cannot do.
+    held_out = [m._replace(input_ids=torch.where(m.chosen, vocab.mask_id, held_ids)) for m in held_out
+                if m.chosen.any()]
     unigram = _unigram_log_probs(vocab)                                                   # [V]
     unigram_loss = float(torch.cat([-unigram[m.labels[m.chosen]] for m in held_out]).mean()) if held_out else math.nan
 
