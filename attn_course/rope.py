@@ -104,7 +104,10 @@ class NTKScaling:
     Static: ``base' = base · factor^(d/(d-2))``, so that the slowest pair turns ``factor`` times
     more slowly while pair 0 is unchanged. Dynamic (Hugging Face ``"dynamic"``): the base grows
     with the sequence length ``L`` of each call, ``base' = base · (factor·L/L₀ - (factor-1))^(d/(d-2))``
-    for ``L > L₀ = original_context``, and is the trained base up to ``L₀``.
+    for ``L > L₀ = original_context``, and is the trained base up to ``L₀``. ``L`` is the largest
+    position of the call plus one, for the whole batch (as in Hugging Face); with a key/value cache,
+    cached keys keep the rotation of the call that stored them, so a dynamic model decoded token by
+    token does not give exactly the scores of one pass over the whole sequence.
 
     Args:
         factor: ``>= 1``.

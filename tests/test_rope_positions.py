@@ -46,6 +46,15 @@ def test_batched_positions_rotate_each_sequence_by_its_own_row(interleaved, shap
         close(batched[b], rope(x[b], positions[b]))
 
 
+def test_left_padded_rows_rotate_their_real_tokens_as_each_sequence_alone():
+    rope = RotaryEmbedding(16)
+    sequences = [randn(2, length, 16, seed=10 + i) for i, length in enumerate(LENGTHS)]   # [H, n, d] each
+    batch = torch.stack([torch.cat((torch.zeros(2, N - s.shape[1], 16), s), dim=1) for s in sequences])
+    rotated = rope(batch, left_padded_positions(LENGTHS, N))                             # [B, H, N, d]
+    for b, sequence in enumerate(sequences):
+        close(rotated[b, :, N - sequence.shape[1]:], rope(sequence))
+
+
 def test_shared_positions_as_one_row_or_as_b_equal_rows_agree():
     rope = RotaryEmbedding(16)
     x = randn(2, 3, 5, 16, seed=2)
