@@ -14,15 +14,23 @@ PLANTED = {
             "q1_mean_pooling",
             "padding must not count",
         ),
+        "fixed_mlm_loss": (                       # the classmate's code, handed in as it was
+            "def fixed_mlm_loss(logits, labels):\n"
+            "    targets = labels.clamp(min=0)\n"
+            "    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction='none')\n"
+            "    return losses.mean()\n",
+            "q3_find_the_bug_mlm_loss",
+            "averages over every position",
+        ),
     },
     "grace": {
-        "fixed_bert_layer": (
-            "def fixed_bert_layer(layer, x):\n"
-            "    attended, _ = layer.self_attention(x)\n"
-            "    x = x + layer.norm_self(attended)\n"
-            "    return x + layer.norm_ffn(layer.feed_forward(x))\n",
-            "q3_find_the_bug_post_ln",
-            "after the residual addition",
+        "fixed_mlm_loss": (                       # each sequence averaged first
+            "def fixed_mlm_loss(logits, labels):\n"
+            "    chosen = labels != -100\n"
+            "    losses = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction='none')\n"
+            "    return ((losses * chosen).sum(1) / chosen.sum(1)).mean()\n",
+            "q3_find_the_bug_mlm_loss",
+            "a sequence with one blank weighs as much",
         ),
     },
 }
