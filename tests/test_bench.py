@@ -393,5 +393,6 @@ def test_training_rows_reject_bad_input():
 
 
 def test_print_training_prints_the_ratio(capsys):
-    flash.print_training([flash.TrainingRow("naive", 64, 0.1, 40.0, 1e-7), flash.TrainingRow("tiled", 64, 0.2, 2.0, 1e-7)])
+    flash.print_training([flash.TrainingRow("naive", 64, 0.1, 40.0, 1e-7),
+                          flash.TrainingRow("tiled", 64, 0.2, 2.0, 1e-7)])
     assert "N=64: forward+backward peak memory 20.0x below naive (40.0 MiB against 2.0 MiB)" in capsys.readouterr().out

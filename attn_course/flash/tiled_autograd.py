@@ -54,7 +54,7 @@ class TiledAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, scale=None, block_q=64, block_k=64):
-        from attn_course.flash.tiled import tiled_attention   # tiled.py imports this module
+        from attn_course.flash.tiled import tiled_attention  # tiled.py imports this module
 
         scale = _validate.attention_inputs("TiledAttentionFunction", q, k, v, causal=causal, scale=scale)
         with torch.no_grad():                                  # the loop runs once, untracked
