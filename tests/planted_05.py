@@ -34,6 +34,16 @@ PLANTED = {
             "q4_find_the_bug_values",
             "You rotate the values too",
         ),
+        "llama3_frequencies": (
+            "def llama3_frequencies(theta, factor, context, low, high):\n"
+            "    wavelength = 2 * math.pi / theta\n"
+            "    a = (context / low - wavelength) / (context / low - context / high)\n"
+            "    blended = (1 - a) * theta / factor + a * theta\n"
+            "    new = torch.where(wavelength > context / low, theta / factor, theta)\n"
+            "    return torch.where((wavelength >= context / high) & (wavelength <= context / low), blended, new)\n",
+            "q5_llama3_frequencies",
+            "linear in the wavelength",
+        ),
     },
     "grace": {
         "left_padded_positions": (
@@ -63,6 +73,16 @@ PLANTED = {
             "q4_find_the_bug_values",
             "Only the queries are rotated",
         ),
+        "llama3_frequencies": (
+            "def llama3_frequencies(theta, factor, context, low, high):\n"
+            "    wavelength = 2 * math.pi / theta\n"
+            "    a = (context / wavelength - low) / (high - low)\n"
+            "    blended = a * theta / factor + (1 - a) * theta\n"
+            "    new = torch.where(wavelength > context / low, theta / factor, theta)\n"
+            "    return torch.where((wavelength >= context / high) & (wavelength <= context / low), blended, new)\n",
+            "q5_llama3_frequencies",
+            "the wrong way round",
+        ),
     },
     "linus": {
         "left_padded_positions": (
@@ -90,6 +110,12 @@ PLANTED = {
             "    return self_attention(q, k, v)[0]\n",
             "q4_find_the_bug_values",
             "Nothing is rotated",
+        ),
+        "llama3_frequencies": (
+            "def llama3_frequencies(theta, factor, context, low, high):\n"
+            "    return theta / factor\n",
+            "q5_llama3_frequencies",
+            "that is Position Interpolation",
         ),
     },
 }

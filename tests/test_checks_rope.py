@@ -13,6 +13,7 @@ from attn_course.checks import CheckFailed
 from attn_course.checks.rope import (
     check_last_token_scores,
     check_left_padded_positions,
+    check_llama3_frequencies,
     check_pairs_slower_than_context,
     check_rope_attention,
 )
@@ -157,6 +158,7 @@ CHECK_OF_QUESTION = {
     "q2_predict_slow_pairs": check_pairs_slower_than_context,
     "q3_find_the_bug_cache_position": check_last_token_scores,
     "q4_find_the_bug_values": check_rope_attention,
+    "q5_llama3_frequencies": check_llama3_frequencies,
 }
 
 
@@ -169,3 +171,39 @@ def test_each_planted_mistake_gets_its_hint_from_the_check(student, name):
     namespace = {"torch": torch, "math": math, "RotaryEmbedding": RotaryEmbedding, "self_attention": self_attention}
     exec(code, namespace)
     assert phrase in hint(CHECK_OF_QUESTION[question], namespace[name])
+
+
+# --- LLaMA 3.1's frequency scaling -------------------------------------------------------------
+
+def llama3_solution(theta, factor, context, low, high, *, blend="turns", reversed_mix=False, divide=True):
+    wavelength = 2 * math.pi / theta
+    slowed = theta / factor if divide else theta * factor
+    if blend == "turns":
+        a = (context / wavelength - low) / (high - low)
+    else:
+        a = (context / low - wavelength) / (context / low - context / high)
+    mixed = a * slowed + (1 - a) * theta if reversed_mix else (1 - a) * slowed + a * theta
+    out = torch.where(wavelength > context / low, slowed, theta)
+    return torch.where((wavelength >= context / high) & (wavelength <= context / low), mixed, out)
+
+
+def test_llama3_frequencies_solution_passes():
+    assert check_llama3_frequencies(llama3_solution)
+    assert check_llama3_frequencies(lambda theta, *rest: llama3_solution(theta, *rest).float())   # float32 is fine
+
+
+@pytest.mark.parametrize(
+    "fn, fragment",
+    [
+        (lambda *args: llama3_solution(*args, blend="wavelength"), "linear in the wavelength"),
+        (lambda *args: llama3_solution(*args, reversed_mix=True), "the wrong way round"),
+        (lambda theta, factor, *rest: theta / factor, "Position Interpolation"),
+        (lambda theta, factor, context, low, high: torch.where(2 * math.pi / theta < context / high,
+                                                               theta / factor, theta), "slowed the fast pairs"),
+        (lambda *args: llama3_solution(*args, divide=False), "You multiplied by the factor"),
+        (lambda *args: llama3_solution(*args) * 1.01, "The first entry that differs"),
+        (lambda *args: llama3_solution(*args)[:-1], "should have shape [64]"),
+    ],
+)
+def test_llama3_frequencies_mistakes_get_their_hint(fn, fragment):
+    assert fragment in hint(check_llama3_frequencies, fn)

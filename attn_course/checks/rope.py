@@ -14,10 +14,10 @@ import torch
 
 from attn_course.attention import self_attention
 from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
-from attn_course.rope import RotaryEmbedding
+from attn_course.rope import Llama3Scaling, RotaryEmbedding
 
 __all__ = ["check_left_padded_positions", "check_pairs_slower_than_context", "check_last_token_scores",
-           "check_rope_attention"]
+           "check_rope_attention", "check_llama3_frequencies"]
 
 
 # --- positions of a left-padded batch ------------------------------------------------------------
@@ -261,4 +261,74 @@ def check_rope_attention(attention_fn: Callable) -> bool:
         if dv == shape[-1]:
             mistakes.insert(0, (VALUES_ROTATED, self_attention(rope(q), rope(k), rope(v))[0]))
         diagnose(got, expected, mistakes, ("", "", "token", "feature"), "Your output")
+    return True
+
+
+# --- LLaMA 3.1's frequency scaling -------------------------------------------------------------
+
+LINEAR_IN_WAVELENGTH = (
+    "Your blend is linear in the wavelength λ_i. LLaMA 3.1 blends linearly in the number of turns within "
+    "the context, L/λ_i: a = (L/λ_i - low) / (high - low), 0 at λ_i = L/low and 1 at λ_i = L/high."
+)
+MIX_REVERSED = (
+    "Your mix is the wrong way round: at λ_i = L/low (the slow end of the blend) the pair must be fully "
+    "slowed, θ_i / factor, and at λ_i = L/high fully kept, θ_i. With a = (L/λ_i - low) / (high - low), "
+    "the new frequency is (1 - a)·θ_i/factor + a·θ_i."
+)
+ALL_SLOWED = ("You divided every frequency by the factor: that is Position Interpolation. LLaMA 3.1 keeps the "
+              "fast pairs (wavelength below L/high) as trained and only slows the slow ones.")
+FAST_SLOWED = ("You slowed the fast pairs and kept the slow ones: the pairs to slow are those whose wavelength "
+               "is *longer* than L/low (they do not complete a turn within the context).")
+MULTIPLIED = "You multiplied by the factor: slowing a pair divides its frequency (and multiplies its wavelength)."
+LLAMA3_CASES = [(128, 500_000.0, 8.0, 8192, 1.0, 4.0), (64, 10_000.0, 4.0, 2048, 2.0, 8.0)]
+
+
+def _llama3_variant(theta: torch.Tensor, factor: float, context: int, low: float, high: float, *,
+                    blend: str = "turns", reversed_mix: bool = False) -> torch.Tensor:
+    wavelength = 2 * math.pi / theta
+    if blend == "turns":
+        a = (context / wavelength - low) / (high - low)
+    else:
+        a = (context / low - wavelength) / (context / low - context / high)
+    if reversed_mix:
+        mixed = a * theta / factor + (1 - a) * theta
+    else:
+        mixed = (1 - a) * theta / factor + a * theta
+    out = torch.where(wavelength > context / low, theta / factor, theta)
+    return torch.where((wavelength >= context / high) & (wavelength <= context / low), mixed, out)
+
+
+def check_llama3_frequencies(frequencies_fn: Callable) -> bool:
+    """Check ``fn(theta [d/2], factor, context, low, high) -> [d/2]``: LLaMA 3.1's scaled frequencies.
+
+    Compared, as the ratio new / trained of each pair, with
+    ``RotaryEmbedding(d, base=base, scaling=Llama3Scaling(factor, context, low, high)).frequencies()``
+    for LLaMA 3.1's numbers (d = 128, base 500 000, factor 8, L = 8192, low 1, high 4) and for
+    d = 64, base 10 000, factor 4, L = 2048, low 2, high 8.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a blend linear in the wavelength, a reversed mix, every pair or the fast
+            pairs slowed, a multiplication by the factor, or the first pair that differs.
+    """
+    for d, base, factor, context, low, high in LLAMA3_CASES:
+        theta = RotaryEmbedding(d, base=base).frequencies()                    # [d/2], float64
+        expected = RotaryEmbedding(d, base=base, scaling=Llama3Scaling(factor, context, low, high)).frequencies()
+        got = call_student("check_llama3_frequencies", frequencies_fn, theta.clone(), factor, context, low, high)
+        check_shape(got, expected, "Your frequencies")
+        ratio = got.double() / theta                                           # [d/2]: new / trained
+        if same(ratio, expected / theta):
+            continue
+        wavelength = 2 * math.pi / theta
+        mistakes = [
+            (LINEAR_IN_WAVELENGTH, _llama3_variant(theta, factor, context, low, high, blend="wavelength")),
+            (MIX_REVERSED, _llama3_variant(theta, factor, context, low, high, reversed_mix=True)),
+            (ALL_SLOWED, theta / factor),
+            (FAST_SLOWED, torch.where(wavelength < context / high, theta / factor, theta)),
+            (MULTIPLIED, _llama3_variant(theta, 1 / factor, context, low, high)),
+        ]
+        diagnose(ratio, expected / theta, [(m, w / theta) for m, w in mistakes], ("pair",),
+                 "Your new / trained frequency ratio")
     return True
