@@ -24,6 +24,19 @@ PLANTED = {
         ),
     },
     "grace": {
+        "predicted_weight_count": (               # the heads of one layer only
+            "def predicted_weight_count(n_tokens):\n"
+            "    return 12 * n_tokens**2\n",
+            "q2_count_attention_weights",
+            "one layer's worth",
+        ),
+        "head_most_on": (                         # the largest single weight instead of the mean
+            "def head_most_on(attentions, key):\n"
+            "    on_key = torch.stack([a[0, :, :, key].amax(-1) for a in attentions])\n"
+            "    return divmod(int(on_key.argmax()), on_key.shape[1])\n",
+            "q4_head_most_on_a_token",
+            "a single query gives the key the most",
+        ),
         "fixed_mlm_loss": (                       # each sequence averaged first
             "def fixed_mlm_loss(logits, labels):\n"
             "    chosen = labels != -100\n"

@@ -9,7 +9,7 @@ import torch
 from attn_course.bert.mlm import IGNORE_INDEX
 from attn_course.checks.diagnosis import CheckFailed, call_answer
 
-__all__ = ["check_mlm_loss"]
+__all__ = ["check_mlm_loss", "check_attention_weight_count", "check_head_most_on"]
 
 ALL_POSITIONS = (
     "Your loss averages over every position, the unchosen ones too (their label -100 turned into a "
@@ -104,3 +104,130 @@ def check_mlm_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
                           f"{expected:.4f}. Hint: -log softmax(logits)[label], averaged over the positions whose "
                           f"label is not -100.")
     return True
+
+
+# --- exercise 2: counting the attention weights of all-MiniLM-L6-v2 ------------------------------------
+
+LAYERS, HEADS = 6, 12
+ONE_LAYER = ("Your count is one layer's worth: 12 heads × n². The model has 6 layers, and each computes "
+             "its own 12 maps.")
+ONE_HEAD_PER_LAYER = ("Your count has one map per layer: 6 × n². Each of the 6 layers has 12 heads, and each "
+                      "head computes its own n × n map.")
+LINEAR = ("Your count grows like n, but each head holds an n × n map: one weight for every (query, key) pair, "
+          "so n² per head.")
+SPECIALS_TWICE = ("Your count adds [CLS] and [SEP] again: n_tokens already includes them, so each map is "
+                  "n_tokens × n_tokens.")
+NO_SELF = ("Your count leaves out each token's weight on itself. A query attends to every key, itself "
+           "included: n² per head, not n·(n - 1).")
+
+
+def check_attention_weight_count(count_fn: Callable[[int], object]) -> bool:
+    """Check ``fn(n_tokens) -> int``: all-MiniLM-L6-v2's attention weights for one sentence, 6 · 12 · n².
+
+    Tried at ``n_tokens`` = 10 (the bank sentence), 23 and 1; ints or whole floats are fine.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a missing factor (layers, heads), a linear count, the special tokens
+            counted twice, the diagonal left out, or the value expected.
+
+    Example:
+        >>> check_attention_weight_count(lambda n: 6 * 12 * n * n)
+        True
+    """
+    for n in (10, 23, 1):
+        result = call_answer("check_attention_weight_count", count_fn, n, described=f"n_tokens={n}")
+        if isinstance(result, torch.Tensor) and result.numel() == 1:
+            result = result.item()
+        if isinstance(result, bool) or not isinstance(result, (int, float)):
+            raise CheckFailed(f"Your count should be a number (an int), but it is a {type(result).__name__}.")
+        expected = LAYERS * HEADS * n * n
+        if result == expected:
+            continue
+        mistakes = [(ONE_LAYER, HEADS * n * n), (ONE_HEAD_PER_LAYER, LAYERS * n * n), (LINEAR, LAYERS * HEADS * n),
+                    (SPECIALS_TWICE, LAYERS * HEADS * (n + 2) ** 2), (NO_SELF, LAYERS * HEADS * n * (n - 1))]
+        for message, value in mistakes:
+            if result == value:
+                raise CheckFailed(message)
+        raise CheckFailed(f"For n_tokens = {n} your count is {result:g}, but the model computes {expected} weights. "
+                          "Hint: how many heads per layer, how many layers, and how many weights in one head's map?")
+    return True
+
+
+# --- exercise 4: the head that gives one key the most attention ------------------------------------------
+
+MAX_OVER_QUERIES = ("Your head is the one where a single query gives the key the most. The exercise asks for the "
+                    "attention on the key averaged over all queries: take the column attentions[layer][0, head, :, "
+                    "key] and its mean.")
+ONE_QUERY = ("Your head is the one where the first query (usually [CLS]) gives the key the most. Average the "
+             "column attentions[layer][0, head, :, key] over all the queries.")
+ROW_NOT_COLUMN = ("You used the key's row (where that token looks) instead of its column (how much every query "
+                  "gives it): the key is the last index, attentions[layer][0, head, :, key].")
+WRONG_UNFLATTEN = ("Your flat index is turned back into (layer, head) with the wrong divisor: with the scores "
+                   "stacked as [L, H], layer = index // H and head = index % H.")
+FLAT_INDEX = "Your function returns one number; it should return the pair (layer, head)."
+
+
+def _maps() -> tuple[torch.Tensor, ...]:
+    """Three layers of ``[1, 4, 6, 6]`` weights in which each known mistake points at another head."""
+    generator = torch.Generator().manual_seed(11)
+    maps = torch.rand(3, 1, 4, 6, 6, generator=generator) * 0.2
+    key = 4
+    maps[2, 0, 1, :, key] += 1.0              # mean over queries: layer 2, head 1 (the answer)
+    maps[0, 0, 3, 2, key] += 4.0              # one query looks very hard: layer 0, head 3
+    maps[1, 0, 2, 0, key] += 3.0              # the first query: layer 1, head 2
+    maps[1, 0, 0, key, :] += 1.5              # the key's own row: layer 1, head 0
+    return tuple(maps)                        # rows need not sum to 1 here: the row mistake shows
+
+
+def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object]) -> bool:
+    """Check ``fn(attentions, key) -> (layer, head)``: the head giving ``key`` most attention (query mean).
+
+    ``attentions`` is a tuple of ``L`` maps ``[1, H, N, N]`` built so that each usual mistake (the
+    largest single weight, the first query only, the key's row instead of its column, the flat
+    index unflattened with ``L`` instead of ``H``) picks a different head.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming the mistake, or the head expected.
+
+    Example:
+        >>> def best(attentions, key):
+        ...     on_key = torch.stack([a[0, :, :, key].mean(-1) for a in attentions])   # [L, H]
+        ...     return divmod(int(on_key.argmax()), on_key.shape[1])
+        >>> check_head_most_on(best)
+        True
+    """
+    maps, key = _maps(), 4
+    result = call_answer("check_head_most_on", head_fn, tuple(m.clone() for m in maps), key,
+                         described="3 layers of [1, 4, 6, 6] maps and key=4")
+    if isinstance(result, torch.Tensor):
+        result = result.tolist()
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        raise CheckFailed(FLAT_INDEX)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise CheckFailed(f"Your function should return (layer, head), but it returned {result!r}.")
+    try:
+        got = tuple(int(v) for v in result)
+    except (TypeError, ValueError):
+        raise CheckFailed(f"Your (layer, head) should be two integers, got {result!r}.") from None
+    stacked = torch.stack(maps)[:, 0]                                              # [L, H, N, N]
+    expected = divmod(int(stacked[..., key].mean(-1).argmax()), stacked.shape[1])
+    if got == expected:
+        return True
+    flat = int(stacked[..., key].mean(-1).argmax())
+    mistakes = [
+        (MAX_OVER_QUERIES, divmod(int(stacked[..., key].amax(-1).argmax()), stacked.shape[1])),
+        (ONE_QUERY, divmod(int(stacked[..., 0, key].argmax()), stacked.shape[1])),
+        (ROW_NOT_COLUMN, divmod(int(stacked[:, :, key, :].mean(-1).argmax()), stacked.shape[1])),
+        (WRONG_UNFLATTEN, divmod(flat, stacked.shape[0])),
+    ]
+    for message, wrong in mistakes:
+        if got == wrong:
+            raise CheckFailed(message)
+    raise CheckFailed(f"Your (layer, head) is {got}, but the head whose attention on key {key}, averaged over the "
+                      f"queries, is largest is {expected}.")
