@@ -1,16 +1,17 @@
 """FlashAttention: exact attention computed tile by tile, never storing the N × N matrix.
 
 * :mod:`attn_course.flash.tiled`: the algorithm in plain PyTorch (``online_softmax``,
-  ``tiled_attention``), to read and to check against.
-* :mod:`attn_course.flash.tiled_autograd`: its backward pass in PyTorch
-  (``TiledAttentionFunction``), recomputing the weights tile by tile from the log-sum-exp.
+  ``tiled_attention``), to read and to check against, and
+  ``TiledAttentionFunction`` (the ``torch.autograd.Function`` that ``tiled_attention`` uses in training);
+* :mod:`attn_course.flash.tiled_backward`: its backward pass (``tiled_attention_backward``),
+  recomputing the weights tile by tile from the log-sum-exp.
 * :mod:`attn_course.flash.kernels`: the same algorithm as Triton GPU kernels, forward and
   backward; :mod:`attn_course.flash.triton_attention` launches them (``flash_attention``),
   on a GPU or, without one, in Triton's interpreter.
 """
 
-from attn_course.flash.tiled import merge_softmax_blocks, online_softmax, tiled_attention
-from attn_course.flash.tiled_autograd import TiledAttentionFunction, tiled_attention_backward
+from attn_course.flash.tiled import TiledAttentionFunction, merge_softmax_blocks, online_softmax, tiled_attention
+from attn_course.flash.tiled_backward import tiled_attention_backward
 from attn_course.flash.triton_attention import flash_attention
 
 __all__ = ["online_softmax", "merge_softmax_blocks", "tiled_attention", "TiledAttentionFunction",

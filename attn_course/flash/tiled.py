@@ -11,11 +11,12 @@ tile of scores exists at a time.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from attn_course import _validate
-from attn_course.flash.tiled_autograd import TiledAttentionFunction
+from attn_course.flash.tiled_backward import tiled_attention_backward
 
-__all__ = ["online_softmax", "merge_softmax_blocks", "tiled_attention"]
+__all__ = ["online_softmax", "merge_softmax_blocks", "tiled_attention", "TiledAttentionFunction"]
 
 
 def merge_softmax_blocks(
@@ -94,7 +95,7 @@ def tiled_attention(
     entirely in the future of a query block are skipped.
 
     When an input requires a gradient, the same loop runs inside
-    :class:`~attn_course.flash.tiled_autograd.TiledAttentionFunction`, which keeps only the
+    :class:`TiledAttentionFunction`, which keeps only the
     output and the log-sum-exp and recomputes each tile of weights in the backward pass
     (FlashAttention-2's backward): training memory grows as N, not N².
 
@@ -162,3 +163,52 @@ def tiled_attention(
         lses.append(row_max + torch.log(row_sum))
     output = torch.cat(outputs, dim=2)                                        # [B, H, N_q, d_v]
     return (output, torch.cat(lses, dim=2)) if return_lse else output
+
+
+class TiledAttentionFunction(torch.autograd.Function):
+    """Tiled attention whose backward recomputes the weights tile by tile (FlashAttention-2).
+
+    ``TiledAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k)`` returns
+    ``(output, lse)`` like ``tiled_attention(..., return_lse=True)``; both may receive
+    gradients. Saved for the backward: ``q``, ``k``, ``v``, the output and the log-sum-exp,
+    nothing of size ``N_q × N_k``. :func:`~attn_course.flash.tiled_attention` calls it
+    whenever one of its inputs requires a gradient.
+
+    Args (of ``apply``):
+        q: ``[B, H, N_q, d]``; k: ``[B, H, N_k, d]``; v: ``[B, H, N_k, d_v]``.
+        causal: query ``i`` sees keys ``0..i`` (``N_q == N_k``).
+        scale: a positive float, or ``None`` for ``1 / sqrt(d)``.
+        block_q, block_k: tile sizes, ``>= 1``.
+
+    Returns:
+        ``(output [B, H, N_q, d_v], lse [B, H, N_q])``.
+
+    Raises:
+        TypeError, ValueError: as :func:`~attn_course.flash.tiled_attention` does.
+
+    Example:
+        >>> q, k, v = (torch.randn(1, 2, 70, 16, requires_grad=True) for _ in range(3))
+        >>> out, lse = TiledAttentionFunction.apply(q, k, v, True, None, 32, 32)
+        >>> out.sum().backward()
+        >>> q.grad.shape
+        torch.Size([1, 2, 70, 16])
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, scale=None, block_q=64, block_k=64):
+        scale = _validate.attention_inputs("TiledAttentionFunction", q, k, v, causal=causal, scale=scale)
+        with torch.no_grad():                                  # the loop runs once, untracked
+            output, lse = tiled_attention(q, k, v, causal=causal, scale=scale, block_q=block_q,
+                                          block_k=block_k, return_lse=True)
+        ctx.save_for_backward(q, k, v, output, lse)            # O(N) per (batch, head)
+        ctx.options = (causal, scale, block_q, block_k)
+        return output, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output, grad_lse):
+        q, k, v, output, lse = ctx.saved_tensors
+        causal, scale, block_q, block_k = ctx.options
+        dq, dk, dv = tiled_attention_backward(q, k, v, output, lse, grad_output, grad_lse, causal=causal,
+                                              scale=scale, block_q=block_q, block_k=block_k)
+        return dq, dk, dv, None, None, None, None

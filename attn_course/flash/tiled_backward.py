@@ -1,9 +1,10 @@
 """FlashAttention's backward pass in plain PyTorch: training memory linear in N, on any device.
 
 Autograd through :func:`~attn_course.flash.tiled_attention`'s loop would keep every tile of
-weights it computed, ``N_q × N_k`` numbers per (batch, head) in all. :class:`TiledAttentionFunction`
-is a :class:`torch.autograd.Function` that keeps only what FlashAttention-2 keeps: the inputs,
-the output ``O`` and one log-sum-exp per row. Its backward walks the tiles again, recomputing
+weights it computed, ``N_q × N_k`` numbers per (batch, head) in all.
+:class:`~attn_course.flash.TiledAttentionFunction` keeps only what FlashAttention-2 keeps: the
+inputs, the output ``O`` and one log-sum-exp per row; its backward,
+:func:`tiled_attention_backward`, walks the tiles again, recomputing
 each tile of weights from the log-sum-exp, ``P = exp(S - LSE)``, and with ``dO`` the gradient
 of the output and ``Δ = rowsum(dO ∘ O)``:
 
@@ -16,62 +17,10 @@ written once), query tiles the inner one, as in the FlashAttention-2 backward ke
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from attn_course import _validate
 
-__all__ = ["TiledAttentionFunction", "tiled_attention_backward"]
-
-
-class TiledAttentionFunction(torch.autograd.Function):
-    """Tiled attention whose backward recomputes the weights tile by tile (FlashAttention-2).
-
-    ``TiledAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k)`` returns
-    ``(output, lse)`` like ``tiled_attention(..., return_lse=True)``; both may receive
-    gradients. Saved for the backward: ``q``, ``k``, ``v``, the output and the log-sum-exp,
-    nothing of size ``N_q × N_k``. :func:`~attn_course.flash.tiled_attention` calls it
-    whenever one of its inputs requires a gradient.
-
-    Args (of ``apply``):
-        q: ``[B, H, N_q, d]``; k: ``[B, H, N_k, d]``; v: ``[B, H, N_k, d_v]``.
-        causal: query ``i`` sees keys ``0..i`` (``N_q == N_k``).
-        scale: a positive float, or ``None`` for ``1 / sqrt(d)``.
-        block_q, block_k: tile sizes, ``>= 1``.
-
-    Returns:
-        ``(output [B, H, N_q, d_v], lse [B, H, N_q])``.
-
-    Raises:
-        TypeError, ValueError: as :func:`~attn_course.flash.tiled_attention` does.
-
-    Example:
-        >>> q, k, v = (torch.randn(1, 2, 70, 16, requires_grad=True) for _ in range(3))
-        >>> out, lse = TiledAttentionFunction.apply(q, k, v, True, None, 32, 32)
-        >>> out.sum().backward()
-        >>> q.grad.shape
-        torch.Size([1, 2, 70, 16])
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal=False, scale=None, block_q=64, block_k=64):
-        from attn_course.flash.tiled import tiled_attention  # tiled.py imports this module
-
-        scale = _validate.attention_inputs("TiledAttentionFunction", q, k, v, causal=causal, scale=scale)
-        with torch.no_grad():                                  # the loop runs once, untracked
-            output, lse = tiled_attention(q, k, v, causal=causal, scale=scale, block_q=block_q,
-                                          block_k=block_k, return_lse=True)
-        ctx.save_for_backward(q, k, v, output, lse)            # O(N) per (batch, head)
-        ctx.options = (causal, scale, block_q, block_k)
-        return output, lse
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output, grad_lse):
-        q, k, v, output, lse = ctx.saved_tensors
-        causal, scale, block_q, block_k = ctx.options
-        dq, dk, dv = tiled_attention_backward(q, k, v, output, lse, grad_output, grad_lse, causal=causal,
-                                              scale=scale, block_q=block_q, block_k=block_k)
-        return dq, dk, dv, None, None, None, None
+__all__ = ["tiled_attention_backward"]
 
 
 def tiled_attention_backward(
