@@ -129,8 +129,10 @@ def _inputs(n_q=8, n_k=8, head_dim=16, dtype=None):
     (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "dtype must be one of"),
     (lambda q, k, v: (q, k.float() if q.dtype != torch.float32 else k.half(), v), TypeError, "dtype"),
     (lambda q, k, v: (q[0], k[0], v[0]), ValueError, r"q must be 4-D \[B, H, N, d\]"),
-    (lambda q, k, v: (q, k, v[:, :, :3]), ValueError, "expected q"),
-    (lambda q, k, v: (q, k[:, :1], v[:, :1]), ValueError, "expected q"),
+    (lambda q, k, v: (q, k, v[:, :, :3]), ValueError, "v must have k.s shape"),
+    (lambda q, k, v: (q, k[:1], v[:1]) if q.shape[0] > 1 else (q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)),
+     ValueError, "same B and d"),
+    (lambda q, k, v: (q[:, :1], k, v), ValueError, "H % H_kv == 0"),
     (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "at least 1"),
     (lambda q, k, v: (q.tolist(), k, v), TypeError, "q must be"),
     (lambda q, k, v: (q, k.to("meta"), v), ValueError, "device"),
@@ -147,9 +149,9 @@ def test_bfloat16_is_refused_in_the_interpreter():
         flash_attention(*_inputs(dtype=torch.bfloat16))
 
 
-def test_causal_needs_equal_lengths_and_scale_must_be_positive():
-    with pytest.raises(ValueError, match="causal needs N_q == N_k"):
-        flash_attention(*_inputs(n_q=4, n_k=8), causal=True)
+def test_causal_needs_no_more_queries_than_keys_and_scale_must_be_positive():
+    with pytest.raises(ValueError, match=r"causal needs N_q <= N_k.*got N_q=8, N_k=4"):
+        flash_attention(*_inputs(n_q=8, n_k=4), causal=True)
     with pytest.raises(ValueError, match="scale"):
         flash_attention(*_inputs(), scale=-1.0)
     with pytest.raises(TypeError, match="causal must be a bool"):

@@ -13,6 +13,7 @@ ahead-of-time compile test (``tests/test_flash_compile.py``) checks against real
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 
@@ -36,6 +37,7 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 GPU_DTYPES = (torch.float16, torch.bfloat16)
 # The interpreter's tl.dot gives wrong results for bfloat16 (NumPy has no bfloat16).
 INTERPRETER_DTYPES = (torch.float16, torch.float32)
+_LOG2_E = 1.4426950408889634
 
 
 class KernelConfig(types.SimpleNamespace):
@@ -116,7 +118,24 @@ def _kernels_for(tensor: torch.Tensor, where: str) -> types.ModuleType:
 
 
 def _check_inputs(where: str, q, k, v, causal, scale) -> float:
-    scale = _validate.attention_inputs(where, q, k, v, causal=causal, scale=scale)
+    """Validate the kernels' inputs; return the scale. Grouped-query ``k``/``v`` and bottom-right
+    causal with ``N_q < N_k`` are allowed here (the shared attention check refuses both)."""
+    _validate.four_d(where, q=q, k=k, v=v)
+    _validate.boolean(where, "causal", causal)
+    if k.shape != v.shape:
+        raise ValueError(f"{where}: v must have k's shape [B, H_kv, N_k, d] (d_v = d in this kernel), got k "
+                         f"{_validate.shape_str(k)}, v {_validate.shape_str(v)}")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{where}: expected q [B, H, N_q, d] and k, v [B, H_kv, N_k, d] with the same B and d, "
+                         f"got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"{where}: the number of query heads H must be a multiple of the key/value heads "
+                         f"H_kv (grouped-query attention), expected q [B, H, N_q, d] and k [B, H_kv, N_k, d] "
+                         f"with H % H_kv == 0, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"{where}: causal needs N_q <= N_k (the queries are the last N_q of the N_k "
+                         f"positions, bottom-right aligned), got N_q={q.shape[2]}, N_k={k.shape[2]}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
     interpreted = runs_in_interpreter()
     allowed = INTERPRETER_DTYPES if interpreted else GPU_DTYPES
     if q.dtype not in allowed:
@@ -124,9 +143,6 @@ def _check_inputs(where: str, q, k, v, causal, scale) -> float:
         bfloat16_in_interpreter = interpreted and q.dtype == torch.bfloat16
         why = " (the interpreter's tl.dot cannot compute in bfloat16)" if bfloat16_in_interpreter else ""
         raise TypeError(f"{where}: dtype must be one of {[str(d) for d in allowed]} {place}, got {q.dtype}{why}")
-    if k.shape != v.shape:
-        raise ValueError(f"{where}: v must have k's shape [B, H, N_k, d] (d_v = d in this kernel), got k "
-                         f"{_validate.shape_str(k)}, v {_validate.shape_str(v)}")
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"{where}: head dimension d must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}")
     if min(q.shape[:3]) == 0 or k.shape[2] == 0:
@@ -153,7 +169,7 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
     """Run the forward kernel: the attention output and each row's log-sum-exp.
 
     Args:
-        q: ``[B, H, N_q, d]``; k, v: ``[B, H, N_k, d]``; any strides.
+        q: ``[B, H, N_q, d]``; k, v: ``[B, H_kv, N_k, d]`` with ``H % H_kv == 0``; any strides.
         causal, scale: as in :func:`flash_attention`.
         out: optional ``[B, H, N_q, d]`` buffer to write into (tests pre-fill it with NaN to
             catch elements the kernel fails to write).
@@ -161,7 +177,10 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
 
     Returns:
         ``(out, lse)``: ``out`` in the input dtype, ``lse`` float32 with
-        ``lse[b, h, i] = log Σ_j exp(scale · q_i · k_j)`` over the visible keys.
+        ``lse[b, h, i] = log Σ_j exp(scale · q_i · k_j)`` over the visible keys (natural log).
+
+    Raises:
+        TypeError, ValueError: as :func:`flash_attention`, or ``out``/``lse`` of the wrong shape.
     """
     where = "attention_forward"
     scale = _check_inputs(where, q, k, v, causal, scale)
@@ -177,7 +196,7 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
     kernels = _kernels_for(q, where)
     _launch(kernels, "forward", n_q, batch * heads,
             q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            heads, n_q, n_k, scale, head_dim=head_dim, causal=causal)
+            heads, heads // k.shape[1], n_q, n_k, scale, head_dim=head_dim, causal=causal)
     return out, lse
 
 
@@ -192,7 +211,11 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
         grad_q, grad_k, grad_v: optional contiguous output buffers.
 
     Returns:
-        ``(grad_q, grad_k, grad_v)``, contiguous, in the input dtype.
+        ``(grad_q, grad_k, grad_v)``, contiguous, in the input dtype, shaped like ``q``, ``k``, ``v``;
+        with grouped-query ``k``/``v``, ``grad_k``/``grad_v`` sum over each group's query heads.
+
+    Raises:
+        TypeError, ValueError: as :func:`flash_attention`, or mismatched ``grad_out``/``out``/buffers.
     """
     where = "attention_backward"
     scale = _check_inputs(where, q, k, v, causal, scale)
@@ -204,7 +227,8 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
     n_k = k.shape[2]
     # Δ_i = Σ_d dO_id · O_id = Σ_j P_ij dP_ij: the one per-row number the softmax's gradient needs.
     delta = (grad_out.float() * out.float()).sum(dim=-1).contiguous()          # [B, H, N_q]
-    lse = lse.contiguous()
+    # Base 2 once here, so that the kernels' exp2(s₂ - LSE₂) needs no log2(e) per tile.
+    lse_base2 = (lse * _LOG2_E).contiguous()
     grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device) if grad_q is None else grad_q
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device) if grad_k is None else grad_k
     grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device) if grad_v is None else grad_v
@@ -214,12 +238,14 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
                              f"{_validate.shape_str(buffer)} {buffer.dtype}")
     kernels = _kernels_for(q, where)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride())
-    _launch(kernels, "backward_dkdv", n_k, batch * heads,
-            q, k, v, grad_out, lse, delta, grad_k, grad_v, *strides,
-            heads, n_q, n_k, scale, head_dim=head_dim, causal=causal)
+    kv_heads = k.shape[1]
+    # dK/dV: one program per key tile of each key/value head, looping over its group's query heads.
+    _launch(kernels, "backward_dkdv", n_k, batch * kv_heads,
+            q, k, v, grad_out, lse_base2, delta, grad_k, grad_v, *strides,
+            heads, heads // kv_heads, n_q, n_k, scale, head_dim=head_dim, causal=causal)
     _launch(kernels, "backward_dq", n_q, batch * heads,
-            q, k, v, grad_out, lse, delta, grad_q, *strides,
-            heads, n_q, n_k, scale, head_dim=head_dim, causal=causal)
+            q, k, v, grad_out, lse_base2, delta, grad_q, *strides,
+            heads, heads // kv_heads, n_q, n_k, scale, head_dim=head_dim, causal=causal)
     return grad_q, grad_k, grad_v
 
 
@@ -248,8 +274,13 @@ def flash_attention(
 
     Args:
         q: ``[B, H, N_q, d]``.
-        k, v: ``[B, H, N_k, d]``. Any lengths ≥ 1; any strides.
-        causal: query ``i`` sees keys ``0..i`` (requires ``N_q == N_k``).
+        k, v: ``[B, H_kv, N_k, d]`` with ``H % H_kv == 0``: ``H_kv = H`` is multi-head attention,
+            ``1 < H_kv < H`` grouped-query and ``H_kv = 1`` multi-query attention (query head ``h``
+            uses key/value head ``h // (H / H_kv)``, read in place, not copied). Any lengths ≥ 1;
+            any strides.
+        causal: bottom-right aligned, as after a KV cache: the queries are the last ``N_q`` of the
+            ``N_k`` positions, so query ``i`` sees keys ``0..i + N_k - N_q`` (requires ``N_q <= N_k``;
+            with ``N_q == N_k`` this is the usual ``0..i``).
         scale: defaults to ``1 / sqrt(d)``.
 
     Supported: ``d`` in 16, 32, 64, 128; float16 and bfloat16 on a CUDA GPU; float16 and
@@ -260,8 +291,8 @@ def flash_attention(
 
     Raises:
         TypeError, ValueError: non-tensors, an unsupported dtype or head dimension, tensors on
-            different devices or with mismatched shapes, empty inputs, ``causal`` with
-            ``N_q != N_k``, a bad scale.
+            different devices or with mismatched shapes, ``H`` not a multiple of ``H_kv``, empty
+            inputs, ``causal`` with ``N_q > N_k``, a bad scale.
 
     Example:
         >>> q = k = v = torch.randn(1, 2, 100, 16)
