@@ -217,6 +217,23 @@ def load_planted() -> dict[str, dict[str, dict[str, tuple[str, str, str]]]]:
 PLANTED = load_planted()
 
 
+def otter_class(planted: dict) -> dict[str, dict[str, dict]]:
+    """The planted students graded through otter: per chapter, the one who planted the most
+    mistakes (the first by name if several). Each graded notebook runs its whole chapter, so
+    grading every planted student would cost minutes per chapter; every planted mistake is
+    matched with its hint by test_planted_mistake_fails_its_public_check_with_the_hint below,
+    and this class shows that the hints reach the feedback through otter."""
+    chosen: dict[str, dict[str, dict]] = {}
+    chapters = sorted({chapter for chapters in planted.values() for chapter in chapters})
+    for chapter in chapters:
+        student = max(sorted(s for s in planted if chapter in planted[s]), key=lambda s: len(planted[s][chapter]))
+        chosen.setdefault(student, {})[chapter] = planted[student][chapter]
+    return chosen
+
+
+GRADED_PLANTED = otter_class(PLANTED)
+
+
 def plant(student_notebook: pathlib.Path, functions: dict, destination: pathlib.Path) -> None:
     notebook = nbformat.read(student_notebook, as_version=4)
     for name, (code, _, _) in functions.items():
@@ -234,7 +251,7 @@ def graded(dist, tmp_path_factory) -> pathlib.Path:
         shutil.copyfile(dist / "autograder" / master.name, submissions / "solutions" / master.name)
         (submissions / "untouched").mkdir(exist_ok=True)
         shutil.copyfile(dist / "student" / master.name, submissions / "untouched" / master.name)
-    for student, chapters in PLANTED.items():
+    for student, chapters in GRADED_PLANTED.items():
         for chapter, functions in chapters.items():
             plant(
                 dist / "student" / f"{chapter}.ipynb", functions, submissions / student / f"{chapter}.ipynb"
@@ -252,7 +269,7 @@ def grade_rows(graded: pathlib.Path) -> dict[str, dict[str, str]]:
 @grading
 def test_csv_has_a_row_per_student_and_a_column_per_question(graded):
     rows = grade_rows(graded)
-    assert set(rows) == {"solutions", "untouched", *PLANTED}
+    assert set(rows) == {"solutions", "untouched", *GRADED_PLANTED}
     expected_columns = {f"{m.stem}:{name}" for m in CHAPTERS for name, _ in questions(m)}
     assert expected_columns <= set(next(iter(rows.values())))
 
@@ -273,11 +290,71 @@ def test_untouched_student_notebooks_score_zero_without_crashing(graded):
 @grading
 @pytest.mark.parametrize(
     "student, chapter, name",
-    [(s, c, n) for s, chapters in PLANTED.items() for c, functions in chapters.items() for n in functions],
+    [(s, c, n) for s, chapters in GRADED_PLANTED.items() for c, functions in chapters.items() for n in functions],
 )
 def test_planted_mistake_loses_the_points_and_gets_the_matching_hint(graded, student, chapter, name):
-    _, question, hint = PLANTED[student][chapter][name]
+    _, question, hint = GRADED_PLANTED[student][chapter][name]
     feedback = {q["name"]: q for q in json.loads((graded / student / f"{chapter}.json").read_text())}
     # Tests a mistake does not touch still earn their share (otter gives partial credit).
     assert float(grade_rows(graded)[student][f"{chapter}:{question}"]) < feedback[question]["max_score"]
     assert hint in feedback[question]["output"]
+
+
+# --- every planted mistake against its public check, without otter ---------------------------
+# Grading a class with otter runs each submission's whole chapter (training included), so the
+# otter class above holds all planted students but this test is where *every* planted mistake is
+# matched with its hint quickly: each one runs, as the student's cell, in a namespace holding the
+# chapter's imports, followed by the question's public tests exactly as otter runs them.
+
+def chapter_namespace(master: pathlib.Path) -> dict:
+    """A namespace holding what the chapter imports: every top-level import of its code cells."""
+    imports = []
+    for cell in nbformat.read(master, as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.strip():
+            body = ast.parse(TransformerManager().transform_cell(cell.source)).body
+            imports += [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    namespace: dict = {"__name__": "__chapter__"}
+    exec(compile(ast.Module(body=imports, type_ignores=[]), f"<{master.stem} imports>", "exec"), namespace)
+    return namespace
+
+
+def public_tests(master: pathlib.Path) -> dict[str, list[str]]:
+    """{question: the sources of its public (not ``# HIDDEN``) test cells}, from a master notebook."""
+    found: dict[str, list[str]] = {}
+    question, in_tests = None, False
+    for cell in nbformat.read(master, as_version=4).cells:
+        first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+        if cell.cell_type == "raw":
+            if first == "# BEGIN QUESTION":
+                question = re.search(r"name:\s*(\S+)", cell.source).group(1)
+            in_tests = {"# BEGIN TESTS": True, "# END TESTS": False}.get(first, in_tests)
+        elif cell.cell_type == "code" and in_tests and first and not first.startswith("# HIDDEN"):
+            found.setdefault(question, []).append(cell.source)
+    return found
+
+
+def exception_test_source(source: str) -> str:
+    spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool.exception_test(source, "public_test")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "student, chapter, name",
+    [(s, c, n) for s, chapters in PLANTED.items() for c, functions in chapters.items() for n in functions],
+)
+def test_planted_mistake_fails_its_public_check_with_the_hint(student, chapter, name):
+    code, question, hint = PLANTED[student][chapter][name]
+    namespace = chapter_namespace(ROOT / "notebooks" / f"{chapter}.ipynb")
+    exec(compile(code, f"<{student}'s {name}>", "exec"), namespace)
+    tests = public_tests(ROOT / "notebooks" / f"{chapter}.ipynb")[question]
+    messages = []
+    for source in tests:
+        try:
+            exec(compile(exception_test_source(source), f"<{question} public test>", "exec"), namespace)
+        except Exception as error:   # noqa: BLE001 - otter counts any exception as a failed test
+            messages.append(f"{type(error).__name__}: {error}")
+    assert messages, f"{student}'s planted {name} passes the public tests of {question}"
+    assert any(hint in message for message in messages), messages
