@@ -56,4 +56,7 @@ def test_shows_a_triton_kernel_with_its_decorator():
 
     text = repr(show_source(kernels.attention_forward_kernel))
     assert text.splitlines()[0] == "# attn_course.flash.kernels.attention_forward_kernel"
-    assert "@triton.jit" in text and "def attention_forward_kernel(" in text and "tl.dot(q, k_t)" in text
+    assert "@triton.jit" in text and "def attention_forward_kernel(" in text and "forward_key_tiles(" in text
+    loop = repr(show_source(kernels.forward_key_tiles))        # the key loop the kernel calls, twice
+    assert "@triton.jit" in loop and "def forward_key_tiles(" in loop and "tl.dot(q, k_t)" in loop
+    assert "def attention_forward_kernel(" not in loop
