@@ -3,13 +3,8 @@
 Grouped-query and multi-query heads (``k``, ``v`` with ``H_kv < H`` heads, read in place),
 bottom-right causal with ``N_q < N_k`` (queries are the last positions, as after a KV cache),
 and the staged key loop (unmasked full tiles, masked diagonal band and partial last tile),
-forward and backward, at lengths that are and are not tile multiples.
-
-The shared reference :func:`~attn_course.flash.accuracy.plain_attention` takes neither
-``H_kv < H`` nor causal with ``N_q != N_k``, so the reference here is the same plain attention
-written out with the heads repeated (autograd then sums each group's gradients, which is
-what grouped-query dK/dV must be) and :func:`~attn_course.masks.causal_mask`'s bottom-right
-mask; the rule's factors and floors are :mod:`attn_course.flash.accuracy`'s.
+forward and backward, at lengths that are and are not tile multiples. The rule and its
+float64 reference are in ``tests/flash_rule.py``.
 """
 
 import pytest
@@ -17,63 +12,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from attn_course.flash.accuracy import FACTORS, FLOORS  # noqa: E402
-from attn_course.flash.triton_attention import attention_forward, flash_attention, kernel_config  # noqa: E402
-from attn_course.masks import causal_mask  # noqa: E402
+from flash_rule import DTYPES, assert_flash_rule, random_inputs  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = (torch.float16, torch.bfloat16) if DEVICE == "cuda" else (torch.float16, torch.float32)
+from attn_course.flash.triton_attention import flash_attention, kernel_config  # noqa: E402
+
 BLOCK_M = kernel_config("forward", 32).block_m     # 128: query tile of the forward
 BLOCK_N = kernel_config("forward", 32).block_n     # 64: key tile (and both backward tiles)
-
-
-def reference(q, k, v, *, causal):
-    """Plain attention in the inputs' dtype: output and natural log-sum-exp."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)    # [B, H, N_k, d]
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5                         # [B, H, N_q, N_k]
-    if causal:   # causal_mask's default offset N_k - N_q: bottom-right aligned
-        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], device=q.device), float("-inf"))
-    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
-    return torch.softmax(scores, dim=-1) @ v, lse
-
-
-def kernel(q, k, v, *, causal):
-    out = flash_attention(q, k, v, causal=causal)
-    _, lse = attention_forward(q.detach(), k.detach(), v.detach(), causal=causal)
-    return out, lse
-
-
-def results(attention, q, k, v, grad_out, causal):
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out, lse = attention(q, k, v, causal=causal)
-    out.backward(grad_out)
-    return {"output": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
-
-
-def errors_by_the_flash_rule(q, k, v, grad_out, causal):
-    """``{quantity: (kernel error, allowed)}`` against float64, allowed = factor · plain error + floor."""
-    judged = results(kernel, q, k, v, grad_out, causal)
-    plain = results(reference, q, k, v, grad_out, causal)
-    exact = results(reference, *(t.double() for t in (q, k, v, grad_out)), causal)
-    found = {}
-    for quantity, factor in FACTORS.items():
-        error = (judged[quantity].double() - exact[quantity]).abs().max().item()
-        plain_error = (plain[quantity].double() - exact[quantity]).abs().max().item()
-        found[quantity] = (error, factor * plain_error + FLOORS[q.dtype])
-    return found
-
-
-def random_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, *, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    shapes = [(batch, heads, n_q, head_dim), (batch, kv_heads, n_k, head_dim), (batch, kv_heads, n_k, head_dim),
-              (batch, heads, n_q, head_dim)]
-    return [torch.randn(shape, generator=generator, dtype=torch.float64).to(DEVICE, dtype) for shape in shapes]
-
-
-def assert_flash_rule(*inputs, causal):
-    for quantity, (error, allowed) in errors_by_the_flash_rule(*inputs, causal).items():
-        assert error <= allowed, f"{quantity}: kernel error {error:.2e}, allowed {allowed:.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -35,6 +35,10 @@ import triton.language as tl
 # Globals used inside kernels must be compile-time constants.
 LOG2_E = tl.constexpr(1.4426950408889634)   # log2(e): exp(x) == exp2(x * LOG2_E)
 LN_2 = tl.constexpr(0.6931471805599453)     # ln(2):   log(x) == log2(x) * LN_2
+# Flash-decoding splits the keys at multiples of this many keys, whatever the key tile
+# (64 or 128, both divide it): the splits, and so the partial buffers, do not depend on the
+# configuration the autotuner picks.
+DECODE_SPLIT_ALIGN = tl.constexpr(128)
 
 
 @triton.jit
@@ -327,3 +331,117 @@ def attention_backward_dq_kernel(
 
     out_offsets = batch_head.to(tl.int64) * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
     tl.store(dQ + out_offsets, (dq * scale).to(dQ.dtype.element_ty), mask=rows[:, None] < n_q)
+
+
+@triton.jit
+def attention_decode_kernel(
+    Q, K, V, PartialOut, PartialLSE,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    num_heads, num_kv_groups, n_q, n_k, scale, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """Flash-decoding, step 1. Grid ``(S, B·H_kv, cdiv(G·N_q, BLOCK_M))``: one split of the keys each.
+
+    With a handful of queries the forward kernel's grid, ``cdiv(N_q, BLOCK_M)·B·H``, is a few
+    dozen programs: most of a GPU's ~100 multiprocessors would sit idle while each program
+    streams the whole cache. Here the keys are cut into ``S`` splits (``num_splits``) and each
+    program attends to one split only. Its rows are the ``G·N_q`` (query head, query) pairs
+    of one key/value head, packed together, so a grouped-query cache is read once per group,
+    not once per query head. Each program writes its partial, normalised output and its
+    partial log-sum-exp (base 2) in float32; :func:`attention_decode_merge_kernel` combines
+    the ``S`` partials of each row by the log-sum-exp rule.
+
+    Splits are whole blocks of ``A = DECODE_SPLIT_ALIGN`` (128) keys: split ``s`` covers blocks
+    ``s·F // S .. (s+1)·F // S`` of the ``F = N_k // A`` full blocks, and the last split also
+    takes the keys after them. The launcher keeps ``S <= max(F, 1)`` and ``N_q <= 16``, so that
+    every split starts at or before key ``N_k - N_q``, the last key the first query sees
+    (bottom-right causal): no row of any split is empty, and no partial is ``0/0``.
+    ``PartialOut`` is contiguous ``[B·H, S, N_q, d]``, ``PartialLSE`` ``[B·H, S, N_q]``.
+    """
+    split = tl.program_id(0)
+    batch_kv_head = tl.program_id(1)
+    row_chunk = tl.program_id(2)
+    num_kv_heads = num_heads // num_kv_groups
+    batch = (batch_kv_head // num_kv_heads).to(tl.int64)
+    kv_head = (batch_kv_head % num_kv_heads).to(tl.int64)
+    # 1. My rows: packed (group member, query) pairs, row r = member · N_q + query.
+    packed = row_chunk * BLOCK_M + tl.arange(0, BLOCK_M)                     # [BLOCK_M]
+    member = packed // n_q
+    query = packed % n_q           # the query's index among the N_q: what the causal rule needs
+    valid = packed < num_kv_groups * n_q
+    head = kv_head * num_kv_groups + member                                   # [BLOCK_M] query heads
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + batch * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qn
+                + dims[None, :] * stride_qd, mask=valid[:, None], other=0.0)  # [BLOCK_M, d]
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    scale_log2 = scale * LOG2_E
+
+    # 2. My split of the keys, in whole blocks of DECODE_SPLIT_ALIGN; the last split runs to N_k.
+    full_blocks = n_k // DECODE_SPLIT_ALIGN
+    key_begin = (split * full_blocks // num_splits) * DECODE_SPLIT_ALIGN
+    key_end = ((split + 1) * full_blocks // num_splits) * DECODE_SPLIT_ALIGN
+    key_end = tl.where(split == num_splits - 1, n_k, key_end)
+    full_tiles = n_k // BLOCK_N
+
+    # 3. The forward kernel's two stages, inside the split: keys every row sees (all of them
+    #    without causality; those up to N_k - N_q with it) unmasked, the rest masked.
+    causal_offset = n_k - n_q
+    unmasked_end = tl.minimum(key_end, full_tiles * BLOCK_N)
+    if CAUSAL:
+        unmasked_end = tl.minimum(unmasked_end, ((causal_offset + 1) // BLOCK_N) * BLOCK_N)
+    unmasked_end = tl.maximum(unmasked_end, key_begin)
+    row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc, row_max, row_sum = forward_key_tiles(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        query, dims, n_k, causal_offset, scale_log2, key_begin, unmasked_end,
+        BLOCK_N=BLOCK_N, MASKED=False, CAUSAL=CAUSAL)
+    acc, row_max, row_sum = forward_key_tiles(
+        acc, row_max, row_sum, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        query, dims, n_k, causal_offset, scale_log2, unmasked_end, key_end,
+        BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL)
+
+    # 4. This split's partial result: normalised output and log-sum-exp, both in float32.
+    batch_head = batch * num_heads + head                                     # [BLOCK_M]
+    partial_row = (batch_head * num_splits + split) * n_q + query             # [BLOCK_M]
+    tl.store(PartialOut + partial_row[:, None] * HEAD_DIM + dims[None, :], acc / row_sum[:, None],
+             mask=valid[:, None])
+    tl.store(PartialLSE + partial_row, row_max + tl.log2(row_sum), mask=valid)
+
+
+@triton.jit
+def attention_decode_merge_kernel(
+    PartialOut, PartialLSE, Out, LSE,
+    stride_ob, stride_oh, stride_on, stride_od,
+    num_heads, n_q, num_splits,
+    HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+):
+    """Flash-decoding, step 2. Grid ``(B·H·N_q,)``: one row (query head, query) each.
+
+    The log-sum-exp rule: with partial outputs ``o_s`` and log-sum-exps ``ℓ_s`` (base 2),
+    ``ℓ = log₂ Σ_s 2^ℓ_s`` and ``o = Σ_s 2^(ℓ_s - ℓ) · o_s``, computed from the largest
+    ``ℓ_s`` so that no power overflows. ``SPLITS`` is ``num_splits`` rounded up to a power of 2.
+    """
+    row = tl.program_id(0).to(tl.int64)            # = (batch · H + head) · N_q + query
+    batch_head = row // n_q
+    query = row % n_q
+    splits = tl.arange(0, SPLITS)
+    dims = tl.arange(0, HEAD_DIM)
+    partial_rows = (batch_head * num_splits + splits) * n_q + query           # [SPLITS]
+    present = splits < num_splits
+    lse_parts = tl.load(PartialLSE + partial_rows, mask=present, other=float("-inf"))
+    largest = tl.max(lse_parts, 0)
+    weights = tl.exp2(lse_parts - largest)                                    # 0 for absent splits
+    total = tl.sum(weights, 0)
+    parts = tl.load(PartialOut + partial_rows[:, None] * HEAD_DIM + dims[None, :],
+                    mask=present[:, None], other=0.0)                         # [SPLITS, d]
+    out = tl.sum(parts * weights[:, None], 0) / total                         # [d]
+    batch = batch_head // num_heads
+    head = batch_head % num_heads
+    tl.store(Out + batch * stride_ob + head * stride_oh + query * stride_on + dims * stride_od,
+             out.to(Out.dtype.element_ty))
+    tl.store(LSE + row, (largest + tl.log2(total)) * LN_2)                     # natural log
