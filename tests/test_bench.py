@@ -5,29 +5,51 @@ from __future__ import annotations
 import ast
 import csv
 import dataclasses
+import inspect
+import json
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 import attn_course.bench
-from attn_course.bench import flash, kv_cache, timing
+from attn_course.bench import flash, flash_gpu, kv_cache, selfcheck, timing
 from attn_course.bench.__main__ import main
 from attn_course.language_model import LanguageModelConfig, TinyLanguageModel
 
 BENCH_DIR = pathlib.Path(attn_course.bench.__file__).parent
+REPO = BENCH_DIR.parent.parent
 CPU_COLUMNS = ["method", "n", "seconds", "peak_mib", "max_difference"]
-GPU_COLUMNS = ["method", "dtype", "head_dim", "causal", "n", "mode", "milliseconds", "tflops"]
+MACHINE_COLUMNS = ["gpu", "driver", "cuda", "torch_version", "triton_version"]
+GPU_COLUMNS = ["method", "dtype", "head_dim", "causal", "batch", "heads", "n", "mode", "status", "milliseconds",
+               "tflops", "max_difference", "first_call_s", "reason", *MACHINE_COLUMNS]
+DECODE_COLUMNS = ["method", "dtype", "head_dim", "batch", "heads", "kv_heads", "n_q", "n_k", "kv_layout", "status",
+                  "milliseconds", "kv_gbps", "max_difference", "first_call_s", "reason", *MACHINE_COLUMNS]
+SUMMARY_COLUMNS = ["kind", "dtype", "head_dim", "causal", "n_q", "n_k", "mode", "ours_ms", "best_sdpa",
+                   "best_sdpa_ms", "ratio", "target", "meets_target", "note", *MACHINE_COLUMNS]
+MACHINE = flash_gpu.MachineInfo(gpu="NVIDIA H200", driver="580.1", cuda="13.0", torch_version="2.11.0",
+                                triton_version="3.6.0")
 KV_CACHE_COLUMNS = ["new_tokens", "positions_without", "positions_with", "seconds_without", "seconds_with", "speedup"]
 
 
-def gpu_row(**changes) -> flash.GpuRow:
+def gpu_row(**changes) -> flash_gpu.GpuRow:
     """A made-up GpuRow (these tests run without a GPU), with ``changes`` applied."""
-    values = dict(method="ours (Triton)", dtype="float16", head_dim=64, causal=False, n=512,
-                  mode="forward", milliseconds=0.5, tflops=123.4)
-    return flash.GpuRow(**{**values, **changes})
+    values = dict(method="ours (Triton)", dtype="float16", head_dim=64, causal=False, batch=32, heads=32, n=512,
+                  mode="forward", status="ok", milliseconds=0.5, tflops=123.4, max_difference=1e-3,
+                  first_call_s=None, reason="", **dataclasses.asdict(MACHINE))
+    return flash_gpu.GpuRow(**{**values, **changes})
+
+
+def decode_row(**changes) -> flash_gpu.DecodeRow:
+    """A made-up DecodeRow, with ``changes`` applied."""
+    values = dict(method="ours (decode_attention)", dtype="float16", head_dim=128, batch=4, heads=32, kv_heads=8,
+                  n_q=1, n_k=4096, kv_layout="grouped (in place)", status="ok", milliseconds=0.02, kv_gbps=3355.4,
+                  max_difference=1e-3, first_call_s=None, reason="", **dataclasses.asdict(MACHINE))
+    return flash_gpu.DecodeRow(**{**values, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +64,8 @@ def test_package_reexports_what_chapter_04_imports():
     assert attn_course.bench.best_time is timing.best_time
 
 
-@pytest.mark.parametrize("code", ["import attn_course.bench.flash",
+@pytest.mark.parametrize("code", ["import attn_course.bench.flash", "import attn_course.bench.flash_gpu",
+                                  "import attn_course.bench.selfcheck",
                                   "import attn_course.flash; import attn_course.bench"])
 def test_imports_have_no_cycle_in_a_fresh_interpreter(code):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
@@ -65,7 +88,8 @@ def test_timing_is_a_leaf_module():
     assert ("attn_course", ["_validate"]) in imported_modules(BENCH_DIR / "timing.py")
 
 
-@pytest.mark.parametrize("name", ["__init__.py", "__main__.py", "timing.py", "kv_cache.py", "flash.py"])
+@pytest.mark.parametrize("name", ["__init__.py", "__main__.py", "timing.py", "kv_cache.py", "flash.py",
+                                  "flash_gpu.py", "selfcheck.py"])
 def test_no_underscore_names_imported_from_other_modules(name):
     for module, names in imported_modules(BENCH_DIR / name):
         if module.startswith("attn_course"):
@@ -97,7 +121,8 @@ def test_write_csv_has_one_column_per_field(tmp_path):
     with open(path) as handle:
         reader = csv.DictReader(handle)
         assert reader.fieldnames == GPU_COLUMNS
-        assert [(row["causal"], row["tflops"]) for row in reader] == [("False", "123.4"), ("True", "99.0")]
+        assert [(row["causal"], row["tflops"], row["first_call_s"]) for row in reader] == [
+            ("False", "123.4", ""), ("True", "99.0", "")]
 
 
 def test_write_csv_rejects_mixed_empty_or_plain_rows(tmp_path):
@@ -292,23 +317,6 @@ def test_cpu_rows_rejects_bad_input(changes, error, message):
         flash.cpu_rows(**{"lengths": (16,), "repeats": 1, **changes})
 
 
-@pytest.mark.parametrize("changes, error, message", [
-    ({"lengths": (512, -1)}, ValueError, r"lengths\[1\] must be >= 1, got -1"),
-    ({"head_dims": (64, 96)}, ValueError, r"head_dims\[1\] must divide model_dim=2048, got 96"),
-    ({"dtypes": (torch.float16, torch.int32)}, TypeError, r"dtypes\[1\] must be a floating torch.dtype"),
-    ({"tokens": 0}, ValueError, r"tokens must be >= 1, got 0"),
-])
-def test_gpu_rows_checks_its_input_before_looking_for_a_gpu(changes, error, message):
-    with pytest.raises(error, match=r"^gpu_rows: " + message):
-        flash.gpu_rows(**changes)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
-def test_gpu_rows_need_a_gpu():
-    with pytest.raises(RuntimeError, match=r"^gpu_rows: needs a CUDA GPU"):
-        flash.gpu_rows()
-
-
 def test_print_flash_prints_cpu_rows_with_the_memory_ratio(capsys):
     rows = [flash.CpuRow(method="naive", n=128, seconds=0.01, peak_mib=8.0, max_difference=1e-7),
             flash.CpuRow(method="tiled", n=128, seconds=0.02, peak_mib=2.0, max_difference=2e-7)]
@@ -318,30 +326,309 @@ def test_print_flash_prints_cpu_rows_with_the_memory_ratio(capsys):
     assert lines[-1] == "N=128: tiled peak memory 4.0x below naive"
 
 
-def test_print_flash_prints_gpu_rows(capsys):
-    flash.print_flash([gpu_row(), gpu_row(causal=True, mode="forward+backward", tflops=45.6)])
-    lines = capsys.readouterr().out.splitlines()
-    assert "TFLOP/s" in lines[0] and len(lines) == 3
-    assert lines[2].split() == ["ours", "(Triton)", "float16", "64", "True", "512", "forward+backward", "45.6"]
-
-
-def test_printers_and_plot_reject_mixed_or_missing_rows(tmp_path):
+def test_printers_and_plots_reject_mixed_or_missing_rows(tmp_path):
     cpu = flash.CpuRow(method="naive", n=64, seconds=1.0, peak_mib=1.0, max_difference=0.0)
-    with pytest.raises(TypeError, match=r"^print_flash: rows\[1\] must be a CpuRow like rows\[0\], got GpuRow"):
+    with pytest.raises(TypeError, match=r"^print_flash: rows\[1\] must be CpuRow, got GpuRow"):
         flash.print_flash([cpu, gpu_row()])
-    with pytest.raises(TypeError, match=r"^print_flash: rows\[0\] must be CpuRow or GpuRow, got dict"):
+    with pytest.raises(TypeError, match=r"^print_flash: rows\[0\] must be CpuRow, got dict"):
         flash.print_flash([dataclasses.asdict(cpu)])
     with pytest.raises(ValueError, match=r"^plot_rows: rows must not be empty"):
         flash.plot_rows([], tmp_path / "x.png", title="t")
     with pytest.raises(TypeError, match=r"^plot_rows: title must be a str, got int"):
         flash.plot_rows([cpu], tmp_path / "x.png", title=3)
+    with pytest.raises(TypeError, match=r"^plot_gpu_rows: rows\[1\] must be a GpuRow like rows\[0\], got DecodeRow"):
+        flash_gpu.plot_gpu_rows([gpu_row(), decode_row()], tmp_path / "x.png", title="t")
+    with pytest.raises(TypeError, match=r"^plot_gpu_rows: path must be a str or pathlib.Path, got int"):
+        flash_gpu.plot_gpu_rows([gpu_row()], 3, title="t")
+    with pytest.raises(TypeError, match=r"^print_summary: rows\[0\] must be SummaryRow, got GpuRow"):
+        flash_gpu.print_summary([gpu_row()])
 
 
-def test_plot_rows_draws_both_row_types(cpu_rows, tmp_path):
+def test_plots_draw_cpu_gpu_and_decode_rows(cpu_rows, tmp_path):
     flash.plot_rows(cpu_rows, tmp_path / "cpu.png", title="CPU")
     gpu = [gpu_row(n=n, causal=causal, tflops=n / 10) for causal in (False, True) for n in (512, 1024)]
-    flash.plot_rows(gpu, tmp_path / "gpu.png", title="GPU")
-    assert (tmp_path / "cpu.png").stat().st_size > 1000 and (tmp_path / "gpu.png").stat().st_size > 1000
+    gpu.append(gpu_row(method="sdpa cudnn", status="skipped", milliseconds=None, tflops=None, reason="no"))
+    flash_gpu.plot_gpu_rows(gpu, tmp_path / "gpu.png", title=MACHINE.title())
+    flash_gpu.plot_gpu_rows([decode_row(n_k=n, kv_gbps=n / 2) for n in (1024, 4096)], tmp_path / "decode.png",
+                            title=MACHINE.title())
+    assert all((tmp_path / name).stat().st_size > 1000 for name in ("cpu.png", "gpu.png", "decode.png"))
+
+
+# --- the GPU benchmark's pieces, without a GPU -----------------------------------------------------
+
+@pytest.mark.parametrize("changes, error, message", [
+    ({"lengths": (512, -1)}, ValueError, r"lengths\[1\] must be >= 1, got -1"),
+    ({"lengths": ()}, ValueError, r"lengths must not be empty"),
+    ({"head_dims": (64, 96)}, ValueError, r"head_dims\[1\] must divide model_dim=2048, got 96"),
+    ({"dtypes": (torch.float16, torch.int32)}, TypeError, r"dtypes\[1\] must be a floating torch.dtype"),
+    ({"dtypes": ()}, ValueError, r"dtypes must not be empty"),
+    ({"causal": (False, 1)}, TypeError, r"causal\[1\] must be a bool, got int"),
+    ({"modes": ("forward", "sideways")}, ValueError, r"modes\[1\] must be one of \['forward'"),
+    ({"tokens": 0}, ValueError, r"tokens must be >= 1, got 0"),
+    ({"deadline": "soon"}, TypeError, r"deadline must be a time.monotonic\(\) value or None, got str"),
+    ({"on_row": 3}, TypeError, r"on_row must be callable or None, got int"),
+    ({"machine": "H200"}, TypeError, r"machine must be a MachineInfo or None, got str"),
+    ({"device": "mps"}, ValueError, r"device must be 'cuda' or 'cpu' \(the CPU dry run\), got 'mps'"),
+])
+def test_gpu_rows_checks_its_input_before_looking_for_a_gpu(changes, error, message):
+    with pytest.raises(error, match=r"^gpu_rows: " + message):
+        flash_gpu.gpu_rows(**changes)
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    ({"kv_lengths": ()}, ValueError, r"kv_lengths must not be empty"),
+    ({"query_lengths": (1, 17)}, ValueError, r"query_lengths\[1\] must be <= 16 \(decoding\), got 17"),
+    ({"heads": 32, "kv_heads": 5}, ValueError, r"heads must be a multiple of kv_heads, got heads=32, kv_heads=5"),
+    ({"batch": 0}, ValueError, r"batch must be >= 1, got 0"),
+    ({"seed": -1}, ValueError, r"seed must be >= 0, got -1"),
+    ({"device": 0}, TypeError, r"device must be 'cuda' or 'cpu', got int"),
+])
+def test_decode_rows_checks_its_input(changes, error, message):
+    with pytest.raises(error, match=r"^decode_rows: " + message):
+        flash_gpu.decode_rows(**changes)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_gpu_rows_need_a_gpu_unless_told_to_dry_run():
+    with pytest.raises(RuntimeError, match=r"^gpu_rows: needs a CUDA GPU; use device='cpu' for the dry run"):
+        flash_gpu.gpu_rows()
+    with pytest.raises(RuntimeError, match=r"^run_gpu_benchmark: needs a CUDA GPU"):
+        flash_gpu.run_gpu_benchmark("unused")
+    with pytest.raises(ValueError, match=r"^run_gpu_benchmark: max_minutes must be a positive finite number"):
+        flash_gpu.run_gpu_benchmark("unused", dry_run=True, max_minutes=0)
+
+
+def test_a_spent_budget_records_every_measurement_as_skipped_without_running_it():
+    past = time.monotonic() - 1
+    rows = flash_gpu.gpu_rows((64, 128), head_dims=(16,), dtypes=(torch.float32,), tokens=128, model_dim=32,
+                              device="cpu", deadline=past, machine=MACHINE)
+    assert len(rows) == 2 * 2 * 5 * 3      # N, causal, method, mode
+    assert {(r.status, r.reason, r.milliseconds) for r in rows} == {("skipped", flash_gpu.TIME_BUDGET_SPENT, None)}
+    decode = flash_gpu.decode_rows((256,), query_lengths=(1, 16), dtypes=(torch.float32,), batch=1, heads=2,
+                                   kv_heads=1, head_dim=16, device="cpu", deadline=past, machine=MACHINE)
+    assert len(decode) == 2 * 5 and {r.status for r in decode} == {"skipped"}
+    assert flash_gpu.speedup_summary(rows, decode) == []
+
+
+def test_speedup_summary_compares_ours_with_the_fastest_sdpa_backend():
+    rows = [gpu_row(n=4096, milliseconds=2.0), gpu_row(n=4096, method="sdpa flash", milliseconds=1.0),
+            gpu_row(n=4096, method="sdpa cudnn", milliseconds=0.5),
+            gpu_row(n=4096, method="sdpa efficient", status="skipped", milliseconds=None, reason="no"),
+            gpu_row(n=4096, mode="backward", milliseconds=1.0), gpu_row(n=4096, mode="backward", method="sdpa flash",
+                                                                      milliseconds=0.8),
+            gpu_row(n=512, milliseconds=0.1), gpu_row(n=512, method="sdpa flash", milliseconds=0.2),
+            gpu_row(n=1024, status="skipped", milliseconds=None), gpu_row(n=1024, method="sdpa flash")]
+    decode = [decode_row(milliseconds=0.02), decode_row(method="sdpa flash", milliseconds=0.03)]
+    summary = {(r.kind, r.n_k, r.mode): r for r in flash_gpu.speedup_summary(rows, decode)}
+    long_forward = summary["attention", 4096, "forward"]
+    assert (long_forward.best_sdpa, long_forward.ratio, long_forward.target, long_forward.meets_target) == (
+        "sdpa cudnn", 0.25, 1.0, False)
+    long_backward = summary["attention", 4096, "backward"]
+    assert long_backward.ratio == pytest.approx(0.8) and long_backward.meets_target is True
+    short = summary["attention", 512, "forward"]
+    assert short.ratio == pytest.approx(2.0) and short.target is None and short.meets_target is None
+    assert summary["attention", 1024, "forward"].note == "ours did not run"
+    assert summary["decode", 4096, "forward"].ratio == pytest.approx(1.5)
+    assert summary["decode", 4096, "forward"].gpu == "NVIDIA H200"
+
+
+def test_print_summary_says_which_targets_were_met(capsys):
+    summary = flash_gpu.speedup_summary([gpu_row(n=4096, milliseconds=2.0),
+                                         gpu_row(n=4096, method="sdpa flash", milliseconds=1.0)])
+    flash_gpu.print_summary(summary)
+    out = capsys.readouterr().out
+    assert "0.50x" in out and "MISSED" in out
+    assert "forward: ours >= 1.0x SDPA's best in 0 of 1 configurations" in out
+
+
+def test_do_bench_gets_only_the_arguments_its_triton_version_takes(monkeypatch):
+    import triton.testing
+
+    assert set(flash_gpu._DO_BENCH_OPTIONS) <= set(inspect.signature(triton.testing.do_bench).parameters)
+    calls = []
+
+    def triton_36_do_bench(fn, warmup=25, rep=100, grad_to_none=None, quantiles=None, return_mode="mean"):
+        calls.append(dict(warmup=warmup, rep=rep, return_mode=return_mode))
+        fn()
+        return 1.5
+
+    def ancient_do_bench(fn, warmup=25, rep=100, grad_to_none=None, percentiles=(0.2, 0.8)):
+        fn()
+        return (2.5, 2.0, 3.0)     # the median first, then the percentiles
+
+    monkeypatch.setattr(triton.testing, "do_bench", triton_36_do_bench)
+    clock = flash_gpu._Clock(torch.device("cuda"))
+    assert clock.milliseconds(lambda: None) == 1.5
+    assert calls == [dict(warmup=5, rep=25, return_mode="median")] and "return_mode='median'" in clock.name
+    monkeypatch.setattr(triton.testing, "do_bench", ancient_do_bench)
+    assert flash_gpu._Clock(torch.device("cuda")).milliseconds(lambda: None) == 2.5
+
+
+def test_this_torch_has_enable_gqa():
+    # torch 2.5 added enable_gqa; the course pins 2.13 and the GPU image has 2.11.
+    assert flash_gpu.sdpa_has_enable_gqa() is True
+
+
+def test_machine_info_on_the_cpu_names_no_gpu_but_the_versions():
+    info = flash_gpu.machine_info("cpu")
+    assert info.gpu.startswith("none (CPU dry run") and info.torch_version == torch.__version__
+    assert f"torch {torch.__version__}" in info.title() and "Triton" in info.title()
+
+
+def test_cuda_facts_read_the_properties_torch_has(monkeypatch):
+    """The CUDA-only lines of machine.json, with torch.cuda's answers made up (no GPU here)."""
+    properties = type("Properties", (), {"total_memory": 150_000_000_000, "multi_processor_count": 132})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: properties)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    facts = flash_gpu._machine_facts(torch.device("cuda"))
+    assert (facts["compute_capability"], facts["memory_gib"], facts["multiprocessors"]) == ("9.0", 139.7, 132)
+
+
+@pytest.mark.parametrize("text, driver", [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024", "550.54.15"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build", "580.65.06"),
+    ("something else", "unknown"),
+])
+def test_driver_version_without_nvidia_smi_comes_from_proc(monkeypatch, text, driver):
+    def no_nvidia_smi(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(flash_gpu.subprocess, "run", no_nvidia_smi)
+    monkeypatch.setattr(flash_gpu.pathlib.Path, "read_text", lambda self: text)
+    assert flash_gpu._nvidia_driver() == driver
+
+
+# --- the dry run: the GPU benchmark's code, end to end on the CPU -------------------------------------
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """``python -m attn_course.bench flash --dry-run``, once for the tests below (about 25 s)."""
+    out = tmp_path_factory.mktemp("dry-run")
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-m", "attn_course.bench", "flash", "--dry-run", "--out", str(out)],
+                               capture_output=True, text=True, timeout=300, cwd=REPO)
+    return out, completed, time.perf_counter() - started
+
+
+@pytest.mark.slow   # about 25 s: Triton's interpreter
+def test_dry_run_writes_every_file_with_its_columns(dry_run):
+    out, completed, seconds = dry_run
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for name, columns in (("flash-gpu.csv", GPU_COLUMNS), ("flash-gpu-decode.csv", DECODE_COLUMNS),
+                          ("flash-gpu-summary.csv", SUMMARY_COLUMNS)):
+        found, rows = read_csv(out / name)
+        assert found == columns, name
+        assert rows and {row["torch_version"] for row in rows} == {torch.__version__}, name
+        assert {row["gpu"] for row in rows} == {flash_gpu.machine_info("cpu").gpu}
+    assert (out / "flash-gpu.png").stat().st_size > 1000 and (out / "flash-gpu-decode.png").stat().st_size > 1000
+    facts = json.loads((out / "machine.json").read_text())
+    assert facts["dry_run"] is True and facts["stopped"] == "complete" and facts["not_reached"] == 0
+    assert facts["machine"]["torch_version"] == torch.__version__ and [p["kind"] for p in facts["plan"]] == [
+        "attention", "decode", "attention", "decode", "decode", "attention"]
+    assert "torch " + torch.__version__ in completed.stdout and "ours/SDPA" in completed.stdout
+
+
+@pytest.mark.slow   # about 25 s: Triton's interpreter
+def test_dry_run_measures_ours_naive_and_sdpa_and_skips_the_cuda_backends_with_a_reason(dry_run):
+    out = dry_run[0]
+    _, rows = read_csv(out / "flash-gpu.csv")
+    sizes = flash_gpu.DRY_RUN
+    configurations = len(sizes["dtypes"]) * len(sizes["head_dims"]) * 2 * len(sizes["lengths"])
+    assert len(rows) == configurations * 5 * 3
+    by_method = {}
+    for row in rows:
+        by_method.setdefault(row["method"], []).append(row)
+    for method in ("ours (Triton)", "sdpa flash", "naive"):     # CPU SDPA has a flash backend
+        assert {row["status"] for row in by_method[method]} == {"ok"}, method
+        assert all(float(row["tflops"]) > 0 and float(row["max_difference"]) < 2e-2 for row in by_method[method])
+    for method in ("sdpa efficient", "sdpa cudnn"):             # CUDA-only: recorded, not raised
+        assert {row["status"] for row in by_method[method]} == {"skipped"}
+        assert all("No viable backend" in row["reason"] or "RuntimeError" in row["reason"] for row in by_method[method])
+    # The most important measurements come first: the longest N in the first dtype.
+    assert (rows[0]["dtype"], rows[0]["n"]) == ("float16", str(max(sizes["lengths"])))
+    _, decode = read_csv(out / "flash-gpu-decode.csv")
+    ours = [row for row in decode if row["method"].startswith("ours")]
+    assert ours and {row["status"] for row in ours} == {"ok"} and all(float(r["kv_gbps"]) > 0 for r in ours)
+    assert {row["n_q"] for row in decode} == {"1", "16"}
+    _, summary = read_csv(out / "flash-gpu-summary.csv")
+    judged = [row for row in summary if row["target"]]
+    assert judged and all(row["best_sdpa"] == "sdpa flash" and float(row["ratio"]) > 0 for row in judged)
+
+
+@pytest.mark.slow   # about 25 s: Triton's interpreter
+def test_dry_run_stops_on_sigterm_and_still_writes_the_summary(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "attn_course.bench", "flash", "--dry-run", "--out",
+                                str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            rows = tmp_path / "flash-gpu.csv"
+            if rows.exists() and len(rows.read_text().splitlines()) > 16:    # a measured configuration or more
+                break
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, output[-3000:]
+    assert "terminated (SIGTERM)" in output
+    facts = json.loads((tmp_path / "machine.json").read_text())
+    assert facts["stopped"] == "SIGTERM" and facts["measured"] > 0
+    _, summary = read_csv(tmp_path / "flash-gpu-summary.csv")
+    assert summary
+
+
+def test_a_tiny_budget_stops_the_run_and_says_what_was_not_reached(tmp_path):
+    result = flash_gpu.run_gpu_benchmark(tmp_path, dry_run=True, max_minutes=1e-9, progress=None)
+    assert result.stopped == "max_minutes" and result.summary == []
+    assert {r.reason for r in result.rows + result.decode} == {flash_gpu.TIME_BUDGET_SPENT}
+    facts = json.loads((tmp_path / "machine.json").read_text())
+    assert facts["stopped"] == "max_minutes" and facts["not_reached"] == len(result.rows) + len(result.decode)
+    columns, rows = read_csv(tmp_path / "flash-gpu-summary.csv")
+    assert columns == SUMMARY_COLUMNS and rows == []
+
+
+# --- the self-check without pytest, and the GPU script ------------------------------------------------
+
+def test_selfcheck_passes_a_correct_attention_and_fails_a_wrong_one():
+    from attn_course.flash.triton_attention import flash_attention
+
+    def sdpa(q, k, v, *, causal):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    options = dict(batch=1, heads=4, kv_heads=2, n_q=20, n_k=20, head_dim=16, dtype=torch.float32, causal=True,
+                   backward=True, device="cpu", name="t")
+    good = selfcheck.run_case(sdpa, **options)
+    assert good.passed and set(good.errors) == {"output", "dq", "dk", "dv"}
+    wrong = selfcheck.run_case(lambda q, k, v, causal: sdpa(q, k, v, causal=causal) * 1.01, **options)
+    assert not wrong.passed
+    raised = selfcheck.run_case(lambda q, k, v, causal: q[0, 0, 0, 99], **options)
+    assert not raised.passed and raised.error.startswith("IndexError")
+    ours = selfcheck.run_case(flash_attention, **{**options, "n_q": 5, "n_k": 40})   # bottom-right causal
+    assert ours.passed, ours
+
+
+def test_selfcheck_cases_cover_both_kernels_and_refuse_a_bad_device():
+    found = selfcheck.cases("cuda")
+    assert {c["kernel"] for c in found} == {"flash", "decode"}
+    assert {c["dtype"] for c in found} == {torch.float16, torch.bfloat16}
+    assert {c["head_dim"] for c in found} == {64, 128}
+    assert any(c["kv_heads"] < c["heads"] and c["n_q"] < c["n_k"] and c["causal"] for c in found)
+    with pytest.raises(ValueError, match=r"^cases: device must be 'cuda' or 'cpu', got 'tpu'"):
+        selfcheck.cases("tpu")
+    with pytest.raises(ValueError, match=r"^run_case: heads must be a multiple of kv_heads"):
+        selfcheck.run_case(lambda *a, **k: None, batch=1, heads=3, kv_heads=2, n_q=1, n_k=1, head_dim=8,
+                           dtype=torch.float32, causal=False, backward=False, device="cpu", name="x")
+
+
+def test_gpu_check_script_parses_and_names_files_that_exist():
+    script = REPO / "tools" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    for test_file in ("tests/test_flash_triton.py", "tests/test_flash_triton_gqa_causal.py"):
+        assert test_file in text and (REPO / test_file).exists()
+    assert "attn_course.bench.selfcheck" in text and "--max-minutes" in text and "no GPU: " in text
 
 
 # --- python -m attn_course.bench ---------------------------------------------------------------

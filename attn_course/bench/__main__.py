@@ -3,16 +3,22 @@
     python -m attn_course.bench kv-cache     # generation with and without a KV cache
     python -m attn_course.bench flash        # FlashAttention: GPU TFLOP/s, or CPU time and memory
                                              # (on a CPU also forward+backward memory, for training)
+    python -m attn_course.bench flash --max-minutes 4.5      # the GPU run, bounded in time
+    python -m attn_course.bench flash --dry-run              # the GPU code path on the CPU, tiny sizes
 
-``kv-cache`` writes ``bench-results/kv-cache.csv``; ``flash`` writes ``flash-gpu.csv`` on a
-CUDA machine, ``flash-cpu.csv`` and ``flash-cpu-training.csv`` elsewhere, with a PNG plot. ``--out`` changes the
-folder; ``--lengths`` overrides the list of N for ``flash`` and the numbers of generated
-tokens for ``kv-cache``.
+``kv-cache`` writes ``bench-results/kv-cache.csv``. ``flash`` on a CUDA machine (or with
+``--dry-run``) runs :func:`attn_course.bench.flash_gpu.run_gpu_benchmark`: ``flash-gpu.csv``,
+``flash-gpu-decode.csv``, ``flash-gpu-summary.csv``, ``machine.json`` and PNG plots; elsewhere
+``flash-cpu.csv`` and ``flash-cpu-training.csv`` with a PNG plot. ``--out`` changes the folder;
+``--lengths`` overrides the list of N for ``flash`` and the numbers of generated tokens for
+``kv-cache``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import pathlib
 import sys
 
@@ -33,6 +39,16 @@ def _length(text: str) -> int:
     return value
 
 
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value:g}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark named in ``argv`` (default: ``sys.argv[1:]``) and write its results.
 
@@ -40,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         argv: command-line arguments, e.g. ``["flash", "--lengths", "256", "512"]``.
 
     Returns:
-        0 on success (argparse exits with status 2 on bad arguments).
+        0 on success, also when ``--max-minutes`` left measurements out (their rows say so);
+        1 when the GPU run was terminated (SIGTERM) before its end. argparse exits with
+        status 2 on bad arguments.
     """
     parser = argparse.ArgumentParser(prog="python -m attn_course.bench", description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=["kv-cache", "flash"])
@@ -48,7 +66,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for the CSV and PNG (default: bench-results)")
     parser.add_argument("--lengths", type=_length, nargs="+",
                         help="sequence lengths N for flash; numbers of new tokens for kv-cache")
+    parser.add_argument("--max-minutes", type=_minutes, default=None,
+                        help="flash on a GPU: start no new measurement after this many minutes (default: no limit)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="flash: run the GPU benchmark's code on the CPU at tiny sizes (Triton's interpreter)")
     args = parser.parse_args(argv)
+    if args.name != "flash" and (args.dry_run or args.max_minutes is not None):
+        parser.error("--dry-run and --max-minutes are options of flash")
+    if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
+        os.environ["TRITON_INTERPRET"] = "1"           # the dry run's kernels run in the interpreter, GPU or not
     description = machine_description()
     print(f"# {description}")
     if args.name == "kv-cache":
@@ -62,22 +88,25 @@ def main(argv: list[str] | None = None) -> int:
     from attn_course.bench import flash
 
     lengths = {"lengths": tuple(args.lengths)} if args.lengths else {}
-    on_gpu = torch.cuda.is_available()
-    rows = flash.gpu_rows(**lengths) if on_gpu else flash.cpu_rows(**lengths)
+    if args.dry_run or torch.cuda.is_available():
+        from attn_course.bench import flash_gpu
+
+        result = flash_gpu.run_gpu_benchmark(args.out, dry_run=args.dry_run, max_minutes=args.max_minutes,
+                                             progress=functools.partial(print, flush=True), **lengths)
+        return 1 if result.stopped == "SIGTERM" else 0
+    rows = flash.cpu_rows(**lengths)
     flash.print_flash(rows)
-    name = "flash-gpu" if on_gpu else "flash-cpu"
-    print(f"wrote {write_csv(rows, args.out / f'{name}.csv')}")
-    plot = args.out / f"{name}.png"
+    print(f"wrote {write_csv(rows, args.out / 'flash-cpu.csv')}")
+    plot = args.out / "flash-cpu.png"
     try:
         flash.plot_rows(rows, plot, title=f"FlashAttention benchmark: {description}")
     except ImportError:   # a bare GPU image may lack matplotlib; the CSV holds the numbers
         print("matplotlib is not installed: no plot")
     else:
         print(f"wrote {plot}")
-    if not on_gpu:
-        training = flash.training_rows(**lengths)
-        flash.print_training(training)
-        print(f"wrote {write_csv(training, args.out / 'flash-cpu-training.csv')}")
+    training = flash.training_rows(**lengths)
+    flash.print_training(training)
+    print(f"wrote {write_csv(training, args.out / 'flash-cpu-training.csv')}")
     return 0
 
 

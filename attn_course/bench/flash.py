@@ -6,12 +6,11 @@
 * On a CPU, for training (:func:`training_rows`): peak memory of one forward and backward pass,
   naive attention (autograd keeps the N × N weights) against ``tiled_attention``, whose backward
   (:class:`~attn_course.flash.TiledAttentionFunction`) keeps only O and the log-sum-exp.
-* On a CUDA GPU (:func:`gpu_rows`): forward and forward+backward TFLOP/s of
-  :func:`~attn_course.flash.flash_attention`, of SDPA with each available backend
-  (flash, memory-efficient, cuDNN) and of naive attention, in float16 and bfloat16, head
-  dims 64 and 128, N from 512 to 16384, causal or not.
+* On a CUDA GPU: :mod:`attn_course.bench.flash_gpu` (forward and backward TFLOP/s of
+  :func:`~attn_course.flash.flash_attention` against SDPA's backends and naive attention, and
+  decoding against a long KV cache). :func:`attention_flops`, the FLOP count both use, is here.
 
-Rows are written to ``bench-results/flash-<cpu|gpu>.csv`` with a PNG plot (:func:`plot_rows`), the
+CPU rows are written to ``bench-results/flash-cpu.csv`` with a PNG plot (:func:`plot_rows`), the
 training rows to ``flash-cpu-training.csv``.
 """
 
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -31,10 +29,9 @@ from attn_course import _validate
 from attn_course.attention import self_attention
 from attn_course.bench.timing import best_time, check_rows
 from attn_course.flash.tiled import tiled_attention
-from attn_course.masks import causal_mask
 from attn_course.memory import peak_memory
 
-__all__ = ["CpuRow", "GpuRow", "TrainingRow", "attention_flops", "cpu_rows", "gpu_rows", "plot_rows", "print_flash",
+__all__ = ["CpuRow", "TrainingRow", "attention_flops", "cpu_rows", "plot_rows", "print_flash",
            "print_training", "training_rows"]
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -59,31 +56,6 @@ class CpuRow:
     seconds: float
     peak_mib: float
     max_difference: float
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuRow:
-    """One measurement of :func:`gpu_rows`.
-
-    Attributes:
-        method: e.g. ``"ours (Triton)"``, ``"sdpa flash"``, ``"naive"``.
-        dtype: ``"float16"`` or ``"bfloat16"``.
-        head_dim: d.
-        causal: whether the causal mask was applied.
-        n: sequence length N.
-        mode: ``"forward"`` or ``"forward+backward"``.
-        milliseconds: median time from ``triton.testing.do_bench``.
-        tflops: :func:`attention_flops` per second, in units of 10¹².
-    """
-
-    method: str
-    dtype: str
-    head_dim: int
-    causal: bool
-    n: int
-    mode: str
-    milliseconds: float
-    tflops: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,128 +261,18 @@ def print_training(rows: Sequence[TrainingRow]) -> None:
                   f"({peaks['naive']:.1f} MiB against {peaks['tiled']:.1f} MiB)")
 
 
-def gpu_rows(lengths: Sequence[int] = DEFAULT_LENGTHS, *, head_dims: Sequence[int] = (64, 128),
-             dtypes: Sequence[torch.dtype] = (torch.bfloat16, torch.float16), tokens: int = 16384,
-             model_dim: int = 2048, seed: int = 0) -> list[GpuRow]:
-    """TFLOP/s of our Triton kernel, SDPA's backends and naive attention on the current GPU.
-
-    Batch and heads follow the FlashAttention papers: ``B = tokens / N`` sequences (at
-    least 1) of ``H = model_dim / d`` heads, so every row does the same work per token.
-    A backend that does not support a case is left out of the rows; naive attention is
-    left out above N = 8192. Inputs come from a CUDA generator seeded with ``seed``.
+def print_flash(rows: Sequence[CpuRow]) -> None:
+    """Print the rows of :func:`cpu_rows` as a table, then one line per N with tiled attention's
+    memory saving over naive (GPU rows: :func:`attn_course.bench.flash_gpu.print_summary`).
 
     Args:
-        lengths: sequence lengths N.
-        head_dims: d values; each must divide ``model_dim``.
-        dtypes: floating dtypes, e.g. ``torch.float16``.
-        tokens: B · N per measurement.
-        model_dim: H · d per measurement.
-        seed: for the random ``q``, ``k``, ``v`` and output gradient; ``>= 0``.
-
-    Returns:
-        One :class:`GpuRow` per (dtype, d, causal, N, method, mode).
+        rows: a non-empty sequence of :class:`CpuRow`.
 
     Raises:
-        TypeError: a size or sequence of the wrong type, or a dtype that is not a floating
-            ``torch.dtype``.
-        ValueError: empty lengths, a size below 1, a head dim that does not divide
-            ``model_dim``, or a negative seed.
-        RuntimeError: no CUDA GPU.
-    """
-    where = "gpu_rows"
-    lengths = _lengths(where, lengths)
-    head_dims = _validate.integer_sequence(where, "head_dims", head_dims, minimum=1)
-    if isinstance(dtypes, (str, bytes)) or not isinstance(dtypes, Sequence):
-        raise TypeError(f"{where}: dtypes must be a sequence of torch dtypes, got {type(dtypes).__name__}")
-    for index, dtype in enumerate(dtypes):
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"{where}: dtypes[{index}] must be a floating torch.dtype, got {dtype!r}")
-    tokens = _validate.integer(where, "tokens", tokens, minimum=1)
-    model_dim = _validate.integer(where, "model_dim", model_dim, minimum=1)
-    for index, head_dim in enumerate(head_dims):
-        if model_dim % head_dim:
-            raise ValueError(f"{where}: head_dims[{index}] must divide model_dim={model_dim}, got {head_dim}")
-    seed = _validate.integer(where, "seed", seed, minimum=0)
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{where}: needs a CUDA GPU; use cpu_rows on a CPU")
-    # Imported here: triton.testing and the launcher are only needed, and only work fast, on a GPU.
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
-
-    from attn_course.flash.triton_attention import flash_attention
-
-    def sdpa_with(backend):
-        def run(q, k, v, causal):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return run
-
-    def naive(q, k, v, causal):   # the course's plain attention, as on the CPU
-        return self_attention(q, k, v, causal_mask(q.shape[-2], device=q.device) if causal else None)[0]
-
-    methods = {"ours (Triton)": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal),
-               "sdpa flash": sdpa_with(SDPBackend.FLASH_ATTENTION),
-               "sdpa efficient": sdpa_with(SDPBackend.EFFICIENT_ATTENTION),
-               "sdpa cudnn": sdpa_with(SDPBackend.CUDNN_ATTENTION),
-               "naive": naive}
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    rows = []
-    for dtype in dtypes:
-        for head_dim in head_dims:
-            for causal in (False, True):
-                for n in lengths:
-                    batch, heads = max(1, tokens // n), model_dim // head_dim
-                    q, k, v, grad_out = (torch.randn(batch, heads, n, head_dim, device="cuda", dtype=dtype,
-                                                     generator=generator) for _ in range(4))
-                    q, k, v = (t.requires_grad_() for t in (q, k, v))
-                    for method, fn in methods.items():
-                        if method == "naive" and n > 8192:
-                            continue   # the N × N matrices alone would take tens of GB
-                        try:
-                            fn(q, k, v, causal)
-                        except RuntimeError:   # a backend that does not support this case
-                            continue
-                        for mode, milliseconds in _gpu_milliseconds(do_bench, fn, q, k, v, grad_out, causal).items():
-                            flops = attention_flops(batch, heads, n, head_dim, causal=causal, mode=mode)
-                            rows.append(GpuRow(method=method, dtype=str(dtype).replace("torch.", ""),
-                                               head_dim=head_dim, causal=causal, n=n, mode=mode,
-                                               milliseconds=milliseconds, tflops=flops / milliseconds / 1e9))
-                    del q, k, v, grad_out
-                    torch.cuda.empty_cache()
-    return rows
-
-
-def _gpu_milliseconds(do_bench, fn, q, k, v, grad_out, causal) -> dict[str, float]:
-    def forward():
-        with torch.no_grad():
-            fn(q, k, v, causal)
-
-    def forward_backward():
-        fn(q, k, v, causal).backward(grad_out)
-
-    return {"forward": do_bench(forward, warmup=5, rep=30),
-            "forward+backward": do_bench(forward_backward, warmup=5, rep=30)}
-
-
-def print_flash(rows: Sequence[CpuRow] | Sequence[GpuRow]) -> None:
-    """Print the rows of :func:`cpu_rows` or :func:`gpu_rows` as a table.
-
-    CPU rows are followed by one line per N with tiled attention's memory saving over naive.
-
-    Args:
-        rows: a non-empty sequence of :class:`CpuRow`, or one of :class:`GpuRow`.
-
-    Raises:
-        TypeError: ``rows`` not a sequence of one of the two row types.
+        TypeError: ``rows`` not a sequence of :class:`CpuRow`.
         ValueError: no rows.
     """
-    rows = check_rows("print_flash", rows, (CpuRow, GpuRow))
-    if isinstance(rows[0], GpuRow):
-        print(f"{'method':>16} {'dtype':>9} {'d':>4} {'causal':>6} {'N':>6} {'mode':>17} {'TFLOP/s':>8}")
-        for r in rows:
-            print(f"{r.method:>16} {r.dtype:>9} {r.head_dim:>4} {str(r.causal):>6} {r.n:>6} "
-                  f"{r.mode:>17} {r.tflops:>8.1f}")
-        return
+    rows = check_rows("print_flash", rows, (CpuRow,))
     print(f"{'method':>6} {'N':>6} {'seconds':>9} {'peak MiB':>9} {'max diff':>9}")
     for r in rows:
         print(f"{r.method:>6} {r.n:>6} {r.seconds:>9.3f} {r.peak_mib:>9.1f} {r.max_difference:>9.1e}")
@@ -420,24 +282,22 @@ def print_flash(rows: Sequence[CpuRow] | Sequence[GpuRow]) -> None:
             print(f"N={n}: tiled peak memory {peaks['naive'] / peaks['tiled']:.1f}x below naive")
 
 
-def plot_rows(rows: Sequence[CpuRow] | Sequence[GpuRow], path: str | os.PathLike, *, title: str) -> None:
-    """Save a PNG of the rows from :func:`cpu_rows` or :func:`gpu_rows`, against N on a log axis.
-
-    CPU rows give two panels (time and peak memory, log-log); GPU rows one panel of TFLOP/s
-    per (dtype, d, causal, mode).
+def plot_rows(rows: Sequence[CpuRow], path: str | os.PathLike, *, title: str) -> None:
+    """Save a PNG of the rows from :func:`cpu_rows`: time and peak memory against N, log-log
+    (GPU rows: :func:`attn_course.bench.flash_gpu.plot_gpu_rows`).
 
     Args:
-        rows: a non-empty sequence of :class:`CpuRow`, or one of :class:`GpuRow`.
+        rows: a non-empty sequence of :class:`CpuRow`.
         path: the PNG file to write.
         title: the figure's title, e.g. :func:`~attn_course.bench.timing.machine_description`.
 
     Raises:
-        TypeError: ``rows`` not a sequence of one row type, ``path`` not a path, ``title`` not a str.
+        TypeError: ``rows`` not a sequence of :class:`CpuRow`, ``path`` not a path, ``title`` not a str.
         ValueError: no rows.
         ImportError: matplotlib is not installed.
     """
     where = "plot_rows"
-    rows = check_rows(where, rows, (CpuRow, GpuRow))
+    rows = check_rows(where, rows, (CpuRow,))
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{where}: path must be a str or path, got {type(path).__name__}")
     if not isinstance(title, str):
@@ -447,30 +307,14 @@ def plot_rows(rows: Sequence[CpuRow] | Sequence[GpuRow], path: str | os.PathLike
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    if isinstance(rows[0], GpuRow):
-        panels = sorted({(r.dtype, r.head_dim, r.causal, r.mode) for r in rows}, key=str)
-        columns = 4
-        figure, axes = plt.subplots(math.ceil(len(panels) / columns), columns, squeeze=False,
-                                    figsize=(4 * columns, 3.2 * math.ceil(len(panels) / columns)))
-        for axis, panel in zip(axes.flat, panels):
-            chosen = [r for r in rows if (r.dtype, r.head_dim, r.causal, r.mode) == panel]
-            for method in dict.fromkeys(r.method for r in chosen):
-                points = [(r.n, r.tflops) for r in chosen if r.method == method]
-                axis.plot(*zip(*points), marker="o", label=method)
-            axis.set(xscale="log", xlabel="N", ylabel="TFLOP/s",
-                     title=f"{panel[0]} d={panel[1]} {'causal' if panel[2] else 'full'} {panel[3]}")
-        axes.flat[0].legend(fontsize=7)
-        for axis in list(axes.flat)[len(panels):]:
-            axis.set_visible(False)
-    else:
-        figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for method in dict.fromkeys(r.method for r in rows):
-            chosen = [r for r in rows if r.method == method]
-            axes[0].plot([r.n for r in chosen], [r.seconds for r in chosen], marker="o", label=method)
-            axes[1].plot([r.n for r in chosen], [r.peak_mib for r in chosen], marker="o", label=method)
-        axes[0].set(xscale="log", yscale="log", xlabel="N", ylabel="seconds (best)", title="time")
-        axes[1].set(xscale="log", yscale="log", xlabel="N", ylabel="peak MiB", title="peak memory")
-        axes[1].legend()
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for method in dict.fromkeys(r.method for r in rows):
+        chosen = [r for r in rows if r.method == method]
+        axes[0].plot([r.n for r in chosen], [r.seconds for r in chosen], marker="o", label=method)
+        axes[1].plot([r.n for r in chosen], [r.peak_mib for r in chosen], marker="o", label=method)
+    axes[0].set(xscale="log", yscale="log", xlabel="N", ylabel="seconds (best)", title="time")
+    axes[1].set(xscale="log", yscale="log", xlabel="N", ylabel="peak MiB", title="peak memory")
+    axes[1].legend()
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
