@@ -1,7 +1,10 @@
-"""Ahead-of-time compilation of every FlashAttention kernel configuration for sm_80 and sm_90.
+"""Ahead-of-time compilation of the FlashAttention kernels for sm_80 and sm_90.
 
 Triton's interpreter (what the other flash tests use without a GPU) does not enforce dot
-shapes, dtypes or shared-memory limits; the real compiler does. This needs no GPU.
+shapes, dtypes or shared-memory limits; the real compiler does. This needs no GPU. The cases
+are :func:`~attn_course.flash.aot.essential_cases`: every kernel path for every head dim,
+causal flag and GPU, and every autotuning candidate at least once
+(``python -m attn_course.flash.aot --all`` compiles the full product).
 Triton fixes its mode at import, so compilation runs in subprocesses with
 ``TRITON_INTERPRET=0``, two shards in parallel. The compiling tests are marked slow.
 """
@@ -15,7 +18,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from attn_course.flash.aot import SHARED_MEMORY_LIMIT, all_cases  # noqa: E402
+from attn_course.flash.aot import SHARED_MEMORY_LIMIT, essential_cases  # noqa: E402
 
 SHARDS = 2
 
@@ -40,10 +43,30 @@ def compile_report():
 
 @pytest.mark.slow
 def test_every_configuration_compiles_for_sm80_and_sm90(compile_report):
-    assert len(compile_report) == len(all_cases())
-    for kernel, head_dim, dtype, causal, capability in all_cases():
-        expected = f"{kernel} d={head_dim} {dtype} causal={causal} sm_{capability}:"
-        assert any(line.startswith(expected) for line in compile_report), expected
+    cases = essential_cases()
+    assert len(compile_report) == len(cases)
+    for case in cases:
+        assert any(line.startswith(f"{case.name}:") for line in compile_report), case.name
+    # Every candidate configuration of every kernel is among them, for both GPUs.
+    from attn_course.flash.triton_attention import CONFIGS
+    for (kernel, head_dim), candidates in CONFIGS.items():
+        for index in range(len(candidates)):
+            for capability in SHARED_MEMORY_LIMIT:
+                assert any(c.kernel == kernel and c.config == index and c.capability == capability
+                           and (c.head_dim == head_dim or len(candidates) == 1) for c in cases)
+
+
+@pytest.mark.slow
+def test_hopper_code_uses_warp_group_matrix_multiplies(compile_report):
+    # On sm_90 every tile product of 64 rows or more must become wgmma (Hopper's tensor-core
+    # instruction); mma.sync alone would leave much of an H100/H200 unused. The decode kernel's
+    # 16-row tiles are below wgmma's 64-row minimum, and the merge has no matrix product.
+    for line in compile_report:
+        wide_tiles = not line.startswith(("decode[", "decode_merge")) or "block_m=64" in line
+        if "sm_90" in line and wide_tiles:
+            assert "wgmma=True" in line, line
+        if "sm_80" in line:
+            assert "wgmma=False" in line, line
 
 
 @pytest.mark.slow

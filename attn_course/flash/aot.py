@@ -5,7 +5,7 @@ dtype mix-ups, tiles that overflow shared memory). Compiling every kernel in eve
 configuration of :data:`~attn_course.flash.triton_attention.CONFIGS` for real targets
 catches those without a GPU:
 
-    TRITON_INTERPRET=0 python -m attn_course.flash.aot [SHARD/SHARDS]
+    TRITON_INTERPRET=0 python -m attn_course.flash.aot [--all] [SHARD/SHARDS]
 
 (``TRITON_INTERPRET=0`` keeps :mod:`attn_course` from selecting the interpreter.)
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from typing import NamedTuple
 
 # Shared memory one thread block may use, in bytes (CUDA programming guide, "Technical
 # specifications per compute capability"): A100 (sm_80) 163 KiB, H100/H200 (sm_90) 227 KiB.
@@ -23,83 +24,201 @@ SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 _TRITON_DTYPE = {"float16": "*fp16", "bfloat16": "*bf16"}
 
 
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL")
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "SPLITS")
 _TENSORS = ("Q", "K", "V", "Out", "dOut", "dQ", "dK", "dV")   # in the input dtype
-_STATISTICS = ("LSE", "Delta")                                 # float32
+_STATISTICS = ("LSE", "Delta", "PartialOut", "PartialLSE")     # float32
+_MERGE = "decode_merge"                                         # flash-decoding's second kernel
+_MERGE_KERNEL = "attention_decode_merge_kernel"
 
 
-def _signature(kernel_function, pointer_type: str) -> dict[str, str]:
-    """Triton's type string for each kernel parameter (the strides and sizes are i32)."""
+class Case(NamedTuple):
+    """One compilation: a kernel in one configuration, for one GPU.
+
+    Attributes:
+        kernel: a key of :data:`~attn_course.flash.triton_attention.KERNEL_NAMES`, or
+            ``"decode_merge"``.
+        config: index into :func:`~attn_course.flash.triton_attention.kernel_configs` (0 for the merge).
+        head_dim, dtype, causal, capability: the specialisation and the target (80 or 90).
+        block_m: the decode kernel's rows per program (one of ``DECODE_BLOCK_M``), else the config's.
+        splits: the merge kernel's ``SPLITS`` (else 0).
+    """
+
+    kernel: str
+    config: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    capability: int
+    block_m: int = 0
+    splits: int = 0
+
+    @property
+    def name(self) -> str:
+        shape = f" block_m={self.block_m}" if self.kernel == "decode" else ""
+        shape += f" splits={self.splits}" if self.kernel == _MERGE else ""
+        return (f"{self.kernel}[{self.config}]{shape} d={self.head_dim} {self.dtype} causal={self.causal} "
+                f"sm_{self.capability}")
+
+
+def _signature(kernel_function, pointer_type: str) -> tuple[dict[str, str], dict[str, int], dict]:
+    """Triton's type string for each kernel parameter, specialised as the JIT specialises a
+    launch on contiguous, 16-byte-aligned tensors.
+
+    At run time Triton compiles a variant per argument pattern: an integer equal to 1 becomes a
+    constant, and pointers and integers divisible by 16 are marked so (``tt.divisibility``).
+    That decides the code: with the head dimension's stride known to be 1 and rows aligned, the
+    compiler can issue vector and asynchronous copies (and pipeline them through shared memory)
+    instead of one scalar load per element. So here the last-dimension strides are the constant
+    1 and the pointers and other strides divisible by 16, as with contiguous ``[B, H, N, d]``
+    tensors of ``d`` in 16…128; the sizes (``n_q``, ``n_k``, ...) stay plain ``i32``.
+
+    Returns:
+        ``(signature, extra constants, attributes)`` for :class:`triton.compiler.ASTSource`.
+    """
     import inspect
 
-    signature = {}
-    for name in inspect.signature(kernel_function.fn).parameters:
+    signature, constants, attributes = {}, {}, {}
+    for index, name in enumerate(inspect.signature(kernel_function.fn).parameters):
         if name in _CONSTEXPRS:
             signature[name] = "constexpr"
-        elif name in _TENSORS:
-            signature[name] = pointer_type
-        elif name in _STATISTICS:
-            signature[name] = "*fp32"
+        elif name.startswith("stride_") and name.endswith("d"):      # stride_qd, ..., stride_dod
+            signature[name] = "constexpr"
+            constants[name] = 1
+        elif name in _TENSORS or name in _STATISTICS:
+            signature[name] = pointer_type if name in _TENSORS else "*fp32"
+            attributes[(index,)] = [["tt.divisibility", 16]]
+        elif name.startswith("stride_"):
+            signature[name] = "i32"
+            attributes[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name == "scale" else "i32"
-    return signature
+    return signature, constants, attributes
 
 
-def compile_kernel(kernel: str, head_dim: int, dtype: str, causal: bool, capability: int):
-    """Compile one kernel for ``sm_<capability>`` and return Triton's compiled kernel.
-
-    Args:
-        kernel: ``"forward"``, ``"backward_dkdv"`` or ``"backward_dq"``.
-        head_dim: one of :data:`~attn_course.flash.triton_attention.SUPPORTED_HEAD_DIMS`.
-        dtype: ``"float16"`` or ``"bfloat16"``.
-        causal: the ``CAUSAL`` specialisation.
-        capability: 80 (A100) or 90 (H100/H200).
+def compile_case(case: Case):
+    """Compile one :class:`Case` and return Triton's compiled kernel (``.asm["ptx"]``,
+    ``.metadata.shared`` in bytes, ...).
 
     Raises:
         RuntimeError: Triton is in interpreter mode (set ``TRITON_INTERPRET=0``).
+        ValueError: an unknown dtype or kernel.
     """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from attn_course.flash import kernels
-    from attn_course.flash.triton_attention import KERNEL_NAMES, kernel_config, runs_in_interpreter
+    from attn_course.flash.triton_attention import KERNEL_NAMES, kernel_configs, runs_in_interpreter
 
     if runs_in_interpreter():
         raise RuntimeError("compile_kernel: Triton is in interpreter mode; run with TRITON_INTERPRET=0")
-    if dtype not in _TRITON_DTYPE:
-        raise ValueError(f"compile_kernel: dtype must be one of {sorted(_TRITON_DTYPE)}, got {dtype!r}")
-    config = kernel_config(kernel, head_dim)
-    kernel_function = getattr(kernels, KERNEL_NAMES[kernel])
-    constants = {"HEAD_DIM": head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "CAUSAL": causal}
-    source = ASTSource(fn=kernel_function, signature=_signature(kernel_function, _TRITON_DTYPE[dtype]),
-                       constexprs=constants)
-    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
-                          options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    if case.dtype not in _TRITON_DTYPE:
+        raise ValueError(f"compile_kernel: dtype must be one of {sorted(_TRITON_DTYPE)}, got {case.dtype!r}")
+    if case.kernel == _MERGE:
+        kernel_function = getattr(kernels, _MERGE_KERNEL)
+        constants = {"HEAD_DIM": case.head_dim, "SPLITS": case.splits}
+        options = {"num_warps": 4, "num_stages": 1}
+    elif case.kernel in KERNEL_NAMES:
+        config = kernel_configs(case.kernel, case.head_dim)[case.config]
+        kernel_function = getattr(kernels, KERNEL_NAMES[case.kernel])
+        block_m = case.block_m if case.kernel == "decode" else config.block_m
+        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": block_m, "BLOCK_N": config.block_n, "CAUSAL": case.causal}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    else:
+        raise ValueError(f"compile_kernel: kernel must be one of {sorted([*KERNEL_NAMES, _MERGE])}, "
+                         f"got {case.kernel!r}")
+    signature, strides, attributes = _signature(kernel_function, _TRITON_DTYPE[case.dtype])
+    source = ASTSource(fn=kernel_function, signature=signature, constexprs={**constants, **strides}, attrs=attributes)
+    return triton.compile(source, target=GPUTarget("cuda", case.capability, 32), options=options)
 
 
-def all_cases():
-    """Every (kernel, head_dim, dtype, causal, capability) the launcher can pick on a GPU."""
-    from attn_course.flash.triton_attention import KERNEL_NAMES, SUPPORTED_HEAD_DIMS
+def compile_kernel(kernel: str, head_dim: int, dtype: str, causal: bool, capability: int, config: int = 0):
+    """Compile one kernel in its ``config``-th candidate configuration for ``sm_<capability>``.
 
-    return list(itertools.product(sorted(KERNEL_NAMES), SUPPORTED_HEAD_DIMS, sorted(_TRITON_DTYPE),
-                                  (False, True), sorted(SHARED_MEMORY_LIMIT)))
+    Args:
+        kernel: ``"forward"``, ``"backward_dkdv"``, ``"backward_dq"`` or ``"decode"``.
+        head_dim: one of :data:`~attn_course.flash.triton_attention.SUPPORTED_HEAD_DIMS`.
+        dtype: ``"float16"`` or ``"bfloat16"``.
+        causal: the ``CAUSAL`` specialisation.
+        capability: 80 (A100) or 90 (H100/H200).
+        config: index into :func:`~attn_course.flash.triton_attention.kernel_configs`.
+
+    Raises:
+        RuntimeError: Triton is in interpreter mode (set ``TRITON_INTERPRET=0``).
+    """
+    from attn_course.flash.triton_attention import DECODE_BLOCK_M
+
+    return compile_case(Case(kernel, config, head_dim, dtype, causal, capability, block_m=DECODE_BLOCK_M[0]))
+
+
+def all_cases() -> list[Case]:
+    """Every compilation the launcher can need on a GPU.
+
+    Every candidate configuration of every kernel, head dim and causal flag, for sm_80 and sm_90,
+    in float16; the default candidate in bfloat16 too (the dtype changes neither the tile shapes
+    nor the shared memory, both being 2-byte types, only the conversions); the decode kernel at
+    each of its row widths; the merge kernel at the smallest and largest ``SPLITS``.
+    """
+    from attn_course.flash.triton_attention import (
+        DECODE_BLOCK_M,
+        DECODE_MAX_SPLITS,
+        KERNEL_NAMES,
+        SUPPORTED_HEAD_DIMS,
+        decode_merge_width,
+        kernel_configs,
+    )
+
+    cases = []
+    for kernel, head_dim, causal, capability in itertools.product(
+            sorted(KERNEL_NAMES), SUPPORTED_HEAD_DIMS, (False, True), sorted(SHARED_MEMORY_LIMIT)):
+        for index in range(len(kernel_configs(kernel, head_dim))):
+            for dtype in (sorted(_TRITON_DTYPE) if index == 0 else ["float16"]):
+                for block_m in (DECODE_BLOCK_M if kernel == "decode" else (0,)):
+                    cases.append(Case(kernel, index, head_dim, dtype, causal, capability, block_m=block_m))
+    for head_dim, dtype, capability, splits in itertools.product(
+            SUPPORTED_HEAD_DIMS, sorted(_TRITON_DTYPE), sorted(SHARED_MEMORY_LIMIT),
+            (decode_merge_width(1), decode_merge_width(DECODE_MAX_SPLITS))):
+        cases.append(Case(_MERGE, 0, head_dim, dtype, False, capability, splits=splits))
+    return cases
+
+
+def essential_cases() -> list[Case]:
+    """The cases ``make test`` compiles: every kernel path, and every candidate at least once.
+
+    Every kernel (the merge included) in its default configuration for every head dim, causal
+    flag and GPU, in float16 (the decode kernel at both row widths); every other candidate at
+    d = 64 and 128, causal, in float16; and the default configurations in bfloat16 at d = 64
+    on sm_90. :func:`all_cases` (``--all``) compiles the full product, about twice as many.
+    """
+    def wanted(case: Case) -> bool:
+        if case.dtype == "bfloat16":
+            return case.config == 0 and case.head_dim == 64 and case.capability == 90 and case.causal \
+                and case.block_m in (0, 16) and case.splits in (0, 128)
+        if case.kernel == _MERGE:
+            return case.splits == 128
+        return case.config == 0 or (case.head_dim in (64, 128) and case.causal)
+
+    return [case for case in all_cases() if wanted(case)]
 
 
 def main(argv: list[str]) -> int:
-    """Compile the cases (all, or the ``shard/shards`` slice given as ``argv[0]``), print one
-    line each: the case, shared memory in bytes, the limit, and OK or TOO BIG."""
-    cases = all_cases()
-    if argv:
-        shard, shards = (int(part) for part in argv[0].split("/"))
+    """Compile the cases (:func:`essential_cases`, or :func:`all_cases` with ``--all``; the
+    ``shard/shards`` slice if one is given) and print one line each: the case, shared memory in
+    bytes, the limit, whether the PTX uses ``wgmma`` (Hopper's warp-group matrix multiply),
+    and OK or TOO BIG. Exit status 1 if anything is too big."""
+    cases = all_cases() if "--all" in argv else essential_cases()
+    slices = [argument for argument in argv if argument != "--all"]
+    if slices:
+        shard, shards = (int(part) for part in slices[0].split("/"))
         cases = cases[shard::shards]
     failures = 0
-    for kernel, head_dim, dtype, causal, capability in cases:
-        compiled = compile_kernel(kernel, head_dim, dtype, causal, capability)
-        shared, limit = compiled.metadata.shared, SHARED_MEMORY_LIMIT[capability]
+    for case in cases:
+        compiled = compile_case(case)
+        shared, limit = compiled.metadata.shared, SHARED_MEMORY_LIMIT[case.capability]
         failures += shared > limit
-        print(f"{kernel} d={head_dim} {dtype} causal={causal} sm_{capability}: shared {shared} "
-              f"limit {limit} {'OK' if shared <= limit else 'TOO BIG'}", flush=True)
+        wgmma = "wgmma" in compiled.asm["ptx"]
+        print(f"{case.name}: shared {shared} limit {limit} wgmma={wgmma} {'OK' if shared <= limit else 'TOO BIG'}",
+              flush=True)
     return 1 if failures else 0
 
 
