@@ -71,6 +71,14 @@ class MultiHeadAttention(nn.Module):
             instance (its ``head_dim`` must be ``E / H``). Applies to self-attention; with
             a cache, new tokens get the positions after the cached ones (or those passed
             as ``positions`` to :meth:`forward`).
+        flash_kernel: compute the attention with the Triton FlashAttention kernel
+            (:func:`~attn_course.flash.flash_attention`, chapter 06), which reads grouped-query
+            K/V heads in place and, for up to 16 new tokens, decodes by splitting the cache.
+            ``None`` (default): on a CUDA GPU, in float16 or bfloat16, when the call asks for no
+            weights (``need_weights=False``), passes no ``mask`` (``is_causal`` is fine) and no
+            dropout applies, with ``E / H`` in 16, 32, 64, 128. ``True``: under the same
+            conditions on any device (on a CPU the kernel runs in Triton's interpreter: slow),
+            and an error when a call does not meet them. ``False``: never.
 
     Raises:
         TypeError: non-int sizes or a non-number dropout.
@@ -94,6 +102,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         rope: bool | RotaryEmbedding = False,
+        flash_kernel: bool | None = None,
     ) -> None:
         super().__init__()
         where = "MultiHeadAttention"
@@ -133,10 +142,12 @@ class MultiHeadAttention(nn.Module):
             self.rope = RotaryEmbedding(self.head_dim) if rope else None
         else:
             raise TypeError(f"{where}: rope must be a bool or a RotaryEmbedding, got {type(rope).__name__}")
+        self.flash_kernel = None if flash_kernel is None else _validate.boolean(where, "flash_kernel", flash_kernel)
 
     def extra_repr(self) -> str:
+        flash = "" if self.flash_kernel is None else f", flash_kernel={self.flash_kernel}"
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}")
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}{flash}")
 
     def forward(
         self,
@@ -202,6 +213,7 @@ class MultiHeadAttention(nn.Module):
         if positions is not None:
             positions = self._check_positions(where, positions, query, self_attending)
 
+        mask_given = mask is not None
         q = split_heads(self.q_proj(query), self.num_heads)           # [B, H, N_q, d]
         k = split_heads(self.k_proj(key), self.num_kv_heads)          # [B, H_kv, N_new, d]
         v = split_heads(self.v_proj(value), self.num_kv_heads)        # [B, H_kv, N_new, d]
@@ -219,6 +231,14 @@ class MultiHeadAttention(nn.Module):
             causal = causal_mask(n_q, n_k, device=query.device)          # queries are the newest
             mask = restrict_mask(mask, causal)
 
+        if self._uses_flash_kernel(where, q, mask_given, need_weights):
+            from attn_course.flash.triton_attention import flash_attention
+
+            # The kernel reads key/value head h // G for query head h itself, and is_causal is
+            # its bottom-right causal mask (the new queries are the last of the N_k positions).
+            output = flash_attention(q, k, v, causal=is_causal)                # [B, H, N_q, d]
+            return self.out_proj(merge_heads(output)), None
+
         # Grouped-query attention: view the H query heads as H_kv groups of G, so that each
         # key/value head broadcasts over its group instead of being copied G times.
         groups = self.num_heads // self.num_kv_heads
@@ -233,6 +253,27 @@ class MultiHeadAttention(nn.Module):
         output = output.flatten(1, 2)                                    # [B, H, N_q, d]
         output = self.out_proj(merge_heads(output))                      # [B, N_q, E]
         return output, (weights.flatten(1, 2) if need_weights else None)
+
+    def _uses_flash_kernel(self, where: str, q: torch.Tensor, mask_given: bool, need_weights: bool) -> bool:
+        """Whether this call runs :func:`~attn_course.flash.flash_attention` (see ``flash_kernel``)."""
+        if self.flash_kernel is False:
+            return False
+        from attn_course.flash.triton_attention import GPU_DTYPES, INTERPRETER_DTYPES, SUPPORTED_HEAD_DIMS
+
+        dtypes = GPU_DTYPES if q.is_cuda else INTERPRETER_DTYPES
+        blockers = [reason for reason, blocked in (
+            ("need_weights=True (the kernel never forms the weights)", need_weights),
+            ("a mask (only is_causal is supported)", mask_given),
+            ("dropout while training", self.training and self.dropout > 0),
+            (f"head size E / H = {self.head_dim}, not one of {SUPPORTED_HEAD_DIMS}",
+             self.head_dim not in SUPPORTED_HEAD_DIMS),
+            (f"dtype {q.dtype}, not one of {[str(d) for d in dtypes]}", q.dtype not in dtypes),
+        ) if blocked]
+        if self.flash_kernel is None:
+            return q.is_cuda and not blockers
+        if blockers:
+            raise ValueError(f"{where}: flash_kernel=True, but this call has " + "; ".join(blockers))
+        return True
 
     def _check_positions(self, where: str, positions: object, query: torch.Tensor,
                          self_attending: bool) -> torch.Tensor:

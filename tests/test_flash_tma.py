@@ -272,3 +272,23 @@ def test_compile_refuses_interpreter_mode():
         pytest.skip("Triton is in GPU mode in this process")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
         compile_tma_forward(64, "float16", False)
+
+
+def test_attention_forward_takes_the_tma_path_only_where_supported():
+    # attention_forward(tma=None) picks the descriptor kernel by itself where it is supported;
+    # tma=True insists (an error elsewhere, e.g. in the interpreter), tma=False never uses it.
+    from attn_course.flash import kernels_tma
+    from attn_course.flash.triton_attention import attention_forward
+
+    generator = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 70, 64, generator=generator).to(DEVICE, DTYPES[0]) for _ in range(3))
+    pointer_out, pointer_lse = attention_forward(q, k, v, causal=True, tma=False)
+    if kernels_tma.tma_forward_supported(q, k, v):
+        tma_out, tma_lse = attention_forward(q, k, v, causal=True, tma=True)
+        torch.testing.assert_close(tma_out, pointer_out, atol=2e-3, rtol=0)
+        torch.testing.assert_close(tma_lse, pointer_lse, atol=1e-4, rtol=0)
+    else:
+        with pytest.raises(ValueError, match="tma=True needs CUDA tensors on a Hopper GPU"):
+            attention_forward(q, k, v, causal=True, tma=True)
+    with pytest.raises(TypeError, match="tma must be a bool"):
+        attention_forward(q, k, v, tma=1)

@@ -619,3 +619,42 @@ def test_padded_tokens_do_not_change_the_real_tokens_outputs(lengths, seed):
     for b, length in enumerate(lengths):
         torch.testing.assert_close(first[b, :length], second[b, :length], atol=1e-6, rtol=1e-6)
         assert torch.all(weights[b, :, :, length:] == 0)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("new_tokens", [20, 1], ids=["prompt", "decode"])
+def test_flash_kernel_path_matches_plain_attention_with_a_cache(kv_heads, new_tokens):
+    # The Triton kernel (here in its interpreter) reads grouped K/V in place and decodes one
+    # token by splitting the cache; the module's output must be the plain path's.
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(64, 4, num_kv_heads=kv_heads, rope=True, flash_kernel=False)
+    fused = MultiHeadAttention(64, 4, num_kv_heads=kv_heads, rope=True, flash_kernel=True)
+    fused.load_state_dict(plain.state_dict())
+    prompt, step = torch.randn(2, 30, 64), torch.randn(2, new_tokens, 64)
+    outputs = []
+    for module in (plain, fused):
+        cache = KVCache()
+        module(prompt, is_causal=True, kv_cache=cache, need_weights=False)
+        outputs.append(module(step, is_causal=True, kv_cache=cache, need_weights=False)[0])
+    assert fused.extra_repr().endswith("flash_kernel=True")
+    torch.testing.assert_close(outputs[1], outputs[0], atol=2e-6, rtol=0)
+
+
+def test_flash_kernel_true_refuses_what_the_kernel_cannot_do():
+    pytest.importorskip("triton")
+    module = MultiHeadAttention(48, 4, flash_kernel=True)       # head size 12
+    x = torch.randn(1, 5, 48)
+    with pytest.raises(ValueError, match=r"flash_kernel=True, but this call has need_weights=True .*; head size "
+                                         r"E / H = 12, not one of \(16, 32, 64, 128\)"):
+        module(x)
+    with pytest.raises(TypeError, match="flash_kernel must be a bool"):
+        MultiHeadAttention(48, 4, flash_kernel="yes")
+
+
+def test_flash_kernel_is_not_used_on_a_cpu_by_default(monkeypatch):
+    from attn_course.flash import triton_attention
+
+    monkeypatch.setattr(triton_attention, "flash_attention", lambda *a, **k: pytest.fail("kernel used"))
+    module = MultiHeadAttention(64, 4, num_kv_heads=2)
+    module(torch.randn(1, 5, 64), is_causal=True, need_weights=False)

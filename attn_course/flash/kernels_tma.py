@@ -263,12 +263,21 @@ def _ensure_allocator() -> None:
     (a ``ContextVar`` in recent Triton, so a new thread starts without one and gets ours on its
     first launch), and its default is a ``NullAllocator`` that raises at launch.
     """
-    from triton.runtime import _allocation
+    global _allocator_installed
+    try:
+        from triton.runtime import _allocation
 
-    current = _allocation._allocator
-    current = current.get() if hasattr(current, "get") else current
-    if isinstance(current, _allocation.NullAllocator):
+        current = _allocation._allocator
+        current = current.get() if hasattr(current, "get") else current
+        unset = isinstance(current, _allocation.NullAllocator)
+    except (ImportError, AttributeError):   # a Triton whose internals moved: install ours once
+        unset = not _allocator_installed
+    if unset:
         triton.set_allocator(_scratch_allocator)
+        _allocator_installed = True
+
+
+_allocator_installed = False
 
 
 def _power_of_two(where: str, name: str, value, minimum: int, maximum: int) -> int:

@@ -274,7 +274,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None, out=None, lse=None,
-                      config: KernelConfig | None = None):
+                      config: KernelConfig | None = None, tma: bool | None = None):
     """Run the forward kernel: the attention output and each row's log-sum-exp.
 
     Args:
@@ -285,6 +285,10 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
         lse: optional float32 ``[B, H, N_q]`` buffer, likewise.
         config: one of :func:`kernel_configs` ``("forward", d)``; default: the autotuner's
             choice on a GPU, the first candidate in the interpreter.
+        tma: run the tensor-descriptor (TMA) kernel of :mod:`attn_course.flash.kernels_tma`:
+            ``None`` (default) where it is supported (a Hopper GPU, a Triton with device-side
+            descriptors, aligned inputs, no ``config`` given), ``False`` never, ``True`` always
+            (an error where it is not supported).
 
     Returns:
         ``(out, lse)``: ``out`` in the input dtype, ``lse`` float32 with
@@ -306,6 +310,19 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
                          f"{_validate.shape_str(out)} {out.dtype}, lse {_validate.shape_str(lse)}")
     config = _check_config(where, "config", config, "forward", head_dim)
     kernels = _kernels_for(q, where)
+    if tma is not None:
+        _validate.boolean(where, "tma", tma)
+    if tma is not False:
+        from attn_course.flash import kernels_tma
+
+        supported = kernels_tma.tma_forward_supported(q, k, v, out)
+        if tma and not supported:
+            raise ValueError(f"{where}: tma=True needs CUDA tensors on a Hopper GPU (capability 9.x), a Triton "
+                             "with device-side tensor descriptors, and 16-byte aligned inputs with stride 1 "
+                             "along d; these inputs do not qualify (tma=None chooses by itself)")
+        if supported and (tma or config is None):
+            return kernels_tma.attention_forward_tma(q, k, v, out, lse, causal=causal, scale=scale,
+                                                     **kernels_tma.tma_forward_config(head_dim))
     _launch(kernels, "forward", n_q, batch * heads,
             q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             heads, heads // k.shape[1], n_q, n_k, scale, head_dim=head_dim, causal=causal, config=config)
