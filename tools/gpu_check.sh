@@ -31,7 +31,7 @@ say() { echo "== [$((SECONDS - started)) s] $*" | tee -a "$out/status.txt"; }
 {
     date -u
     if command -v nvidia-smi > /dev/null; then
-        nvidia-smi
+        nvidia-smi > "$out/nvidia-smi.txt" 2>&1      # the full table: in the file, not the log
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
     else
         echo "nvidia-smi: not found"
@@ -91,7 +91,7 @@ if "$py" -c "import pytest" 2> /dev/null; then
         wait "${pids[$index]}"
         rc=$?
         name=$(basename "${files[$index]}" .py)
-        tail -15 "$out/tests-$name.txt"
+        tail -4 "$out/tests-$name.txt"
         case $rc in
             0) say "${files[$index]}: passed" ;;
             124|137) say "${files[$index]}: TIMED OUT after 150 s (see tests-$name.txt)"; failed=1 ;;
@@ -102,7 +102,7 @@ else
     say "pytest is not installed here: running python -m attn_course.bench.selfcheck instead of the test files"
     timeout -k 10 150 "$py" -m attn_course.bench.selfcheck cuda > "$out/selfcheck.txt" 2>&1
     rc=$?
-    tail -45 "$out/selfcheck.txt"
+    grep -E "^FAIL|cases passed" "$out/selfcheck.txt" | tail -30
     if [ $rc -eq 0 ]; then say "selfcheck: passed"; else say "selfcheck: FAILED, exit status $rc"; failed=1; fi
 fi
 
@@ -110,7 +110,10 @@ fi
 say "benchmark: python -m attn_course.bench flash --max-minutes 4.5 (killed at 300 s)"
 timeout -k 15 300 "$py" -m attn_course.bench flash --out "$out" --max-minutes 4.5 > "$out/bench.txt" 2>&1
 rc=$?
-tail -100 "$out/bench.txt"
+# The log's key lines (all of it is in bench.txt): phases, the ours/SDPA rows that have a target
+# (N >= 4096 forward and backward), decoding, the verdicts and the files written.
+grep -E "^#|^## phase|^ +kind |MISSED$| ok$|^ +decode |^(forward|backward): ours|stopped by|terminated|Error" \
+    "$out/bench.txt" | tail -110
 case $rc in
     0) say "benchmark: done (rows not reached within the budget, if any, are status 'skipped' in the CSVs)" ;;
     *) say "benchmark: exit status $rc (124/137/1: stopped by the timeout; the CSVs hold the rows measured)"; failed=1 ;;
