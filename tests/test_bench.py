@@ -432,6 +432,15 @@ def test_speedup_summary_compares_ours_with_the_fastest_sdpa_backend():
     assert summary["decode", 4096, "forward"].gpu == "NVIDIA H200"
 
 
+def test_speedup_summary_rejects_what_is_not_rows():
+    with pytest.raises(TypeError, match=r"^speedup_summary: rows must be a sequence of GpuRow, got int"):
+        flash_gpu.speedup_summary(3)
+    with pytest.raises(TypeError, match=r"^speedup_summary: rows\[0\] must be DecodeRow, got GpuRow"):
+        flash_gpu.speedup_summary([], [gpu_row()])
+    with pytest.raises(ValueError, match=r"^speedup_summary: long_from must be >= 1, got 0"):
+        flash_gpu.speedup_summary([gpu_row()], long_from=0)
+
+
 def test_print_summary_says_which_targets_were_met(capsys):
     summary = flash_gpu.speedup_summary([gpu_row(n=4096, milliseconds=2.0),
                                          gpu_row(n=4096, method="sdpa flash", milliseconds=1.0)])
@@ -498,6 +507,26 @@ def test_driver_version_without_nvidia_smi_comes_from_proc(monkeypatch, text, dr
     assert flash_gpu._nvidia_driver() == driver
 
 
+def test_warm_up_jobs_cover_every_specialization_and_run_in_process():
+    jobs = flash_gpu._warm_up_jobs(flash_gpu.GPU_SIZES, dry_run=False)
+    attention = {(j["dtype"], j["head_dim"], j["causal"]) for j in jobs if j["kind"] == "attention"}
+    assert attention == {(t, d, c) for t in ("float16", "bfloat16") for d in (128, 64) for c in (False, True)}
+    assert {j["dtype"] for j in jobs if j["kind"] == "decode"} == {"float16", "bfloat16"}
+    assert all(j["n"] % 16 == 0 and j["device"] == "cuda" for j in jobs)   # the measured N's specialization
+    sizes = {**flash_gpu.DRY_RUN, "decode": {**flash_gpu.DRY_RUN["decode"], "kv_lengths": (64,)}}
+    for job in flash_gpu._warm_up_jobs(sizes, dry_run=True) + [dict(
+            kind="decode", dtype="float32", head_dim=16, causal=False, n=64, heads=4, kv_heads=2, batch=1,
+            device="cpu")]:
+        flash_gpu._warm_up({**job, "head_dim": 16, "heads": 2 if job["kind"] == "attention" else 4})
+
+
+def test_a_failing_warm_up_is_reported_not_raised():
+    job = dict(kind="attention", dtype="no_such_dtype", head_dim=16, causal=False, n=16, heads=1, device="cpu")
+    report = flash_gpu._warm_triton_cache([job], timeout_s=120, interpret=True)
+    assert report["jobs"] == 1 and len(report["failures"]) == 1 and "exit status 1" in report["failures"][0]
+    assert "no_such_dtype" in report["failures"][0]
+
+
 # --- the dry run: the GPU benchmark's code, end to end on the CPU -------------------------------------
 
 @pytest.fixture(scope="module")
@@ -523,6 +552,7 @@ def test_dry_run_writes_every_file_with_its_columns(dry_run):
     assert (out / "flash-gpu.png").stat().st_size > 1000 and (out / "flash-gpu-decode.png").stat().st_size > 1000
     facts = json.loads((out / "machine.json").read_text())
     assert facts["dry_run"] is True and facts["stopped"] == "complete" and facts["not_reached"] == 0
+    assert facts["warm_up"]["jobs"] == 1 and facts["warm_up"]["failures"] == []
     assert facts["machine"]["torch_version"] == torch.__version__ and [p["kind"] for p in facts["plan"]] == [
         "attention", "decode", "attention", "decode", "decode", "attention"]
     assert "torch " + torch.__version__ in completed.stdout and "ours/SDPA" in completed.stdout
@@ -580,7 +610,7 @@ def test_dry_run_stops_on_sigterm_and_still_writes_the_summary(tmp_path):
 
 
 def test_a_tiny_budget_stops_the_run_and_says_what_was_not_reached(tmp_path):
-    result = flash_gpu.run_gpu_benchmark(tmp_path, dry_run=True, max_minutes=1e-9, progress=None)
+    result = flash_gpu.run_gpu_benchmark(tmp_path, dry_run=True, max_minutes=1e-9, warm_up=False, progress=None)
     assert result.stopped == "max_minutes" and result.summary == []
     assert {r.reason for r in result.rows + result.decode} == {flash_gpu.TIME_BUDGET_SPENT}
     facts = json.loads((tmp_path / "machine.json").read_text())

@@ -11,9 +11,11 @@
 #    ahead-of-time build, which needs no GPU)                                 -> tests-*.txt
 #    Without pytest: python -m attn_course.bench.selfcheck (the kernels against float64 by the
 #    FlashAttention rule, plain Python)                                         -> selfcheck.txt
-# 3. the benchmark, python -m attn_course.bench flash --max-minutes 4.5, killed at 300 s
-#    (it starts no measurement after 4.5 min and writes each row as it is measured)
-#                                                -> bench.txt, flash-gpu*.csv, machine.json, *.png
+# 3. the benchmark, python -m attn_course.bench flash --max-minutes 4.5, killed at 300 s: it first
+#    compiles ours in 10 parallel processes into Triton's cache (<= 120 s), then measures the most
+#    important cases first (N >= 4096 in float16, decoding, bfloat16, short N last), writes each
+#    row as it is measured and starts nothing after 4.5 min; on SIGTERM it still writes the summary
+#                           -> bench.txt, flash-gpu.csv, -decode.csv, -summary.csv, machine.json, *.png
 # Worst case: ~10 s + 150 s + 315 s. status.txt says what passed. Exit status: 0 when the tests
 # (or the self-check) and the benchmark succeeded, 1 when one failed, 2 without a GPU (then the
 # benchmark's CPU dry run runs instead, to show the code path works).

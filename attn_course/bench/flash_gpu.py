@@ -85,6 +85,7 @@ GPU_SIZES = dict(lengths=GPU_LENGTHS, head_dims=GPU_HEAD_DIMS, dtypes=GPU_DTYPES
 DRY_RUN = dict(lengths=(64, 128), head_dims=(64,), dtypes=DRY_RUN_DTYPES, tokens=128, model_dim=128,
                long_from=128, decode=dict(kv_lengths=(128, 256), batch=1, heads=4, kv_heads=2, head_dim=64))
 _DO_BENCH_OPTIONS = {"warmup": 5, "rep": 25, "return_mode": "median"}   # milliseconds of warm-up, of timing
+WARM_UP_SECONDS = 120
 
 
 # --- the machine -------------------------------------------------------------------------------
@@ -822,8 +823,10 @@ def speedup_summary(rows: Sequence[GpuRow] = (), decode: Sequence[DecodeRow] = (
         ValueError: ``long_from`` below 1.
     """
     where = "speedup_summary"
-    rows = check_rows(where, rows, (GpuRow,)) if len(rows) else []
-    decode = check_rows(where, decode, (DecodeRow,)) if len(decode) else []
+    rows = _validate.sequence(where, "rows", rows, of="GpuRow")
+    rows = check_rows(where, rows, (GpuRow,)) if rows else []
+    decode = _validate.sequence(where, "decode", decode, of="DecodeRow")
+    decode = check_rows(where, decode, (DecodeRow,)) if decode else []
     long_from = _validate.integer(where, "long_from", long_from, minimum=1)
     summary = []
     groups: dict[tuple, list] = {}
@@ -950,6 +953,74 @@ def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.P
     plt.close(figure)
 
 
+# --- warming Triton's cache in parallel -------------------------------------------------------------
+
+def _warm_up_jobs(sizes: dict, dry_run: bool) -> list[dict]:
+    """One job per kernel specialization the run will need: (dtype, d, causal) for attention and one per
+    dtype for decoding. The dry run warms only the first, to run the code, not to save time."""
+    device = "cpu" if dry_run else "cuda"
+    n = 64 if dry_run else 1024            # a multiple of 16, like every N measured: the same specialization
+    jobs = [dict(kind="attention", dtype=str(dtype).removeprefix("torch."), head_dim=d, causal=causal, n=n,
+                 heads=sizes["model_dim"] // d, device=device)
+            for dtype in sizes["dtypes"] for d in sizes["head_dims"] for causal in (False, True)]
+    decode = sizes["decode"]
+    decoding = [dict(kind="decode", dtype=str(dtype).removeprefix("torch."), head_dim=decode["head_dim"],
+                     causal=False, n=decode["kv_lengths"][0], heads=decode["heads"], kv_heads=decode["kv_heads"],
+                     batch=decode["batch"], device=device) for dtype in sizes["dtypes"]]
+    return jobs[:1] if dry_run else jobs + decoding
+
+
+def _warm_up(job: dict) -> None:
+    """Run one warm-up job (in its own process): the kernels compile, and the autotuner compiles
+    every candidate, into Triton's on-disk cache, where the benchmark's process finds them."""
+    from attn_course.flash import triton_attention
+
+    dtype, device, d = getattr(torch, job["dtype"]), job["device"], job["head_dim"]
+    if job["kind"] == "attention":
+        q, k, v = (torch.randn(1, job["heads"], job["n"], d, dtype=dtype, device=device, requires_grad=True)
+                   for _ in range(3))
+        out = triton_attention.flash_attention(q, k, v, causal=job["causal"])
+        out.backward(torch.randn_like(out))
+    else:
+        _, decode, _ = _ours_decode()
+        k, v = (torch.randn(job["batch"], job["kv_heads"], job["n"], d, dtype=dtype, device=device) for _ in range(2))
+        for n_q in DECODE_QUERY_LENGTHS:
+            decode(torch.randn(job["batch"], job["heads"], n_q, d, dtype=dtype, device=device), k, v)
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _warm_triton_cache(jobs: list[dict], *, timeout_s: float, interpret: bool) -> dict:
+    """Run the warm-up jobs in parallel processes (compiling is single-threaded and CPU-bound;
+    a GPU machine has cores to spare). Failures are reported, never raised: it is only a warm-up."""
+    started = time.monotonic()
+    # The same environment as this process (Triton's cache key includes some TRITON_* variables),
+    # but for the dry run's interpreter.
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else dict(os.environ)
+    processes = [subprocess.Popen([sys.executable, "-m", "attn_course.bench.flash_gpu", "--warm-up", json.dumps(job)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                 for job in jobs]
+    failures = []
+    try:
+        for job, process in zip(jobs, processes):
+            try:
+                output, _ = process.communicate(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output, _ = process.communicate()
+                failures.append(f"{job}: timed out after {timeout_s:.0f} s")
+                continue
+            if process.returncode:
+                last = (output or "").strip().splitlines()[-1:] or ["no output"]
+                failures.append(f"{job}: exit status {process.returncode}: {last[0][:300]}")
+    finally:   # SIGTERM while waiting: leave no warm-up process behind
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return {"jobs": len(jobs), "seconds": round(time.monotonic() - started, 1), "failures": failures}
+
+
 # --- the whole run -----------------------------------------------------------------------------
 
 class _Terminated(BaseException):
@@ -1013,7 +1084,7 @@ def _plan(sizes: dict, lengths: Sequence[int] | None) -> list[tuple[str, dict]]:
 
 
 def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None = None, dry_run: bool = False,
-                      max_minutes: float | None = None, decode: bool = True,
+                      max_minutes: float | None = None, decode: bool = True, warm_up: bool = True,
                       progress: Callable[[str], None] | None = print) -> GpuBenchmarkResult:
     """The whole GPU benchmark, most important measurements first, each row written as measured.
 
@@ -1025,9 +1096,12 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
     more); SIGTERM, as from ``timeout``, stops the run the same way and the summary and
     plots are still written.
 
-    Cost on an H200 (estimate): about 24 kernel compilations of ours at a few seconds each,
-    then 48 configurations × 5 methods × 3 modes ``do_bench`` calls of about 0.05 s to 1 s
-    each, plus decoding: 3 to 5 minutes in all.
+    Cost on an H200 (estimate, not yet measured): ours has 2 or 3 autotuning candidates per kernel,
+    so about 60 compilations of a few seconds each, done first in parallel (:func:`_warm_triton_cache`,
+    about 30 s with 10 processes); the autotuner then times the candidates once per N (about 1 s
+    per configuration); then 48 configurations × 5 methods × 3 modes of ``do_bench`` at 0.05 to
+    1 s each, and 28 decoding configurations × 5 methods: about 4 minutes in all. The budget
+    cuts whatever does not fit, short N last.
 
     Args:
         out: the folder for the files (created if missing).
@@ -1036,6 +1110,9 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
             interpreter, float16 and float32, a wall-clock timer.
         max_minutes: the time budget, > 0; None: no limit.
         decode: also run :func:`decode_rows`.
+        warm_up: first compile the kernels into Triton's on-disk cache in parallel processes, one
+            per (dtype, d, causal) and per dtype for decoding (at most 120 s, inside the budget;
+            a failure there is reported in ``machine.json``, not raised).
         progress: called with each line of progress text (None: silent).
 
     Returns:
@@ -1052,6 +1129,7 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
         lengths = _nonempty_ints(where, "lengths", lengths)
     dry_run = _validate.boolean(where, "dry_run", dry_run)
     decode = _validate.boolean(where, "decode", decode)
+    warm_up = _validate.boolean(where, "warm_up", warm_up)
     if max_minutes is not None:
         max_minutes = _validate.positive_finite(where, "max_minutes", max_minutes)
     progress = _callback(where, "progress", progress) or (lambda line: None)
@@ -1096,6 +1174,13 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
     previous = signal.signal(signal.SIGTERM, on_term) if in_main_thread else None
     stopped = ""
     try:
+        if warm_up:
+            jobs = _warm_up_jobs(sizes, dry_run)
+            progress(f"## warming Triton's cache: {len(jobs)} processes at once (at most {WARM_UP_SECONDS} s)")
+            facts["warm_up"] = _warm_triton_cache(jobs, timeout_s=WARM_UP_SECONDS, interpret=dry_run)
+            progress(f"warm-up: {facts['warm_up']['seconds']} s, "
+                     f"{len(facts['warm_up']['failures'])} failed" + "".join(
+                         f"\n  {failure}" for failure in facts["warm_up"]["failures"]))
         for index, (kind, options) in enumerate(plan, 1):
             common = dict(device=device.type, deadline=deadline, progress=progress, machine=machine)
             progress(f"## phase {index}/{len(plan)}: {kind} {options}  "
@@ -1142,3 +1227,10 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
              + ", ".join(str(path) for path in files.values()))
     return GpuBenchmarkResult(rows=rows, decode=decode_found, summary=summary, files=files, seconds=seconds,
                               stopped=stopped)
+
+
+# python -m attn_course.bench.flash_gpu --warm-up JOB: one of _warm_triton_cache's processes.
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--warm-up":
+        sys.exit("usage: python -m attn_course.bench.flash_gpu --warm-up JOB_JSON (run by run_gpu_benchmark)")
+    _warm_up(json.loads(sys.argv[2]))

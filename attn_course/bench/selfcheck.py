@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from attn_course import _validate
 from attn_course.flash.accuracy import FACTORS, FLOORS
 from attn_course.masks import causal_mask
 
@@ -90,11 +91,19 @@ def run_case(fn: Callable, *, batch: int, heads: int, kv_heads: int, n_q: int, n
         A :class:`CaseResult` (an exception from ``fn`` is recorded in it, not raised).
 
     Raises:
-        TypeError: ``fn`` not callable, or ``dtype`` without a floor.
-        ValueError: ``heads`` not a multiple of ``kv_heads``.
+        TypeError: ``fn`` not callable, a size not an int, ``causal``/``backward`` not a bool, or
+            ``dtype`` without a floor.
+        ValueError: a size below 1, ``heads`` not a multiple of ``kv_heads``, or an unknown device.
     """
+    where = "run_case"
     if not callable(fn):
-        raise TypeError(f"run_case: fn must be callable, got {type(fn).__name__}")
+        raise TypeError(f"{where}: fn must be callable, got {type(fn).__name__}")
+    for size_name, value in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("n_q", n_q), ("n_k", n_k),
+                             ("head_dim", head_dim)):
+        _validate.integer(where, size_name, value, minimum=1)
+    causal, backward = _validate.boolean(where, "causal", causal), _validate.boolean(where, "backward", backward)
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"{where}: device must be 'cuda' or 'cpu', got {device!r}")
     if dtype not in FLOORS:
         raise TypeError(f"run_case: dtype must be one of {list(FLOORS)}, got {dtype!r}")
     if heads % kv_heads:
