@@ -7,8 +7,9 @@
 # 1. machine facts (nvidia-smi, Python, torch, Triton, CUDA, which packages are there)  -> machine.txt
 # 2. the kernel tests on CUDA, each file in its own process at once (compiling is CPU-bound),
 #    <= 150 s: tests/test_flash_triton.py, tests/test_flash_triton_gqa_causal.py and, where
-#    present, tests/test_flash_decode.py and tests/test_flash_tma.py (not its slow sm_90
-#    ahead-of-time build, which needs no GPU)                                 -> tests-*.txt
+#    present, tests/test_flash_decode.py, tests/test_flash_configs.py (every autotuning
+#    candidate) and tests/test_flash_tma.py (not its slow sm_90 ahead-of-time build, which
+#    needs no GPU)                                                            -> tests-*.txt
 #    Without pytest: python -m attn_course.bench.selfcheck (the kernels against float64 by the
 #    FlashAttention rule, plain Python)                                         -> selfcheck.txt
 # 3. the benchmark, python -m attn_course.bench flash --max-minutes 4.5, killed at 300 s: it first
@@ -81,7 +82,7 @@ if "$py" -c "import pytest" 2> /dev/null; then
     pids=()
     files=()
     for file in tests/test_flash_triton.py tests/test_flash_triton_gqa_causal.py tests/test_flash_decode.py \
-                tests/test_flash_tma.py; do
+                tests/test_flash_tma.py tests/test_flash_configs.py; do
         [ -f "$file" ] || { say "$file: not in this checkout"; continue; }
         name=$(basename "$file" .py)
         timeout -k 10 150 "$py" -m pytest -q -p no:cacheprovider --noconftest -m "not slow" "$file" \
