@@ -1,0 +1,59 @@
+"""A Llama-style decoder built from the course's own blocks, and a loader for Hugging Face checkpoints.
+
+    x = embedding[input_ids]                                      # [B, N, E]
+    x = x + Attention(RMSNorm(x))    # grouped-query, causal, RoPE (half split), no biases
+    x = x + SwiGLU(RMSNorm(x))       # ... for each of the L blocks
+    logits = lm_head(RMSNorm(x))                                  # [B, N, V]
+
+:func:`load_llama` reads a folder in the Hugging Face layout (``config.json``,
+``model.safetensors``) without touching the network and agrees with ``transformers``'
+``LlamaForCausalLM`` within 1e-5 in float32 (``tests/test_llama.py``): hidden states, logits,
+left-padded batches and greedy decoding with a KV cache.
+
+One idea per module; every name below can be imported from ``attn_course.llama`` itself:
+
+- ``config``: :class:`LlamaConfig`, the sizes (Hugging Face's ``config.json``), and
+  :func:`rope_from_hugging_face`, the rotary settings as :mod:`attn_course.rope` objects;
+- ``norm``: :class:`RMSNorm`;
+- ``feed_forward``: :class:`SwiGLU`;
+- ``model``: :class:`LlamaDecoderBlock`, :class:`LlamaModel`, :class:`LlamaForCausalLM` (with greedy
+  :meth:`~LlamaForCausalLM.generate`), :func:`positions_from_attention_mask`;
+- ``loading``: :func:`load_llama`, and :func:`hugging_face_name` / :func:`match_hugging_face`, our
+  parameter names to Hugging Face's, checked one by one.
+"""
+
+from attn_course.llama.config import ROPE_TYPES, LlamaConfig, rope_from_hugging_face
+from attn_course.llama.feed_forward import SwiGLU
+from attn_course.llama.loading import LAYER_NAMES, TOP_NAMES, hugging_face_name, load_llama, match_hugging_face
+from attn_course.llama.model import (
+    CausalLMOutput,
+    GreedyOutput,
+    LlamaDecoderBlock,
+    LlamaForCausalLM,
+    LlamaModel,
+    LlamaOutput,
+    positions_from_attention_mask,
+    rotary_embedding,
+)
+from attn_course.llama.norm import RMSNorm
+
+__all__ = [
+    "LlamaConfig",
+    "ROPE_TYPES",
+    "rope_from_hugging_face",
+    "RMSNorm",
+    "SwiGLU",
+    "LlamaDecoderBlock",
+    "LlamaModel",
+    "LlamaForCausalLM",
+    "LlamaOutput",
+    "CausalLMOutput",
+    "GreedyOutput",
+    "positions_from_attention_mask",
+    "rotary_embedding",
+    "LAYER_NAMES",
+    "TOP_NAMES",
+    "hugging_face_name",
+    "match_hugging_face",
+    "load_llama",
+]
