@@ -1,7 +1,7 @@
 """attn_course.llama against Hugging Face ``transformers``' LlamaForCausalLM (5.x, eager attention).
 
 The reference is a small random ``transformers.LlamaForCausalLM`` saved with ``save_pretrained``
-and read back by :func:`load_llama`; everything is compared in float32 within 1e-5. Its weights
+and read back by :func:`load_pretrained`; everything is compared in float32 within 1e-5. Its weights
 are redrawn larger than Hugging Face's 0.02 initialisation (and the norms' weights away from 1),
 so that every weight matters and greedy decoding does not hinge on near-ties.
 """
@@ -25,7 +25,7 @@ from attn_course.llama import (
     RMSNorm,
     SwiGLU,
     hugging_face_name,
-    load_llama,
+    load_pretrained,
     positions_from_attention_mask,
     rope_from_hugging_face,
 )
@@ -69,7 +69,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ours(checkpoint):
-    return load_llama(checkpoint[0])
+    return load_pretrained(checkpoint[0])
 
 
 def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -132,10 +132,11 @@ def test_hidden_states_and_logits_match_transformers(checkpoint, ours):
         theirs = reference(ids, output_hidden_states=True)
         mine = ours(ids, output_hidden_states=True)
     # Hugging Face's hidden_states: the embeddings, each block's output but the last, then the
-    # final norm's output; ours: the embeddings and every block's output, and last_hidden_state.
+    # final norm's output; ours: the embeddings and every block's output (all_hidden_states), and
+    # the final norm's output (hidden_states).
     for index in range(SIZES["num_hidden_layers"]):
-        assert max_difference(mine.hidden_states[index], theirs.hidden_states[index]) < TOLERANCE, index
-    assert max_difference(mine.last_hidden_state, theirs.hidden_states[-1]) < TOLERANCE
+        assert max_difference(mine.all_hidden_states[index], theirs.hidden_states[index]) < TOLERANCE, index
+    assert max_difference(mine.hidden_states, theirs.hidden_states[-1]) < TOLERANCE
     assert max_difference(mine.logits, theirs.logits) < TOLERANCE
 
 
@@ -165,8 +166,8 @@ def test_left_padded_batch_matches_transformers_on_real_tokens(checkpoint, ours)
         mine = ours(ids, mask, output_hidden_states=True)
         alone = ours(ids[:1, 3:]).logits                          # sequence 0 without its padding
     assert max_difference(mine.logits[real], theirs.logits[real]) < TOLERANCE
-    assert max_difference(mine.last_hidden_state[real], theirs.hidden_states[-1][real]) < TOLERANCE
-    assert max_difference(mine.hidden_states[1][real], theirs.hidden_states[1][real]) < TOLERANCE
+    assert max_difference(mine.hidden_states[real], theirs.hidden_states[-1][real]) < TOLERANCE
+    assert max_difference(mine.all_hidden_states[1][real], theirs.hidden_states[1][real]) < TOLERANCE
     assert max_difference(mine.logits[0, 3:], alone[0]) < TOLERANCE
     assert torch.isfinite(mine.logits).all()                      # padded rows: meaningless, not NaN
 
@@ -195,7 +196,7 @@ def test_cached_decoding_gives_the_logits_of_one_full_pass(ours):
 def test_tied_embeddings_load_without_an_lm_head_and_match(tmp_path):
     reference = reference_model(seed=8, tie_word_embeddings=True, num_hidden_layers=1)
     save(reference, tmp_path)
-    model = load_llama(tmp_path)
+    model = load_pretrained(tmp_path)
     assert model.lm_head.weight is model.model.embedding.weight
     ids = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
@@ -205,7 +206,7 @@ def test_tied_embeddings_load_without_an_lm_head_and_match(tmp_path):
 def test_a_bare_llama_model_checkpoint_with_tied_embeddings_loads(tmp_path):
     reference = reference_model(seed=12, tie_word_embeddings=True, num_hidden_layers=1)
     save(reference.model, tmp_path)                               # names without the "model." prefix
-    model = load_llama(tmp_path)
+    model = load_pretrained(tmp_path)
     ids = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(13))
     with torch.no_grad():
         assert max_difference(model(ids).logits, reference(ids).logits) < TOLERANCE
@@ -225,7 +226,7 @@ def test_rope_scaling_from_the_config_matches_transformers(tmp_path, rope_parame
     reference = reference_model(seed=10, num_hidden_layers=1, max_position_embeddings=trained,
                                 rope_parameters=dict(rope_parameters))
     save(reference, tmp_path)
-    model = load_llama(tmp_path)
+    model = load_pretrained(tmp_path)
     assert isinstance(model.config.rope_scaling, scaling_type)
     ids = torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
@@ -268,7 +269,7 @@ def test_a_renamed_tensor_is_reported_as_missing_and_unexpected(checkpoint, tmp_
 
     with pytest.raises(ValueError, match=r"missing weight\(s\): model\.layers\.1\.mlp\.gate_proj\.weight; "
                                          r"unexpected weight\(s\): model\.layers\.1\.mlp\.gate\.weight"):
-        load_llama(edited_copy(checkpoint, tmp_path, weights=rename))
+        load_pretrained(edited_copy(checkpoint, tmp_path, weights=rename))
 
 
 def test_a_tensor_of_the_wrong_shape_is_named_with_both_shapes(checkpoint, tmp_path):
@@ -278,7 +279,7 @@ def test_a_tensor_of_the_wrong_shape_is_named_with_both_shapes(checkpoint, tmp_p
 
     with pytest.raises(ValueError, match=r"wrong shape\(s\): model\.layers\.0\.self_attn\.k_proj\.weight "
                                          r"\[16, 64\] \(expected \[32, 64\]\)"):
-        load_llama(edited_copy(checkpoint, tmp_path, weights=shrink))
+        load_pretrained(edited_copy(checkpoint, tmp_path, weights=shrink))
 
 
 def test_a_tied_config_with_a_different_lm_head_is_rejected(checkpoint, tmp_path):
@@ -286,7 +287,7 @@ def test_a_tied_config_with_a_different_lm_head_is_rejected(checkpoint, tmp_path
         values["tie_word_embeddings"] = True
 
     with pytest.raises(ValueError, match="tie_word_embeddings is true but lm_head.weight differs"):
-        load_llama(edited_copy(checkpoint, tmp_path, config=tie))
+        load_pretrained(edited_copy(checkpoint, tmp_path, config=tie))
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -304,20 +305,20 @@ def test_a_tied_config_with_a_different_lm_head_is_rejected(checkpoint, tmp_path
 ])
 def test_an_unsupported_config_field_is_named(checkpoint, tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
-        load_llama(edited_copy(checkpoint, tmp_path, config=lambda values: values.update({field: value})))
+        load_pretrained(edited_copy(checkpoint, tmp_path, config=lambda values: values.update({field: value})))
 
 
 def test_missing_files_are_named(tmp_path, checkpoint):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_llama(tmp_path / "nowhere")
+        load_pretrained(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="lacks config.json"):
-        load_llama(tmp_path)
+        load_pretrained(tmp_path)
     shutil.copy(checkpoint[0] / "config.json", tmp_path / "config.json")
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="lacks model.safetensors.*pickle"):
-        load_llama(tmp_path)
+        load_pretrained(tmp_path)
     with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
-        load_llama(checkpoint[0], dtype=torch.int64)
+        load_pretrained(checkpoint[0], dtype=torch.int64)
 
 
 def test_a_sharded_checkpoint_loads(checkpoint, ours, tmp_path):
@@ -333,7 +334,7 @@ def test_a_sharded_checkpoint_loads(checkpoint, ours, tmp_path):
         weight_map.update(dict.fromkeys(part, shard))
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     shutil.copy(folder / "config.json", tmp_path / "config.json")
-    model = load_llama(tmp_path)
+    model = load_pretrained(tmp_path)
     for name, tensor in ours.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
 

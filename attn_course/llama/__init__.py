@@ -5,7 +5,7 @@
     x = x + SwiGLU(RMSNorm(x))       # ... for each of the L blocks
     logits = lm_head(RMSNorm(x))                                  # [B, N, V]
 
-:func:`load_llama` reads a folder in the Hugging Face layout (``config.json``,
+:func:`load_pretrained` reads a folder in the Hugging Face layout (``config.json``,
 ``model.safetensors``) without touching the network and agrees with ``transformers``'
 ``LlamaForCausalLM`` within 1e-5 in float32 (``tests/test_llama.py``): hidden states, logits,
 left-padded batches and greedy decoding with a KV cache.
@@ -18,13 +18,13 @@ One idea per module; every name below can be imported from ``attn_course.llama``
 - ``feed_forward``: :class:`SwiGLU`;
 - ``model``: :class:`LlamaDecoderBlock`, :class:`LlamaModel`, :class:`LlamaForCausalLM` (with greedy
   :meth:`~LlamaForCausalLM.generate`), :func:`positions_from_attention_mask`;
-- ``loading``: :func:`load_llama`, and :func:`hugging_face_name` / :func:`match_hugging_face`, our
+- ``loading``: :func:`load_pretrained`, and :func:`hugging_face_name` / :func:`match_hugging_face`, our
   parameter names to Hugging Face's, checked one by one.
 """
 
 from attn_course.llama.config import ROPE_TYPES, LlamaConfig, rope_from_hugging_face
 from attn_course.llama.feed_forward import SwiGLU
-from attn_course.llama.loading import LAYER_NAMES, TOP_NAMES, hugging_face_name, load_llama, match_hugging_face
+from attn_course.llama.loading import LAYER_NAMES, TOP_NAMES, hugging_face_name, load_pretrained, match_hugging_face
 from attn_course.llama.model import (
     CausalLMOutput,
     GreedyOutput,
@@ -55,5 +55,5 @@ __all__ = [
     "TOP_NAMES",
     "hugging_face_name",
     "match_hugging_face",
-    "load_llama",
+    "load_pretrained",
 ]

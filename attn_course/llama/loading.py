@@ -20,7 +20,7 @@ from attn_course.bert.weights import read_safetensors
 from attn_course.llama.config import LlamaConfig
 from attn_course.llama.model import LlamaForCausalLM
 
-__all__ = ["LAYER_NAMES", "TOP_NAMES", "hugging_face_name", "match_hugging_face", "load_llama"]
+__all__ = ["LAYER_NAMES", "TOP_NAMES", "hugging_face_name", "match_hugging_face", "load_pretrained"]
 
 #: Our module names to Hugging Face's, within one decoder block.
 LAYER_NAMES = {
@@ -143,7 +143,7 @@ def match_hugging_face(
     return {ours: stored[theirs] for ours, theirs in theirs_for.items()}
 
 
-def load_llama(folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+def load_pretrained(folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
     """Load a Hugging Face Llama checkpoint folder into a :class:`~attn_course.llama.LlamaForCausalLM`, offline.
 
     Args:
@@ -170,11 +170,11 @@ def load_llama(folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32)
         ...     num_attention_heads=4, num_key_value_heads=2))
         >>> with contextlib.redirect_stderr(io.StringIO()):            # the progress bar
         ...     reference.save_pretrained(folder, safe_serialization=True)
-        >>> model = load_llama(folder)
+        >>> model = load_pretrained(folder)
         >>> model.config.num_key_value_heads, model.training
         (2, False)
     """
-    where = "load_llama"
+    where = "load_pretrained"
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{where}: dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
     folder = _validate.path(where, "folder", folder)

@@ -45,14 +45,15 @@ class LlamaOutput(NamedTuple):
     """What :class:`LlamaModel` returns.
 
     Attributes:
-        last_hidden_state: ``[B, N, E]``, after the final RMSNorm.
-        hidden_states: with ``output_hidden_states``, ``L + 1`` tensors ``[B, N, E]``: the
-            embeddings, then each block's output (before the final norm); else None.
+        hidden_states: ``[B, N, E]``, after the final RMSNorm (Hugging Face's ``last_hidden_state``).
+        all_hidden_states: with ``output_hidden_states``, ``L + 1`` tensors ``[B, N, E]``: the
+            embeddings, then each block's output (before the final norm); else None. (Hugging
+            Face's ``hidden_states`` tuple, except that its last entry is after the final norm.)
         attentions: with ``output_attentions``, ``L`` tensors ``[B, H, N, N_k]``; else None.
     """
 
-    last_hidden_state: torch.Tensor
-    hidden_states: tuple[torch.Tensor, ...] | None
+    hidden_states: torch.Tensor
+    all_hidden_states: tuple[torch.Tensor, ...] | None
     attentions: tuple[torch.Tensor, ...] | None
 
 
@@ -61,12 +62,12 @@ class CausalLMOutput(NamedTuple):
 
     Attributes:
         logits: ``[B, N, V]``; position ``i`` scores the token that follows token ``i``.
-        last_hidden_state, hidden_states, attentions: as in :class:`LlamaOutput`.
+        hidden_states, all_hidden_states, attentions: as in :class:`LlamaOutput`.
     """
 
     logits: torch.Tensor
-    last_hidden_state: torch.Tensor
-    hidden_states: tuple[torch.Tensor, ...] | None
+    hidden_states: torch.Tensor
+    all_hidden_states: tuple[torch.Tensor, ...] | None
     attentions: tuple[torch.Tensor, ...] | None
 
 
@@ -226,7 +227,7 @@ class LlamaModel(nn.Module):
     Example:
         >>> config = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32,
         ...                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-        >>> LlamaModel(config)(torch.tensor([[1, 2, 3]])).last_hidden_state.shape
+        >>> LlamaModel(config)(torch.tensor([[1, 2, 3]])).hidden_states.shape
         torch.Size([1, 3, 16])
     """
 
@@ -279,7 +280,7 @@ class LlamaModel(nn.Module):
             ...                      num_hidden_layers=2, num_attention_heads=4)
             >>> out = LlamaModel(config)(torch.tensor([[0, 5, 6], [4, 5, 6]]), torch.tensor([[0, 1, 1], [1, 1, 1]]),
             ...                          output_hidden_states=True, output_attentions=True)
-            >>> len(out.hidden_states), out.attentions[0].shape
+            >>> len(out.all_hidden_states), out.attentions[0].shape
             (3, torch.Size([2, 4, 3, 3]))
         """
         where = "LlamaModel.forward"
@@ -317,16 +318,16 @@ class LlamaModel(nn.Module):
         key_mask = None if real is None else real[:, None, :]                         # [B, 1, N_k]
 
         x = self.embedding(input_ids)                                                  # [B, N, E]
-        hidden_states, attentions = [x], []
+        all_hidden_states, attentions = [x], []
         for index, block in enumerate(self.blocks):
             x, weights = block(x, mask=key_mask, positions=positions,
                                kv_cache=None if kv_caches is None else kv_caches[index],
                                need_weights=output_attentions)                         # [B, N, E]
-            hidden_states.append(x)
+            all_hidden_states.append(x)
             attentions.append(weights)                                                 # [B, H, N, N_k]
         return LlamaOutput(
-            last_hidden_state=self.final_norm(x),                                      # [B, N, E]
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            hidden_states=self.final_norm(x),                                      # [B, N, E]
+            all_hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
 
@@ -406,7 +407,7 @@ class LlamaForCausalLM(nn.Module):
         """
         out = self.model(input_ids, attention_mask, positions=positions, kv_caches=kv_caches,
                          output_hidden_states=output_hidden_states, output_attentions=output_attentions)
-        logits = self.lm_head(out.last_hidden_state)                                   # [B, N, V]
+        logits = self.lm_head(out.hidden_states)                                   # [B, N, V]
         return CausalLMOutput(logits, *out)
 
     @torch.no_grad()
