@@ -1,0 +1,283 @@
+"""How many numbers each kind of attention caches per token: MHA, GQA, MQA and MLA.
+
+Per token and per layer (DeepSeek-V2, arXiv 2405.04434, Table 1, which counts elements
+"regardless of the storage precision"):
+
+==========================  ======================  =========================================
+attention                   elements per token      what is cached
+==========================  ======================  =========================================
+multi-head (MHA)            ``2 · n_h · d_h``       a key and a value for every head
+grouped-query (GQA)         ``2 · n_kv · d_h``      a key and a value for every key/value head
+multi-query (MQA)           ``2 · d_h``             one key and one value shared by all heads
+multi-head latent (MLA)     ``d_c + d_h^R``         the latent ``c_KV`` and the rotary key ``k_R``
+==========================  ======================  =========================================
+
+Multiply by the number of layers for a whole model, by the tokens and the batch for a whole cache,
+and by the bits per element for its size. :func:`cache_size_from_config` reads the numbers from a
+Hugging Face ``config.json``; :data:`DEEPSEEK_V2` and :data:`DEEPSEEK_67B` are the two models the
+DeepSeek-V2 paper compares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from attn_course import _validate
+
+__all__ = [
+    "mha_cache_elements",
+    "gqa_cache_elements",
+    "mqa_cache_elements",
+    "mla_cache_elements",
+    "CacheSize",
+    "cache_size_from_config",
+    "cache_reduction",
+    "DEEPSEEK_V2",
+    "DEEPSEEK_67B",
+]
+
+#: DeepSeek-V2 (236B), its attention as the paper's §3.1.2 gives it: 60 layers, hidden 5120,
+#: n_h = 128 heads of d_h = 128, d_c = 512 (= 4·d_h), d_c' = 1536, d_h^R = 64 (= d_h/2); the field
+#: names of its Hugging Face ``config.json``.
+DEEPSEEK_V2 = {
+    "num_hidden_layers": 60, "hidden_size": 5120, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+}
+
+#: DeepSeek 67B, the dense model DeepSeek-V2 is compared with: 95 layers, hidden 8192, 64 heads
+#: (d_h = 128) and 8 key/value heads (grouped-query attention), as the DeepSeek LLM paper
+#: (arXiv 2401.02954, Table 2) lists it.
+DEEPSEEK_67B = {"num_hidden_layers": 95, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8}
+
+
+def mha_cache_elements(num_heads: int, head_dim: int) -> int:
+    """Elements multi-head attention caches per token and layer: ``2 · n_h · d_h``.
+
+    Args:
+        num_heads: ``n_h``.
+        head_dim: ``d_h``.
+
+    Returns:
+        the count (an int).
+
+    Raises:
+        TypeError, ValueError: an argument that is not a positive int.
+
+    Example:
+        >>> mha_cache_elements(128, 128)
+        32768
+    """
+    where = "mha_cache_elements"
+    return 2 * _validate.integer(where, "num_heads", num_heads, minimum=1) * _validate.integer(
+        where, "head_dim", head_dim, minimum=1)
+
+
+def gqa_cache_elements(num_kv_heads: int, head_dim: int) -> int:
+    """Elements grouped-query attention caches per token and layer: ``2 · n_kv · d_h``.
+
+    Args:
+        num_kv_heads: ``n_kv`` (the paper's ``n_g``, the number of groups).
+        head_dim: ``d_h``.
+
+    Returns:
+        the count (an int).
+
+    Raises:
+        TypeError, ValueError: an argument that is not a positive int.
+
+    Example:
+        >>> gqa_cache_elements(8, 128)
+        2048
+    """
+    where = "gqa_cache_elements"
+    return 2 * _validate.integer(where, "num_kv_heads", num_kv_heads, minimum=1) * _validate.integer(
+        where, "head_dim", head_dim, minimum=1)
+
+
+def mqa_cache_elements(head_dim: int) -> int:
+    """Elements multi-query attention caches per token and layer: ``2 · d_h``.
+
+    Args:
+        head_dim: ``d_h``.
+
+    Returns:
+        the count (an int).
+
+    Raises:
+        TypeError, ValueError: ``head_dim`` not a positive int.
+
+    Example:
+        >>> mqa_cache_elements(128)
+        256
+    """
+    return 2 * _validate.integer("mqa_cache_elements", "head_dim", head_dim, minimum=1)
+
+
+def mla_cache_elements(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
+    """Elements multi-head latent attention caches per token and layer: ``d_c + d_h^R``.
+
+    Args:
+        kv_lora_rank: ``d_c``, the latent's size.
+        qk_rope_head_dim: ``d_h^R``, the rotary key's size.
+
+    Returns:
+        the count (an int).
+
+    Raises:
+        TypeError, ValueError: an argument that is not a positive int.
+
+    Example:
+        >>> mla_cache_elements(512, 64)                     # DeepSeek-V2: (9/2) · 128
+        576
+    """
+    where = "mla_cache_elements"
+    return _validate.integer(where, "kv_lora_rank", kv_lora_rank, minimum=1) + _validate.integer(
+        where, "qk_rope_head_dim", qk_rope_head_dim, minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSize:
+    """The cache of one model, per token: ``per_layer`` elements in each of ``num_layers`` layers.
+
+    Args:
+        kind: ``"MHA"``, ``"GQA"``, ``"MQA"`` or ``"MLA"``.
+        per_layer: elements per token and layer.
+        num_layers: ``l``.
+
+    Raises:
+        TypeError, ValueError: an unknown kind or counts that are not positive ints.
+
+    Example:
+        >>> size = CacheSize("MLA", 576, 60)
+        >>> size.elements_per_token, size.bytes(1000, bits_per_element=16)
+        (34560, 69120000.0)
+    """
+
+    kind: str
+    per_layer: int
+    num_layers: int
+
+    def __post_init__(self) -> None:
+        where = "CacheSize"
+        if self.kind not in ("MHA", "GQA", "MQA", "MLA"):
+            raise ValueError(f"{where}: kind must be 'MHA', 'GQA', 'MQA' or 'MLA', got {self.kind!r}")
+        object.__setattr__(self, "per_layer", _validate.integer(where, "per_layer", self.per_layer, minimum=1))
+        object.__setattr__(self, "num_layers", _validate.integer(where, "num_layers", self.num_layers, minimum=1))
+
+    @property
+    def elements_per_token(self) -> int:
+        """All layers together: ``per_layer · num_layers``."""
+        return self.per_layer * self.num_layers
+
+    def bytes(self, num_tokens: int, *, batch: int = 1, bits_per_element: float = 16) -> float:
+        """Bytes of the cache for ``batch`` sequences of ``num_tokens`` tokens.
+
+        Args:
+            num_tokens: tokens per sequence.
+            batch: sequences.
+            bits_per_element: 16 for bfloat16/float16, 32 for float32, or an average such as 6
+                for a quantised cache.
+
+        Returns:
+            ``elements_per_token · num_tokens · batch · bits_per_element / 8`` (a float: averages of
+            bits need not fill whole bytes).
+
+        Raises:
+            TypeError, ValueError: counts that are not positive ints, bits that are not positive.
+        """
+        where = "CacheSize.bytes"
+        num_tokens = _validate.integer(where, "num_tokens", num_tokens, minimum=1)
+        batch = _validate.integer(where, "batch", batch, minimum=1)
+        bits = _validate.positive_finite(where, "bits_per_element", bits_per_element)
+        return self.elements_per_token * num_tokens * batch * bits / 8
+
+
+def cache_size_from_config(config: Mapping[str, Any] | Any) -> CacheSize:
+    """The per-token cache of a model described by a Hugging Face config.
+
+    MLA when the config has a ``kv_lora_rank`` (DeepSeek-V2/V3); otherwise a key and a value per
+    key/value head (``num_key_value_heads``, default ``num_attention_heads``): MHA when that is every
+    head, MQA when it is one, GQA in between. ``d_h`` is ``head_dim`` or ``hidden_size /
+    num_attention_heads``. A full cache is assumed (no sliding window).
+
+    Args:
+        config: the parsed ``config.json``, or a ``transformers`` config (anything with ``to_dict()``).
+
+    Returns:
+        a :class:`CacheSize`.
+
+    Raises:
+        TypeError: ``config`` neither a mapping nor a config object, or a field of the wrong type.
+        ValueError: a missing field (named), or a hidden size not divisible by the heads.
+
+    Example:
+        >>> cache_size_from_config(DEEPSEEK_V2)
+        CacheSize(kind='MLA', per_layer=576, num_layers=60)
+        >>> cache_size_from_config(DEEPSEEK_67B)
+        CacheSize(kind='GQA', per_layer=2048, num_layers=95)
+    """
+    where = "cache_size_from_config"
+    if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        raise TypeError(f"{where}: config must be a mapping (the parsed config.json) or a config with "
+                        f"to_dict(), got {type(config).__name__}")
+
+    def field(name: str, default: Any = None) -> int:
+        value = config.get(name, default)
+        if value is None:
+            raise ValueError(f"{where}: the config lacks {name}")
+        return _validate.integer(where, name, value, minimum=1)
+
+    layers = field("num_hidden_layers")
+    if config.get("kv_lora_rank") is not None:
+        return CacheSize("MLA", mla_cache_elements(field("kv_lora_rank"), field("qk_rope_head_dim")), layers)
+    heads = field("num_attention_heads")
+    kv_heads = field("num_key_value_heads", heads)
+    if config.get("head_dim") is not None:
+        head_dim = field("head_dim")
+    else:
+        hidden = field("hidden_size")
+        if hidden % heads:
+            raise ValueError(f"{where}: hidden_size={hidden} is not divisible by num_attention_heads={heads}; "
+                             "give head_dim")
+        head_dim = hidden // heads
+    if kv_heads == heads:
+        return CacheSize("MHA", mha_cache_elements(heads, head_dim), layers)
+    if kv_heads == 1:
+        return CacheSize("MQA", mqa_cache_elements(head_dim), layers)
+    return CacheSize("GQA", gqa_cache_elements(kv_heads, head_dim), layers)
+
+
+def cache_reduction(model: CacheSize, baseline: CacheSize, *, bits: float = 16,
+                    baseline_bits: float = 16) -> float:
+    """How much smaller ``model``'s cache per token is than ``baseline``'s: ``1 - model / baseline``.
+
+    Counted in bits, so that a quantised cache (``bits`` below 16) can be compared with a
+    16-bit one; with equal bits it is the ratio of elements.
+
+    Args:
+        model, baseline: :class:`CacheSize` of the two models (all their layers).
+        bits, baseline_bits: bits per cached element of each.
+
+    Returns:
+        the fraction saved (negative if ``model`` caches more).
+
+    Raises:
+        TypeError: a size that is not a :class:`CacheSize`, or bits that are not numbers.
+        ValueError: bits that are not positive.
+
+    Example:
+        >>> v2, dense = cache_size_from_config(DEEPSEEK_V2), cache_size_from_config(DEEPSEEK_67B)
+        >>> round(cache_reduction(v2, dense), 4), round(cache_reduction(v2, dense, bits=6), 4)
+        (0.8224, 0.9334)
+    """
+    where = "cache_reduction"
+    for name, value in (("model", model), ("baseline", baseline)):
+        if not isinstance(value, CacheSize):
+            raise TypeError(f"{where}: {name} must be a CacheSize, got {type(value).__name__}")
+    bits = _validate.positive_finite(where, "bits", bits)
+    baseline_bits = _validate.positive_finite(where, "baseline_bits", baseline_bits)
+    return 1 - (model.elements_per_token * bits) / (baseline.elements_per_token * baseline_bits)
