@@ -73,6 +73,31 @@ class KVCache:
         self._require_filled("values")
         return self._values[:, :, : self.length]
 
+    def attended_length(self, new_tokens: int) -> int:
+        """How many keys :meth:`append` will return after ``new_tokens`` more: ``len(self) + new_tokens``.
+
+        ``len(cache)`` counts every token appended (the position of the next one); this counts
+        the keys the new queries see. Here they agree; a cache that forgets (the rolling cache of
+        :mod:`attn_course.sliding_window`) returns fewer keys than it has seen, and
+        :class:`~attn_course.multihead.MultiHeadAttention` sizes masks by this number.
+
+        Args:
+            new_tokens: ``N_new``, the tokens about to be appended.
+
+        Returns:
+            ``N_k``, the length of the keys and values that append will return.
+
+        Raises:
+            TypeError, ValueError: ``new_tokens`` not an int ``>= 0``.
+
+        Example:
+            >>> cache = KVCache()
+            >>> _ = cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+            >>> cache.attended_length(1)
+            4
+        """
+        return self.length + _validate.integer("KVCache.attended_length", "new_tokens", new_tokens, minimum=0)
+
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys/values of new tokens; return all cached keys and values.
 

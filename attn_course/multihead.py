@@ -169,11 +169,15 @@ class MultiHeadAttention(nn.Module):
             mask: boolean (True = may attend) or additive float, one of ``[N_q, N_k]``,
                 ``[B, N_q, N_k]`` (``[B, 1, N_k]`` from :func:`~attn_course.masks.padding_mask`)
                 or ``[B, H, N_q, N_k]`` (any of B, H, N_q may be 1). With a cache, ``N_k``
-                counts the cached tokens too.
+                counts the keys it returns, ``kv_cache.attended_length(N_q)``: the cached tokens
+                and the new ones (a :class:`~attn_course.sliding_window.RollingKVCache` returns
+                only those it still holds), the newest last.
             is_causal: add a causal mask; with a cache, the new queries come after the
-                cached tokens.
-            kv_cache: a :class:`~attn_course.kv_cache.KVCache`; the new keys and values are
-                appended to it and the queries attend to everything it holds.
+                cached tokens (bottom-right aligned, so it also fits the keys a rolling cache
+                returns; its window is a ``mask``, see :meth:`RollingKVCache.window_mask
+                <attn_course.sliding_window.RollingKVCache.window_mask>`).
+            kv_cache: a :class:`~attn_course.kv_cache.KVCache` (or a subclass); the new keys and
+                values are appended to it and the queries attend to the keys it returns.
             need_weights: return the per-head weights (else None).
             positions: with ``rope``, the integer positions of the new tokens, ``[N_q]`` for the
                 whole batch or ``[B, N_q]`` one row per sequence (a left-padded batch: each
@@ -222,7 +226,8 @@ class MultiHeadAttention(nn.Module):
                 start = 0 if kv_cache is None else len(kv_cache)        # new tokens follow the cache
                 positions = torch.arange(start, start + q.shape[2], device=q.device)   # [N_q]
             q, k = self.rope(q, positions), self.rope(k, positions)     # positions [N_q] or [B, N_q]
-        n_q, n_k = q.shape[2], k.shape[2] + (0 if kv_cache is None else len(kv_cache))
+        # len(kv_cache) is the next position; the keys attended to may be fewer (a rolling cache).
+        n_q, n_k = q.shape[2], k.shape[2] if kv_cache is None else kv_cache.attended_length(k.shape[2])
         # Check the mask before touching the cache, so a rejected call leaves it as it was.
         mask = to_score_shape(mask, query.shape[0], self.num_heads, n_q, n_k, caller=where)  # [B|1, H|1, N_q|1, N_k]
         if kv_cache is not None:

@@ -294,7 +294,7 @@ def test_a_tied_config_with_a_different_lm_head_is_rejected(checkpoint, tmp_path
     ("attention_bias", True, "attention_bias=True; this Llama supports only attention_bias=False"),
     ("mlp_bias", True, "mlp_bias=True; this Llama supports only mlp_bias=False"),
     ("hidden_act", "gelu", "hidden_act='gelu'; this Llama supports only hidden_act='silu'"),
-    ("model_type", "mistral", "model_type='mistral'"),
+    ("model_type", "qwen2", "model_type='qwen2'; this Llama supports only model_type='llama' or 'mistral'"),
     ("head_dim", 32, "head_dim=32; this Llama needs head_dim = hidden_size / num_attention_heads = 16"),
     ("rope_parameters", {"rope_type": "longrope", "rope_theta": 1e4}, "rope_parameters.rope_type='longrope'"),
     ("rope_parameters", {"rope_type": "linear", "rope_theta": 1e4}, r"rope_parameters\.factor is required"),

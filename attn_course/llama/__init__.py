@@ -8,7 +8,10 @@
 :func:`load_pretrained` reads a folder in the Hugging Face layout (``config.json``,
 ``model.safetensors``) without touching the network and agrees with ``transformers``'
 ``LlamaForCausalLM`` within 1e-5 in float32 (``tests/test_llama.py``): hidden states, logits,
-left-padded batches and greedy decoding with a KV cache.
+left-padded batches and greedy decoding with a KV cache. A Mistral folder loads into the same
+classes with ``config.sliding_window`` set: every block then masks to the window, and generation
+keeps a :class:`~attn_course.sliding_window.RollingKVCache` per block; it agrees with
+``MistralForCausalLM`` within 1e-5 (``tests/test_sliding_window.py``).
 
 One idea per module; every name below can be imported from ``attn_course.llama`` itself:
 

@@ -1,5 +1,8 @@
 """The sizes and settings of a Llama-style decoder, read from or checked like Hugging Face's ``config.json``.
 
+Mistral is the same decoder with a sliding window on its attention (``sliding_window``), so a
+Hugging Face ``"mistral"`` config reads into the same :class:`LlamaConfig`.
+
 Only what this implementation computes can be expressed. Settings that would change the
 computation and that it does not support (biases in the projections, another activation, a
 head size other than ``hidden_size / num_attention_heads``, a rotary scaling it does not know)
@@ -32,6 +35,7 @@ ROPE_TYPES = {
     "llama3": frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
 }
 _ROPE_COMMON_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
+_MISTRAL_DEFAULTS = {"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +59,15 @@ class LlamaConfig:
             NTK scaling starts above it).
         tie_word_embeddings: the LM head reuses the token embedding matrix.
         attention_dropout: dropout on attention weights while training.
+        sliding_window: ``W``, Mistral's window: query ``i`` sees key ``j`` only when
+            ``i - W < j <= i`` (itself and the ``W - 1`` tokens before it); None (Llama) for full
+            causal attention.
 
     Raises:
         TypeError: a field of the wrong type (the message names it).
         ValueError: a size below 1, ``E`` not divisible by ``H`` or ``H`` by ``H_kv``, an odd head
-            size (RoPE rotates pairs), a non-positive ``rms_norm_eps`` or ``rope_theta``, or a
-            dropout outside ``[0, 1)``.
+            size (RoPE rotates pairs), a non-positive ``rms_norm_eps`` or ``rope_theta``, a
+            dropout outside ``[0, 1)``, or a ``sliding_window`` below 1.
 
     Example:
         >>> config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
@@ -81,6 +88,7 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_dropout: float = 0.0
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         where = "LlamaConfig"
@@ -112,6 +120,8 @@ class LlamaConfig:
         _validate.boolean(where, "tie_word_embeddings", self.tie_word_embeddings)
         object.__setattr__(self, "attention_dropout",
                            _validate.dropout(where, self.attention_dropout, "attention_dropout"))
+        if self.sliding_window is not None:
+            _validate.integer(where, "sliding_window", self.sliding_window, minimum=1)
 
     @property
     def head_dim(self) -> int:
@@ -120,8 +130,12 @@ class LlamaConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], *, source: str = "config") -> LlamaConfig:
-        """Read the fields from a Hugging Face Llama ``config.json`` dictionary.
+        """Read the fields from a Hugging Face Llama or Mistral ``config.json`` dictionary.
 
+        A ``"mistral"`` config also gives ``sliding_window`` (null for none); where a key is
+        absent, Hugging Face's ``MistralConfig`` defaults apply (``sliding_window`` 4096, 8
+        key/value heads, 131072 positions), as ``MistralForCausalLM`` would use them. A
+        ``"llama"`` config never has a window (Hugging Face's Llama reads no such key).
         Keys that do not change the computation (``architectures``, ``bos_token_id``,
         ``initializer_range``, ``use_cache``, ``pretraining_tp``, ...) are ignored. The rotary
         settings are read in both layouts: ``rope_parameters`` (transformers 5) or ``rope_theta``
@@ -137,7 +151,7 @@ class LlamaConfig:
         Raises:
             TypeError: ``values`` not a mapping, or a field of the wrong type (the field is named).
             ValueError: a required field missing, or a setting this implementation does not
-                support: ``model_type`` other than ``"llama"``, ``hidden_act`` other than
+                support: ``model_type`` other than ``"llama"`` or ``"mistral"``, ``hidden_act`` other than
                 ``"silu"``, ``attention_bias`` or ``mlp_bias`` true, a ``head_dim`` other than
                 ``hidden_size / num_attention_heads``, or rotary settings as in
                 :func:`rope_from_hugging_face`.
@@ -149,11 +163,16 @@ class LlamaConfig:
             ...     "rope_parameters": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 4.0}})
             >>> config.rope_theta, config.rope_scaling
             (500000.0, LinearScaling(factor=4.0))
+            >>> LlamaConfig.from_dict({
+            ...     "model_type": "mistral", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            ...     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            ...     "sliding_window": 16}).sliding_window
+            16
         """
         where = "LlamaConfig.from_dict"
         if not isinstance(values, Mapping):
             raise TypeError(f"{where}: {source} must be a JSON object, got {type(values).__name__}")
-        supported = {"model_type": ("llama", None), "hidden_act": ("silu",),
+        supported = {"model_type": ("llama", "mistral", None), "hidden_act": ("silu",),
                      "attention_bias": (False,), "mlp_bias": (False,)}
         defaults = {"model_type": None, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
         for key, allowed in supported.items():
@@ -162,6 +181,9 @@ class LlamaConfig:
                 shown = " or ".join(repr(a) for a in allowed if a is not None)
                 raise ValueError(f"{where}: unsupported config in {source}: {key}={value!r}; "
                                  f"this Llama supports only {key}={shown}")
+        if values.get("model_type") == "mistral":
+            # Hugging Face's MistralConfig (5.24) defaults, for keys a config.json leaves out.
+            values = {**_MISTRAL_DEFAULTS, **values}
         required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
         missing = sorted(required - set(values))
         if missing:
@@ -177,6 +199,8 @@ class LlamaConfig:
                  "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
                  "attention_dropout")
         kwargs = {name: values[name] for name in plain if values.get(name) is not None}
+        if values.get("model_type") == "mistral":
+            kwargs["sliding_window"] = values["sliding_window"]                 # None: no window
         try:
             kwargs["rope_theta"], kwargs["rope_scaling"] = rope_from_hugging_face(values, source=source)
             return cls(**kwargs)
@@ -186,7 +210,7 @@ class LlamaConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> LlamaConfig:
-        """Read a Hugging Face Llama ``config.json``.
+        """Read a Hugging Face Llama or Mistral ``config.json``.
 
         Args:
             path: the file.

@@ -1,4 +1,8 @@
-"""Hugging Face Llama checkpoints into :class:`~attn_course.llama.LlamaForCausalLM`: names mapped, shapes checked.
+"""Hugging Face Llama and Mistral checkpoints into a :class:`~attn_course.llama.LlamaForCausalLM`, checked by name.
+
+Mistral's weights have Llama's names and shapes; its config adds ``sliding_window``, which the
+model applies in every block (``tests/test_sliding_window.py`` checks it against
+``MistralForCausalLM``).
 
 A checkpoint folder holds ``config.json`` and ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``). The config is checked field by field
@@ -144,7 +148,11 @@ def match_hugging_face(
 
 
 def load_pretrained(folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """Load a Hugging Face Llama checkpoint folder into a :class:`~attn_course.llama.LlamaForCausalLM`, offline.
+    """Load a Hugging Face Llama or Mistral checkpoint folder into a :class:`~attn_course.llama.LlamaForCausalLM`.
+
+    Offline: nothing is read from the network. A Mistral folder (``model_type`` ``"mistral"``)
+    gives a model whose ``config.sliding_window`` is the checkpoint's window (None for full causal
+    attention).
 
     Args:
         folder: holds ``config.json`` and ``model.safetensors`` (or ``model.safetensors.index.json``

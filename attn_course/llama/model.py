@@ -11,6 +11,12 @@ The attention is :class:`~attn_course.multihead.MultiHeadAttention` (chapter 03)
 (chapter 05); decoding keeps one :class:`~attn_course.kv_cache.KVCache` per block (chapter 04).
 A left-padded batch is handled as Hugging Face does: the padding is hidden as a key, and each
 sequence's real tokens get the positions ``0, 1, 2, ...`` (:func:`positions_from_attention_mask`).
+
+Mistral is this decoder with ``config.sliding_window = W``: every block adds
+:func:`~attn_course.masks.sliding_window_mask` to its causal mask, and :meth:`LlamaForCausalLM.generate`
+decodes with one :class:`~attn_course.sliding_window.RollingKVCache` per block, which holds only
+the last ``W - 1`` tokens (Hugging Face's ``DynamicCache`` keeps the same for Mistral). The window
+is counted over the indices of the (padded) sequence, as Hugging Face counts it.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from attn_course.kv_cache import KVCache
 from attn_course.llama.config import LlamaConfig
 from attn_course.llama.feed_forward import SwiGLU
 from attn_course.llama.norm import RMSNorm
-from attn_course.masks import key_padding_to_boolean
+from attn_course.masks import key_padding_to_boolean, restrict_mask, sliding_window_mask
 from attn_course.multihead import MultiHeadAttention, check_model_input
 from attn_course.rope import RotaryEmbedding
+from attn_course.sliding_window import RollingKVCache
 
 __all__ = [
     "LlamaDecoderBlock",
@@ -151,6 +158,7 @@ class LlamaDecoderBlock(nn.Module):
         )
         self.feed_forward_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.feed_forward = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.sliding_window = config.sliding_window
 
     def forward(
         self,
@@ -161,14 +169,16 @@ class LlamaDecoderBlock(nn.Module):
         kv_cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the block (the causal mask is always applied).
+        """Run the block (the causal mask is always applied, and the sliding window if the config has one).
 
         Args:
             x: ``[B, N, E]`` (with a cache: only the new tokens).
-            mask: extra boolean mask, e.g. the key padding as ``[B, 1, N_k]`` (True = may attend).
+            mask: extra boolean mask, e.g. the key padding as ``[B, 1, N_k]`` (True = may attend),
+                over the keys the cache returns (``N_k = kv_cache.attended_length(N)``).
             positions: RoPE positions of the new tokens, ``[N]`` or ``[B, N]``; default
                 ``len(kv_cache) ..`` (``0 .. N-1`` without a cache).
-            kv_cache: this block's :class:`~attn_course.kv_cache.KVCache`.
+            kv_cache: this block's :class:`~attn_course.kv_cache.KVCache` (or
+                :class:`~attn_course.sliding_window.RollingKVCache`).
             need_weights: also return the attention weights.
 
         Returns:
@@ -179,6 +189,14 @@ class LlamaDecoderBlock(nn.Module):
                 :meth:`MultiHeadAttention.forward <attn_course.multihead.MultiHeadAttention.forward>`.
         """
         x = check_model_input(self.attention, x, caller="LlamaDecoderBlock.forward")
+        if self.sliding_window is not None:
+            # Query i sees key j when i - W < j <= i (the window counts the query itself): Hugging
+            # Face's sliding_window_overlay, kv_idx > q_idx - sliding_window (transformers 5.24,
+            # masking_utils.py). The keys the cache returns end with the new tokens, so the window
+            # is bottom-right aligned over them.
+            n, n_k = x.shape[1], x.shape[1] if kv_cache is None else kv_cache.attended_length(x.shape[1])
+            window = sliding_window_mask(n, n_k, window=self.sliding_window, device=x.device)  # [N, N_k]
+            mask = restrict_mask(mask, window)                             # [B|1, N|1, N_k]
         attended, weights = self.attention(                               # RoPE rotates q and k inside
             self.attention_norm(x), mask=mask, is_causal=True, kv_cache=kv_cache,
             positions=positions, need_weights=need_weights,
@@ -255,14 +273,16 @@ class LlamaModel(nn.Module):
 
         Args:
             input_ids: ``[B, N]`` token ids (with caches: only the new tokens).
-            attention_mask: ``[B, N_k]``, 1 for a real token and 0 for padding, over the cached
-                tokens and the new ones (``N_k = len(cache) + N``), as in Hugging Face. Padding is
-                hidden as a key; outputs at padded places are finite but meaningless.
+            attention_mask: ``[B, len(cache) + N]``, 1 for a real token and 0 for padding, over every
+                token seen and the new ones, as in Hugging Face (a rolling cache reads only the
+                columns of the keys it still holds). Padding is hidden as a key; outputs at padded
+                places are finite but meaningless.
             positions: RoPE positions of the new tokens, ``[N]`` or ``[B, N]`` integers. Default:
                 from ``attention_mask`` by :func:`positions_from_attention_mask` (each sequence's
                 real tokens at ``0, 1, ...``), else ``len(cache) .. len(cache) + N - 1``.
             kv_caches: one :class:`~attn_course.kv_cache.KVCache` per block, all of one length;
-                the new keys and values are appended.
+                the new keys and values are appended. With ``config.sliding_window = W`` they may be
+                :class:`~attn_course.sliding_window.RollingKVCache` s of a window ``>= W``.
             output_hidden_states: also return the embeddings and every block's output.
             output_attentions: also return every block's attention weights.
 
@@ -272,8 +292,9 @@ class LlamaModel(nn.Module):
         Raises:
             TypeError: ids, mask or positions that are not tensors of the right kind, caches that
                 are not ``KVCache``, flags that are not bool.
-            ValueError: shapes that do not fit, ids out of ``0..V-1``, the wrong number of caches or
-                caches of different lengths.
+            ValueError: shapes that do not fit, ids out of ``0..V-1``, the wrong number of caches,
+                caches of different lengths, or caches that forgot keys the attention still needs (a
+                rolling cache without a sliding window, or with a smaller one).
 
         Example:
             >>> config = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32,
@@ -295,7 +316,7 @@ class LlamaModel(nn.Module):
             raise ValueError(f"{where}: input_ids must lie in 0..{config.vocab_size - 1}, got values from "
                              f"{int(input_ids.min())} to {int(input_ids.max())}")
         batch, tokens = input_ids.shape
-        cached = self._check_caches(where, kv_caches)
+        cached, attended = self._check_caches(where, kv_caches, tokens)
         real = None
         if attention_mask is not None:
             attention_mask = _validate.tensor(where, "attention_mask", attention_mask)
@@ -315,7 +336,8 @@ class LlamaModel(nn.Module):
             if positions.shape not in ((tokens,), (batch, tokens)):
                 raise ValueError(f"{where}: positions must be [N] = [{tokens}] or [B, N] = [{batch}, {tokens}], "
                                  f"got shape {_validate.shape_str(positions)}")
-        key_mask = None if real is None else real[:, None, :]                         # [B, 1, N_k]
+        # A rolling cache returns only its last keys: the padding mask's last N_k columns.
+        key_mask = None if real is None else real[:, None, cached + tokens - attended:]  # [B, 1, N_k]
 
         x = self.embedding(input_ids)                                                  # [B, N, E]
         all_hidden_states, attentions = [x], []
@@ -331,10 +353,10 @@ class LlamaModel(nn.Module):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    def _check_caches(self, where: str, kv_caches: object) -> int:
-        """The number of cached tokens (0 without caches), after checking the list of caches."""
+    def _check_caches(self, where: str, kv_caches: object, tokens: int) -> tuple[int, int]:
+        """``(tokens seen, keys attended to)`` (``(0, tokens)`` without caches), after checking the caches."""
         if kv_caches is None:
-            return 0
+            return 0, tokens
         if isinstance(kv_caches, KVCache) or not isinstance(kv_caches, (list, tuple)) \
                 or not all(isinstance(cache, KVCache) for cache in kv_caches):
             raise TypeError(f"{where}: kv_caches must be a list of KVCache, one per block, "
@@ -345,7 +367,19 @@ class LlamaModel(nn.Module):
         lengths = sorted({len(cache) for cache in kv_caches})
         if len(lengths) > 1:
             raise ValueError(f"{where}: the caches must all hold the same number of tokens, got lengths {lengths}")
-        return lengths[0]
+        seen, window = lengths[0], self.config.sliding_window
+        # The first new query (position `seen`) reads back to `seen - (W - 1)`, or to 0 without a window.
+        needed = tokens + (seen if window is None else min(seen, window - 1))
+        attended = sorted({cache.attended_length(tokens) for cache in kv_caches})
+        if attended[0] < needed:
+            short = next(cache for cache in kv_caches if cache.attended_length(tokens) < needed)
+            what = "no sliding window" if window is None else f"sliding_window={window}"
+            raise ValueError(f"{where}: {short!r} returns {short.attended_length(tokens)} keys for {tokens} new "
+                             f"token(s), but with {what} the attention reads {needed}; use a KVCache, or a "
+                             "RollingKVCache whose window is at least the config's sliding_window")
+        if len(attended) > 1:
+            raise ValueError(f"{where}: the caches must all return the same number of keys, got {attended}")
+        return seen, attended[0]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -421,8 +455,10 @@ class LlamaForCausalLM(nn.Module):
         """Greedy decoding: add the most likely token ``max_new_tokens`` times, with a KV cache.
 
         The prompt runs once through the model, filling one :class:`~attn_course.kv_cache.KVCache`
-        per block; every later step feeds only the newest token, at the position after its
-        sequence's last one. No end-of-sequence handling: exactly ``max_new_tokens`` tokens are
+        per block (with ``config.sliding_window = W``, a
+        :class:`~attn_course.sliding_window.RollingKVCache` that holds only the last ``W - 1``
+        tokens, as Hugging Face's Mistral does); every later step feeds only the newest token, at
+        the position after its sequence's last one. No end-of-sequence handling: exactly ``max_new_tokens`` tokens are
         added to every sequence (Hugging Face's ``generate(do_sample=False)`` with no
         ``eos_token_id``). Dropout applies if the model is in training mode: call ``eval()`` first.
 
@@ -460,7 +496,9 @@ class LlamaForCausalLM(nn.Module):
         else:
             real = key_padding_to_boolean(attention_mask, batch, prompt_length, device=input_ids.device,
                                           caller=where, name="attention_mask")          # [B, N]
-        caches = [KVCache(max_length=prompt_length + max_new_tokens) for _ in self.model.blocks]
+        window = self.config.sliding_window
+        caches = [KVCache(max_length=prompt_length + max_new_tokens) if window is None else RollingKVCache(window)
+                  for _ in self.model.blocks]
         positions = positions_from_attention_mask(real)                                  # [B, N]
         sequences, new_ids, step_logits = input_ids, input_ids, []
         for _ in range(max_new_tokens):
