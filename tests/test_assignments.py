@@ -1,8 +1,9 @@
 """Instructor tooling: otter assign builds clean student notebooks; otter run grades them.
 
 These tests build every chapter's assignment once (tools/assign.py) and grade a small
-class (tools/grade.py): the solutions, untouched student notebooks, and submissions with
-the mistakes that attn_course.checks diagnoses.
+class (tools/grade.py): the solutions, and submissions with the mistakes that
+attn_course.checks diagnoses, whose other questions are left untouched. Every planted mistake,
+and every untouched answer, is also run against its question's public tests without otter.
 """
 
 from __future__ import annotations
@@ -249,8 +250,9 @@ def graded(dist, tmp_path_factory) -> pathlib.Path:
     for master in CHAPTERS:
         (submissions / "solutions").mkdir(exist_ok=True)
         shutil.copyfile(dist / "autograder" / master.name, submissions / "solutions" / master.name)
-        (submissions / "untouched").mkdir(exist_ok=True)
-        shutil.copyfile(dist / "student" / master.name, submissions / "untouched" / master.name)
+    # Untouched notebooks are not graded separately: each planted student's notebook leaves every
+    # question it plants nothing in untouched (test_untouched_questions_score_zero_without_crashing),
+    # and test_untouched_answers_fail_their_public_checks runs every untouched answer without otter.
     for student, chapters in GRADED_PLANTED.items():
         for chapter, functions in chapters.items():
             plant(
@@ -269,7 +271,7 @@ def grade_rows(graded: pathlib.Path) -> dict[str, dict[str, str]]:
 @grading
 def test_csv_has_a_row_per_student_and_a_column_per_question(graded):
     rows = grade_rows(graded)
-    assert set(rows) == {"solutions", "untouched", *GRADED_PLANTED}
+    assert set(rows) == {"solutions", *GRADED_PLANTED}
     expected_columns = {f"{m.stem}:{name}" for m in CHAPTERS for name, _ in questions(m)}
     assert expected_columns <= set(next(iter(rows.values())))
 
@@ -281,10 +283,20 @@ def test_solutions_score_full_marks(graded):
 
 
 @grading
-def test_untouched_student_notebooks_score_zero_without_crashing(graded):
-    row = grade_rows(graded)["untouched"]
-    scores = [float(value) for key, value in row.items() if ":" in key]
-    assert scores and all(score == 0 for score in scores)
+def test_untouched_questions_score_zero_without_crashing(graded):
+    # In each planted student's notebook, the questions without a planted mistake are untouched
+    # (the student notebook's "..."): otter must run the whole notebook and give them 0.
+    rows = grade_rows(graded)
+    untouched = []
+    for student, chapters in GRADED_PLANTED.items():
+        for chapter, functions in chapters.items():
+            planted_questions = {question for _, question, _ in functions.values()}
+            master = ROOT / "notebooks" / f"{chapter}.ipynb"
+            untouched += [float(rows[student][f"{chapter}:{name}"]) for name, _ in questions(master)
+                          if name not in planted_questions]
+    # (Planted students leave few questions untouched; every untouched answer of every chapter is
+    # checked without otter by test_untouched_answers_fail_their_public_checks.)
+    assert untouched and all(score == 0 for score in untouched), untouched
 
 
 @grading
@@ -358,3 +370,40 @@ def test_planted_mistake_fails_its_public_check_with_the_hint(student, chapter, 
             messages.append(f"{type(error).__name__}: {error}")
     assert messages, f"{student}'s planted {name} passes the public tests of {question}"
     assert any(hint in message for message in messages), messages
+
+
+def untouched_answers(student_notebook: pathlib.Path) -> dict[str, str]:
+    """{question: the student notebook's answer cells, as handed out}: the code cells just before
+    each ``grader.check("question")`` cell, back to the previous markdown or check cell."""
+    answers: dict[str, str] = {}
+    pending: list[str] = []
+    for cell in nbformat.read(student_notebook, as_version=4).cells:
+        check = re.fullmatch(r'grader\.check\("([^"]+)"\)', cell.source.strip()) if cell.cell_type == "code" else None
+        if check:
+            answers[check.group(1)] = "\n\n".join(pending)
+            pending = []
+        elif cell.cell_type == "code":
+            pending.append(cell.source)
+        else:
+            pending = []
+    return answers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("master", CHAPTERS, ids=[m.stem for m in CHAPTERS])
+def test_untouched_answers_fail_their_public_checks(dist, master):
+    # Every question's answer as handed out ("..." in place of the solution) must fail its public
+    # tests, as otter runs them: an exercise that a blank answer passes gives free points.
+    answers = untouched_answers(dist / "student" / master.name)
+    assert set(answers) == {name for name, _ in questions(master)}
+    for question, tests in public_tests(master).items():
+        namespace = chapter_namespace(master)
+        exec(compile(answers[question], f"<untouched {question}>", "exec"), namespace)
+        failures = 0
+        for source in tests:
+            try:
+                exec(compile(exception_test_source(source), f"<{question} public test>", "exec"), namespace)
+            except Exception:   # noqa: BLE001 - otter counts any exception as a failed test
+                failures += 1
+        assert failures, f"{master.stem}: the untouched answer to {question} passes its public tests"
+
