@@ -52,7 +52,7 @@ from torch import nn
 from attn_course import _validate
 from attn_course.attention import self_attention
 from attn_course.kv_cache import KVCache
-from attn_course.llama.config import rope_from_hugging_face
+from attn_course.llama.config import rope_from_hugging_face, rope_parameters
 from attn_course.llama.norm import RMSNorm
 from attn_course.masks import causal_mask
 from attn_course.multihead import merge_heads, split_heads
@@ -185,11 +185,7 @@ class MLAConfig:
         if kv_heads is not None and kv_heads != heads:
             raise ValueError(f"{where}: num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; "
                              "MLA projects a key and a value for every head from the latent")
-        field = "rope_parameters" if values.get("rope_parameters") is not None else "rope_scaling"
-        parameters = values.get(field) or {}
-        if not isinstance(parameters, Mapping):
-            raise TypeError(f"{where}: {field} must be a mapping, got {type(parameters).__name__}")
-        rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+        field, parameters, rope_type = rope_parameters(values, where=where)
         if rope_type not in ROPE_TYPES:
             raise ValueError(f"{where}: {field} rope_type={rope_type!r} is not supported; DeepSeek-V2's "
                              f"attention reads {' and '.join(repr(t) for t in ROPE_TYPES)}")

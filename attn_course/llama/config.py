@@ -21,7 +21,7 @@ from typing import Any
 from attn_course import _validate
 from attn_course.rope import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 
-__all__ = ["LlamaConfig", "ROPE_TYPES", "rope_from_hugging_face"]
+__all__ = ["LlamaConfig", "ROPE_TYPES", "rope_from_hugging_face", "rope_parameters"]
 
 RopeScaling = LinearScaling | NTKScaling | YaRNScaling | Llama3Scaling
 
@@ -240,6 +240,34 @@ class LlamaConfig:
         return cls.from_dict(values, source=str(path))
 
 
+def rope_parameters(values: Mapping[str, Any], *, where: str = "rope_parameters") -> tuple[str, Mapping, str]:
+    """Where a Hugging Face config keeps its rotary settings, what they are, and their ``rope_type``.
+
+    transformers 5 writes ``rope_parameters``; older files ``rope_scaling`` (``None`` for plain
+    RoPE), whose type key was once ``type`` rather than ``rope_type``.
+
+    Args:
+        values: the parsed ``config.json``.
+        where: the name that error messages start with.
+
+    Returns:
+        ``(field, parameters, rope_type)``: the key read, its mapping (empty when absent) and the
+        rotary type (``"default"`` when none is named).
+
+    Raises:
+        TypeError: that field is neither a mapping nor absent.
+
+    Example:
+        >>> rope_parameters({"rope_scaling": {"type": "linear", "factor": 2.0}})
+        ('rope_scaling', {'type': 'linear', 'factor': 2.0}, 'linear')
+    """
+    field = "rope_parameters" if values.get("rope_parameters") is not None else "rope_scaling"
+    parameters = values.get(field) or {}
+    if not isinstance(parameters, Mapping):
+        raise TypeError(f"{where}: {field} must be a JSON object, got {type(parameters).__name__}")
+    return field, parameters, parameters.get("rope_type", parameters.get("type", "default"))
+
+
 def rope_from_hugging_face(values: Mapping[str, Any], *, source: str = "config") -> tuple[float, RopeScaling | None]:
     """The rotary base and scaling of a Hugging Face config, as :mod:`attn_course.rope` objects.
 
@@ -277,11 +305,7 @@ def rope_from_hugging_face(values: Mapping[str, Any], *, source: str = "config")
     where = "rope_from_hugging_face"
     if not isinstance(values, Mapping):
         raise TypeError(f"{where}: {source} must be a JSON object, got {type(values).__name__}")
-    field = "rope_parameters" if values.get("rope_parameters") is not None else "rope_scaling"
-    parameters = values.get(field) or {}
-    if not isinstance(parameters, Mapping):
-        raise TypeError(f"{where}: {field} must be a JSON object, got {type(parameters).__name__}")
-    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+    field, parameters, rope_type = rope_parameters(values, where=where)
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"{where}: {field}.rope_type={rope_type!r} is not supported; this Llama reads "
                          f"rope_type {', '.join(repr(t) for t in ROPE_TYPES)}")
