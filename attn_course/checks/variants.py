@@ -1,0 +1,317 @@
+"""Checks for the exercises of chapter 08 (attention in today's models): RMSNorm, the SwiGLU
+feed-forward, the size of a multi-head latent attention cache, and the eviction of a cache with
+attention sinks. Each runs the student's function on fresh inputs, compares it with a reference
+computed here in float64 (``tests/test_checks_variants.py`` checks that it agrees with
+:class:`~attn_course.llama.RMSNorm`, :class:`~attn_course.llama.SwiGLU` and
+:class:`~attn_course.attention_sinks.SinkKVCache`), and names the mistake it recognises."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
+from attn_course.kv_cache_size import mla_cache_elements
+
+__all__ = ["check_rms_norm", "check_swiglu", "check_latent_cache_bytes", "check_sink_eviction"]
+
+
+# --- RMSNorm ------------------------------------------------------------------------------------------
+
+SUBTRACTS_MEAN = ("Your function subtracts the mean: that is LayerNorm. RMSNorm only divides by the root "
+                  "mean square, sqrt(mean(x²) + eps), and has no mean to remove.")
+NO_SQUARE_ROOT = "You divide by mean(x²) + eps: take its square root, the *root* mean square."
+EPS_OUTSIDE = ("You add eps after the square root, x / (sqrt(mean(x²)) + eps). It goes inside: "
+               "x / sqrt(mean(x²) + eps), as Llama (and Hugging Face's LlamaRMSNorm) compute it.")
+L2_NORM = ("You divide by the length of the vector, sqrt(sum(x²)), not by its root mean square: "
+           "average the squares over the E features instead of adding them up.")
+WRONG_AXIS = ("You averaged the squares over the wrong dimension: each token's vector is normalised "
+              "on its own, over the last dimension (E features).")
+NO_WEIGHT = "You normalise but do not multiply by the learned weight [E] at the end."
+ADDS_WEIGHT = "You add the weight. It is a scale: multiply the normalised vector by it."
+
+
+def _rms_cases() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """``(x, weight, eps)``: a batch of token vectors, a weight away from 1, and a large and a small eps
+    (a large one so that where eps goes can be seen)."""
+    generator = torch.Generator().manual_seed(81)
+    return [
+        (torch.randn(2, 5, 8, generator=generator) * 0.3 + 0.2, 1 + 0.3 * torch.randn(8, generator=generator), 0.1),
+        (torch.randn(3, 16, generator=generator) * 2.0, 1 + 0.3 * torch.randn(16, generator=generator), 1e-6),
+    ]
+
+
+def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
+    """Check ``fn(x [..., E], weight [E], eps) -> [..., E]``: RMSNorm, ``x / sqrt(mean(x²) + eps) · weight``.
+
+    The reference is computed in float64 here; it agrees with :class:`~attn_course.llama.RMSNorm`
+    (itself equal to Hugging Face's ``LlamaRMSNorm``). Tried with ``eps = 0.1`` (so that where eps
+    goes shows) and with ``eps = 1e-6``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a mean subtracted (LayerNorm), a missing square root, eps outside the
+            root, the vector's length used instead of its RMS, the wrong axis, the weight missing or
+            added, or the first entry that differs.
+
+    Example:
+        >>> check_rms_norm(lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w)
+        True
+    """
+    for x, weight, eps in _rms_cases():
+        got = call_student("check_rms_norm", norm_fn, x.clone(), weight.clone(), eps)
+        wide, w = x.double(), weight.double()
+        mean_square = wide.pow(2).mean(-1, keepdim=True)                       # [..., 1]
+        expected = wide / (mean_square + eps).sqrt() * w                         # [..., E]
+        check_shape(got, expected, "Your output")
+        if same(got, expected):
+            continue
+        centred = wide - wide.mean(-1, keepdim=True)
+        mistakes = [
+            (SUBTRACTS_MEAN, centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w),
+            (SUBTRACTS_MEAN, F.layer_norm(wide, wide.shape[-1:], eps=eps) * w),
+            (NO_SQUARE_ROOT, wide / (mean_square + eps) * w),
+            (EPS_OUTSIDE, wide / (mean_square.sqrt() + eps) * w),
+            (L2_NORM, wide / (wide.pow(2).sum(-1, keepdim=True) + eps).sqrt() * w),
+            (WRONG_AXIS, wide / (wide.pow(2).mean(0, keepdim=True) + eps).sqrt() * w),
+            (NO_WEIGHT, wide / (mean_square + eps).sqrt()),
+            (ADDS_WEIGHT, wide / (mean_square + eps).sqrt() + w),
+        ]
+        diagnose(got, expected, mistakes, ("", "token", "feature")[-x.dim():], "Your output")
+    return True
+
+
+# --- SwiGLU ---------------------------------------------------------------------------------------------
+
+GATE_AND_UP_SWAPPED = ("You apply SiLU to the up projection and multiply by the gate projection: the SiLU goes "
+                       "on w_gate's output, silu(x W_gate^T) ⊙ (x W_up^T).")
+GELU_NOT_SILU = "You use GELU; SwiGLU's gate is SiLU (Swish), silu(z) = z · sigmoid(z)."
+RELU_NOT_SILU = "You use ReLU; SwiGLU's gate is SiLU (Swish), silu(z) = z · sigmoid(z)."
+SIGMOID_NOT_SILU = ("You gate with sigmoid(x W_gate^T): that is the original GLU. SwiGLU uses SiLU, "
+                    "z · sigmoid(z), as its gate.")
+NO_GATE = ("There is no gate: you apply SiLU to one projection and never multiply by the other. SwiGLU "
+           "multiplies silu(x W_gate^T) by x W_up^T, element by element.")
+SILU_AFTER_PRODUCT = ("You apply SiLU to the product of both projections; only the gate projection goes "
+                      "through SiLU: silu(x W_gate^T) ⊙ (x W_up^T).")
+NO_DOWN = "You stop before the down projection: the hidden [..., F] vector goes back to E features by W_down."
+
+
+def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
+    """Check ``fn(x [..., E], w_gate [F, E], w_up [F, E], w_down [E, F]) -> [..., E]``: Llama's feed-forward,
+    ``(silu(x W_gate^T) ⊙ x W_up^T) W_down^T``, the weights laid out as ``nn.Linear`` stores them
+    (``[out, in]``).
+
+    The reference is computed in float64 here and agrees with :class:`~attn_course.llama.SwiGLU`.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming gate and up swapped, GELU / ReLU / sigmoid instead of SiLU, no gate, SiLU
+            after the product, a missing down projection, or the first entry that differs.
+
+    Example:
+        >>> check_swiglu(lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d.T)
+        True
+    """
+    generator = torch.Generator().manual_seed(82)
+    for batch, embed, hidden in [((2, 3), 8, 12), ((5,), 6, 16)]:
+        x = torch.randn(*batch, embed, generator=generator)
+        w_gate, w_up = torch.randn(hidden, embed, generator=generator), torch.randn(hidden, embed, generator=generator)
+        w_down = torch.randn(embed, hidden, generator=generator) / hidden**0.5
+        got = call_student("check_swiglu", ffn_fn, x.clone(), w_gate.clone(), w_up.clone(), w_down.clone())
+        x64, g, u, d = x.double(), w_gate.double(), w_up.double(), w_down.double()
+        gate, up = x64 @ g.T, x64 @ u.T                                           # [..., F] each
+        expected = (F.silu(gate) * up) @ d.T                                      # [..., E]
+        if got.shape[-1] == hidden and got.shape[:-1] == expected.shape[:-1]:
+            raise CheckFailed(NO_DOWN)
+        check_shape(got, expected, "Your output")
+        if same(got, expected):
+            continue
+        mistakes = [
+            (GATE_AND_UP_SWAPPED, (F.silu(up) * gate) @ d.T),
+            (GELU_NOT_SILU, (F.gelu(gate) * up) @ d.T),
+            (GELU_NOT_SILU, (F.gelu(gate, approximate="tanh") * up) @ d.T),
+            (RELU_NOT_SILU, (F.relu(gate) * up) @ d.T),
+            (SIGMOID_NOT_SILU, (torch.sigmoid(gate) * up) @ d.T),
+            (NO_GATE, F.silu(gate) @ d.T),
+            (NO_GATE, F.silu(up) @ d.T),
+            (SILU_AFTER_PRODUCT, F.silu(gate * up) @ d.T),
+        ]
+        diagnose(got, expected, mistakes, ("", "token", "feature")[-x.dim():], "Your output")
+    return True
+
+
+# --- bytes a latent-attention cache holds per token ------------------------------------------------------
+
+ROPE_KEY_PER_HEAD = ("You cache a rotary key for every head (n_h · d_R). MLA's decoupled rotary key k_R is "
+                     "shared by all heads: one d_R-vector per token and layer.")
+TWO_LATENTS = ("You cache two latents, one for keys and one for values (2 · d_c). MLA compresses keys and values "
+               "*jointly* into one c_KV, from which both are rebuilt.")
+NO_ROPE_KEY = ("You cache the latent c_KV only. The decoupled rotary key k_R (d_R numbers) cannot be rebuilt "
+               "from c_KV, because RoPE comes after the projection: it is cached too.")
+FULL_KEYS_AND_VALUES = ("You cache every head's full key and value, as multi-head attention does: that is what "
+                        "MLA avoids. It keeps c_KV and k_R and rebuilds keys and values from c_KV.")
+ONE_LAYER = "That is one layer's worth: every layer keeps its own cache, so multiply by the number of layers."
+ELEMENTS_NOT_BYTES = ("You counted elements; the question asks for bytes: multiply by the bytes per element "
+                      "(2 for bfloat16, 1 for an 8-bit cache).")
+BITS_NOT_BYTES = "You multiplied by bits per element; there are 8 bits in a byte."
+BYTES_WRONG = ("Your size is not right for {case}: expected {expected:,} bytes per token, got {got:,}. Per layer "
+               "MLA caches the latent c_KV (kv_lora_rank numbers) and one shared rotary key (qk_rope_head_dim).")
+
+LATENT_CASES = [
+    # DeepSeek-V2 (arXiv 2405.04434, appendix B.1; its Hugging Face config.json), in bf16
+    dict(num_hidden_layers=60, num_attention_heads=128, kv_lora_rank=512, qk_rope_head_dim=64,
+         qk_nope_head_dim=128, v_head_dim=128, bytes_per_element=2),
+    dict(num_hidden_layers=27, num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64,
+         qk_nope_head_dim=128, v_head_dim=128, bytes_per_element=1),
+    dict(num_hidden_layers=4, num_attention_heads=8, kv_lora_rank=96, qk_rope_head_dim=16,
+         qk_nope_head_dim=32, v_head_dim=48, bytes_per_element=4),
+]
+
+
+def _case_text(case: dict) -> str:
+    return ", ".join(f"{name}={value}" for name, value in case.items())
+
+
+def check_latent_cache_bytes(size_fn: Callable[[dict], int]) -> bool:
+    """Check ``fn(config) -> int``: the bytes a multi-head latent attention model caches per token, all
+    layers together. ``config`` holds ``num_hidden_layers``, ``num_attention_heads``, ``kv_lora_rank``,
+    ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim`` and ``bytes_per_element``.
+
+    The reference is ``num_hidden_layers · (kv_lora_rank + qk_rope_head_dim) · bytes_per_element``
+    (:func:`~attn_course.kv_cache_size.mla_cache_elements`, DeepSeek-V2's Table 1), for DeepSeek-V2
+    in bfloat16 and two other configurations.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a rotary key per head, two latents, no rotary key, full keys and values,
+            one layer only, elements or bits instead of bytes, or the first configuration that differs.
+
+    Example:
+        >>> check_latent_cache_bytes(lambda c: c["num_hidden_layers"] * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
+        ...                          * c["bytes_per_element"])
+        True
+    """
+    for case in LATENT_CASES:
+        got = call_answer("check_latent_cache_bytes", size_fn, dict(case), described=f"config={{{_case_text(case)}}}")
+        if got is Ellipsis or got is None:
+            raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            raise CheckFailed(f"Your function should return a number of bytes (an int), got {type(got).__name__}.")
+        layers, heads, bytes_ = case["num_hidden_layers"], case["num_attention_heads"], case["bytes_per_element"]
+        latent, rope = case["kv_lora_rank"], case["qk_rope_head_dim"]
+        per_layer = mla_cache_elements(latent, rope)
+        expected = layers * per_layer * bytes_
+        if got == expected:
+            continue
+        full = heads * (case["qk_nope_head_dim"] + rope + case["v_head_dim"])
+        mistakes = [
+            (ROPE_KEY_PER_HEAD, layers * (latent + heads * rope) * bytes_),
+            (TWO_LATENTS, layers * (2 * latent + rope) * bytes_),
+            (NO_ROPE_KEY, layers * latent * bytes_),
+            (FULL_KEYS_AND_VALUES, layers * full * bytes_),
+            (ONE_LAYER, per_layer * bytes_),
+            (ELEMENTS_NOT_BYTES, layers * per_layer),
+            (BITS_NOT_BYTES, layers * per_layer * bytes_ * 8),
+        ]
+        for message, wrong in mistakes:
+            if got == wrong:
+                raise CheckFailed(message)
+        raise CheckFailed(BYTES_WRONG.format(case=_case_text(case), expected=expected, got=got))
+    return True
+
+
+# --- which tokens a cache with attention sinks keeps -------------------------------------------------------
+
+EVICTS_SINKS = ("Your cache keeps the last sinks + recent tokens, so once the text is longer than that, the first "
+                "tokens are evicted like any other: the sinks are gone. Keep the first `sinks` tokens always, "
+                "and the `recent` newest after them.")
+DUPLICATES = ("While the text is still short (N < sinks + recent) your cache holds some tokens twice: the first "
+              "`sinks` and the last `recent` overlap. Until the cache is full, keep every token once.")
+SINKS_LAST = ("You keep the right tokens in the wrong order: the sinks go first, then the recent tokens, oldest to "
+              "newest, because their order in the cache is their position (StreamingLLM numbers positions inside "
+              "the cache).")
+ONE_SHORT = "You keep one recent token too few: the `recent` newest tokens are kept, the newest included."
+VALUES_NOT_KEYS = "Your keys are right, but your values are not the same tokens' values: evict both alike."
+KEPT_WRONG = ("For N = {n}, sinks = {sinks}, recent = {recent} the cache should hold the tokens at positions "
+              "{expected}; yours holds {got}.")
+
+
+def _positions_kept(kept: torch.Tensor, keys: torch.Tensor) -> list[int] | None:
+    """The positions (along dim 2 of ``keys``) of the kept vectors, or None if one is not found."""
+    found = []
+    for slot in range(kept.shape[2]):
+        matches = [p for p in range(keys.shape[2]) if torch.equal(kept[:, :, slot], keys[:, :, p])]
+        if not matches:
+            return None
+        found.append(matches[0])
+    return found
+
+
+def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Check ``fn(keys [B, H, N, d], values [B, H, N, d_v], sinks, recent) -> (keys, values)``: what a
+    cache with attention sinks keeps of ``N`` tokens: all of them while ``N <= sinks + recent``, else the
+    first ``sinks`` and the last ``recent``, in that order (StreamingLLM, Xiao et al. 2023).
+
+    Tried for texts shorter than, equal to and longer than ``sinks + recent``, with no sinks too.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming evicted sinks, tokens kept twice, sinks put after the recent tokens, one
+            recent token too few, values that do not follow the keys, or the positions that differ.
+
+    Example:
+        >>> def evict(k, v, sinks, recent):
+        ...     n = k.shape[2]
+        ...     keep = list(range(n)) if n <= sinks + recent else [*range(sinks), *range(n - recent, n)]
+        ...     return k[:, :, keep], v[:, :, keep]
+        >>> check_sink_eviction(evict)
+        True
+    """
+    generator = torch.Generator().manual_seed(84)
+    for n, sinks, recent in [(20, 4, 6), (7, 4, 6), (10, 4, 6), (11, 2, 3), (9, 0, 5)]:
+        keys = torch.randn(2, 3, n, 4, generator=generator)
+        values = torch.randn(2, 3, n, 5, generator=generator)
+        result = call_answer("check_sink_eviction", evict_fn, keys.clone(), values.clone(), sinks, recent,
+                             described=f"keys and values of N = {n} tokens, sinks={sinks}, recent={recent}")
+        if not (isinstance(result, tuple) and len(result) == 2):
+            if result is Ellipsis or result is None:
+                raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+            raise CheckFailed(f"Your function should return (keys, values), got {type(result).__name__}.")
+        got_keys, got_values = result
+        for name, tensor in (("keys", got_keys), ("values", got_values)):
+            if not isinstance(tensor, torch.Tensor):
+                raise CheckFailed(f"Your {name} should be a torch.Tensor, got {type(tensor).__name__}.")
+        keep = list(range(n)) if n <= sinks + recent else [*range(sinks), *range(n - recent, n)]
+        expected_keys, expected_values = keys[:, :, keep], values[:, :, keep]
+        if got_keys.dim() == 4 and got_keys.shape[:2] == keys.shape[:2] and got_keys.shape[3] == keys.shape[3]:
+            kept = _positions_kept(got_keys, keys)
+            if kept is not None and kept != keep:
+                if kept == list(range(max(0, n - sinks - recent), n)):
+                    raise CheckFailed(EVICTS_SINKS)
+                if n < sinks + recent and kept == [*range(min(sinks, n)), *range(max(0, n - recent), n)]:
+                    raise CheckFailed(DUPLICATES)
+                if sorted(kept) == keep:
+                    raise CheckFailed(SINKS_LAST)
+                if kept == [*range(sinks), *range(n - recent + 1, n)]:
+                    raise CheckFailed(ONE_SHORT)
+                raise CheckFailed(KEPT_WRONG.format(n=n, sinks=sinks, recent=recent, expected=keep, got=kept))
+        check_shape(got_keys, expected_keys, "Your keys")
+        if not same(got_keys, expected_keys):
+            diagnose(got_keys, expected_keys, [], ("", "head", "slot", "feature"), "Your keys")
+        check_shape(got_values, expected_values, "Your values")
+        if not same(got_values, expected_values):
+            raise CheckFailed(VALUES_NOT_KEYS)
+    return True
