@@ -39,6 +39,14 @@ class KVCache:
         (4, torch.Size([1, 2, 4, 4]))
     """
 
+    #: How :class:`~attn_course.multihead.MultiHeadAttention` applies RoPE with this cache. ``False``
+    #: (here): it rotates the new keys by their positions in the text before :meth:`append`, so the
+    #: cache holds rotated keys. ``True`` (:class:`~attn_course.attention_sinks.SinkKVCache`): the
+    #: cache holds keys before the rotation and numbers the tokens it holds itself; the attention asks
+    #: it for those positions (``cache_positions(N_new)``, queries and keys) and rotates the new
+    #: queries, and the keys that :meth:`append` returns, by them.
+    positions_in_cache: bool = False
+
     def __init__(self, max_length: int | None = None) -> None:
         self.max_length = (
             None if max_length is None else _validate.integer("KVCache", "max_length", max_length, minimum=1)

@@ -177,12 +177,17 @@ class MultiHeadAttention(nn.Module):
                 returns; its window is a ``mask``, see :meth:`RollingKVCache.window_mask
                 <attn_course.sliding_window.RollingKVCache.window_mask>`).
             kv_cache: a :class:`~attn_course.kv_cache.KVCache` (or a subclass); the new keys and
-                values are appended to it and the queries attend to the keys it returns.
+                values are appended to it and the queries attend to the keys it returns. A cache
+                with ``positions_in_cache`` (:class:`~attn_course.attention_sinks.SinkKVCache`)
+                holds keys before RoPE: the new queries, and the keys it returns, are rotated by
+                the positions it assigns inside the cache (StreamingLLM), not by ``positions``.
             need_weights: return the per-head weights (else None).
             positions: with ``rope``, the integer positions of the new tokens, ``[N_q]`` for the
                 whole batch or ``[B, N_q]`` one row per sequence (a left-padded batch: each
                 sequence's real tokens at ``0, 1, ...``, with ``mask`` hiding the padding). Default
-                ``len(kv_cache), len(kv_cache) + 1, ...`` (``0 .. N_q-1`` without a cache).
+                ``len(kv_cache), len(kv_cache) + 1, ...`` (``0 .. N_q-1`` without a cache). With a
+                ``positions_in_cache`` cache only that default is accepted (and then replaced by
+                the cache's own positions), so a model that always passes it still works.
 
         Returns:
             ``(output [B, N_q, E], attention_weights [B, H, N_q, N_k] or None)``.
@@ -190,7 +195,8 @@ class MultiHeadAttention(nn.Module):
         Raises:
             TypeError, ValueError: inputs of the wrong kind or shape, only one of key and
                 value, a mask that does not fit, or positions that are not ``[N_q]``/``[B, N_q]``
-                integers or are given without ``rope`` or for cross-attention.
+                integers or are given without ``rope`` or for cross-attention (or, with a
+                ``positions_in_cache`` cache, other than the default).
 
         Example:
             >>> attention = MultiHeadAttention(embed_dim=16, num_heads=2, rope=True)
@@ -221,7 +227,14 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q_proj(query), self.num_heads)           # [B, H, N_q, d]
         k = split_heads(self.k_proj(key), self.num_kv_heads)          # [B, H_kv, N_new, d]
         v = split_heads(self.v_proj(value), self.num_kv_heads)        # [B, H_kv, N_new, d]
-        if self.rope is not None and self_attending:
+        in_cache = None           # the positions a positions_in_cache cache assigns, if it is one
+        if self.rope is not None and self_attending and kv_cache is not None and kv_cache.positions_in_cache:
+            # StreamingLLM: the cache holds un-rotated keys and numbers its tokens 0..N_k-1 itself;
+            # rotate the queries now and the keys it returns after the append.
+            self._check_default_positions(where, positions, kv_cache, q.shape[2])
+            in_cache = kv_cache.cache_positions(q.shape[2], device=q.device)   # [N_q], [N_k]
+            q = self.rope(q, in_cache.queries)                                  # [B, H, N_q, d]
+        elif self.rope is not None and self_attending:
             if positions is None:
                 start = 0 if kv_cache is None else len(kv_cache)        # new tokens follow the cache
                 positions = torch.arange(start, start + q.shape[2], device=q.device)   # [N_q]
@@ -232,6 +245,8 @@ class MultiHeadAttention(nn.Module):
         mask = to_score_shape(mask, query.shape[0], self.num_heads, n_q, n_k, caller=where)  # [B|1, H|1, N_q|1, N_k]
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)                              # [B, H_kv, N_k, d]
+            if in_cache is not None:
+                k = self.rope(k, in_cache.keys)                         # [B, H_kv, N_k, d], rotated
         if is_causal:
             causal = causal_mask(n_q, n_k, device=query.device)          # queries are the newest
             mask = restrict_mask(mask, causal)
@@ -279,6 +294,20 @@ class MultiHeadAttention(nn.Module):
         if blockers:
             raise ValueError(f"{where}: flash_kernel=True, but this call has " + "; ".join(blockers))
         return True
+
+    @staticmethod
+    def _check_default_positions(where: str, positions: torch.Tensor | None, kv_cache: KVCache,
+                                 tokens: int) -> None:
+        """With a ``positions_in_cache`` cache, ``positions`` must be None or the default ``len(cache)..``."""
+        if positions is None:
+            return
+        default = torch.arange(len(kv_cache), len(kv_cache) + tokens, device=positions.device)   # [N_q]
+        if not bool((positions == default).all()):
+            raise ValueError(
+                f"{where}: positions cannot be given with {kv_cache!r}, which assigns RoPE positions inside "
+                f"the cache (positions_in_cache); leave positions None (only the default "
+                f"{len(kv_cache)}..{len(kv_cache) + tokens - 1} is accepted), got {positions.tolist()}"
+            )
 
     def _check_positions(self, where: str, positions: object, query: torch.Tensor,
                          self_attending: bool) -> torch.Tensor:
