@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 
@@ -359,7 +359,8 @@ def train_language_model(
     patience: int | None = 4,
     seed: int = 0,
     progress: bool = True,
-) -> tuple[TinyLanguageModel, CharTokenizer, TrainingHistory]:
+    make_model: Callable[[int], nn.Module] | None = None,
+) -> tuple[nn.Module, CharTokenizer, TrainingHistory]:
     """Train a :class:`TinyLanguageModel` to predict the next character of ``text``.
 
     The last ``validation_fraction`` of the text (cut at a blank line, see
@@ -383,19 +384,28 @@ def train_language_model(
         seed: seeds the initial weights, the batches and any dropout; the caller's global
             random state is left as it was.
         progress: show a progress bar (tqdm).
+        make_model: build another model instead of a :class:`TinyLanguageModel`: called with
+            the vocabulary size ``V`` once the seed is set (so its initial weights are seeded
+            too), it must return a module mapping ``[B, N]`` ids to ``[B, N, V]`` logits;
+            ``config`` must then be None. Chapter 08 trains its position schemes this way.
 
     Returns:
         ``(model, tokenizer, history)``: the model in eval mode, and a :class:`TrainingHistory`.
 
     Raises:
         TypeError, ValueError: a training or held-out part shorter than a window, a config
-            whose ``max_length`` differs from ``sequence_length``, or sizes that are not positive.
+            whose ``max_length`` differs from ``sequence_length``, both ``config`` and
+            ``make_model``, or sizes that are not positive.
     """
     where = "train_language_model"
     if not isinstance(text, str):
         raise TypeError(f"{where}: text must be a str, got {type(text).__name__}")
     if config is not None and not isinstance(config, LanguageModelConfig):
         raise TypeError(f"{where}: config must be a LanguageModelConfig, got {type(config).__name__}")
+    if make_model is not None and not callable(make_model):
+        raise TypeError(f"{where}: make_model must be callable (vocab_size -> model), got {type(make_model).__name__}")
+    if make_model is not None and config is not None:
+        raise ValueError(f"{where}: give config or make_model, not both (make_model builds its own model)")
     seed = _validate.integer(where, "seed", seed, minimum=0)
     steps = _validate.integer(where, "steps", steps, minimum=1)
     batch_size = _validate.integer(where, "batch_size", batch_size, minimum=1)
@@ -415,7 +425,7 @@ def train_language_model(
         raise ValueError(f"{where}: the held-out part ({len(validation_data)} characters) must be longer than "
                          f"sequence_length = {sequence_length}; hold out more or use shorter windows")
     config = config or LanguageModelConfig(vocab_size=tokenizer.vocab_size, max_length=sequence_length)
-    if config.vocab_size != tokenizer.vocab_size or config.max_length != sequence_length:
+    if make_model is None and (config.vocab_size != tokenizer.vocab_size or config.max_length != sequence_length):
         raise ValueError(
             f"{where}: config.vocab_size must be {tokenizer.vocab_size} and config.max_length must equal "
             f"sequence_length={sequence_length} (a longer context would have position embeddings that "
@@ -433,7 +443,9 @@ def train_language_model(
         iterator = tqdm(iterator, desc="training", unit="step")
     with torch.random.fork_rng(devices=[]), one_thread():                 # keep the caller's RNG
         torch.manual_seed(seed)                                          # the weights, then any dropout
-        model = TinyLanguageModel(config)
+        model = TinyLanguageModel(config) if make_model is None else make_model(tokenizer.vocab_size)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"{where}: make_model must return a torch.nn.Module, got {type(model).__name__}")
         optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps))
