@@ -251,3 +251,20 @@ def test_experiment_is_deterministic_and_scores_each_length():
 def test_bad_input_raises_naming_the_argument(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_rope_model_streams_through_a_sink_cache_as_chapter_08_does():
+    from attn_course.attention_sinks import SinkKVCache
+
+    model = _model("rope")
+    ids = torch.randint(0, 11, (1, 20), generator=torch.Generator().manual_seed(6))
+    caches = [SinkKVCache(window=8, sinks=2) for _ in model.blocks]
+    with torch.no_grad():
+        streamed = torch.cat([model(ids[:, t:t + 1], kv_caches=caches) for t in range(20)], dim=1)
+        whole = model(ids)
+    # Nothing is evicted before sinks + window - 1 = 9 tokens: until then the stream is full attention.
+    torch.testing.assert_close(streamed[:, :9], whole[:, :9], rtol=0, atol=1e-5)
+    assert (streamed[:, 9:] - whole[:, 9:]).abs().max() > 1e-4                  # afterwards it forgets
+    alibi = _model("alibi")
+    with pytest.raises(ValueError, match="position='alibi' needs plain KVCache"):
+        alibi(ids[:, :1], kv_caches=[SinkKVCache(window=8, sinks=2) for _ in alibi.blocks])
