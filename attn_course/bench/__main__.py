@@ -5,13 +5,22 @@
                                              # (on a CPU also forward+backward memory, for training)
     python -m attn_course.bench flash --max-minutes 4.5      # the GPU run, bounded in time
     python -m attn_course.bench flash --dry-run              # the GPU code path on the CPU, tiny sizes
+    python -m attn_course.bench variants     # causal softmax, sliding window, FlexAttention, linear:
+                                             # time and memory against N, and linear's crossover N
+    python -m attn_course.bench variants --quick             # tiny sizes, a few seconds
 
 ``kv-cache`` writes ``bench-results/kv-cache.csv``. ``flash`` on a CUDA machine (or with
 ``--dry-run``) runs :func:`attn_course.bench.flash_gpu.run_gpu_benchmark`: ``flash-gpu.csv``,
 ``flash-gpu-decode.csv``, ``flash-gpu-summary.csv``, ``machine.json`` and PNG plots; elsewhere
 ``flash-cpu.csv`` and ``flash-cpu-training.csv`` with a PNG plot. ``--out`` changes the folder;
-``--lengths`` overrides the list of N for ``flash`` and the numbers of generated tokens for
-``kv-cache``.
+``variants`` (:mod:`attn_course.bench.variants`) writes ``variants.csv`` (one row per variant and
+N: seconds, exact peak bytes, the bytes kept for decoding, the difference from a reference),
+``variants-crossover.csv`` (the N from which causal linear attention is faster and smaller than
+softmax attention, against SDPA and against the course's ``self_attention``),
+``variants-cache-bytes.csv`` (bytes per token and per sequence for MHA, GQA, MQA, MLA, a sliding
+window and linear attention) and ``variants.png``; ``--quick`` runs it at tiny sizes.
+``--lengths`` overrides the list of N for ``flash`` and ``variants`` and the numbers of generated
+tokens for ``kv-cache``.
 """
 
 from __future__ import annotations
@@ -61,18 +70,22 @@ def main(argv: list[str] | None = None) -> int:
         status 2 on bad arguments.
     """
     parser = argparse.ArgumentParser(prog="python -m attn_course.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=["kv-cache", "flash"])
+    parser.add_argument("name", choices=["kv-cache", "flash", "variants"])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
                         help="folder for the CSV and PNG (default: bench-results)")
     parser.add_argument("--lengths", type=_length, nargs="+",
-                        help="sequence lengths N for flash; numbers of new tokens for kv-cache")
+                        help="sequence lengths N for flash and variants; numbers of new tokens for kv-cache")
     parser.add_argument("--max-minutes", type=_minutes, default=None,
                         help="flash on a GPU: start no new measurement after this many minutes (default: no limit)")
     parser.add_argument("--dry-run", action="store_true",
                         help="flash: run the GPU benchmark's code on the CPU at tiny sizes (Triton's interpreter)")
+    parser.add_argument("--quick", action="store_true",
+                        help="variants: tiny sizes and one timing each, a few seconds")
     args = parser.parse_args(argv)
     if args.name != "flash" and (args.dry_run or args.max_minutes is not None):
         parser.error("--dry-run and --max-minutes are options of flash")
+    if args.name != "variants" and args.quick:
+        parser.error("--quick is an option of variants")
     if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
         os.environ["TRITON_INTERPRET"] = "1"           # the dry run's kernels run in the interpreter, GPU or not
     description = machine_description()
@@ -83,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         print_kv_cache(rows)
         print(f"wrote {write_csv(rows, args.out / 'kv-cache.csv')}")
         return 0
+    if args.name == "variants":
+        return _variants(args, description)
 
     # Imported only for flash: it loads the FlashAttention package (and Triton).
     from attn_course.bench import flash
@@ -107,6 +122,38 @@ def main(argv: list[str] | None = None) -> int:
     training = flash.training_rows(**lengths)
     flash.print_training(training)
     print(f"wrote {write_csv(training, args.out / 'flash-cpu-training.csv')}")
+    return 0
+
+
+def _variants(args: argparse.Namespace, description: str) -> int:
+    """``variants``: measure, print and write the rows, the crossovers, the cache bytes and the plot."""
+    from attn_course.bench import variants
+
+    default = variants.QUICK_LENGTHS if args.quick else variants.DEFAULT_LENGTHS
+    lengths = tuple(args.lengths) if args.lengths else default
+    sizes = dict(heads=2, head_dim=16, window=16, chunk_size=16, repeats=1, budget_s=0) if args.quick else {}
+    rows = variants.measure_variants(lengths, **sizes)
+    variants.print_variants(rows)
+    print(f"wrote {write_csv(rows, args.out / 'variants.csv')}")
+    if len(set(lengths)) >= 2:
+        crossovers = [variants.crossover_from_rows(rows, softmax=softmax)
+                      for softmax in ("softmax sdpa", "softmax self_attention")]
+        for crossover in crossovers:
+            print(crossover.describe())
+        print(f"wrote {write_csv(crossovers, args.out / 'variants-crossover.csv')}")
+    else:
+        print("one N only: no crossover")
+    cache = variants.cache_bytes_rows()
+    print("# KV cache per sequence, one layer, 16-bit: n_h=8, d_h=64, GQA n_kv=2, MLA d_c=256 d_h^R=32, W=4096")
+    variants.print_cache_bytes(cache)
+    print(f"wrote {write_csv(cache, args.out / 'variants-cache-bytes.csv')}")
+    plot = args.out / "variants.png"
+    try:
+        variants.plot_variants(rows, plot, title=f"Causal attention variants: {description}")
+    except ImportError:   # the CSV holds the numbers
+        print("matplotlib is not installed: no plot")
+    else:
+        print(f"wrote {plot}")
     return 0
 
 
