@@ -34,6 +34,8 @@ __all__ = [
     "LanguageModelConfig",
     "TinyLanguageModel",
     "TrainingHistory",
+    "nonoverlapping_windows",
+    "mean_window_loss",
     "train_language_model",
 ]
 
@@ -330,13 +332,34 @@ class TrainingHistory:
         return min(self.validation_losses) if self.validation_losses else None
 
 
-def _validation_windows(data: torch.Tensor, length: int) -> torch.Tensor:
-    """Non-overlapping windows of ``length + 1`` ids: each held-out character is a target once."""
+def nonoverlapping_windows(data: torch.Tensor, length: int) -> torch.Tensor:
+    """Cut ids into non-overlapping windows of ``length + 1``, so that each one after the first is a target once.
+
+    Args:
+        data: ``[T]`` token ids.
+        length: ``N``, the inputs per window (each window has one more id, the last target).
+
+    Returns:
+        ``[W, N + 1]`` with ``W = (T - 1) // N``; a tail too short for a window is left out.
+
+    Example:
+        >>> nonoverlapping_windows(torch.arange(8), 3).tolist()
+        [[0, 1, 2, 3], [3, 4, 5, 6]]
+    """
     starts = torch.arange(0, len(data) - length, length)                  # [W]
     return data[starts[:, None] + torch.arange(length + 1)]                # [W, N + 1]
 
 
-def _mean_loss(model: TinyLanguageModel, windows: torch.Tensor) -> float:
+def mean_window_loss(model: nn.Module, windows: torch.Tensor) -> float:
+    """The mean next-token cross-entropy (nats) of ``model`` over ``windows`` (eval mode, no gradients).
+
+    Args:
+        model: maps ids ``[W, N]`` to logits ``[W, N, V]``; its training mode is restored afterwards.
+        windows: ``[W, N + 1]`` ids, e.g. from :func:`nonoverlapping_windows`.
+
+    Returns:
+        the loss as a float.
+    """
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -431,7 +454,7 @@ def train_language_model(
             f"sequence_length={sequence_length} (a longer context would have position embeddings that "
             f"training never reaches), got {config}"
         )
-    validation_windows = _validation_windows(validation_data, sequence_length) if validation_fraction else None
+    validation_windows = nonoverlapping_windows(validation_data, sequence_length) if validation_fraction else None
     generator = torch.Generator().manual_seed(seed)                    # the batches
     offsets = torch.arange(sequence_length + 1)
     train_losses, validation_steps, validation_losses = [], [], []
@@ -455,7 +478,7 @@ def train_language_model(
             """Measure the validation loss after ``step`` steps; True when training should stop."""
             nonlocal best_state, best_step
             validation_steps.append(step)
-            validation_losses.append(_mean_loss(model, validation_windows))
+            validation_losses.append(mean_window_loss(model, validation_windows))
             if validation_losses[-1] < min(validation_losses[:-1], default=math.inf):
                 best_state, best_step = copy.deepcopy(model.state_dict()), step
             return patience is not None and len(validation_steps) - 1 - validation_steps.index(best_step) >= patience

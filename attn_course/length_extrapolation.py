@@ -46,6 +46,7 @@ direction, not as the paper's numbers.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -58,9 +59,9 @@ from attn_course.alibi import alibi_bias, alibi_slopes
 from attn_course.kv_cache import KVCache
 from attn_course.language_model import (
     CharTokenizer,
-    _mean_loss,
-    _validation_windows,
     load_rhymes,
+    mean_window_loss,
+    nonoverlapping_windows,
     one_thread,
     train_language_model,
 )
@@ -352,7 +353,7 @@ def held_out_loss(model: nn.Module, tokens: torch.Tensor, length: int) -> float:
         raise ValueError(f"{where}: tokens must be [T] with T > length = {length}, got shape "
                          f"{_validate.shape_str(tokens)}")
     with one_thread():
-        return _mean_loss(model, _validation_windows(tokens, length))        # windows [W, N + 1]
+        return mean_window_loss(model, nonoverlapping_windows(tokens, length))        # windows [W, N + 1]
 
 
 @dataclass(frozen=True)
@@ -365,12 +366,17 @@ class ExtrapolationResult:
         train_length: ``L``.
         scored_characters: how many characters every length scored (the same ones).
         dropped_characters: held-out characters missing from the training vocabulary, dropped.
+        models: the trained model of each scheme, in eval mode, so that it can be studied further
+            (chapter 08 streams the RoPE one through a cache with attention sinks).
+        tokenizer: the character tokenizer all of them share (the training text's characters).
     """
 
     rows: list[dict]
     train_length: int
     scored_characters: int
     dropped_characters: int
+    models: dict[str, nn.Module] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    tokenizer: CharTokenizer | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def table(self) -> str:
         """The losses as text: one line per scheme, one column per evaluation length."""
@@ -433,10 +439,11 @@ def length_extrapolation_experiment(
     if not factors:
         raise ValueError(f"{where}: factors must hold at least one positive int")
     longest = max(factors) * train_length
-    rows, scored, dropped = [], 0, 0
+    rows, scored, dropped, models = [], 0, 0, {}
     for position in positions:
         model, tokenizer = train_position_model(position, train_length=train_length, max_length=longest,
                                                 steps=steps, seed=seed, **model_sizes)
+        models[position] = model
         held_out, dropped = encode_known(tokenizer, load_more_rhymes())
         windows = (len(held_out) - 1) // longest
         if windows < 1:
@@ -448,7 +455,7 @@ def length_extrapolation_experiment(
             loss = held_out_loss(model, held_out, factor * train_length)
             rows.append({"position": position, "length": factor * train_length, "factor": factor,
                          "loss": round(loss, 3)})
-    return ExtrapolationResult(rows, train_length, scored, dropped)
+    return ExtrapolationResult(rows, train_length, scored, dropped, models, tokenizer)
 
 
 def plot_length_extrapolation(result: ExtrapolationResult, ax=None):
