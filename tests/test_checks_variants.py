@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attn_course.attention_sinks import SinkKVCache
 from attn_course.checks import CheckFailed
 from attn_course.checks.variants import (
     check_latent_cache_bytes,
@@ -172,13 +173,12 @@ def test_sink_eviction_check_accepts_the_solution():
 
 def test_sink_eviction_reference_is_what_a_sink_cache_holds():
     """The check's rule (first `sinks`, last `recent`) is what SinkKVCache keeps, token by token."""
-    sinks_module = pytest.importorskip("attn_course.attention_sinks")
     sinks, recent, n = 3, 4, 13
-    cache = sinks_module.SinkKVCache(window=sinks + recent + 1, sinks=sinks)    # + the token being decoded
+    cache = SinkKVCache(window=recent, sinks=sinks)    # the window counts the newest token
     keys, values = torch.randn(1, 2, n, 4, dtype=torch.float64), torch.randn(1, 2, n, 4, dtype=torch.float64)
     for t in range(n):
         held_keys, held_values = cache.append(keys[:, :, t:t + 1], values[:, :, t:t + 1])
-    expected_keys, expected_values = evict_solution(keys, values, sinks, recent + 1)
+    expected_keys, expected_values = evict_solution(keys, values, sinks, recent)
     assert torch.equal(held_keys, expected_keys) and torch.equal(held_values, expected_values)
 
 
