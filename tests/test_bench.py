@@ -65,7 +65,7 @@ def test_package_reexports_what_chapter_04_imports():
 
 
 @pytest.mark.parametrize("code", ["import attn_course.bench.flash", "import attn_course.bench.flash_gpu",
-                                  "import attn_course.bench.selfcheck",
+                                  "import attn_course.bench.selfcheck", "import attn_course.bench.variants",
                                   "import attn_course.flash; import attn_course.bench"])
 def test_imports_have_no_cycle_in_a_fresh_interpreter(code):
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
@@ -896,7 +896,8 @@ def test_variants_functions_and_command_reject_bad_arguments(capsys):
     with pytest.raises(ValueError, match=r"^cache_bytes_rows: kv_heads must be at most heads"):
         variants.cache_bytes_rows(heads=2, kv_heads=4)
     for argv, message in ((["variants", "--lengths", "0"], "must be >= 1, got 0"),
-                          (["kv-cache", "--quick"], "--quick is an option of variants"),
+                          (["kv-cache", "--quick"], "--quick and --threads are options of variants"),
+                          (["variants", "--threads", "0"], "must be >= 1, got 0"),
                           (["variants", "--dry-run"], "--dry-run and --max-minutes are options of flash")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

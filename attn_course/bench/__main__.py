@@ -18,7 +18,8 @@ N: seconds, exact peak bytes, the bytes kept for decoding, the difference from a
 ``variants-crossover.csv`` (the N from which causal linear attention is faster and smaller than
 softmax attention, against SDPA and against the course's ``self_attention``),
 ``variants-cache-bytes.csv`` (bytes per token and per sequence for MHA, GQA, MQA, MLA, a sliding
-window and linear attention) and ``variants.png``; ``--quick`` runs it at tiny sizes.
+window and linear attention) and ``variants.png``; ``--quick`` runs it at tiny sizes, ``--threads``
+sets torch's CPU threads while it measures (default 1: steadier on a shared machine).
 ``--lengths`` overrides the list of N for ``flash`` and ``variants`` and the numbers of generated
 tokens for ``kv-cache``.
 """
@@ -81,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="flash: run the GPU benchmark's code on the CPU at tiny sizes (Triton's interpreter)")
     parser.add_argument("--quick", action="store_true",
                         help="variants: tiny sizes and one timing each, a few seconds")
+    parser.add_argument("--threads", type=_length, default=None,
+                        help="variants: CPU threads for torch while measuring (default: 1, the steadiest timings)")
     args = parser.parse_args(argv)
     if args.name != "flash" and (args.dry_run or args.max_minutes is not None):
         parser.error("--dry-run and --max-minutes are options of flash")
-    if args.name != "variants" and args.quick:
-        parser.error("--quick is an option of variants")
+    if args.name != "variants" and (args.quick or args.threads is not None):
+        parser.error("--quick and --threads are options of variants")
     if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
         os.environ["TRITON_INTERPRET"] = "1"           # the dry run's kernels run in the interpreter, GPU or not
     description = machine_description()
@@ -132,7 +135,10 @@ def _variants(args: argparse.Namespace, description: str) -> int:
     default = variants.QUICK_LENGTHS if args.quick else variants.DEFAULT_LENGTHS
     lengths = tuple(args.lengths) if args.lengths else default
     sizes = dict(heads=2, head_dim=16, window=16, chunk_size=16, repeats=1, budget_s=0) if args.quick else {}
-    rows = variants.measure_variants(lengths, **sizes)
+    threads = args.threads or 1
+    shape = "B=1, H=2, d=16, window W=16, chunk C=16" if args.quick else "B=1, H=4, d=64, window W=128, chunk C=128"
+    print(f"# measured on {threads} thread(s); {shape}; float32, causal")
+    rows = variants.measure_variants(lengths, threads=threads, **sizes)
     variants.print_variants(rows)
     print(f"wrote {write_csv(rows, args.out / 'variants.csv')}")
     if len(set(lengths)) >= 2:
@@ -149,7 +155,7 @@ def _variants(args: argparse.Namespace, description: str) -> int:
     print(f"wrote {write_csv(cache, args.out / 'variants-cache-bytes.csv')}")
     plot = args.out / "variants.png"
     try:
-        variants.plot_variants(rows, plot, title=f"Causal attention variants: {description}")
+        variants.plot_variants(rows, plot, title=f"Causal attention variants ({threads} thread(s)): {description}")
     except ImportError:   # the CSV holds the numbers
         print("matplotlib is not installed: no plot")
     else:

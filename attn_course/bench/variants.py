@@ -20,7 +20,8 @@ What each variant costs on a CPU, for ``q``, ``k``, ``v`` ``[B, H, N, d]`` float
   ``C``): ``O(N (C d + d²))`` time, memory linear in ``N``.
 * ``linear recurrent``: :func:`~attn_course.linear_attention.linear_attention_recurrent`, one token
   per Python step: the same ``O(N d²)`` arithmetic, but ``N`` small steps, so on a CPU it is far
-  slower than the chunked form (one measurement: 0.17 s against 0.009 s at N = 2048, B=1, H=4, d=64).
+  slower than the chunked form (one measurement: 0.17 s against 0.014 s at N = 2048, B=1, H=4, d=64,
+  one thread).
 
 Decoding one token after ``N - 1`` (mode ``decode``): a full :class:`~attn_course.kv_cache.KVCache`
 (its step reads all ``N`` keys, its memory grows with ``N``), a ``RollingKVCache`` of window ``W``
@@ -37,13 +38,14 @@ finds the N from which linear attention is faster (and smaller) than softmax att
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -233,6 +235,18 @@ def _best_time(fn: Callable[..., object], repeats: int, *, setup: Callable[[], o
     return best
 
 
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """Run torch on ``count`` CPU threads inside the block (None: leave the setting), then restore it."""
+    previous = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def _flex_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     # Eager FlexAttention warns (once per process) that it materialises the scores instead of
     # compiling a fused kernel. That is exactly what this row measures, so the warning says nothing
@@ -324,6 +338,7 @@ def measure_variants(
     variants: Sequence[str] = PREFILL_VARIANTS + DECODE_VARIANTS,
     repeats: int = 2,
     budget_s: float = 0.25,
+    threads: int | None = 1,
     seed: int = 0,
 ) -> list[VariantRow]:
     """Time and peak memory of causal attention variants against N, each output checked first.
@@ -337,6 +352,11 @@ def measure_variants(
     ``sliding window mask``, ``flex eager``) are skipped at an N whose three ``B·H·N²`` float32
     buffers would not fit comfortably in the memory free now.
 
+    One CPU thread by default: on a shared 2-core machine, two threads made the many small
+    operations of the chunked and recurrent forms up to 10× slower at random (a thread waiting
+    for a busy core), which moved the crossover by 4× from run to run; on one thread the ratios
+    were smooth and repeatable. Pass ``threads=None`` to keep torch's setting.
+
     Args:
         lengths: sequence lengths N, one group of rows each.
         batch, heads, head_dim: ``B``, ``H``, ``d``.
@@ -345,6 +365,7 @@ def measure_variants(
         variants: names from :data:`PREFILL_VARIANTS` and :data:`DECODE_VARIANTS` (default: all).
         repeats: best time of at least this many calls.
         budget_s: seconds per (variant, N) within which more calls are timed; 0 for ``repeats`` exactly.
+        threads: CPU threads for torch during the measurement (restored after), or None.
         seed: for the random inputs; ``>= 0``.
 
     Returns:
@@ -379,11 +400,12 @@ def measure_variants(
         raise TypeError(f"{where}: budget_s must be a number of seconds, got {type(budget_s).__name__}")
     if not 0 <= budget_s < math.inf:
         raise ValueError(f"{where}: budget_s must be >= 0 and finite, got {budget_s}")
+    threads = None if threads is None else _validate.integer(where, "threads", threads, minimum=1)
     seed = _validate.integer(where, "seed", seed, minimum=0)
     generator = torch.Generator().manual_seed(seed)
     element = 4                                                                           # float32 bytes
     rows = []
-    with torch.no_grad():
+    with torch.no_grad(), _threads(threads):
         for n in lengths:
             q, k, v = (torch.randn(batch, heads, n, head_dim, generator=generator) for _ in range(3))
             functions = _prefill_functions(n, window, chunk_size)
@@ -491,6 +513,7 @@ def linear_crossover(
     linear: str = "linear chunked",
     repeats: int = 3,
     budget_s: float = 0.25,
+    threads: int | None = 1,
     seed: int = 0,
 ) -> Crossover:
     """Measure the N from which causal linear attention is faster, and smaller, than softmax attention.
@@ -506,7 +529,7 @@ def linear_crossover(
         softmax: ``"softmax sdpa"`` (PyTorch's fused kernel) or ``"softmax self_attention"``
             (the course's, the ``N × N`` weights materialised).
         linear: ``"linear chunked"`` or ``"linear recurrent"``.
-        repeats, budget_s: as in :func:`measure_variants`.
+        repeats, budget_s, threads: as in :func:`measure_variants` (one thread by default).
         seed: for the random inputs; ``>= 0``.
 
     Returns:
@@ -530,7 +553,8 @@ def linear_crossover(
     softmax = _name(where, "softmax", softmax, ("softmax sdpa", "softmax self_attention"))
     linear = _name(where, "linear", linear, ("linear chunked", "linear recurrent"))
     rows = measure_variants(grid, batch=batch, heads=heads, head_dim=head_dim, chunk_size=chunk_size,
-                            variants=(softmax, linear), repeats=repeats, budget_s=budget_s, seed=seed)
+                            variants=(softmax, linear), repeats=repeats, budget_s=budget_s, threads=threads,
+                            seed=seed)
     return crossover_from_rows(rows, softmax=softmax, linear=linear)
 
 
