@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/assign.py                   # every chapter -> dist/
     .venv/bin/python tools/assign.py --no-run-tests notebooks/02_formula.ipynb
+    .venv/bin/python tools/assign.py --jobs 1          # one chapter at a time (default: one per core)
 
 For each ``notebooks/NN_name.ipynb`` this runs ``otter assign`` and writes
 
@@ -31,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 
@@ -159,12 +161,18 @@ def main() -> int:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "dist")
     parser.add_argument("--no-run-tests", action="store_true",
                         help="skip otter's own run of the tests against the solutions (faster)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="chapters built at once (default: one per core)")
     args = parser.parse_args()
     chapters = [c.resolve() for c in args.chapters] or sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
-    for master in chapters:
-        print(f"{master.name}: ", end="", flush=True)
-        assign(master, args.out.resolve(), run_tests=not args.no_run_tests)
-        print(f"dist/student/{master.name}, dist/autograder/{master.stem}.zip")
+    if args.jobs < 1:
+        raise SystemExit(f"assign: --jobs must be at least 1, got {args.jobs}")
+    # Each chapter is its own `otter assign` process; threads only wait for them. The lines are
+    # printed in chapter order whatever finishes first.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        done = pool.map(lambda master: assign(master, args.out.resolve(), run_tests=not args.no_run_tests), chapters)
+        for master, _ in zip(chapters, done):
+            print(f"{master.name}: dist/student/{master.name}, dist/autograder/{master.stem}.zip", flush=True)
     return 0
 
 
