@@ -218,6 +218,9 @@ class PositionLanguageModel(nn.Module):
             TypeError, ValueError: ids that are not a 2-D integer tensor of ids below ``V``, the
                 wrong number or kind of caches, or (``"learned"``) positions beyond ``max_length``.
         """
+        return self._forward(ids, kv_caches, need_weights=False)
+
+    def _forward(self, ids: torch.Tensor, kv_caches: list[KVCache] | None, *, need_weights: bool):
         where = "PositionLanguageModel.forward"
         ids = _validate.integer_tensor(where, "ids", ids)
         if ids.dim() != 2 or ids.shape[1] == 0:
@@ -247,9 +250,34 @@ class PositionLanguageModel(nn.Module):
             # Queries at start .. start+N-1, keys at 0 .. start+N-1: the bias m_h · (j - i).
             mask = alibi_bias(self.config.num_heads, n, start + n, offset=start, slopes=self.alibi_slopes,
                               dtype=x.dtype, device=x.device)[None]          # [1, H, N, N_k]
+        weights = []
         for index, block in enumerate(self.blocks):
-            x, _ = block(x, mask=mask, kv_cache=None if kv_caches is None else kv_caches[index])
-        return self.head(self.final_norm(x))                                   # [B, N, V]
+            x, block_weights = block(x, mask=mask, kv_cache=None if kv_caches is None else kv_caches[index],
+                                     need_weights=need_weights)
+            weights.append(block_weights)                                      # [B, H, N, N_k] or None
+        logits = self.head(self.final_norm(x))                                 # [B, N, V]
+        return (logits, weights) if need_weights else logits
+
+    def attention_weights(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """Every block's attention weights over ``ids`` (one pass, no cache, no gradients).
+
+        Args:
+            ids: ``[B, N]`` token ids, at positions ``0 .. N - 1``.
+
+        Returns:
+            One ``[B, H, N, N]`` tensor per block: row ``i`` of head ``h`` is how query ``i`` spreads
+            its attention over keys ``0 .. i``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`forward`.
+
+        Example:
+            >>> model = PositionLanguageModel(PositionConfig(vocab_size=10, position="rope", num_layers=2))
+            >>> [tuple(w.shape) for w in model.attention_weights(torch.zeros(1, 5, dtype=torch.long))]
+            [(1, 4, 5, 5), (1, 4, 5, 5)]
+        """
+        with torch.no_grad():
+            return self._forward(ids, None, need_weights=True)[1]
 
 
 def train_position_model(
