@@ -5,6 +5,9 @@ Run one as ``python -m attn_course.bench NAME`` (see :mod:`attn_course.bench.__m
 * ``kv-cache`` (:mod:`attn_course.bench.kv_cache`): generation with and without a KV cache.
 * ``flash`` (:mod:`attn_course.bench.flash`): FlashAttention against naive attention and
   PyTorch's SDPA: time and peak memory on a CPU, TFLOP/s on a CUDA GPU.
+* ``variants`` (:mod:`attn_course.bench.variants`): chapter 08's variants (softmax, sliding
+  window, FlexAttention, linear attention) against N, the length where linear attention
+  overtakes softmax, and the bytes each variant keeps per token.
 
 :mod:`attn_course.bench.timing` holds what they share: the timer, the machine
 description and the CSV writer. ``attn_course.bench.flash`` is not imported here: it loads
