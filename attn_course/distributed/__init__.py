@@ -1,0 +1,12 @@
+"""Attention across processes on ``torch.distributed``: the launcher and the sequence layouts.
+
+- ``launch``: :func:`launch` runs a function on ``P`` fresh processes joined in a gloo (CPU) or
+  NCCL (GPU) process group and returns their results; a failing rank ends the run with its error.
+- ``layout``: :func:`shard` / :func:`unshard` and :func:`token_positions` for the contiguous and
+  zig-zag layouts of a sequence over ranks.
+"""
+
+from attn_course.distributed.launch import RankFailed, free_port, launch
+from attn_course.distributed.layout import LAYOUTS, chunk_count, shard, token_positions, unshard
+
+__all__ = ["launch", "RankFailed", "free_port", "shard", "unshard", "token_positions", "chunk_count", "LAYOUTS"]
