@@ -4,6 +4,8 @@
   NCCL (GPU) process group and returns their results; a failing rank ends the run with its error.
 - ``layout``: :func:`shard` / :func:`unshard` and :func:`token_positions` for the contiguous and
   zig-zag layouts of a sequence over ranks.
+- ``communication``: the ring transfer and the all-to-all the algorithms use, with
+  :func:`~attn_course.distributed.communication.count_traffic` measuring the bytes they move.
 """
 
 from attn_course.distributed.launch import RankFailed, free_port, launch
