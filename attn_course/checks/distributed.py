@@ -1,0 +1,313 @@
+"""Checks for the exercises of chapter 09 (attention across machines): Ulysses' all-to-all done by hand,
+the bytes a rank sends, a ring of partial results merged in one process, and the causal work of each
+rank in the two layouts. Each runs the student's function on fresh inputs, compares it with a reference
+computed here (from :func:`~attn_course.attention.self_attention` and
+:func:`~attn_course.distributed.layout.token_positions`), and names the mistake it recognises. None of
+them needs a process group: the ranks are simulated in one process."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import torch
+
+from attn_course.attention import self_attention
+from attn_course.checks.diagnosis import CheckFailed, call_answer, check_shape, diagnose, same
+from attn_course.distributed.layout import token_positions
+
+__all__ = ["check_all_to_all_by_hand", "check_bytes_sent_per_rank", "check_ring_by_hand", "check_causal_work"]
+
+
+def _nothing_yet(result: object) -> None:
+    if result is Ellipsis or result is None:
+        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+
+
+def _tensor_list(result: object, count: int, what: str) -> list[torch.Tensor]:
+    _nothing_yet(result)
+    if not isinstance(result, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in result):
+        raise CheckFailed(f"Your function should return a list of {count} tensors ({what}), "
+                          f"got {type(result).__name__}.")
+    if len(result) != count:
+        raise CheckFailed(f"Your function should return {count} tensors, one per rank, got {len(result)}.")
+    return list(result)
+
+
+# --- Ulysses' all-to-all by hand ------------------------------------------------------------------------
+
+NO_SWAP = ("Each rank still holds a slice of the sequence: after the all-to-all, rank r holds *every* token "
+           "(N of them) for its share of the heads, H / P.")
+HEADS_INTERLEAVED = ("Rank r got heads r, r + P, r + 2P, ...; the all-to-all gives each rank a contiguous block of "
+                     "heads: rank r holds heads r·H/P .. (r+1)·H/P - 1.")
+SEQUENCE_SCRAMBLED = ("Each rank has the right heads, but the tokens are not in sequence order: the part that came "
+                      "from rank j holds tokens j·N/P .. (j+1)·N/P - 1 and goes in that place.")
+OWN_SHARD_ONLY = ("Rank r only has its own tokens for its heads: it must also receive the other ranks' tokens for "
+                  "those heads, and join them along the sequence.")
+
+
+def check_all_to_all_by_hand(all_to_all_fn: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> bool:
+    """Check ``fn(shards) -> parts``: what Ulysses' first all-to-all leaves on each rank.
+
+    ``shards[r]`` is rank ``r``'s ``[B, H, N/P, d]`` (tokens ``r·N/P ..``, every head); ``parts[r]``
+    must be ``[B, H/P, N, d]``: every token, for heads ``r·H/P .. (r+1)·H/P - 1``. Tried for ``P`` = 2
+    and 3.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming no swap at all, interleaved heads, tokens out of order, only the rank's
+            own tokens, or the first entry that differs.
+
+    Example:
+        >>> def by_hand(shards):
+        ...     full, h = torch.cat(shards, dim=2), shards[0].shape[1] // len(shards)
+        ...     return [full[:, r * h:(r + 1) * h] for r in range(len(shards))]
+        >>> check_all_to_all_by_hand(by_hand)
+        True
+    """
+    generator = torch.Generator().manual_seed(91)
+    for world_size, heads, n in [(2, 4, 6), (3, 6, 9)]:
+        full = torch.randn(2, heads, n, 3, generator=generator)                 # [B, H, N, d]
+        shards = list(full.chunk(world_size, dim=2))                            # rank r: [B, H, N/P, d]
+        got = _tensor_list(call_answer("check_all_to_all_by_hand", all_to_all_fn, [s.clone() for s in shards],
+                                       described=f"{world_size} shards of shape {list(shards[0].shape)}"),
+                           world_size, "[B, H/P, N, d] per rank")
+        h = heads // world_size
+        expected = [full[:, r * h:(r + 1) * h] for r in range(world_size)]
+        for rank, (part, want) in enumerate(zip(got, expected)):
+            if part.shape == shards[rank].shape:
+                raise CheckFailed(NO_SWAP)
+            check_shape(part, want, f"Rank {rank}'s part")
+            if same(part, want):
+                continue
+            mistakes = [
+                (HEADS_INTERLEAVED, full[:, rank::world_size]),
+                (SEQUENCE_SCRAMBLED, torch.cat(shards[::-1], dim=2)[:, rank * h:(rank + 1) * h]),
+            ]
+            diagnose(part, want, mistakes, ("", "head", "token", "feature"), f"Rank {rank}'s part")
+    return True
+
+
+# --- bytes a rank sends ------------------------------------------------------------------------------------
+
+RING_P_NOT_P_MINUS_1 = ("You counted P transfers of K and V for the ring; a rank passes its block on P - 1 times "
+                        "(after P - 1 steps every rank has seen every block, and its own one it had already).")
+RING_K_ONLY = "You counted only the keys; the ring passes the values along with them: two tensors per step."
+RING_FULL_N = ("You counted blocks of the whole sequence; each rank holds, and passes on, a block of N / P tokens.")
+ULYSSES_TWO = ("You counted two all-to-alls for Ulysses; there are four: queries, keys and values go to the head "
+               "layout, and the output comes back to the sequence layout.")
+ULYSSES_KEEPS_NOTHING = ("In an all-to-all a rank keeps its own part: it sends (P - 1) / P of its shard, not all "
+                         "of it.")
+BITS = "You counted bits; there are 8 bits in a byte: use the bytes per element."
+BYTES_WRONG = ("Your count for {method} with {case} is not right: expected {expected:,} bytes, got {got:,}. "
+               "A shard is B · H · (N / P) · d elements.")
+
+BYTES_CASES = [
+    dict(batch=1, heads=32, n=1_048_576, head_dim=128, world_size=16, bytes_per_element=2),
+    dict(batch=2, heads=8, n=4096, head_dim=64, world_size=4, bytes_per_element=4),
+    dict(batch=1, heads=6, n=96, head_dim=16, world_size=3, bytes_per_element=4),
+]
+
+
+def _shard_bytes(case: dict) -> int:
+    return case["batch"] * case["heads"] * (case["n"] // case["world_size"]) * case["head_dim"] \
+        * case["bytes_per_element"]
+
+
+def check_bytes_sent_per_rank(bytes_fn: Callable[..., int]) -> bool:
+    """Check ``fn(method, batch, heads, n, head_dim, world_size, bytes_per_element) -> int``: the bytes one
+    rank sends in one attention forward pass, for ``method`` ``"ring"`` or ``"ulysses"``.
+
+    Ring: K and V blocks of ``N / P`` tokens passed on ``P - 1`` times, ``2 (P - 1) · shard``. Ulysses: four
+    all-to-alls (Q, K, V in, the output back), each sending ``(P - 1) / P`` of a shard,
+    ``4 (P - 1) / P · shard``; ``shard = B · H · (N / P) · d · bytes_per_element``. These are what
+    :func:`~attn_course.distributed.communication.count_traffic` measures in ``tests``.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming P transfers instead of P - 1, keys without values, whole-sequence blocks,
+            two all-to-alls instead of four, a rank that keeps nothing, bits for bytes, or the first case
+            that differs.
+
+    Example:
+        >>> def sent(method, batch, heads, n, head_dim, world_size, bytes_per_element):
+        ...     shard = batch * heads * (n // world_size) * head_dim * bytes_per_element
+        ...     p = world_size
+        ...     return 2 * (p - 1) * shard if method == "ring" else 4 * (p - 1) * shard // p
+        >>> check_bytes_sent_per_rank(sent)
+        True
+    """
+    for case in BYTES_CASES:
+        shard, p = _shard_bytes(case), case["world_size"]
+        for method in ("ring", "ulysses"):
+            got = call_answer("check_bytes_sent_per_rank", bytes_fn, method, *case.values(),
+                              described=f"method={method!r}, " + ", ".join(f"{k}={v}" for k, v in case.items()))
+            _nothing_yet(got)
+            if isinstance(got, torch.Tensor) and got.numel() == 1:
+                got = got.item()
+            if isinstance(got, bool) or not isinstance(got, numbers.Real):
+                raise CheckFailed(f"Your function should return a number of bytes, got {type(got).__name__}.")
+            expected = 2 * (p - 1) * shard if method == "ring" else 4 * (p - 1) * shard // p
+            if math.isclose(got, expected, rel_tol=1e-9):
+                continue
+            mistakes = [(BITS, 8 * expected)]
+            if method == "ring":
+                mistakes += [(RING_P_NOT_P_MINUS_1, 2 * p * shard), (RING_K_ONLY, (p - 1) * shard),
+                             (RING_FULL_N, 2 * (p - 1) * shard * p)]
+            else:
+                mistakes += [(ULYSSES_TWO, 2 * (p - 1) * shard // p), (ULYSSES_KEEPS_NOTHING, 4 * shard)]
+            for message, wrong in mistakes:
+                if math.isclose(got, wrong, rel_tol=1e-9):
+                    raise CheckFailed(message)
+            raise CheckFailed(BYTES_WRONG.format(method=method, case=", ".join(f"{k}={v}" for k, v in case.items()),
+                                                 expected=expected, got=int(got) if float(got).is_integer() else got))
+    return True
+
+
+# --- a ring of partial results, merged by hand ---------------------------------------------------------------
+
+NOT_RESCALED = ("When a new block arrives you rescale its output but not the output accumulated so far: both parts "
+                "must be weighted by exp(their log-sum-exp - the new one), or the earlier blocks keep too much weight.")
+PLAIN_SUM = ("You add the blocks' outputs as they are. Each block's softmax only saw its own keys: weight each "
+             "part by its share of the total, exp(lse_part - lse_total), before adding.")
+PLAIN_MEAN = ("You average the blocks' outputs. A block whose scores are larger deserves more weight: weight "
+              "each part by exp(lse_part - lse_total).")
+LSE_NOT_UPDATED = ("Your log-sum-exp is not updated after a merge, so every later block is weighed against the "
+                   "first block's alone.")
+
+
+def _ring_mistakes(q_blocks, k_blocks, v_blocks) -> dict[str, list[torch.Tensor]]:
+    """What each known wrong merge gives, rank by rank."""
+    variants: dict[str, list[torch.Tensor]] = {NOT_RESCALED: [], PLAIN_SUM: [], PLAIN_MEAN: [], LSE_NOT_UPDATED: []}
+    p = len(q_blocks)
+    for r in range(p):
+        partial = []
+        for s in range(p):
+            j = (r - s) % p
+            scores = q_blocks[r] @ k_blocks[j].transpose(-2, -1) / math.sqrt(q_blocks[r].shape[-1])
+            partial.append((torch.softmax(scores, -1) @ v_blocks[j], torch.logsumexp(scores, -1, keepdim=True)))
+        variants[PLAIN_SUM].append(sum(o for o, _ in partial))
+        variants[PLAIN_MEAN].append(sum(o for o, _ in partial) / p)
+        out, lse = partial[0]
+        stale_out, stale_lse = partial[0]
+        for block_out, block_lse in partial[1:]:
+            new = torch.logaddexp(lse, block_lse)
+            out, lse = out + block_out * torch.exp(block_lse - new), new
+            stale_new = torch.logaddexp(stale_lse, block_lse)
+            stale_out = stale_out * torch.exp(stale_lse - stale_new) + block_out * torch.exp(block_lse - stale_new)
+        variants[NOT_RESCALED].append(out)
+        variants[LSE_NOT_UPDATED].append(stale_out)
+    return variants
+
+
+def check_ring_by_hand(ring_fn: Callable[..., list[torch.Tensor]]) -> bool:
+    """Check ``fn(q_blocks, k_blocks, v_blocks) -> outputs``: non-causal ring attention simulated in one
+    process. Rank ``r`` holds ``q_blocks[r] [B, n, d]`` and, at step ``s``, the K/V block ``(r - s) mod P``;
+    ``outputs[r]`` must be its rows of ``softmax(Q Kᵀ / √d) V`` over all the keys.
+
+    The reference is :func:`~attn_course.attention.self_attention` on the joined blocks, for ``P`` = 3
+    and 4, with scores large enough that forgetting to rescale shows.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming an accumulated output that is not rescaled, a plain sum or mean of the blocks,
+            a log-sum-exp that is not updated, or the first entry that differs.
+
+    Example:
+        >>> from attn_course.flash.tiled import merge_attention_outputs
+        >>> def ring(qs, ks, vs):
+        ...     outputs = []
+        ...     for r, q in enumerate(qs):
+        ...         out = lse = None
+        ...         for s in range(len(qs)):
+        ...             j = (r - s) % len(qs)
+        ...             scores = q @ ks[j].transpose(-2, -1) / q.shape[-1] ** 0.5
+        ...             o, l = torch.softmax(scores, -1) @ vs[j], torch.logsumexp(scores, -1)
+        ...             out, lse = (o, l) if out is None else merge_attention_outputs(out, lse, o, l)
+        ...         outputs.append(out)
+        ...     return outputs
+        >>> check_ring_by_hand(ring)
+        True
+    """
+    generator = torch.Generator().manual_seed(93)
+    for world_size, n, d in [(3, 4, 8), (4, 3, 4)]:
+        q, k, v = (3 * torch.randn(2, world_size * n, d, generator=generator) for _ in range(3))   # [B, N, d]
+        blocks = [list(t.chunk(world_size, dim=1)) for t in (q, k, v)]
+        got = _tensor_list(call_answer("check_ring_by_hand", ring_fn, *[[b.clone() for b in bs] for bs in blocks],
+                                       described=f"{world_size} blocks of {n} tokens each"),
+                           world_size, "each rank's [B, n, d] output")
+        expected = list(self_attention(q, k, v)[0].chunk(world_size, dim=1))
+        mistakes = _ring_mistakes(*blocks)
+        for rank, (part, want) in enumerate(zip(got, expected)):
+            check_shape(part, want, f"Rank {rank}'s output")
+            if same(part, want):
+                continue
+            diagnose(part, want, [(message, outputs[rank]) for message, outputs in mistakes.items()],
+                     ("", "token", "feature"), f"Rank {rank}'s output")
+    return True
+
+
+# --- causal work per rank ---------------------------------------------------------------------------------------
+
+NOT_CAUSAL = ("Your counts are the same for every layout and rank, N/P · N: that is attention without a mask. Under a "
+              "causal mask the query at position p sees p + 1 keys.")
+OFF_BY_ONE = "The query at position p sees p + 1 keys (itself included), not p."
+LAYOUTS_SWAPPED = "Your counts belong to the other layout: check which tokens each rank holds."
+WORK_WRONG = ("For P = {p} and the {layout} layout, expected {expected} visible (query, key) pairs per rank, "
+              "got {got}.")
+
+
+def _work(world_size: int, n: int, layout: str, *, plus: int = 1) -> list[int]:
+    return [int((token_positions(r, world_size, n, layout) + plus).sum()) for r in range(world_size)]
+
+
+def check_causal_work(work_fn: Callable[[int, int, str], list[int]]) -> bool:
+    """Check ``fn(world_size, n, layout) -> [pairs on rank 0, ..., rank P - 1]``: how many (query, key) pairs
+    with ``key <= query`` each rank's queries have under a causal mask, with the tokens laid out
+    ``"contiguous"`` or ``"zigzag"`` over ``P`` ranks.
+
+    The reference sums ``position + 1`` over the positions :func:`~attn_course.distributed.layout.token_positions`
+    gives each rank, for ``P`` = 2, 3, 4 and both layouts.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming non-causal counts, an off-by-one, the two layouts swapped, or the first case that
+            differs.
+
+    Example:
+        >>> check_causal_work(lambda p, n, layout: [int((token_positions(r, p, n, layout) + 1).sum())
+        ...                                          for r in range(p)])
+        True
+    """
+    for world_size in (2, 3, 4):
+        n = 8 * world_size
+        for layout in ("contiguous", "zigzag"):
+            got = call_answer("check_causal_work", work_fn, world_size, n, layout,
+                              described=f"world_size={world_size}, n={n}, layout={layout!r}")
+            _nothing_yet(got)
+            if isinstance(got, torch.Tensor):
+                got = got.tolist()
+            if not isinstance(got, (list, tuple)) or len(got) != world_size:
+                raise CheckFailed(f"Your function should return a list of {world_size} counts, one per rank, "
+                                  f"got {got!r}.")
+            got = [int(g) if isinstance(g, numbers.Real) else g for g in got]
+            expected = _work(world_size, n, layout)
+            if got == expected:
+                continue
+            other = "zigzag" if layout == "contiguous" else "contiguous"
+            for message, wrong in [(NOT_CAUSAL, [n // world_size * n] * world_size),
+                                   (OFF_BY_ONE, _work(world_size, n, layout, plus=0)),
+                                   (LAYOUTS_SWAPPED, _work(world_size, n, other))]:
+                if got == wrong:
+                    raise CheckFailed(message)
+            raise CheckFailed(WORK_WRONG.format(p=world_size, layout=layout, expected=expected, got=got))
+    return True
