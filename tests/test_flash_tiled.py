@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from attn_course import self_attention
 from attn_course.flash import merge_softmax_blocks, online_softmax, tiled_attention
+from attn_course.flash.tiled import merge_attention_outputs
 from attn_course.memory import peak_memory
 
 from helpers import FAST, close
@@ -140,3 +141,66 @@ def test_merging_with_an_empty_block_keeps_the_other():
 def test_bad_inputs_raise_with_the_argument_named(call, error, fragment):
     with pytest.raises(error, match=fragment):
         call(torch.randn(1, 2, 5, 8))
+
+
+# --- merging two partial attentions by their log-sum-exps (what ring attention does at each hop) ---
+
+def masked_part(q, k, v, allowed):
+    """Attention of q over the keys ``allowed`` lets it see ([N_q, N_k] bool), in float64, and its lse;
+    a row that may see nothing gets output 0 and lse -inf."""
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    weights = torch.exp(scores - lse.masked_fill(lse == float("-inf"), 0.0).unsqueeze(-1))
+    return weights @ v, lse
+
+
+@pytest.mark.parametrize("logit_scale", [1.0, 50.0])
+def test_merged_outputs_equal_float64_attention_over_the_union_of_keys(logit_scale):
+    generator = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 3, 6, 8, generator=generator, dtype=torch.float64) * logit_scale
+    k, v = (torch.randn(2, 3, 11, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    in_a = torch.rand(6, 11, generator=generator) < 0.5                       # a random split of the keys
+    expected_out, expected_lse = masked_part(q, k, v, torch.ones(6, 11, dtype=torch.bool))
+    parts = [t.float() for t in (*masked_part(q, k, v, in_a), *masked_part(q, k, v, ~in_a))]
+    out, lse = merge_attention_outputs(*parts)
+    assert out.dtype == lse.dtype == torch.float32 and torch.isfinite(out).all()
+    assert (out.double() - expected_out).abs().max() < 1e-5
+    assert (lse.double() - expected_lse).abs().max() < 1e-5 * logit_scale
+
+
+def test_an_all_masked_side_leaves_the_other_side_unchanged_without_nan():
+    generator = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=generator, dtype=torch.float64) for _ in range(3))
+    everything, nothing = torch.ones(5, 5, dtype=torch.bool), torch.zeros(5, 5, dtype=torch.bool)
+    expected_out, expected_lse = masked_part(q, k, v, everything)
+    empty_out, empty_lse = masked_part(q, k, v, nothing)
+    assert (empty_lse == float("-inf")).all()
+    nan_out = torch.full_like(empty_out, float("nan"))                       # an empty side's output is ignored
+    for sides in ((expected_out, expected_lse, empty_out, empty_lse),
+                  (empty_out, empty_lse, expected_out, expected_lse),
+                  (expected_out, expected_lse, nan_out, empty_lse)):
+        out, lse = merge_attention_outputs(*sides)
+        close(out, expected_out, 1e-12)
+        close(lse, expected_lse, 1e-12)
+    out, lse = merge_attention_outputs(empty_out, empty_lse, empty_out, empty_lse)   # neither side saw a key
+    assert (out == 0).all() and (lse == float("-inf")).all()
+
+
+def test_merge_attention_outputs_passes_chapter_06s_check():
+    from attn_course.checks.flash import check_merge_partial_attention
+    assert check_merge_partial_attention(merge_attention_outputs)
+
+
+@pytest.mark.parametrize(
+    "args, error, fragment",
+    [
+        (lambda o, s: (o, s, o[..., :3], s), ValueError, "out_a and out_b must have one shape"),
+        (lambda o, s: (o, s[..., :2], o, s), ValueError, "lse_a must be"),
+        (lambda o, s: (o, s, o, s.double()), TypeError, "dtype"),
+        (lambda o, s: (o, s.long(), o, s), TypeError, "lse_a must be a floating"),
+        (lambda o, s: ("out", s, o, s), TypeError, "out_a must be a torch.Tensor"),
+    ],
+)
+def test_merge_attention_outputs_rejects_mismatched_inputs(args, error, fragment):
+    with pytest.raises(error, match=fragment):
+        merge_attention_outputs(*args(torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5)))

@@ -6,9 +6,22 @@
   zig-zag layouts of a sequence over ranks.
 - ``communication``: the ring transfer and the all-to-all the algorithms use, with
   :func:`~attn_course.distributed.communication.count_traffic` measuring the bytes they move.
+- ``ring``: :func:`ring_attention`, exact attention over a sequence sharded across ranks by passing
+  K/V blocks around a ring (forward and backward, contiguous and zig-zag layouts), with
+  :func:`ring_work` / :func:`count_ring_work` predicting and measuring each rank's work.
 """
 
 from attn_course.distributed.launch import RankFailed, free_port, launch
 from attn_course.distributed.layout import LAYOUTS, chunk_count, shard, token_positions, unshard
+from attn_course.distributed.ring import (
+    RingAttentionFunction,
+    RingWork,
+    count_ring_work,
+    ring_attention,
+    ring_attention_on_rank,
+    ring_work,
+)
 
-__all__ = ["launch", "RankFailed", "free_port", "shard", "unshard", "token_positions", "chunk_count", "LAYOUTS"]
+__all__ = ["launch", "RankFailed", "free_port", "shard", "unshard", "token_positions", "chunk_count", "LAYOUTS",
+           "ring_attention", "RingAttentionFunction", "ring_work", "RingWork", "count_ring_work",
+           "ring_attention_on_rank"]

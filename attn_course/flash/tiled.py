@@ -16,7 +16,8 @@ from torch.autograd.function import once_differentiable
 from attn_course import _validate
 from attn_course.flash.tiled_backward import tiled_attention_backward
 
-__all__ = ["online_softmax", "merge_softmax_blocks", "tiled_attention", "TiledAttentionFunction"]
+__all__ = ["online_softmax", "merge_softmax_blocks", "merge_attention_outputs", "tiled_attention",
+           "TiledAttentionFunction"]
 
 
 def merge_softmax_blocks(
@@ -36,6 +37,73 @@ def merge_softmax_blocks(
     safe_max = merged_max.masked_fill(merged_max == float("-inf"), 0.0)   # avoid -inf - (-inf)
     merged_sum = sum_a * torch.exp(max_a - safe_max) + sum_b * torch.exp(max_b - safe_max)
     return merged_max, merged_sum
+
+
+def merge_attention_outputs(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two attentions of the same queries over disjoint sets of keys into attention over both.
+
+    ``out_a`` is the softmax-weighted mix of the values of key set ``a`` and ``lse_a`` its
+    log-sum-exp, ``log Σ_a exp(s)``; likewise ``b``. The log-sum-exp is a softmax's
+    ``(max, sum)`` in one number (``max = lse``, ``sum = 1``), so :func:`merge_softmax_blocks`
+    merges it: ``lse = log(exp(lse_a) + exp(lse_b))``. Each output was normalised by its own
+    sum; renormalised by the merged one it weighs ``exp(lse_a - lse)``:
+    ``out = exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b``. Only differences of
+    log-sum-exps are exponentiated, so large scores cannot overflow. A row where one side saw
+    no key (``lse = -inf``) takes the other side as it is, whatever that side's output holds
+    (zeros, even NaN); a row where neither saw a key gets output 0 and ``lse = -inf``.
+
+    This is the step ring attention repeats at every hop of the ring
+    (:func:`~attn_course.distributed.ring.ring_attention`), and chapter 06's exercise
+    (:func:`~attn_course.checks.flash.check_merge_partial_attention`).
+
+    Args:
+        out_a: ``[..., N, d_v]``, attention over key set ``a``.
+        lse_a: ``[..., N]``, the natural log-sum-exp of each row's scaled scores over ``a``
+            (``-inf`` where the row saw no key of ``a``).
+        out_b, lse_b: the same over key set ``b``, shaped like ``out_a`` and ``lse_a``.
+
+    Returns:
+        ``(out [..., N, d_v], lse [..., N])``: attention over both key sets and its log-sum-exp,
+        in the inputs' dtype.
+
+    Raises:
+        TypeError: inputs that are not floating tensors of one dtype.
+        ValueError: ``out_a``/``out_b`` of different shapes, ``lse_a``/``lse_b`` not
+            ``out_a.shape[:-1]``, tensors on different devices.
+
+    Example:
+        >>> q, k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 10, 4), torch.randn(1, 1, 10, 4)
+        >>> def part(keys):
+        ...     s = q @ k[:, :, keys].transpose(-2, -1) / 2.0            # scale 1 / sqrt(4)
+        ...     return torch.softmax(s, -1) @ v[:, :, keys], torch.logsumexp(s, -1)
+        >>> out, lse = merge_attention_outputs(*part(slice(0, 6)), *part(slice(6, 10)))
+        >>> torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6)
+        True
+    """
+    where = "merge_attention_outputs"
+    for name, value in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        _validate.floating_tensor(where, name, value, min_dim=1 if name.startswith("lse") else 2)
+    _validate.same_dtype_and_device(where, out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    if out_a.shape != out_b.shape:
+        raise ValueError(f"{where}: out_a and out_b must have one shape [..., N, d_v], got "
+                         f"{_validate.shape_str(out_a)} and {_validate.shape_str(out_b)}")
+    for name, value in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if value.shape != out_a.shape[:-1]:
+            raise ValueError(f"{where}: {name} must be out_a's shape without its last dimension, "
+                             f"{list(out_a.shape[:-1])}, got {_validate.shape_str(value)}")
+    # The merged log-sum-exp: (max, sum) = (lse, 1) on each side, merged as chapter 06 merges blocks.
+    ones = torch.ones_like(lse_a)
+    merged_max, merged_sum = merge_softmax_blocks(lse_a, ones, lse_b, ones)
+    lse = merged_max + torch.log(merged_sum)                                 # -inf where both are empty
+    # Renormalise each side by the merged sum: weight exp(lse_side - lse), 0 for an empty side.
+    safe_lse = lse.masked_fill(lse == float("-inf"), 0.0)                    # avoid -inf - (-inf)
+    weight_a = torch.exp(lse_a - safe_lse).unsqueeze(-1)                     # [..., N, 1]
+    weight_b = torch.exp(lse_b - safe_lse).unsqueeze(-1)
+    part_a = torch.where(weight_a > 0, weight_a * out_a, 0.0)               # an empty side adds nothing
+    part_b = torch.where(weight_b > 0, weight_b * out_b, 0.0)
+    return part_a + part_b, lse
 
 
 def online_softmax(scores: torch.Tensor, *, block_size: int = 4) -> torch.Tensor:

@@ -1,0 +1,395 @@
+"""Ring attention (Liu, Zaharia and Abbeel 2023, arXiv 2310.01889): exact attention over a sequence
+split across ``P`` ranks, each holding ``N / P`` tokens, by passing key/value blocks around a ring.
+
+Every rank keeps its queries and, in ``P`` steps, sees every rank's keys and values once:
+
+    step s:  hold the K/V block of rank (r - s) mod P
+             start passing it on to rank r + 1          (it travels while we compute)
+             attend this rank's queries to the block    (one FlashAttention tile, with its LSE)
+             merge into the running output by LSE       (chapter 06's merge)
+             receive rank (r - s - 1)'s block from rank r - 1
+
+No rank ever holds more than two K/V blocks, so the memory per rank is ``O(N / P)`` and the
+sequence length grows with the number of ranks. The answer is exact, not approximate: merging
+partial attentions over disjoint key sets by their log-sum-exps
+(:func:`~attn_course.flash.tiled.merge_attention_outputs`) gives attention over the union.
+
+With a causal mask, a query chunk and a key chunk are either fully visible (every key before
+every query: no mask), fully masked (every key after every query: skipped, no compute) or on the
+diagonal (the triangular mask). The contiguous layout leaves rank 0 with one pair to compute and
+rank ``P - 1`` with ``P``; the zig-zag layout (rank ``r`` holds chunks ``r`` and ``2P - 1 - r``)
+gives every rank ``2P + 1`` chunk pairs (:func:`ring_work`; :func:`count_ring_work` measures them).
+
+The backward pass circulates K/V once more and recomputes each tile's weights from the saved
+log-sum-exp (FlashAttention's backward); the dK/dV accumulators travel with the block they
+belong to and arrive home with one last hop (:class:`RingAttentionFunction`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from attn_course import _validate
+from attn_course.distributed.communication import pass_around_ring
+from attn_course.distributed.layout import LAYOUTS, chunk_count, shard, token_positions
+from attn_course.flash.tiled import merge_attention_outputs
+
+__all__ = ["ring_attention", "RingAttentionFunction", "ring_work", "RingWork", "count_ring_work",
+           "ring_attention_on_rank"]
+
+_active: list[RingWork] = []          # the counters of the enclosing count_ring_work blocks (this process)
+
+
+# --- counting the work ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RingWork:
+    """The (query chunk, key chunk) pairs this rank handled inside a :func:`count_ring_work` block.
+
+    Attributes:
+        forward: pairs whose attention the forward pass computed (masked or not).
+        backward: pairs whose gradients the backward pass computed (the same pairs again).
+        masked: of the forward pairs, those on the causal diagonal that needed a mask.
+        skipped: forward pairs left out because the causal mask hides all of them.
+    """
+
+    forward: int = 0
+    backward: int = 0
+    masked: int = 0
+    skipped: int = 0
+
+
+@contextlib.contextmanager
+def count_ring_work() -> Iterator[RingWork]:
+    """Count the chunk pairs :func:`ring_attention` computes on this rank inside the block.
+
+    Blocks may nest; each counts everything inside it; a backward run inside the block counts too.
+
+    Example:
+        >>> with count_ring_work() as work:
+        ...     pass                                   # no ring attention here
+        >>> work
+        RingWork(forward=0, backward=0, masked=0, skipped=0)
+    """
+    work = RingWork()
+    _active.append(work)
+    try:
+        yield work
+    finally:
+        _active.remove(work)
+
+
+def _count(**amounts: int) -> None:
+    for work in _active:
+        for name, amount in amounts.items():
+            setattr(work, name, getattr(work, name) + amount)
+
+
+def ring_work(world_size: int, layout: str = "contiguous", causal: bool = False) -> list[int]:
+    """How many (query chunk, key chunk) pairs each rank computes in one ring-attention forward.
+
+    A pair is one chunk of this rank's queries against one chunk of a K/V block: the whole shard
+    with the contiguous layout (one chunk of ``N / P`` tokens), each of the two ``N / 2P`` chunks
+    with the zig-zag layout (a zig-zag pair is a quarter of a contiguous one). Without a mask every
+    rank computes every pair: ``P`` (contiguous) or ``4P`` (zig-zag). With a causal mask, pairs whose
+    keys all follow their queries are skipped:
+
+    - contiguous: rank ``r`` sees blocks ``0 .. r``: ``r + 1`` pairs, from 1 on rank 0 to ``P`` on
+      rank ``P - 1``, whose diagonal and full blocks make it ``2P - 1`` times rank 0's work in scores;
+    - zig-zag: its early chunk ``r`` sees the early chunks ``0 .. r`` (``r + 1``), its late chunk
+      ``2P - 1 - r`` sees every early chunk (``P``) and the late chunks ``2P - 1 - s`` for
+      ``s >= r`` (``P - r``): ``2P + 1`` on every rank.
+
+    Args:
+        world_size: ``P >= 1``.
+        layout: ``"contiguous"`` or ``"zigzag"``.
+        causal: with the causal mask.
+
+    Returns:
+        ``[pairs of rank 0, ..., pairs of rank P - 1]``.
+
+    Raises:
+        TypeError, ValueError: ``world_size`` not an int ``>= 1``, an unknown layout, ``causal`` not a bool.
+
+    Example:
+        >>> ring_work(4, "contiguous", causal=True), ring_work(4, "zigzag", causal=True)
+        ([1, 2, 3, 4], [9, 9, 9, 9])
+    """
+    where = "ring_work"
+    world_size = _validate.integer(where, "world_size", world_size, minimum=1)
+    if layout not in LAYOUTS:
+        raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")
+    causal = _validate.boolean(where, "causal", causal)
+    if not causal:
+        return [world_size if layout == "contiguous" else 4 * world_size] * world_size
+    if layout == "contiguous":
+        return [rank + 1 for rank in range(world_size)]
+    return [2 * world_size + 1] * world_size
+
+
+# --- one step of the ring: this rank's query chunks against the K/V block it holds -------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Pair:
+    """One (query chunk, key chunk) pair of a step: where they sit in the shards, and their mask."""
+
+    rows: slice                      # the query chunk, within this rank's shard
+    cols: slice                      # the key chunk, within the K/V block held
+    mask: torch.Tensor | None        # [rows, cols] bool, True = may attend; None = every key visible
+
+
+def _pairs(rank: int, source: int, world_size: int, n_local: int, layout: str, causal: bool,
+           device: torch.device, *, forward: bool) -> list[_Pair]:
+    """The chunk pairs to compute when ``rank`` holds the K/V block of rank ``source``.
+
+    Positions come from :func:`token_positions`: a key chunk after every query of a query chunk
+    is skipped (counted in ``skipped``), one before every query needs no mask, the rest (the
+    diagonal) get ``key position <= query position``. The pairs are counted for
+    :func:`count_ring_work` (as ``forward`` or ``backward`` work).
+    """
+    n = n_local * world_size
+    length = n_local // (chunk_count(world_size, layout) // world_size)       # tokens per chunk
+    spans = [slice(start, start + length) for start in range(0, n_local, length)]
+    query_pos = token_positions(rank, world_size, n, layout).to(device)       # [n_local]
+    key_pos = token_positions(source, world_size, n, layout).to(device)       # [n_local]
+    pairs, skipped = [], 0
+    for rows in spans:
+        for cols in spans:
+            q_pos, k_pos = query_pos[rows], key_pos[cols]
+            if not causal or k_pos.max() <= q_pos.min():           # every key visible: no mask
+                pairs.append(_Pair(rows, cols, None))
+            elif k_pos.min() > q_pos.max():                         # every key in the future: skip
+                skipped += 1
+            else:                                                   # the diagonal: mask the future
+                pairs.append(_Pair(rows, cols, k_pos[None, :] <= q_pos[:, None]))
+    if forward:
+        _count(forward=len(pairs), masked=sum(pair.mask is not None for pair in pairs), skipped=skipped)
+    else:
+        _count(backward=len(pairs))
+    return pairs
+
+
+def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of a query chunk over one key chunk and its log-sum-exp (one FlashAttention tile)."""
+    scores = q @ k.transpose(-2, -1) * scale                                  # [B, H, rows, cols]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)                                     # [B, H, rows]
+    safe_lse = lse.masked_fill(lse == float("-inf"), 0.0)                     # a row that sees nothing
+    weights = torch.exp(scores - safe_lse.unsqueeze(-1))                      # [B, H, rows, cols]
+    return weights @ v, lse                                                   # [B, H, rows, d_v]
+
+
+def _ring_forward(q, k, v, causal, layout, group, scale):
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    n_local = q.shape[2]
+    out = q.new_zeros((*q.shape[:3], v.shape[-1]))                            # [B, H, n_local, d_v]
+    lse = q.new_full(q.shape[:3], float("-inf"))                              # [B, H, n_local]
+    k_block, v_block = k, v                                                   # step 0: our own block
+    for step in range(world_size):
+        source = (rank - step) % world_size                                   # whose block we hold
+        # 1. Start passing the block we hold to rank r + 1 (the last step has no one left to feed).
+        transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
+        # 2. Attend every query chunk to every visible key chunk of the block, while it travels.
+        pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=True)
+        for pair in pairs:
+            block_out, block_lse = _block_attention(q[:, :, pair.rows], k_block[:, :, pair.cols],
+                                                    v_block[:, :, pair.cols], pair.mask, scale)
+            # 3. Merge into the running output by log-sum-exp (chapter 06's merge).
+            out[:, :, pair.rows], lse[:, :, pair.rows] = merge_attention_outputs(
+                out[:, :, pair.rows], lse[:, :, pair.rows], block_out, block_lse)
+        # 4. Receive the previous rank's block: the one to attend to at the next step.
+        if transfer is not None:
+            k_block, v_block = transfer.wait()
+    return out, lse
+
+
+def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    n_local = q.shape[2]
+    # Δ_i = rowsum(dO ∘ O): the softmax backward's correction, one number per query.
+    delta = (grad_out * out).sum(dim=-1)                                      # [B, H, n_local]
+    lse = lse.masked_fill(lse == float("-inf"), float("inf"))                 # exp(S - LSE) = 0, not NaN
+    dq = torch.zeros_like(q)                                                  # [B, H, n_local, d]
+    k_block, v_block = k, v
+    grads_transfer = None
+    for step in range(world_size):
+        source = (rank - step) % world_size
+        # 1. Start passing the K/V block on, as in the forward.
+        kv_transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
+        # 2. Recompute each tile's weights from the saved LSE and take its gradients.
+        dk_block, dv_block = torch.zeros_like(k_block), torch.zeros_like(v_block)
+        pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=False)
+        for pair in pairs:
+            q_tile, k_tile, v_tile = q[:, :, pair.rows], k_block[:, :, pair.cols], v_block[:, :, pair.cols]
+            scores = q_tile @ k_tile.transpose(-2, -1) * scale                # [B, H, rows, cols]
+            if pair.mask is not None:
+                scores = scores.masked_fill(~pair.mask, float("-inf"))
+            weights = torch.exp(scores - lse[:, :, pair.rows, None])          # P = exp(S - LSE)
+            grad_out_tile = grad_out[:, :, pair.rows]                         # [B, H, rows, d_v]
+            dv_block[:, :, pair.cols] += weights.transpose(-2, -1) @ grad_out_tile        # dV += Pᵀ dO
+            grad_weights = grad_out_tile @ v_tile.transpose(-2, -1)           # dP = dO Vᵀ
+            grad_scores = weights * (grad_weights - delta[:, :, pair.rows, None])         # dS = P ∘ (dP - Δ)
+            dq[:, :, pair.rows] += scale * (grad_scores @ k_tile)                         # dQ += scale · dS K
+            dk_block[:, :, pair.cols] += scale * (grad_scores.transpose(-2, -1) @ q_tile)  # dK += scale · dSᵀ Q
+        # 3. Add what the ranks before us summed for this block (it followed the block from r - 1),
+        #    and pass the sum on with it; after P hops it reaches the block's owner.
+        if grads_transfer is not None:
+            dk_before, dv_before = grads_transfer.wait()
+            dk_block, dv_block = dk_block + dk_before, dv_block + dv_before
+        grads_transfer = pass_around_ring([dk_block, dv_block], group=group)
+        # 4. Receive the next K/V block.
+        if kv_transfer is not None:
+            k_block, v_block = kv_transfer.wait()
+    # 5. The last hop brings home our own block's dK, dV, summed over every rank's queries.
+    dk, dv = grads_transfer.wait()
+    return dq, dk, dv
+
+
+# --- the autograd function and the public entry point -------------------------------------------------
+
+class RingAttentionFunction(torch.autograd.Function):
+    """Ring attention with a backward pass that circulates K/V again (what :func:`ring_attention` runs).
+
+    ``RingAttentionFunction.apply(q, k, v, causal, layout, group, scale)`` returns this rank's
+    output shard. Saved for the backward: ``q``, ``k``, ``v`` (this rank's shards), the output and
+    the log-sum-exp, ``O(N / P)`` per (batch, head); no weights.
+
+    The backward runs the ring once more. At step ``s`` rank ``r`` holds rank ``(r - s)``'s K/V
+    block and a dK/dV accumulator for it, received from rank ``r - 1``:
+
+    1. start passing the K/V block to rank ``r + 1``;
+    2. recompute each tile's weights ``P = exp(S - LSE)`` and with ``Δ = rowsum(dO ∘ O)``:
+       ``dV += Pᵀ dO``, ``dS = P ∘ (dO Vᵀ - Δ)``, ``dQ += scale · dS K``, ``dK += scale · dSᵀ Q``
+       (dQ stays here: the queries never move);
+    3. add this rank's dK, dV to the accumulator and pass it to rank ``r + 1``, one hop behind the block;
+    4. receive the next K/V block.
+
+    After ``P`` steps the accumulator has visited every rank and one last hop brings it to the
+    block's owner: ``P - 1`` hops of K/V and ``P`` of dK/dV per rank,
+    ``(4P - 2) · B · H · N_local · d · element size`` bytes sent (with ``d_v = d``).
+
+    Args (of ``apply``): as :func:`ring_attention`, with ``scale`` a positive float.
+
+    Returns:
+        ``out [B, H, N_local, d_v]``, this rank's output shard.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, layout, group, scale):
+        with torch.no_grad():
+            out, lse = _ring_forward(q, k, v, causal, layout, group, scale)
+        ctx.save_for_backward(q, k, v, out, lse)                              # O(N / P), no weights
+        ctx.options = (causal, layout, group, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, layout, group, scale = ctx.options
+        with torch.no_grad():
+            dq, dk, dv = _ring_backward(q, k, v, out, lse, grad_out.contiguous(), causal, layout, group, scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   layout: str = "contiguous", group=None) -> torch.Tensor:
+    """Exact attention over a sequence sharded across the ranks of a process group (ring attention).
+
+    Every rank calls it with its own shards, cut with
+    :func:`~attn_course.distributed.layout.shard` (q, k and v the same way), and gets its shard
+    of the output; :func:`~attn_course.distributed.layout.unshard` of all ranks' outputs equals
+    single-process attention on the full tensors. The forward pass takes ``P`` steps; at step
+    ``s`` rank ``r`` holds the K/V block of rank ``(r - s) mod P`` and
+
+    1. starts passing it to rank ``r + 1`` (:func:`~attn_course.distributed.communication.pass_around_ring`),
+       so the transfer overlaps the compute;
+    2. attends each of its query chunks to each key chunk of the block (one chunk per shard for
+       the contiguous layout, two for zig-zag). With ``causal`` the global positions of the
+       chunks (:func:`~attn_course.distributed.layout.token_positions`) decide: keys all after
+       the queries, skip the pair; all before, no mask; the diagonal, ``key <= query``;
+    3. merges each tile's output into the running one by log-sum-exp
+       (:func:`~attn_course.flash.tiled.merge_attention_outputs`);
+    4. receives rank ``(r - s - 1)``'s block from rank ``r - 1`` for the next step.
+
+    Each rank sends ``2 · (P - 1) · B · H · N_local · d · element size`` bytes in the forward
+    (with ``d_v = d``; see :func:`~attn_course.distributed.communication.count_traffic`) and
+    computes :func:`ring_work` chunk pairs (see :func:`count_ring_work`). Differentiable: the
+    backward (:class:`RingAttentionFunction`) circulates K/V again, recomputing the weights from
+    the saved log-sum-exp, and sends each block's dK/dV home.
+
+    Args:
+        q: ``[B, H, N_local, d]``, this rank's queries (``N_local = N / P``).
+        k: ``[B, H, N_local, d]``, this rank's keys, cut like ``q``.
+        v: ``[B, H, N_local, d_v]``, this rank's values, cut like ``q``.
+        causal: query at position ``i`` sees the keys at positions ``0 .. i`` of the whole sequence.
+        layout: how the sequence was cut, ``"contiguous"`` or ``"zigzag"`` (``N_local`` even).
+        group: the process group (default: the whole world). Every rank of it must call this
+            with shards of one shape and dtype: that is not checked across ranks (it would cost a
+            message per call); gloo aborts a mismatched transfer with "Received data size doesn't
+            match expected size", which :func:`~attn_course.distributed.launch.launch` reports.
+
+    Returns:
+        ``out [B, H, N_local, d_v]``: this rank's shard of the attention output, in q's order.
+
+    Raises:
+        TypeError: q, k, v not floating tensors of one dtype, ``causal`` not a bool.
+        ValueError: shapes that do not match, an unknown layout, an odd ``N_local`` with the
+            zig-zag layout.
+        RuntimeError: no process group (run inside :func:`~attn_course.distributed.launch.launch`
+            or after ``torch.distributed.init_process_group``).
+
+    Example:
+        >>> from attn_course.distributed import launch, unshard
+        >>> q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+        >>> shards = launch(ring_attention_on_rank, 2, q, k, v, True, "zigzag")   # 2 processes
+        >>> reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(unshard(shards, "zigzag"), reference, atol=1e-6)
+        True
+    """
+    where = "ring_attention"
+    _validate.four_d(where, layout="[B, H, N_local, d]", q=q, k=k, v=v)
+    if q.shape != k.shape or q.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{where}: q and k must be [B, H, N_local, d] and v [B, H, N_local, d_v], cut from the "
+                         f"sequence the same way, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}, "
+                         f"v {_validate.shape_str(v)}")
+    causal = _validate.boolean(where, "causal", causal)
+    if layout not in LAYOUTS:
+        raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")
+    n_local = q.shape[2]
+    if n_local == 0:
+        raise ValueError(f"{where}: q, k and v need at least one token on every rank, got N_local=0")
+    if layout == "zigzag" and n_local % 2:
+        raise ValueError(f"{where}: the zig-zag layout needs an even N_local (two equal chunks per rank), got q with "
+                         f"N_local={n_local}; pad the sequence to a multiple of 2P")
+    if not dist.is_initialized():
+        raise RuntimeError(f"{where}: no process group: run inside attn_course.distributed.launch, or call "
+                           f"torch.distributed.init_process_group first (torchrun does)")
+    return RingAttentionFunction.apply(q, k, v, causal, layout, group, 1.0 / math.sqrt(q.shape[-1]))
+
+
+def ring_attention_on_rank(rank: int, world_size: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           causal: bool = False, layout: str = "contiguous") -> torch.Tensor:
+    """Cut the full ``q``, ``k``, ``v`` to this rank's shards and run :func:`ring_attention` on them:
+    a function for :func:`~attn_course.distributed.launch.launch` to run on every rank.
+
+    Args:
+        rank, world_size: this rank and ``P`` (given by the launcher).
+        q, k, v: the full ``[B, H, N, d]`` tensors (``N`` divisible by ``P``, or ``2P`` for zig-zag).
+        causal, layout: as in :func:`ring_attention`.
+
+    Returns:
+        ``[B, H, N / P, d_v]``, this rank's output shard (``unshard`` the list the launcher returns).
+
+    Raises:
+        As :func:`~attn_course.distributed.layout.shard` and :func:`ring_attention`.
+    """
+    parts = [shard(t, rank, world_size, layout) for t in (q, k, v)]
+    return ring_attention(*parts, causal=causal, layout=layout)
