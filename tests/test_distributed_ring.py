@@ -56,11 +56,35 @@ def ring_cases(rank: int, world_size: int, q, k, v, grad_out) -> dict:
         results[layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts], work=work,
                                        forward_bytes=forward_traffic.bytes_sent,
                                        backward_bytes=backward_traffic.bytes_sent)
+    results["order"] = order_of_events(rank, world_size, q, k, v)
     with mock.patch.object(ring_module, "merge_attention_outputs", forgetful_merge):
         for layout, causal in CONFIGS:
             parts = [shard(t, rank, world_size, layout) for t in (q, k, v)]
             results["planted", layout, causal] = ring_attention(*parts, causal=causal, layout=layout)
     return results
+
+
+def order_of_events(rank: int, world_size: int, q, k, v) -> list[str]:
+    """What one contiguous forward does, in order: "pass" (a transfer started), "attend" (a tile
+    computed), "wait" (a transfer completed)."""
+    events = []
+    real_pass, real_attend = ring_module.pass_around_ring, ring_module._block_attention
+
+    def recording_pass(tensors, **options):
+        transfer = real_pass(tensors, **options)
+        events.append("pass")
+        real_wait = transfer.wait
+        transfer.wait = lambda: (events.append("wait"), real_wait())[1]
+        return transfer
+
+    def recording_attend(*args):
+        events.append("attend")
+        return real_attend(*args)
+
+    with mock.patch.object(ring_module, "pass_around_ring", recording_pass), \
+            mock.patch.object(ring_module, "_block_attention", recording_attend):
+        ring_attention(*[shard(t, rank, world_size) for t in (q, k, v)])
+    return events
 
 
 def ring_with_a_wrong_dtype_on_the_last_rank(rank: int, world_size: int, q, k, v) -> torch.Tensor:
@@ -109,6 +133,12 @@ def test_a_merge_that_forgets_to_rescale_fails_the_comparison(world_size):
         with pytest.raises(AssertionError):
             close(planted, expected_out, 1e-5)
         assert (planted - expected_out).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_each_step_starts_passing_its_block_on_before_attending_to_it(world_size):
+    expected = ["pass", "attend", "wait"] * (world_size - 1) + ["attend"]       # the last block goes nowhere
+    assert [result["order"] for result in gathered(world_size)["ranks"]] == [expected] * world_size
 
 
 # --- work and traffic ---------------------------------------------------------------------------------
