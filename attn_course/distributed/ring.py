@@ -101,7 +101,8 @@ def ring_work(world_size: int, layout: str = "contiguous", causal: bool = False)
     keys all follow their queries are skipped:
 
     - contiguous: rank ``r`` sees blocks ``0 .. r``: ``r + 1`` pairs, from 1 on rank 0 to ``P`` on
-      rank ``P - 1``, whose diagonal and full blocks make it ``2P - 1`` times rank 0's work in scores;
+      rank ``P - 1``. Counted in scores (a diagonal pair is about half a full one), rank ``P - 1``
+      does ``2P - 1`` times rank 0's work, and every rank waits for it;
     - zig-zag: its early chunk ``r`` sees the early chunks ``0 .. r`` (``r + 1``), its late chunk
       ``2P - 1 - r`` sees every early chunk (``P``) and the late chunks ``2P - 1 - s`` for
       ``s >= r`` (``P - r``): ``2P + 1`` on every rank.
