@@ -92,6 +92,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: floa
 
 def _stop(processes: list) -> None:
     """End every process still alive: terminate, wait a little, then kill."""
+    processes = [process for process in processes if process.pid is not None]   # those that started
     for process in processes:
         if process.is_alive():
             process.terminate()
