@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import inspect
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -902,3 +903,106 @@ def test_variants_functions_and_command_reject_bad_arguments(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+# --- distributed: ring attention vs Ulysses on P processes ------------------------------------------
+
+TRAFFIC_COLUMNS = ["method", "scaling", "world_size", "n", "n_local", "batch", "heads", "head_dim", "forward_bytes",
+                   "forward_formula", "total_bytes", "total_formula", "matches"]
+MEMORY_COLUMNS = ["method", "world_size", "n", "n_local", "peak_bytes", "shard_bytes", "scores_bytes"]
+TIME_COLUMNS = ["method", "world_size", "n", "seconds", "ratio_to_one_rank", "oversubscribed", "max_difference"]
+
+
+def test_distributed_imports_without_a_cycle_and_no_underscore_names():
+    subprocess.run([sys.executable, "-c", "import attn_course.bench.distributed"], check=True, capture_output=True)
+    for module, names in imported_modules(BENCH_DIR / "distributed.py"):
+        if module.startswith("attn_course"):
+            assert not any(part.startswith("_") for part in module.split(".")), module
+            assert all(not imported.startswith("_") or imported == "_validate" for imported in names), names
+
+
+def test_distributed_formulas_by_hand():
+    from attn_course.bench import distributed
+
+    b, h, n, d = 2, 8, 64, 16
+    for p in (2, 4, 8):
+        shard = b * h * (n // p) * d * 4                                  # one float32 [B, H, N/P, d] shard
+        assert distributed.formula_bytes("ring", b, h, n, d, p) == 2 * (p - 1) * shard
+        assert distributed.formula_bytes("ring zigzag", b, h, n, d, p, backward=True) == (
+            2 * (p - 1) + 2 * (p - 1) + 2 * p) * shard                     # K, V forward; K, V and dK, dV backward
+        assert distributed.formula_bytes("ulysses", b, h, n, d, p) * p == 4 * (p - 1) * shard
+        assert distributed.formula_bytes("ulysses", b, h, n, d, p, backward=True) * p == 8 * (p - 1) * shard
+        ratio = distributed.formula_bytes("ring", b, h, n, d, p) / distributed.formula_bytes("ulysses", b, h, n, d, p)
+        assert ratio == p / 2
+    assert [distributed.formula_bytes(m, b, h, n, d, 1, backward=True) for m in distributed.METHODS] == [0, 0, 0]
+    # N and P grown together: Ulysses' bytes per rank approach a constant, ring's grow with P.
+    ulysses = [distributed.formula_bytes("ulysses", 1, 8, 16 * p, 16, p) for p in (2, 4, 8)]
+    ring = [distributed.formula_bytes("ring", 1, 8, 16 * p, 16, p) for p in (2, 4, 8)]
+    assert ulysses == [16384, 24576, 28672] and ring == [16384, 49152, 114688]   # shard: 8192 B
+
+
+def test_distributed_measured_bytes_equal_the_formulas_exactly():
+    from attn_course.bench import distributed
+
+    rows = distributed.measure_traffic((1, 2), n=8, n_per_rank=4, heads=2, head_dim=4)
+    assert [(r.scaling, r.world_size, r.method) for r in rows] == [
+        (scaling, p, m) for scaling in ("N fixed", "N ∝ P") for p in (1, 2) for m in distributed.METHODS]
+    assert all(r.matches for r in rows)
+    for r in rows:
+        sizes = (r.batch, r.heads, r.n, r.head_dim, r.world_size)
+        assert (r.forward_bytes, r.total_bytes) == (distributed.formula_bytes(r.method, *sizes),
+                                                    distributed.formula_bytes(r.method, *sizes, backward=True))
+    shard = 1 * 2 * 4 * 4 * 4                                                # B·H·(N/P)·d·4 at N=8, P=2
+    two = {r.method: (r.forward_bytes, r.total_bytes) for r in rows if r.world_size == 2 and r.scaling == "N fixed"}
+    assert two == {"ulysses": (2 * shard, 4 * shard), "ring": (2 * shard, 8 * shard),
+                   "ring zigzag": (2 * shard, 8 * shard)}
+
+
+def test_distributed_functions_and_command_reject_bad_arguments(capsys):
+    from attn_course.bench import distributed
+
+    with pytest.raises(ValueError, match=r"^measure_traffic: H=3 must be divisible by P=2 for ulysses"):
+        distributed.measure_traffic((2,), n=8, n_per_rank=4, heads=3)
+    with pytest.raises(ValueError, match=r"^measure_rank_memory: N=6 must be divisible by 4 for ring zigzag over P=2"):
+        distributed.measure_rank_memory((2,), (6,), heads=2)
+    with pytest.raises(ValueError, match=r"^measure_time: methods\[0\] must be one of .*, got 'megatron'"):
+        distributed.measure_time((1,), methods=("megatron",))
+    with pytest.raises(ValueError, match=r"^measure_distributed: world_sizes must not be empty"):
+        distributed.measure_distributed(())
+    with pytest.raises(ValueError, match=r"^measure_time: repeats must be >= 1, got 0"):
+        distributed.measure_time((1,), repeats=0)
+    with pytest.raises(TypeError, match=r"^measure_traffic: causal must be a bool, got int"):
+        distributed.measure_traffic((1,), causal=1)
+    with pytest.raises(ValueError, match=r"^formula_bytes: n=6 must be divisible by 4 for ring zigzag over 2 ranks"):
+        distributed.formula_bytes("ring zigzag", 1, 2, 6, 4, 2)
+    with pytest.raises(TypeError, match=r"^print_traffic: rows\[0\] must be TrafficRow"):
+        distributed.print_traffic([object()])
+    for argv, message in ((["distributed", "--threads", "2"], "--threads is an option of variants"),
+                          (["kv-cache", "--quick"], "--quick also of distributed")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+@pytest.mark.slow
+def test_main_distributed_quick_writes_the_csvs_and_ring_memory_follows_n_over_p(tmp_path, capsys):
+    """Seven processes in three launches; every rank's first peak_memory call imports torch._dynamo (seconds)."""
+    assert main(["distributed", "--quick", "--out", str(tmp_path)]) == 0
+    columns, traffic = read_csv(tmp_path / "distributed-traffic.csv")
+    assert columns == TRAFFIC_COLUMNS and {row["matches"] for row in traffic} == {"True"}
+    assert [int(row["world_size"]) for row in traffic] == [p for _ in range(2) for p in (1, 2, 4) for _ in range(3)]
+    columns, memory = read_csv(tmp_path / "distributed-memory.csv")
+    assert columns == MEMORY_COLUMNS
+    peak = {(row["method"], int(row["world_size"]), int(row["n"])): int(row["peak_bytes"]) for row in memory}
+    # N/P fixed at 32 (N=32 on one rank, N=64 on two): ring's per-rank memory stays about the same,
+    # Ulysses' grows with N (its ordinary attention holds [B, H/P, N, N] scores).
+    assert peak["ring", 2, 64] / peak["ring", 1, 32] < 1.5 < peak["ulysses", 2, 64] / peak["ulysses", 1, 32]
+    for method in ("ring", "ring zigzag", "ulysses"):                      # N fixed: more ranks, less each
+        assert peak[method, 4, 64] < peak[method, 2, 64] < peak[method, 1, 64], method
+    columns, timing = read_csv(tmp_path / "distributed-time.csv")
+    assert columns == TIME_COLUMNS and all(float(row["max_difference"]) < 1e-5 for row in timing)
+    assert [row["ratio_to_one_rank"] for row in timing if row["world_size"] == "1"] == ["1.0"] * 3
+    assert (tmp_path / "distributed.png").stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "oversubscribed" in out or (os.cpu_count() or 1) >= 4
+    assert f"wrote {tmp_path / 'distributed-traffic.csv'}" in out

@@ -8,6 +8,9 @@ Run one as ``python -m attn_course.bench NAME`` (see :mod:`attn_course.bench.__m
 * ``variants`` (:mod:`attn_course.bench.variants`): chapter 08's variants (softmax, sliding
   window, FlexAttention, linear attention) against N, the length where linear attention
   overtakes softmax, and the bytes each variant keeps per token.
+* ``distributed`` (:mod:`attn_course.bench.distributed`): ring attention against Ulysses on
+  ``P = 1, 2, 4`` processes: bytes sent per rank against the formulas, exact memory per rank,
+  time as ratios to one rank.
 
 :mod:`attn_course.bench.timing` holds what they share: the timer, the machine
 description and the CSV writer. ``attn_course.bench.flash`` is not imported here: it loads

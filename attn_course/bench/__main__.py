@@ -8,6 +8,9 @@
     python -m attn_course.bench variants     # causal softmax, sliding window, FlexAttention, linear:
                                              # time and memory against N, and linear's crossover N
     python -m attn_course.bench variants --quick             # tiny sizes, a few seconds
+    python -m attn_course.bench distributed  # ring attention vs Ulysses on P = 1, 2, 4 processes:
+                                             # bytes sent per rank, memory per rank, time ratios
+    python -m attn_course.bench distributed --quick          # tiny sizes
 
 ``kv-cache`` writes ``bench-results/kv-cache.csv``. ``flash`` on a CUDA machine (or with
 ``--dry-run``) runs :func:`attn_course.bench.flash_gpu.run_gpu_benchmark`: ``flash-gpu.csv``,
@@ -20,6 +23,13 @@ softmax attention, against SDPA and against the course's ``self_attention``),
 ``variants-cache-bytes.csv`` (bytes per token and per sequence for MHA, GQA, MQA, MLA, a sliding
 window and linear attention) and ``variants.png``; ``--quick`` runs it at tiny sizes, ``--threads``
 sets torch's CPU threads while it measures (default 1: steadier on a shared machine).
+``distributed`` (:mod:`attn_course.bench.distributed`) starts ``P = 1, 2, 4`` processes (gloo, one
+thread each) and writes ``distributed-traffic.csv`` (bytes one rank sends for one attention layer,
+forward and forward + backward, measured with ``count_traffic`` next to the formulas, with ``N``
+fixed and with ``N`` growing in proportion to ``P``), ``distributed-memory.csv`` (exact peak bytes
+per rank in a forward pass against ``N`` and ``P``), ``distributed-time.csv`` (forward time as a
+ratio to ``P = 1``; on fewer cores than ``P`` the ranks share cores, and the rows say so) and
+``distributed.png``; ``--quick`` runs it at tiny sizes, ``--lengths`` sets the memory sweep's N.
 ``--lengths`` overrides the list of N for ``flash`` and ``variants`` and the numbers of generated
 tokens for ``kv-cache``.
 """
@@ -71,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         status 2 on bad arguments.
     """
     parser = argparse.ArgumentParser(prog="python -m attn_course.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=["kv-cache", "flash", "variants"])
+    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "distributed"])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
                         help="folder for the CSV and PNG (default: bench-results)")
     parser.add_argument("--lengths", type=_length, nargs="+",
@@ -81,14 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="flash: run the GPU benchmark's code on the CPU at tiny sizes (Triton's interpreter)")
     parser.add_argument("--quick", action="store_true",
-                        help="variants: tiny sizes and one timing each, a few seconds")
+                        help="variants and distributed: tiny sizes and one timing each")
     parser.add_argument("--threads", type=_length, default=None,
                         help="variants: CPU threads for torch while measuring (default: 1, the steadiest timings)")
     args = parser.parse_args(argv)
     if args.name != "flash" and (args.dry_run or args.max_minutes is not None):
         parser.error("--dry-run and --max-minutes are options of flash")
-    if args.name != "variants" and (args.quick or args.threads is not None):
-        parser.error("--quick and --threads are options of variants")
+    if args.name == "distributed" and args.threads is not None:
+        parser.error("--threads is an option of variants (distributed runs one thread per process)")
+    if args.name not in ("variants", "distributed") and (args.quick or args.threads is not None):
+        parser.error("--quick and --threads are options of variants (--quick also of distributed)")
     if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
         os.environ["TRITON_INTERPRET"] = "1"           # the dry run's kernels run in the interpreter, GPU or not
     description = machine_description()
@@ -101,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.name == "variants":
         return _variants(args, description)
+    if args.name == "distributed":
+        return _distributed(args, description)
 
     # Imported only for flash: it loads the FlashAttention package (and Triton).
     from attn_course.bench import flash
@@ -157,6 +171,40 @@ def _variants(args: argparse.Namespace, description: str) -> int:
     try:
         variants.plot_variants(rows, plot, title=f"Causal attention variants ({threads} thread(s)): {description}")
     except ImportError:   # the CSV holds the numbers
+        print("matplotlib is not installed: no plot")
+    else:
+        print(f"wrote {plot}")
+    return 0
+
+
+def _distributed(args: argparse.Namespace, description: str) -> int:
+    """``distributed``: bytes, memory and time of ring attention and Ulysses on P = 1, 2, 4 processes."""
+    from attn_course.bench import distributed
+
+    if args.quick:
+        sizes = dict(n=32, n_per_rank=8, lengths=(32, 64), time_n=32, heads=4, head_dim=8, repeats=1)
+    else:
+        sizes = dict(n=256, n_per_rank=64, lengths=(256, 512, 1024), time_n=1024, heads=8, head_dim=16, repeats=3)
+    if args.lengths:
+        sizes["lengths"] = tuple(args.lengths)
+    world_sizes = (1, 2, 4)
+    print(f"# P = {', '.join(map(str, world_sizes))} processes (gloo), one thread each, on {os.cpu_count()} "
+          f"CPU cores; B=1, H={sizes['heads']}, d={sizes['head_dim']}, float32, causal")
+    traffic, memory, timing = distributed.measure_distributed(world_sizes, **sizes)
+    print(f"# bytes sent per rank, one layer: N fixed at {sizes['n']}, and N = {sizes['n_per_rank']}·P")
+    distributed.print_traffic(traffic)
+    print(f"wrote {write_csv(traffic, args.out / 'distributed-traffic.csv')}")
+    print("# peak memory per rank, forward (exact bytes allocated; the input shards not counted)")
+    distributed.print_memory(memory)
+    print(f"wrote {write_csv(memory, args.out / 'distributed-memory.csv')}")
+    print(f"# forward time at N={sizes['time_n']}, the slowest rank, best of {sizes['repeats']}")
+    distributed.print_time(timing)
+    print(f"wrote {write_csv(timing, args.out / 'distributed-time.csv')}")
+    plot = args.out / "distributed.png"
+    try:
+        distributed.plot_distributed(traffic, memory, timing, plot,
+                                     title=f"Ring attention vs Ulysses, one thread per rank: {description}")
+    except ImportError:   # the CSVs hold the numbers
         print("matplotlib is not installed: no plot")
     else:
         print(f"wrote {plot}")

@@ -9,6 +9,10 @@
 - ``ring``: :func:`ring_attention`, exact attention over a sequence sharded across ranks by passing
   K/V blocks around a ring (forward and backward, contiguous and zig-zag layouts), with
   :func:`ring_work` / :func:`count_ring_work` predicting and measuring each rank's work.
+- ``ulysses``: :func:`ulysses_attention`, DeepSpeed-Ulysses: all-to-all from a slice of the tokens
+  to a slice of the heads, ordinary attention, all-to-all back; :func:`ulysses_bytes` its traffic.
+- ``torchrun_demo``: both algorithms under ``torchrun --standalone --nproc-per-node P -m
+  attn_course.distributed.torchrun_demo``, checked against one process.
 """
 
 from attn_course.distributed.launch import RankFailed, free_port, launch
@@ -21,7 +25,8 @@ from attn_course.distributed.ring import (
     ring_attention_on_rank,
     ring_work,
 )
+from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
 
 __all__ = ["launch", "RankFailed", "free_port", "shard", "unshard", "token_positions", "chunk_count", "LAYOUTS",
            "ring_attention", "RingAttentionFunction", "ring_work", "RingWork", "count_ring_work",
-           "ring_attention_on_rank"]
+           "ring_attention_on_rank", "ulysses_attention", "ulysses_bytes"]
