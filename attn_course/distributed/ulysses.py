@@ -20,11 +20,14 @@ sends ``(P - 1) / P`` of it (a rank keeps the part that stays with it), so a for
 sends ``4 · (P - 1)/P · S`` elements per rank (:func:`ulysses_bytes`) and a forward plus
 backward ``8 · (P - 1)/P · S``. Ring attention passes K and V around the whole ring:
 ``2 · (P - 1) · S`` forward, ``P / 2`` times more than Ulysses' 4 · (P - 1)/P · S once
-``P > 2`` (equal at ``P = 2``). Per link this is the paper's ``4Nh/P`` per layer
-(``h = H · d``, message size ``M`` over ``P`` GPUs costs ``M / P`` per link): "DeepSpeed-Ulysses
-maintains constant communication volume when sequence length and compute devices are increased
-proportionally" (the paper's abstract), while ring's ``2 (P - 1) · N/P · h`` grows
-with ``P`` when ``N / P`` is fixed.
+``P > 2`` (equal at ``P = 2``). Per rank and layer that is ``4 · (P - 1)/P · (N/P) · h``
+elements for one sequence (``h = H · d``), just under the paper's ``4Nh/P`` "per link" (its
+analysis: an all-to-all of an aggregate message ``M`` over ``P`` GPUs moves ``M / P`` per link,
+and q, k, v plus the output make ``M = 4Nh``). Hence the claim of the paper's abstract:
+"DeepSpeed-Ulysses maintains constant communication volume when sequence length and compute
+devices are increased proportionally" (the blog post in microsoft/DeepSpeed:
+"this communication volume is constant when both N and P are increased proportionally"). Ring's
+``2 (P - 1) · (N/P) · h`` instead grows with ``P`` when ``N / P`` is fixed.
 
 **When ring wins instead.**
 
