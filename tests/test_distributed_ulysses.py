@@ -138,6 +138,9 @@ def test_demo_runs_as_one_process_without_torchrun(capsys):
     assert demo_main(["--seq-len", "8", "--heads", "2", "--head-dim", "4"]) == 0
     out = capsys.readouterr().out
     assert "world size 1" in out and "ulysses" in out and "OK" in out and "FAILED" not in out
+    for line in out.splitlines():
+        if line.startswith(("ulysses", "ring")):                  # one rank sends nothing, and says so
+            assert "forward 0 B (formula 0 B), forward+backward 0 B (formula 0 B)" in line, line
     assert not torch.distributed.is_initialized()                  # the demo's own group is gone again
 
 
@@ -158,3 +161,6 @@ def test_demo_under_torchrun_with_two_ranks_matches_one_process():
     assert "world size 2" in result.stdout and "OK" in lines[0] and "FAILED" not in result.stdout
     # B=1, H=4, N=16, d=8 float32: a shard of 4 · 8 · 8 · 4 = 1024 B, of which 4 · (P-1)/P go out forward.
     assert f"forward {ulysses_bytes(1, 4, 16, 8, 2)} B (formula {ulysses_bytes(1, 4, 16, 8, 2)} B)" in lines[0]
+    for line in result.stdout.splitlines():
+        if line.startswith("ring"):                                # 2(P-1) shards forward, (6P-4) in all
+            assert "forward 2048 B (formula 2048 B), forward+backward 8192 B (formula 8192 B)" in line, line

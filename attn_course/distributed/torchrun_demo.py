@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         generator = torch.Generator().manual_seed(args.seed)                       # the same tensors on every rank
         shape = (args.batch, args.heads, args.seq_len, args.head_dim)
         inputs = tuple(torch.randn(shape, generator=generator).to(device) for _ in range(4))   # q, k, v, g
-        methods = [("ulysses", ulysses_attention, "contiguous")]
+        methods = [] if args.heads % world_size else [("ulysses", ulysses_attention, "contiguous")]
         ring_attention = _ring()
         if ring_attention is not None:
             methods += [("ring", functools.partial(ring_attention, layout=layout), layout)
@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
               f"causal={args.causal}; each rank holds N/P = {args.seq_len // world_size} tokens")
         if ring_attention is None:
             print("# attn_course.distributed.ring is not there yet: Ulysses only")
+        if args.heads % world_size:
+            print(f"# ulysses left out: H={args.heads} heads do not divide over P={world_size} ranks (whole heads "
+                  f"per rank); try --heads {world_size * max(1, args.heads // world_size)}")
         failed = False
         shard_bytes = args.batch * args.heads * (args.seq_len // world_size) * args.head_dim * 4
         for result in results:
@@ -137,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
                 formula = ulysses_bytes(args.batch, args.heads, args.seq_len, args.head_dim, world_size)
                 formulas = f" (formula {formula} B), forward+backward {result['total']} B (formula {2 * formula} B)"
             else:
-                formula = 2 * (world_size - 1) * shard_bytes
-                formulas = f" (formula {formula} B), forward+backward {result['total']} B"
+                # K, V passed P - 1 times forward; backward: K, V P - 1 times again and dK, dV P times (home).
+                formula, total = 2 * (world_size - 1) * shard_bytes, (6 * world_size - 4) * shard_bytes
+                total = total if world_size > 1 else 0
+                formulas = f" (formula {formula} B), forward+backward {result['total']} B (formula {total} B)"
             print(f"{result['name']:<7} {result['layout']:<10}: max |out - one process| {error_out:.1e}, "
                   f"max |grad - one process| {error_grad:.1e}  {'OK' if ok else 'FAILED'}; rank 0 sent "
                   f"forward {result['forward']} B{formulas}")
