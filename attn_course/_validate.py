@@ -162,11 +162,31 @@ def attention_inputs(
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else positive_finite(where, "scale", scale)
 
 
+def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
+    """``torch.broadcast_shapes`` in plain Python (NumPy's rule), raising ValueError when shapes clash.
+
+    torch's own imports its symbolic-shapes machinery (sympy) on first use, two seconds in every new
+    process, the ranks of chapter 09 included; this needs nothing.
+    """
+    result: list[int] = []
+    for shape in shapes:
+        shape = list(shape)
+        for index in range(1, len(shape) + 1):
+            size = shape[-index]
+            if index > len(result):
+                result.insert(0, size)
+            elif result[-index] == 1:
+                result[-index] = size
+            elif size not in (1, result[-index]):
+                raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+    return torch.Size(result)
+
+
 def broadcast_batch(where: str, **shapes: Sequence[int]) -> torch.Size:
     """Broadcast the named batch shapes together, or say which ones clash."""
     try:
-        return torch.broadcast_shapes(*shapes.values())
-    except RuntimeError:
+        return broadcast_shapes(*shapes.values())
+    except ValueError:
         listing = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
         raise ValueError(
             f"{where}: the batch dimensions (all but the last two) must broadcast, "

@@ -230,8 +230,8 @@ def _check_mask(where: str, mask: object, q: torch.Tensor, scores_shape: tuple) 
         )
     expected = "[" + ", ".join(str(size) for size in scores_shape) + "]"
     try:
-        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
-    except RuntimeError:
+        broadcast = _validate.broadcast_shapes(mask.shape, scores_shape)
+    except ValueError:
         broadcast = None
     if broadcast != torch.Size(scores_shape):
         raise ValueError(

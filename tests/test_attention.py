@@ -555,3 +555,20 @@ def test_formula_checks_its_inputs_like_self_attention(changes, error, fragments
 def test_softmax_with_empty_rows_rejects_a_zero_dimensional_tensor():
     with pytest.raises(ValueError, match="softmax_with_empty_rows: scores"):
         softmax_with_empty_rows(torch.tensor(1.0))
+
+
+def test_the_packages_shape_broadcasting_follows_torch():
+    """_validate.broadcast_shapes replaces torch.broadcast_shapes (which imports sympy, 2 s per new process)."""
+    import itertools
+
+    from attn_course._validate import broadcast_shapes
+
+    sizes = [[], [1], [3], [1, 3], [2, 1], [2, 3], [4, 1, 3], [3, 2], [1, 1, 1]]
+    for a, b in itertools.product(sizes, repeat=2):
+        try:
+            expected = torch.broadcast_shapes(a, b)
+        except RuntimeError:
+            with pytest.raises(ValueError, match="do not broadcast"):
+                broadcast_shapes(a, b)
+        else:
+            assert broadcast_shapes(a, b) == expected
