@@ -24,6 +24,7 @@ This is what ``torchrun`` does for a terminal or a cluster, made to fit a notebo
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import os
 import pickle
@@ -140,7 +141,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
 
     Args:
         fn: a function defined at the top level of an importable module (the spawned processes
-            import it by name), taking ``(rank, world_size, *args)``.
+            import it by name), taking ``(rank, world_size, *args)``; a ``functools.partial`` of one
+            passes keyword arguments.
         world_size: ``P >= 1``, the number of processes (ranks ``0 .. P - 1``).
         *args: passed to every rank (pickled; tensors are copied into each process).
         backend: ``"gloo"`` (CPU tensors, any machine) or ``"nccl"`` (one CUDA GPU per rank).
@@ -164,10 +166,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
     where = "launch"
     if not callable(fn):
         raise TypeError(f"{where}: fn must be a function, got {type(fn).__name__}")
-    qualified = getattr(fn, "__qualname__", "")
-    if getattr(fn, "__module__", None) in (None, "__main__") or "<" in qualified or "." in qualified:
+    target = fn.func if isinstance(fn, functools.partial) else fn          # partial(f, option=...) is fine
+    qualified = getattr(target, "__qualname__", "")
+    if getattr(target, "__module__", None) in (None, "__main__") or "<" in qualified or "." in qualified:
         raise ValueError(f"{where}: fn must be defined at the top level of an importable module (the new processes "
-                         f"import it by name), got {getattr(fn, '__module__', '?')}.{qualified or fn!r}; "
+                         f"import it by name), got {getattr(target, '__module__', '?')}.{qualified or target!r}; "
                          f"move it into a .py file next to the notebook and import it from there")
     world_size = _validate.integer(where, "world_size", world_size, minimum=1)
     timeout = _validate.positive_finite(where, "timeout", timeout)
