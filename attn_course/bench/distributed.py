@@ -575,7 +575,7 @@ def plot_distributed(traffic: Sequence[TrafficRow], memory: Sequence[MemoryRow],
                 axes[0].plot([r.world_size for r in chosen], [r.forward_bytes / 2**10 for r in chosen], "o",
                              color=colour[method])
     axes[0].set(xlabel="P (ranks)", ylabel="KiB sent per rank (forward)",
-                title="communication: lines formula, dots measured (ring zigzag = ring)")
+                title="bytes: lines formula, dots measured\n(ring zigzag sends what ring sends)")
     markers = ("o", "s", "^", "D", "v")
     for method in methods:
         for index, p in enumerate(sorted({r.world_size for r in memory})):
