@@ -180,7 +180,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
 
     if "forkserver" in mp.get_all_start_methods():
         context = mp.get_context("forkserver")
-        context.set_forkserver_preload(["torch", "attn_course.distributed.launch"])
+        # What every rank would otherwise import anew: torch, and torch._dynamo, which the course's
+        # peak_memory pulls in (2-3 s each, per process, on a laptop CPU).
+        context.set_forkserver_preload(["torch", "torch._dynamo", "attn_course.distributed.launch"])
     else:
         context = mp.get_context("spawn")
     results = context.Queue()
