@@ -227,18 +227,19 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.q_proj(query), self.num_heads)           # [B, H, N_q, d]
         k = split_heads(self.k_proj(key), self.num_kv_heads)          # [B, H_kv, N_new, d]
         v = split_heads(self.v_proj(value), self.num_kv_heads)        # [B, H_kv, N_new, d]
-        in_cache = None           # the positions a positions_in_cache cache assigns, if it is one
-        if self.rope is not None and self_attending and kv_cache is not None and kv_cache.positions_in_cache:
+        in_cache = None       # set when the cache numbers positions itself (attention sinks, chapter 08)
+        rotate = self.rope is not None and self_attending
+        if rotate and not (kv_cache is not None and kv_cache.positions_in_cache):
+            if positions is None:
+                start = 0 if kv_cache is None else len(kv_cache)        # new tokens follow the cache
+                positions = torch.arange(start, start + q.shape[2], device=q.device)   # [N_q]
+            q, k = self.rope(q, positions), self.rope(k, positions)     # positions [N_q] or [B, N_q]
+        elif rotate:
             # StreamingLLM: the cache holds un-rotated keys and numbers its tokens 0..N_k-1 itself;
             # rotate the queries now and the keys it returns after the append.
             self._check_default_positions(where, positions, kv_cache, q.shape[2])
             in_cache = kv_cache.cache_positions(q.shape[2], device=q.device)   # [N_q], [N_k]
             q = self.rope(q, in_cache.queries)                                  # [B, H, N_q, d]
-        elif self.rope is not None and self_attending:
-            if positions is None:
-                start = 0 if kv_cache is None else len(kv_cache)        # new tokens follow the cache
-                positions = torch.arange(start, start + q.shape[2], device=q.device)   # [N_q]
-            q, k = self.rope(q, positions), self.rope(k, positions)     # positions [N_q] or [B, N_q]
         # len(kv_cache) is the next position; the keys attended to may be fewer (a rolling cache).
         n_q, n_k = q.shape[2], k.shape[2] if kv_cache is None else kv_cache.attended_length(k.shape[2])
         # Check the mask before touching the cache, so a rejected call leaves it as it was.
