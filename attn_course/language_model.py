@@ -34,6 +34,7 @@ __all__ = [
     "LanguageModelConfig",
     "TinyLanguageModel",
     "TrainingHistory",
+    "check_ids_and_caches",
     "nonoverlapping_windows",
     "mean_window_loss",
     "train_language_model",
@@ -137,6 +138,42 @@ class CharTokenizer:
         return "".join(self.characters[int(i)] for i in ids.tolist())
 
 
+def check_ids_and_caches(where: str, ids: object, kv_caches: object, *, vocab_size: int,
+                         num_blocks: int) -> tuple[torch.Tensor, int]:
+    """Check a character model's input: ``ids [B, N]`` of ids below ``vocab_size``, and one cache per block.
+
+    Shared by the course's small causal models (this module's and
+    :mod:`attn_course.length_extrapolation`'s), so they reject bad input with the same words.
+
+    Args:
+        where: the caller's name, for the messages.
+        ids: ``[B, N]`` integer token ids, ``N >= 1``.
+        kv_caches: None, or a list of :class:`~attn_course.kv_cache.KVCache`, one per block.
+        vocab_size, num_blocks: the model's.
+
+    Returns:
+        ``(ids, start)``: the ids, and the position of the first of them (``len`` of the caches, or 0).
+
+    Raises:
+        TypeError, ValueError: ids that are not a 2-D integer tensor of ids below ``vocab_size``,
+            caches that are not a list of KVCache, one per block.
+    """
+    ids = _validate.integer_tensor(where, "ids", ids)
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"{where}: ids must be [B, N] with N >= 1, got shape {_validate.shape_str(ids)}")
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{where}: ids must lie in 0..{vocab_size - 1}, "
+                         f"got values from {int(ids.min())} to {int(ids.max())}")
+    if kv_caches is None:
+        return ids, 0
+    if isinstance(kv_caches, KVCache) or not isinstance(kv_caches, (list, tuple)) \
+            or not all(isinstance(c, KVCache) for c in kv_caches):
+        raise TypeError(f"{where}: kv_caches must be a list of KVCache, one per block")
+    if len(kv_caches) != num_blocks:
+        raise ValueError(f"{where}: need one KVCache per block ({num_blocks}), got {len(kv_caches)}")
+    return ids, len(kv_caches[0])
+
+
 @dataclass(frozen=True)
 class LanguageModelConfig:
     """Sizes of a :class:`TinyLanguageModel`.
@@ -210,18 +247,8 @@ class TinyLanguageModel(nn.Module):
                 than ``max_length``, or the wrong number of caches.
         """
         where = "TinyLanguageModel.forward"
-        ids = _validate.integer_tensor(where, "ids", ids)
-        if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(f"{where}: ids must be [B, N] with N >= 1, got shape {_validate.shape_str(ids)}")
-        if ids.numel() and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
-            raise ValueError(f"{where}: ids must lie in 0..{self.config.vocab_size - 1}, "
-                             f"got values from {int(ids.min())} to {int(ids.max())}")
-        if kv_caches is not None:
-            if isinstance(kv_caches, KVCache) or not all(isinstance(c, KVCache) for c in kv_caches):
-                raise TypeError(f"{where}: kv_caches must be a list of KVCache, one per block")
-            if len(kv_caches) != len(self.blocks):
-                raise ValueError(f"{where}: need one KVCache per block ({len(self.blocks)}), got {len(kv_caches)}")
-        start = 0 if kv_caches is None else len(kv_caches[0])
+        ids, start = check_ids_and_caches(where, ids, kv_caches, vocab_size=self.config.vocab_size,
+                                          num_blocks=len(self.blocks))
         end = start + ids.shape[1]
         if end > self.config.max_length:
             raise ValueError(f"{where}: positions up to {end} exceed max_length={self.config.max_length}")

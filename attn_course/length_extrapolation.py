@@ -59,6 +59,7 @@ from attn_course.alibi import alibi_bias, alibi_slopes
 from attn_course.kv_cache import KVCache
 from attn_course.language_model import (
     CharTokenizer,
+    check_ids_and_caches,
     load_rhymes,
     mean_window_loss,
     nonoverlapping_windows,
@@ -222,22 +223,12 @@ class PositionLanguageModel(nn.Module):
 
     def _forward(self, ids: torch.Tensor, kv_caches: list[KVCache] | None, *, need_weights: bool):
         where = "PositionLanguageModel.forward"
-        ids = _validate.integer_tensor(where, "ids", ids)
-        if ids.dim() != 2 or ids.shape[1] == 0:
-            raise ValueError(f"{where}: ids must be [B, N] with N >= 1, got shape {_validate.shape_str(ids)}")
-        if ids.numel() and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
-            raise ValueError(f"{where}: ids must lie in 0..{self.config.vocab_size - 1}, "
-                             f"got values from {int(ids.min())} to {int(ids.max())}")
-        if kv_caches is not None:
-            if isinstance(kv_caches, KVCache) or not all(isinstance(c, KVCache) for c in kv_caches):
-                raise TypeError(f"{where}: kv_caches must be a list of KVCache, one per block")
-            if len(kv_caches) != len(self.blocks):
-                raise ValueError(f"{where}: need one KVCache per block ({len(self.blocks)}), got {len(kv_caches)}")
-            if self.config.position == "alibi" and any(type(c) is not KVCache for c in kv_caches):
-                kinds = sorted({type(c).__name__ for c in kv_caches})
-                raise ValueError(f"{where}: position='alibi' needs plain KVCache caches (its bias assumes "
-                                 f"every earlier key is returned, in order), got {kinds}")
-        start = 0 if kv_caches is None else len(kv_caches[0])
+        ids, start = check_ids_and_caches(where, ids, kv_caches, vocab_size=self.config.vocab_size,
+                                          num_blocks=len(self.blocks))
+        if kv_caches is not None and self.config.position == "alibi" and any(type(c) is not KVCache for c in kv_caches):
+            kinds = sorted({type(c).__name__ for c in kv_caches})
+            raise ValueError(f"{where}: position='alibi' needs plain KVCache caches (its bias assumes "
+                             f"every earlier key is returned, in order), got {kinds}")
         n = ids.shape[1]
         x = self.token_embedding(ids)                                          # [B, N, E]
         if self.position_embedding is not None:
