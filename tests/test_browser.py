@@ -333,8 +333,15 @@ def shut_down_kernel(lab: Lab, notebook: str) -> None:
             api(lab, f"sessions/{session['id']}", method="DELETE")
 
 
+# Opening a chapter takes about 13 s (a kernel starts, and the tab is watched for 5 s). Every
+# chapter carries the same kernelspec and language_info (tests/test_course.py checks that), and
+# what else JupyterLab might rewrite is a chapter's saved widget state: so one chapter with widget
+# state and one without stand for all of them.
+OPENED = [chapter for chapter in CHAPTERS if chapter.stem in ("01_intuition", CHAPTERS[-1].stem)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("chapter", OPENED, ids=lambda p: p.stem)
 def test_opening_a_chapter_leaves_it_unmodified(browser, lab, chapter):
     # JupyterLab rewrites the kernelspec metadata (and so marks the notebook modified) unless
     # the kernel it starts has the display name the chapter carries.
@@ -424,7 +431,7 @@ def outcome_counts(completed: subprocess.CompletedProcess) -> dict[str, int]:
 def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
     """End to end, fixtures included: nothing may try to launch a browser that is not there."""
     missing = str(tmp_path / "no-chromium")
-    browser_tests = 2 + len(CHAPTERS)
+    browser_tests = 2 + len(OPENED)
 
     # Both runs at once: each spends its few seconds importing torch.
     running = [start_browser_tests(ATTN_COURSE_CHROMIUM=missing),

@@ -4,6 +4,7 @@ kernel the chapters name, Binder."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import pathlib
 import re
 import subprocess
@@ -64,6 +65,14 @@ def test_a_chapter_opens_with_its_title_and_goals_then_the_colab_cell(path):
     exercises = next(i for i, cell in enumerate(cells) if cell.cell_type == "markdown"
                      and cell.source.startswith("## Exercises"))
     assert [cell.source.splitlines()[0] for cell in cells[:exercises] if cell.cell_type == "raw"] == []
+
+
+def test_every_chapter_carries_the_same_kernel_and_language_metadata():
+    """What JupyterLab compares with the running kernel as a chapter opens: the same in every chapter,
+    so the browser test that opens two of them (tests/test_browser.py) speaks for all."""
+    seen = {(json.dumps(nb.metadata.kernelspec, sort_keys=True), json.dumps(nb.metadata.language_info, sort_keys=True))
+            for nb in (nbformat.read(path, as_version=4) for path in CHAPTERS)}
+    assert len(seen) == 1, seen
 
 
 def test_chapters_name_the_kernel_that_make_registers():
