@@ -11,7 +11,7 @@ import math
 import numbers
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -160,6 +160,16 @@ def attention_inputs(
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"{where}: causal needs N_q == N_k, got N_q={q.shape[2]}, N_k={k.shape[2]}")
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else positive_finite(where, "scale", scale)
+
+
+def config_mapping(where: str, name: str, value: object) -> Mapping:
+    """A model configuration as a mapping: the parsed ``config.json``, or a config object's ``to_dict()``."""
+    if not isinstance(value, Mapping) and callable(getattr(value, "to_dict", None)):
+        value = value.to_dict()
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where}: {name} must be a mapping (the parsed config.json) or a config with "
+                        f"to_dict(), got {type(value).__name__}")
+    return value
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:

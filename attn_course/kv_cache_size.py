@@ -219,11 +219,7 @@ def cache_size_from_config(config: Mapping[str, Any] | Any) -> CacheSize:
         CacheSize(kind='GQA', per_layer=2048, num_layers=95)
     """
     where = "cache_size_from_config"
-    if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
-        config = config.to_dict()
-    if not isinstance(config, Mapping):
-        raise TypeError(f"{where}: config must be a mapping (the parsed config.json) or a config with "
-                        f"to_dict(), got {type(config).__name__}")
+    config = _validate.config_mapping(where, "config", config)
 
     def field(name: str, default: Any = None) -> int:
         value = config.get(name, default)

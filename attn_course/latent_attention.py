@@ -170,11 +170,7 @@ class MLAConfig:
             (1.5896, 1.0)
         """
         where = "MLAConfig.from_hugging_face"
-        if not isinstance(values, Mapping) and callable(getattr(values, "to_dict", None)):
-            values = values.to_dict()
-        if not isinstance(values, Mapping):
-            raise TypeError(f"{where}: values must be a mapping (the parsed config.json) or a config with "
-                            f"to_dict(), got {type(values).__name__}")
+        values = _validate.config_mapping(where, "values", values)
         required = ("hidden_size", "num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
                     "qk_rope_head_dim", "v_head_dim")
         missing = [name for name in required if name not in values]

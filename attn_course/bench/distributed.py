@@ -36,9 +36,9 @@ import torch.distributed as dist
 from attn_course import _validate
 from attn_course.attention import self_attention
 from attn_course.bench.timing import check_rows
-from attn_course.distributed.communication import count_traffic
 from attn_course.distributed.launch import launch
 from attn_course.distributed.layout import shard, unshard
+from attn_course.distributed.rank_programs import attention_on_rank
 from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
 from attn_course.masks import causal_mask
 from attn_course.memory import peak_memory
@@ -240,14 +240,12 @@ def _attend(method: str):
 
 def _run_task(rank: int, world_size: int, task: _Task) -> dict:
     attend, layout = _attend(task.method), _LAYOUT[task.method]
-    q, k, v, g = (shard(x, rank, world_size, layout) for x in _inputs(task))   # [B, H, N/P, d]
-    if task.kind == "traffic":
-        q, k, v = (x.requires_grad_() for x in (q, k, v))
-        with count_traffic() as forward:
-            out = attend(q, k, v, task.causal)                                  # [B, H, N/P, d]
-        with count_traffic() as backward:
-            (out * g).sum().backward()
-        return dict(forward=forward.bytes_sent, total=forward.bytes_sent + backward.bytes_sent)
+    if task.kind == "traffic":                      # chapter 09's rank program counts both passes
+        q, k, v, g = _inputs(task)                                                # full [B, H, N, d]
+        report = attention_on_rank(rank, world_size, q, k, v, method=task.method.split()[0], causal=task.causal,
+                                   layout=layout, grad_out=g)
+        return dict(forward=report["forward_bytes"], total=report["forward_bytes"] + report["backward_bytes"])
+    q, k, v = (shard(x, rank, world_size, layout) for x in _inputs(task)[:3])   # [B, H, N/P, d]
     if task.kind == "memory":
         _, peak = peak_memory(attend, q, k, v, task.causal)
         return dict(peak=peak)
