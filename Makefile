@@ -69,13 +69,15 @@ notebooks: venv
 test: lint venv
 	$(BIN)/python -m pytest $(NBVAL_FLAGS) tests notebooks
 
-# Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/, then grading.
+# Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/, then grading, each
+# notebook in a bubblewrap sandbox (TRUSTED=1: without one, for trusted submissions only).
 assignments: venv
 	$(BIN)/python tools/assign.py --out dist
 
 grade: venv $(if $(wildcard dist/autograder/*.zip),,assignments)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student)"; exit 2; }
-	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades
+	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades \
+		$(if $(filter-out 0,$(TRUSTED)),--trusted)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dist grades

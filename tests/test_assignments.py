@@ -321,7 +321,7 @@ def test_untouched_questions_score_zero_without_crashing(graded):
 )
 def test_planted_mistake_loses_the_points_and_gets_the_matching_hint(graded, student, chapter, name):
     _, question, hint = GRADED_PLANTED[student][chapter][name]
-    feedback = {q["name"]: q for q in json.loads((graded / student / f"{chapter}.json").read_text())}
+    feedback = {q["name"]: q for q in json.loads((graded / student / f"{chapter}.json").read_text())["questions"]}
     # Tests a mistake does not touch still earn their share (otter gives partial credit).
     assert float(grade_rows(graded)[student][f"{chapter}:{question}"]) < feedback[question]["max_score"]
     assert hint in feedback[question]["output"]

@@ -1,0 +1,256 @@
+"""A submission running in its sandbox, and its exercise answers as proxies the grader calls.
+
+:class:`Submission` starts :mod:`attn_course.grading.in_sandbox` (in the sandbox of
+:mod:`attn_course.grading.sandbox`, or, trusted, without one), has it run the notebook, and keeps
+it running while the checks call the answers. A check calls :class:`RemoteFunction` like the
+student's own function: the arguments go to the submission as data, the answer comes back as
+data (:mod:`attn_course.grading.wire`), and an exception in the student's code comes back as an
+exception of the same name and message, so a check's diagnosis reads as it does in the notebook.
+
+Nothing a reply says is trusted: a malformed, oversized or late reply stops the submission, and
+every later call raises :class:`SubmissionStopped` (the question's tests fail, as they would if
+the notebook had crashed).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+from attn_course.grading import sandbox, wire
+
+#: Exceptions from the student's code that come back as themselves; any other comes back as a
+#: :class:`SubmissionError` subclass of the same name.
+BUILTIN_ERRORS = {name: getattr(builtins, name) for name in (
+    "ArithmeticError", "AssertionError", "AttributeError", "IndexError", "KeyError", "LookupError", "MemoryError",
+    "NameError", "NotImplementedError", "OverflowError", "RecursionError", "RuntimeError", "TypeError",
+    "UnboundLocalError", "ValueError", "ZeroDivisionError",
+)}
+
+
+class SubmissionError(Exception):
+    """An exception raised by the student's code, of a type that is not a Python built-in."""
+
+
+class SubmissionStopped(RuntimeError):
+    """The submission's process is gone (killed at a limit, crashed, or stopped for a bad reply)."""
+
+
+class Submission:
+    """One notebook, run in a sandbox, whose answers the grader can call until :meth:`close`.
+
+    Args:
+        cells: the notebook's code cells, in order.
+        answers: the names of its exercise answers (functions, or a Triton kernel).
+        limits: :class:`~attn_course.grading.sandbox.Limits`.
+        sandboxed: False runs the notebook without a sandbox (trusted code only): same protocol,
+            same limits on time, memory and output, but with the network and the files the
+            grader's user can reach.
+
+    Attributes:
+        events: what went wrong where while the notebook ran, as its process reported it.
+        stopped: why the process stopped early, or None.
+        output: the start of what the notebook printed.
+    """
+
+    def __init__(self, cells: list[str], answers: list[str], limits: sandbox.Limits, *, sandboxed: bool = True):
+        if not all(isinstance(cell, str) for cell in cells):
+            raise TypeError("Submission: cells must be a list of strings")
+        self.limits, self.answers, self.events, self.kinds = limits, list(answers), [], {}
+        self.stopped: str | None = None
+        self.output_size = 0
+        self._output = bytearray()
+        command = [sys.executable, "-m", "attn_course.grading.in_sandbox", "--processes", str(limits.processes),
+                   "--cell-seconds", str(limits.cell_seconds)]
+        if sandboxed:
+            if os.geteuid() == 0:
+                command += ["--user", "{}:{}".format(*sandbox.SANDBOX_USER)]
+            command = sandbox.sandbox_command(command, limits)
+        self.started = time.monotonic()
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=sandbox.environment(limits), cwd="/", preexec_fn=limits.set_in_this_process,
+        )
+        self._drain = threading.Thread(target=self._keep_output, daemon=True)
+        self._drain.start()
+        self._send({"cells": list(cells), "answers": self.answers})
+        reply = self._receive(deadline=self.started + limits.seconds,
+                              late=f"stopped after {limits.seconds:g} s, the time limit of the whole notebook")
+        if reply is not None:
+            self.events = [event for event in reply.get("events", []) if isinstance(event, dict)][:100]
+            kinds = reply.get("kinds", {})
+            self.kinds = {name: kinds.get(name) if kinds.get(name) in ("function", "kernel", "value") else "missing"
+                          for name in self.answers}
+
+    @property
+    def output(self) -> str:
+        return self._output.decode("utf-8", "replace")
+
+    def answer_values(self) -> dict[str, object]:
+        """``{name: proxy or value}`` for each answer the notebook defines (a missing one is left out)."""
+        found: dict[str, object] = {}
+        for name, kind in self.kinds.items():
+            if kind == "function":
+                found[name] = RemoteFunction(self, name)
+            elif kind == "kernel":
+                found[name] = RemoteKernel(self, name)
+            elif kind == "value":
+                try:
+                    found[name] = self.request({"get": name}).get("value")
+                except Exception:  # noqa: BLE001 - a value that cannot cross is left out, as if undefined
+                    pass
+        return found
+
+    def request(self, message: dict) -> object:
+        """Send one call; return its value, or raise the student's exception."""
+        if self.stopped:
+            raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}")
+        try:
+            self._send(message)
+        except wire.NotData as error:
+            raise TypeError(f"the grader cannot send {error}") from None
+        seconds = self.limits.call_seconds
+        reply = self._receive(deadline=time.monotonic() + seconds,
+                              late=f"a call of {message.get('call', message.get('get'))} ran past {seconds:g} s")
+        if reply is None:
+            raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}")
+        if not isinstance(reply, dict):
+            self._stop("it sent a reply that is not a reply")
+            raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}")
+        if "error" in reply:
+            error = reply["error"] if isinstance(reply["error"], dict) else {}
+            name, text = str(error.get("type", "Error")), str(error.get("message", ""))[:2000]
+            kind = BUILTIN_ERRORS.get(name) or type(name if name.isidentifier() else "Error", (SubmissionError,), {})
+            raise kind(text)
+        return reply
+
+    def close(self) -> None:
+        """Kill the sandbox (and everything it started) and wait for it."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+        self._drain.join(timeout=5)
+        for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def __enter__(self) -> Submission:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # --- the wire ---------------------------------------------------------------------------
+
+    def _send(self, message: dict) -> None:
+        blob = wire.encode(message, objects=True)
+        try:
+            self._process.stdin.write(struct.pack("<Q", len(blob)) + blob)
+            self._process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._stop(self._exit_reason())
+
+    def _receive(self, deadline: float, late: str) -> object:
+        """The next reply, or None after stopping the process (late, gone, malformed)."""
+        if self.stopped:
+            return None
+        try:
+            header = self._read(8, deadline)
+            if header is None:
+                return self._stop(late)
+            (length,) = struct.unpack("<Q", header)
+            if length > wire.MAX_MESSAGE_BYTES:
+                return self._stop(f"it sent a reply of {length} bytes, more than {wire.MAX_MESSAGE_BYTES}")
+            blob = self._read(length, deadline)
+            if blob is None:
+                return self._stop(late)
+            return wire.decode(blob)
+        except EOFError:
+            return self._stop(self._exit_reason())
+        except ValueError as error:
+            return self._stop(f"it sent a reply that is not data ({error})")
+
+    def _read(self, size: int, deadline: float) -> bytes | None:
+        fd, data = self._process.stdout.fileno(), bytearray()
+        while len(data) < size:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, min(size - len(data), 1 << 20))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return bytes(data)
+
+    def _stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+        if self._process.poll() is None:
+            self._process.kill()
+        return None
+
+    def _exit_reason(self) -> str:
+        try:
+            code = self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "its process stopped answering"
+        if code < 0:
+            names = {9: "SIGKILL", 24: "SIGXCPU (the CPU time limit)", 11: "SIGSEGV"}
+            return f"its process was killed by signal {names.get(-code, -code)}"
+        return f"its process exited with code {code}"
+
+    def _keep_output(self) -> None:
+        """Read everything the notebook prints; keep the first ``output_bytes``."""
+        stream = self._process.stderr
+        while chunk := stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16):
+            self.output_size += len(chunk)
+            room = self.limits.output_bytes - len(self._output)
+            if room > 0:
+                self._output += chunk[:room]
+
+
+class RemoteFunction:
+    """The student's function ``name``, called in their sandbox: data in, data out.
+
+    Arguments the call changes in place (tensors, caches) are changed here too, and grad mode
+    is the caller's, so a check sees what it would see calling the function in the notebook.
+    """
+
+    def __init__(self, submission: Submission, name: str, index: object = None):
+        self._submission, self.__name__, self._index = submission, name, index
+
+    def __call__(self, *args, **kwargs):
+        reply = self._submission.request({"call": self.__name__, "index": self._index, "args": list(args),
+                                          "kwargs": kwargs, "grad": torch.is_grad_enabled()})
+        for original, after in zip(args, reply.get("after") or []):
+            if after is not None:
+                wire.update_in_place(original, after)
+        return reply.get("value")
+
+    def __repr__(self) -> str:
+        return f"<the submission's {self.__name__}>"
+
+
+class RemoteKernel:
+    """The student's ``@triton.jit`` kernel: ``kernel[grid](...)`` launches it in their sandbox
+    (in Triton's interpreter) and copies the tensors it wrote back into the caller's."""
+
+    def __init__(self, submission: Submission, name: str):
+        self._submission, self.__name__ = submission, name
+        self.fn = None        # JITFunction's attribute that launchers look for
+
+    def __getitem__(self, grid) -> RemoteFunction:
+        return RemoteFunction(self._submission, self.__name__, index=grid)
+
+    def __repr__(self) -> str:
+        return f"<the submission's kernel {self.__name__}>"
