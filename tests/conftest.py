@@ -1,5 +1,8 @@
-"""Shared test setup: Triton's mode, a headless matplotlib, repeatable hypothesis runs, and
-one summary line for the browser tests when they skip."""
+"""Shared test setup: Triton's mode, a headless matplotlib, repeatable hypothesis runs, one
+summary line for the browser and sandbox tests when they skip, and the assignments built once."""
+
+import pathlib
+import sys
 
 import matplotlib
 import pytest
@@ -20,6 +23,20 @@ settings.load_profile("attn_course")
 
 
 BROWSER_SKIP = "browser tests skipped: "   # the reason tests/test_browser.py's require_browser() gives
+FOLDED_SKIPS = (BROWSER_SKIP, "sandbox tests skipped: ")   # and helpers.require_sandbox()'s
+HAS_OTTER = (pathlib.Path(sys.executable).parent / "otter").exists()
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory) -> pathlib.Path:
+    """Every chapter's student notebook and autograder (tools/assign.py), built once per run."""
+    from helpers import run_tool
+
+    if not HAS_OTTER:
+        pytest.skip("otter-grader is not installed")
+    out = tmp_path_factory.mktemp("dist")
+    run_tool("tools/assign.py", "--no-run-tests", "--out", str(out))
+    return out
 
 
 @pytest.hookimpl(wrapper=True)
@@ -30,6 +47,6 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
         path, _, reason = report.longrepr
-        if reason.removeprefix("Skipped: ").startswith(BROWSER_SKIP):
+        if reason.removeprefix("Skipped: ").startswith(FOLDED_SKIPS):
             report.longrepr = (path, None, reason)
     return report

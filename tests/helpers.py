@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
 import torch
 from hypothesis import settings
 
@@ -26,3 +32,32 @@ def random_mask(*shape: int, p: float = 0.6, seed: int = 0) -> torch.Tensor:
     """Boolean mask, True (may attend) with probability ``p``."""
     generator = torch.Generator().manual_seed(seed)
     return torch.rand(*shape, generator=generator) < p
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def run_tool(*args: str) -> str:
+    """Run ``python ARGS`` (a tool of tools/) from the checkout; return its output, or fail with it."""
+    completed = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+SANDBOX_SKIP = "sandbox tests skipped: "   # conftest.py folds these skips into one summary line
+
+
+def require_sandbox() -> None:
+    """Skip a test that needs bubblewrap where it cannot run (fail in CI, which installs it)."""
+    from attn_course.grading.sandbox import sandbox_problem
+
+    problem = sandbox_problem()
+    if problem is None:
+        return
+    if in_ci():
+        pytest.fail(f"sandbox tests cannot run in CI: {problem} (.ci/run installs bubblewrap)", pytrace=False)
+    pytest.skip(SANDBOX_SKIP + problem)

@@ -32,6 +32,8 @@ import torch
 
 from attn_course.toy_sentence import bank_sentence
 
+from helpers import in_ci
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "test-artifacts"
@@ -47,10 +49,6 @@ TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", "180000"))
 def chromium_executable() -> str:
     """``$ATTN_COURSE_CHROMIUM`` if set, else ``chromium`` on PATH, else Debian's path."""
     return os.environ.get(CHROMIUM_VARIABLE) or shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 def missing_browser() -> str | None:

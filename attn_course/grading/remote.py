@@ -70,9 +70,10 @@ class Submission:
         self._output = bytearray()
         command = [sys.executable, "-m", "attn_course.grading.in_sandbox", "--processes", str(limits.processes),
                    "--cell-seconds", str(limits.cell_seconds)]
+        self._user = sandbox.SandboxUser() if sandboxed and os.geteuid() == 0 else None
         if sandboxed:
-            if os.geteuid() == 0:
-                command += ["--user", "{}:{}".format(*sandbox.SANDBOX_USER)]
+            if self._user:
+                command += ["--user", f"{self._user.uid}:{sandbox.SANDBOX_GID}"]
             command = sandbox.sandbox_command(command, limits)
         self.started = time.monotonic()
         self._process = subprocess.Popen(
@@ -137,6 +138,9 @@ class Submission:
         if self._process.poll() is None:
             self._process.kill()
         self._process.wait()
+        if self._user:
+            self._user.release()
+            self._user = None
         self._drain.join(timeout=5)
         for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
             try:

@@ -23,11 +23,14 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 
 import attn_course
 
-#: Who a sandbox runs as when the grader runs as root: an unprivileged user, limited in processes.
-SANDBOX_USER = (65534, 65534)      # nobody:nogroup
+#: Whom a sandbox runs as when the grader runs as root: an unprivileged user of its own (no
+#: account needed), so that the kernel counts its processes apart from every other sandbox's.
+SANDBOX_UIDS = range(61000, 61256)
+SANDBOX_GID = 65534                # nogroup
 
 INSTALL_HINT = ("Install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install "
                 "bubblewrap), or, only for submissions you trust, grade without a sandbox: make grade TRUSTED=1")
@@ -130,7 +133,8 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
     options += ["--chdir", "/scratch"]
     if os.geteuid() == 0:
         # bubblewrap run by root starts the command as root without capabilities; the command drops
-        # to SANDBOX_USER first (in_sandbox --user), for which the kernel enforces RLIMIT_NPROC.
+        # to a user of its own first (in_sandbox --user, SandboxUser), for which the kernel enforces
+        # RLIMIT_NPROC.
         options += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     return options + ["--"] + command
 
@@ -144,3 +148,25 @@ def environment(limits: Limits) -> dict[str, str]:
         "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
         "TRITON_CACHE_DIR": "/scratch/.triton", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1",
     }
+
+
+class SandboxUser:
+    """A user id from :data:`SANDBOX_UIDS` that no other running sandbox holds (root only).
+
+    Without a user of its own, a fork bomb in one sandbox would use up the processes of every
+    sandbox running as the same user at the same time.
+    """
+
+    _free = list(SANDBOX_UIDS)
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(f"SandboxUser: all {len(SANDBOX_UIDS)} sandbox users are in use")
+            self.uid = self._free.pop(0)
+
+    def release(self) -> None:
+        with self._lock:
+            if self.uid not in self._free:
+                self._free.append(self.uid)
