@@ -293,6 +293,14 @@ def test_solutions_score_full_marks(graded):
 
 
 @grading
+def test_every_cell_of_the_solutions_runs_where_they_are_graded(graded):
+    # The sandbox has what a chapter needs (chapter 09 starts processes, which need /dev/shm).
+    for master in OTTER_MASTERS:
+        run = json.loads((graded / "solutions" / f"{master.stem}.json").read_text())["run"]
+        assert run["cell_errors"] == [] and run["stopped"] is None, (master.stem, run)
+
+
+@grading
 def test_untouched_questions_score_zero_without_crashing(graded):
     # In each planted student's notebook, the questions without a planted mistake are untouched
     # (the student notebook's "..."): otter must run the whole notebook and give them 0.

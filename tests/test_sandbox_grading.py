@@ -238,6 +238,9 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
         "memory_bomb": {"cell": "huge = torch.empty(2**40, dtype=torch.uint8)\n"},
         "memory_creep": {"cell": "hog = []\nwhile True:\n    hog.append(bytearray(2**26))\n",
                          "after": "del hog\n"},
+        "memory_in_many_processes": {"cell": "import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n"
+                                             "        hog = b'x' * 2**30\n        time.sleep(60)\n"
+                                             "        os._exit(0)\ntime.sleep(60)\n"},
         "fork_bomb": {"cell": "import os, subprocess\n"
                               "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
                               "while True:\n    os.fork()\n"},
@@ -389,6 +392,15 @@ def test_a_notebook_past_its_time_is_killed_with_the_reason(hostile_class):
 
 
 @pytest.mark.slow
+def test_memory_is_limited_for_all_processes_together(hostile_class):
+    # Six processes of 1 GiB each, every one within its own 2 GiB address space: 6 GiB in all.
+    run = run_of(hostile_class, "memory_in_many_processes")
+    assert score(hostile_class, "memory_in_many_processes") == 0
+    assert run["stopped"] == "its processes together used more than 2 GiB of memory, the limit"
+    assert run["peak_memory_bytes"] < 4 * 2**30         # stopped on the way, far from 6 GiB
+
+
+@pytest.mark.slow
 def test_an_answer_that_hangs_when_called_is_stopped(hostile_class):
     assert score(hostile_class, "hangs_when_called") == 0
     assert "ran past 5 s" in run_of(hostile_class, "hangs_when_called")["stopped"]
@@ -452,3 +464,15 @@ def test_nan_wrong_dtypes_shapes_and_non_data_fail_with_their_diagnosis(hostile_
     assert "which is not data" in questions["q4_find_the_bug"]["output"]
     for question in questions.values():
         assert "❌" in question["output"]
+
+
+@pytest.mark.slow
+def test_what_one_submission_changes_in_the_chapters_context_never_reaches_the_next(dist):
+    from attn_course.grading.grader import Assignment
+
+    assignment = Assignment(dist / "autograder" / "01_intuition.zip")
+    assert "sentence" in assignment.environment()               # what chapter 01's hidden tests read
+    first, second = assignment.environment(), assignment.environment()
+    first["sentence"].embeddings.mul_(0)                         # as a call's in-place change would
+    assert second["sentence"].embeddings.abs().sum() > 0
+    assert first["torch"] is second["torch"]                     # modules are shared, not copied

@@ -11,6 +11,9 @@
     python -m attn_course.bench distributed  # ring attention vs Ulysses on P = 1, 2, 4 processes:
                                              # bytes sent per rank, memory per rank, time ratios
     python -m attn_course.bench distributed --quick          # tiny sizes
+    python -m attn_course.bench grading --autograders dist/autograder    # sandboxed grading: notebooks
+                                             # per minute for a class, and the sandbox's start-up cost
+    python -m attn_course.bench grading --quick              # the start-up cost only
 
 ``kv-cache`` writes ``bench-results/kv-cache.csv``. ``flash`` on a CUDA machine (or with
 ``--dry-run``) runs :func:`attn_course.bench.flash_gpu.run_gpu_benchmark`: ``flash-gpu.csv``,
@@ -30,6 +33,11 @@ fixed and with ``N`` growing in proportion to ``P``), ``distributed-memory.csv``
 per rank in a forward pass against ``N`` and ``P``), ``distributed-time.csv`` (forward time as a
 ratio to ``P = 1``; on fewer cores than ``P`` the ranks share cores, and the rows say so) and
 ``distributed.png``; ``--quick`` runs it at tiny sizes, ``--lengths`` sets the memory sweep's N.
+``grading`` (:mod:`attn_course.bench.grading`) writes ``grading-overhead.csv`` (start-up of a
+one-cell notebook with and without the sandbox) and, given ``--autograders``, grades a made-up
+class (``--students`` copies of every chapter's solution notebook, ``--jobs`` at once) into
+``grading-chapters.csv`` and ``grading-class.csv`` (notebooks per minute, and the minutes a class
+of 40 would take).
 ``--lengths`` overrides the list of N for ``flash`` and ``variants`` and the numbers of generated
 tokens for ``kv-cache``.
 """
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         status 2 on bad arguments.
     """
     parser = argparse.ArgumentParser(prog="python -m attn_course.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "distributed"])
+    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "distributed", "grading"])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
                         help="folder for the CSV and PNG (default: bench-results)")
     parser.add_argument("--lengths", type=_length, nargs="+",
@@ -94,13 +102,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="variants and distributed: tiny sizes and one timing each")
     parser.add_argument("--threads", type=_length, default=None,
                         help="variants: CPU threads for torch while measuring (default: 1, the steadiest timings)")
+    parser.add_argument("--autograders", type=pathlib.Path, default=None,
+                        help="grading: the autograders of `make assignments` (dist/autograder) to grade a class with")
+    parser.add_argument("--students", type=_length, default=2, help="grading: students in the measured class")
+    parser.add_argument("--jobs", type=_length, default=os.cpu_count() or 1,
+                        help="grading: notebooks graded at once (default: one per core)")
     args = parser.parse_args(argv)
     if args.name != "flash" and (args.dry_run or args.max_minutes is not None):
         parser.error("--dry-run and --max-minutes are options of flash")
     if args.name == "distributed" and args.threads is not None:
         parser.error("--threads is an option of variants (distributed runs one thread per process)")
-    if args.name not in ("variants", "distributed") and (args.quick or args.threads is not None):
-        parser.error("--quick and --threads are options of variants (--quick also of distributed)")
+    if args.name not in ("variants", "distributed", "grading") and (args.quick or args.threads is not None):
+        parser.error("--quick and --threads are options of variants (--quick also of distributed and grading)")
+    if args.name == "grading" and args.threads is not None:
+        parser.error("--threads is an option of variants (grading shares the cores out between its jobs)")
     if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
         os.environ["TRITON_INTERPRET"] = "1"           # the dry run's kernels run in the interpreter, GPU or not
     description = machine_description()
@@ -115,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         return _variants(args, description)
     if args.name == "distributed":
         return _distributed(args, description)
+    if args.name == "grading":
+        return _grading(args)
 
     # Imported only for flash: it loads the FlashAttention package (and Triton).
     from attn_course.bench import flash
@@ -174,6 +191,26 @@ def _variants(args: argparse.Namespace, description: str) -> int:
         print("matplotlib is not installed: no plot")
     else:
         print(f"wrote {plot}")
+    return 0
+
+
+def _grading(args: argparse.Namespace) -> int:
+    """``grading``: the sandbox's start-up cost, and (with ``--autograders``) a class's throughput."""
+    from attn_course.bench import grading
+
+    overhead = grading.sandbox_overhead(repeats=2 if args.quick else 10)
+    print("# start-up of a one-cell notebook, seconds (Python, torch, IPython; with bubblewrap's sandbox or not)")
+    grading.print_rows(overhead)
+    print(f"wrote {write_csv(overhead, args.out / 'grading-overhead.csv')}")
+    if args.quick or args.autograders is None:
+        return 0
+    per_chapter, whole = grading.class_throughput(args.autograders, students=args.students, jobs=args.jobs)
+    print(f"# {args.students} students x {len(per_chapter)} chapters (solution notebooks), {args.jobs} at once, "
+          f"each sandboxed, {os.cpu_count()} CPU cores")
+    grading.print_rows(per_chapter)
+    grading.print_rows([whole])
+    print(f"wrote {write_csv(per_chapter, args.out / 'grading-chapters.csv')}")
+    print(f"wrote {write_csv([whole], args.out / 'grading-class.csv')}")
     return 0
 
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import copy
 import io
 import pathlib
 import re
 import threading
 import time
+import types
 import zipfile
 
 import nbformat
@@ -132,7 +134,12 @@ class Assignment:
         return chosen[::-1]
 
     def environment(self) -> dict:
-        """A fresh namespace of the chapter's imports and context (built once, then copied)."""
+        """A fresh namespace of the chapter's imports and context (built once, then copied).
+
+        Each submission gets its own deep copy of the context's values (a model, a batch), so
+        that nothing a test or a submission's call changes in them reaches the next submission;
+        modules, functions and classes are shared.
+        """
         with self._lock:
             if self._environment is None:
                 namespace: dict = {"__name__": f"__{self.name}_grader__"}
@@ -142,7 +149,16 @@ class Assignment:
                         code = TransformerManager().transform_cell(source)
                         exec(compile(code, f"<{self.name} context cell {index}>", "exec"), namespace)
                 self._environment = namespace
-            return dict(self._environment)
+            return {name: _own_copy(value) for name, value in self._environment.items()}
+
+
+def _own_copy(value: object) -> object:
+    if isinstance(value, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - what cannot be copied (a C extension's object) is shared
+        return value
 
 
 def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits | None = None, *,
@@ -179,6 +195,7 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
         "run": {
             "seconds": round(time.monotonic() - started, 2), "sandboxed": sandboxed,
             "stopped": problem or submission.stopped, "cell_errors": submission.events,
+            "peak_memory_bytes": submission.peak_memory_bytes,
             "output_bytes": submission.output_size, "output_start": submission.output[:2000],
         },
     }

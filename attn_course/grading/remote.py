@@ -82,6 +82,9 @@ class Submission:
         )
         self._drain = threading.Thread(target=self._keep_output, daemon=True)
         self._drain.start()
+        self.peak_memory_bytes = 0
+        self._watch = threading.Thread(target=self._watch_memory, daemon=True)
+        self._watch.start()
         self._send({"cells": list(cells), "answers": self.answers})
         reply = self._receive(deadline=self.started + limits.seconds,
                               late=f"stopped after {limits.seconds:g} s, the time limit of the whole notebook")
@@ -213,6 +216,22 @@ class Submission:
             return f"its process was killed by signal {names.get(-code, -code)}"
         return f"its process exited with code {code}"
 
+    def _watch_memory(self, every: float = 0.05) -> None:
+        """Kill the sandbox when all its processes together hold more than ``memory_bytes``.
+
+        Each process is held to that address space by RLIMIT_AS, but a notebook that forks many
+        could still add up to more than the machine has; without cgroups, this watch is the limit
+        on the sum (checked 20 times a second, so it may be passed for a moment).
+        """
+        while self._process.poll() is None:
+            resident = resident_bytes(self._process.pid)
+            self.peak_memory_bytes = max(self.peak_memory_bytes, resident)
+            if resident > self.limits.memory_bytes:
+                self._stop(f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB "
+                           "of memory, the limit")
+                return
+            time.sleep(every)
+
     def _keep_output(self) -> None:
         """Read everything the notebook prints; keep the first ``output_bytes``."""
         stream = self._process.stderr
@@ -221,6 +240,29 @@ class Submission:
             room = self.limits.output_bytes - len(self._output)
             if room > 0:
                 self._output += chunk[:room]
+
+
+def resident_bytes(root: int) -> int:
+    """Resident memory of process ``root`` and all its descendants (from /proc; 0 where it has none)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue                      # gone meanwhile, or not readable
+            children.setdefault(parent, []).append(int(entry.name))
+    total, todo, page = 0, [root], os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/statm") as handle:
+                total += int(handle.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 class RemoteFunction:

@@ -2,9 +2,9 @@
 
 A submission sees, read-only, only what running a chapter needs: the system's programs and
 libraries (``/usr``), the Python installation, the course's ``.venv`` and the ``attn_course``
-package. It gets a private, size-limited ``/scratch`` (its working folder and home) and ``/tmp``,
-a network namespace of its own with no network in it, its own process numbers (it sees no other
-process), and no view of the instructor's home, other submissions, the hidden tests or the grades.
+package. It gets a private, size-limited ``/scratch`` (its working folder and home), ``/tmp`` and
+``/dev/shm``, a network namespace of its own with no network in it, its own process numbers (it
+sees no other process), and no view of the instructor's home, other submissions, the hidden tests or the grades.
 When its grading ends, the grader kills the sandbox, and with it every process it started.
 
 Limits (:class:`Limits`): wall time (the grader kills the sandbox), CPU seconds and memory
@@ -44,9 +44,10 @@ class Limits:
         seconds: wall time to run the whole notebook; the sandbox is killed after it.
         cell_seconds: wall time of one cell; the cell is stopped and the next one runs.
         call_seconds: wall time of one call of an exercise function by a check.
-        memory_bytes: address space per process (RLIMIT_AS).
+        memory_bytes: address space of each process (RLIMIT_AS), and memory of all the
+            notebook's processes together (resident; the grader watches it and kills the sandbox).
         processes: processes and threads at once, in the sandbox (RLIMIT_NPROC).
-        scratch_bytes: size of ``/scratch`` and of ``/tmp`` each.
+        scratch_bytes: size of ``/scratch``, ``/tmp`` and ``/dev/shm`` each.
         output_bytes: how much of what the notebook prints is kept in its result.
         threads: threads PyTorch may use (OMP_NUM_THREADS).
     """
@@ -54,7 +55,7 @@ class Limits:
     seconds: float = 900.0
     cell_seconds: float = 300.0
     call_seconds: float = 60.0
-    memory_bytes: int = 6 * 2**30
+    memory_bytes: int = 4 * 2**30
     processes: int = 256
     scratch_bytes: int = 256 * 2**20
     output_bytes: int = 64 * 2**10
@@ -128,7 +129,9 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
             options += ["--perms", "0755", "--dir", str(parent)]
     for root in roots:
         options += ["--ro-bind", str(root), str(root)]
-    for private in ("/scratch", "/tmp"):   # writable by the sandbox's user, who may not be root
+    # Writable by the sandbox's user, who may not be root; /dev/shm holds multiprocessing's
+    # semaphores and torch's shared tensors (chapter 09's processes).
+    for private in ("/scratch", "/tmp", "/dev/shm"):
         options += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", private]
     options += ["--chdir", "/scratch"]
     if os.geteuid() == 0:
