@@ -1,10 +1,13 @@
-"""Instructor tooling: otter assign builds clean student notebooks; otter run grades them.
+"""Instructor tooling: otter assign builds clean student notebooks; make grade grades them.
 
-These tests build every chapter's assignment once (tools/assign.py) and grade a small
-class (tools/grade.py) on three chapters (OTTER_CHAPTERS): the solutions, and submissions with the
-mistakes that attn_course.checks diagnoses, whose other questions are left untouched. For every
-chapter, every planted mistake and every untouched answer is also run against its question's
-public tests without otter.
+These tests build every chapter's assignment once (tools/assign.py) and grade a small class
+(tools/grade.py, each notebook in its sandbox): the solutions, and submissions with the mistakes
+that attn_course.checks diagnoses, as whole notebooks of two chapters (WHOLE_NOTEBOOK_CHAPTERS,
+whose other questions are left untouched) and as notebooks of their answers of two more
+(ANSWERS_ONLY_CHAPTERS, whose other answers are the solutions). One planted notebook is also
+graded by `otter run`, which must give the same scores and feedback. For every chapter, every
+planted mistake and every untouched answer is also run against its question's public tests
+without otter.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import importlib.util
 import json
 import pathlib
 import re
-import shutil
+import subprocess
 import sys
 import zipfile
 
@@ -99,11 +102,17 @@ def student_code(student: nbformat.NotebookNode) -> list[list[str]]:
     return units
 
 
-def as_graded(body: str) -> list[str]:
-    """A chapter test cell's statements as otter runs them (tools/assign.py's exception_test)."""
+def assign_tool():
+    """tools/assign.py as a module (tools/ is not a package)."""
     spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def as_graded(body: str) -> list[str]:
+    """A chapter test cell's statements as otter runs them (tools/assign.py's exception_test)."""
+    tool = assign_tool()
     (function, _) = ast.parse(tool.exception_test(body, "test")).body
     return [ast.dump(node) for node in function.body]
 
@@ -212,32 +221,77 @@ def load_planted() -> dict[str, dict[str, dict[str, tuple[str, str, str]]]]:
 PLANTED = load_planted()
 
 
-# The chapters graded end to end through otter: one with widgets, one that trains a model, one
-# that starts processes of its own. Each graded notebook runs its whole chapter (twice: the
-# solutions and a planted student), about 7 of make test's minutes for all nine chapters. For
-# every chapter, the rest is checked without otter: nbval runs every master notebook, whose
+# The chapters graded as whole notebooks: one with widgets, one that starts processes of its own
+# (each graded notebook runs its whole chapter, twice: the solutions and a planted student). For
+# every chapter, the rest is checked without grading: nbval runs every master notebook, whose
 # public and hidden test cells must print True for the solutions;
 # test_planted_mistake_fails_its_public_check_with_the_hint runs every planted mistake and
 # test_untouched_answers_fail_their_public_checks every untouched answer against the public
 # tests exactly as otter runs them.
-OTTER_CHAPTERS = ("01_intuition", "03_multi_head", "09_distributed")
+WHOLE_NOTEBOOK_CHAPTERS = ("01_intuition", "09_distributed")
+# The chapters whose answers are called with more than tensors, graded as notebooks of the
+# chapter's imports and answers (seconds, not a chapter's minute): 04 (a TinyLanguageModel and its
+# KVCaches, appended to by the call) and 06 (a Triton kernel, launched as kernel[grid](...)).
+ANSWERS_ONLY_CHAPTERS = ("04_causal", "06_flash_attention")
 
 
-def otter_class(planted: dict) -> dict[str, dict[str, dict]]:
-    """The planted students graded through otter: per chapter of :data:`OTTER_CHAPTERS`, the one
-    who planted the most mistakes (the first by name if several). Every planted mistake is matched
-    with its hint by test_planted_mistake_fails_its_public_check_with_the_hint below; this class
-    shows that the hints reach the feedback through otter."""
+def most_planted(planted: dict, chapters: tuple[str, ...]) -> dict[str, dict[str, dict]]:
+    """The planted students graded: per chapter, the one who planted the most mistakes (the first
+    by name if several). Every planted mistake is matched with its hint by
+    test_planted_mistake_fails_its_public_check_with_the_hint below; this class shows that the
+    hints reach the feedback through make grade."""
     chosen: dict[str, dict[str, dict]] = {}
-    chapters = sorted({chapter for chapters in planted.values() for chapter in chapters} & set(OTTER_CHAPTERS))
     for chapter in chapters:
         student = max(sorted(s for s in planted if chapter in planted[s]), key=lambda s: len(planted[s][chapter]))
         chosen.setdefault(student, {})[chapter] = planted[student][chapter]
     return chosen
 
 
-GRADED_PLANTED = otter_class(PLANTED)
-OTTER_MASTERS = [master for master in CHAPTERS if master.stem in OTTER_CHAPTERS]
+def every_planted(planted: dict, chapters: tuple[str, ...]) -> dict[str, dict[str, dict]]:
+    """Every planted student of ``chapters`` (their answers-only notebooks take seconds each)."""
+    return {student: {c: f for c, f in by_chapter.items() if c in chapters}
+            for student, by_chapter in planted.items() if set(by_chapter) & set(chapters)}
+
+
+def merged(*classes: dict) -> dict[str, dict[str, dict]]:
+    together: dict[str, dict[str, dict]] = {}
+    for students in classes:
+        for student, chapters in students.items():
+            together.setdefault(student, {}).update(chapters)
+    return together
+
+
+GRADED_PLANTED = merged(most_planted(PLANTED, WHOLE_NOTEBOOK_CHAPTERS), every_planted(PLANTED, ANSWERS_ONLY_CHAPTERS))
+GRADED_MASTERS = [m for m in CHAPTERS if m.stem in WHOLE_NOTEBOOK_CHAPTERS + ANSWERS_ONLY_CHAPTERS]
+
+
+def answers_only(solution: pathlib.Path, replaced: dict[str, str] | None = None) -> nbformat.NotebookNode:
+    """A notebook of a solution notebook's imports and answer cells (``replaced``: a planted
+    student's versions of some answers): what a student who skipped the reading hands in."""
+    imports, answers = [], []
+    for cell in nbformat.read(solution, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        if "# BEGIN SOLUTION" in cell.source:
+            name = next((n for n in (replaced or {}) if cell.source.startswith(f"def {n}(")), None)
+            answers.append(replaced[name] if name else cell.source)
+            continue
+        try:
+            body = ast.parse(cell.source).body
+        except SyntaxError:
+            continue
+        imports += [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))
+                    and "otter" not in ast.unparse(node)]
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(ast.unparse(ast.Module(body=imports, type_ignores=[])))]
+    notebook.cells += [nbformat.v4.new_code_cell(source) for source in answers]
+    return notebook
+
+
+def write_notebook(notebook: nbformat.NotebookNode, path: pathlib.Path) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+    return path
 
 
 def plant(student_notebook: pathlib.Path, functions: dict, destination: pathlib.Path) -> None:
@@ -252,17 +306,23 @@ def plant(student_notebook: pathlib.Path, functions: dict, destination: pathlib.
 @pytest.fixture(scope="session")
 def graded(dist, tmp_path_factory) -> pathlib.Path:
     submissions = tmp_path_factory.mktemp("submissions")
-    for master in OTTER_MASTERS:
-        (submissions / "solutions").mkdir(exist_ok=True)
-        shutil.copyfile(dist / "autograder" / master.name, submissions / "solutions" / master.name)
-    # Untouched notebooks are not graded separately: each planted student's notebook leaves every
+    for chapter in WHOLE_NOTEBOOK_CHAPTERS:
+        write_notebook(nbformat.read(dist / "autograder" / f"{chapter}.ipynb", as_version=4),
+                       submissions / "solutions" / f"{chapter}.ipynb")
+    for chapter in ANSWERS_ONLY_CHAPTERS:
+        write_notebook(answers_only(dist / "autograder" / f"{chapter}.ipynb"),
+                       submissions / "solutions" / f"{chapter}.ipynb")
+    # Untouched notebooks are not graded separately: each whole-notebook planted student leaves every
     # question it plants nothing in untouched (test_untouched_questions_score_zero_without_crashing),
     # and test_untouched_answers_fail_their_public_checks runs every untouched answer without otter.
     for student, chapters in GRADED_PLANTED.items():
         for chapter, functions in chapters.items():
-            plant(
-                dist / "student" / f"{chapter}.ipynb", functions, submissions / student / f"{chapter}.ipynb"
-            )
+            destination = submissions / student / f"{chapter}.ipynb"
+            if chapter in WHOLE_NOTEBOOK_CHAPTERS:
+                plant(dist / "student" / f"{chapter}.ipynb", functions, destination)
+            else:
+                replaced = {name: code for name, (code, _, _) in functions.items()}
+                write_notebook(answers_only(dist / "autograder" / f"{chapter}.ipynb", replaced), destination)
     out = tmp_path_factory.mktemp("grades")
     # Each notebook in its sandbox; where bubblewrap is missing (never in CI), the same grading
     # without one, so that the scores and hints are still checked (tests/test_sandbox_grading.py
@@ -282,7 +342,7 @@ def grade_rows(graded: pathlib.Path) -> dict[str, dict[str, str]]:
 def test_csv_has_a_row_per_student_and_a_column_per_question(graded):
     rows = grade_rows(graded)
     assert set(rows) == {"solutions", *GRADED_PLANTED}
-    expected_columns = {f"{m.stem}:{name}" for m in OTTER_MASTERS for name, _ in questions(m)}
+    expected_columns = {f"{m.stem}:{name}" for m in GRADED_MASTERS for name, _ in questions(m)}
     assert expected_columns <= set(next(iter(rows.values())))
 
 
@@ -295,7 +355,7 @@ def test_solutions_score_full_marks(graded):
 @grading
 def test_every_cell_of_the_solutions_runs_where_they_are_graded(graded):
     # The sandbox has what a chapter needs (chapter 09 starts processes, which need /dev/shm).
-    for master in OTTER_MASTERS:
+    for master in GRADED_MASTERS:
         run = json.loads((graded / "solutions" / f"{master.stem}.json").read_text())["run"]
         assert run["cell_errors"] == [] and run["stopped"] is None, (master.stem, run)
 
@@ -308,6 +368,8 @@ def test_untouched_questions_score_zero_without_crashing(graded):
     untouched = []
     for student, chapters in GRADED_PLANTED.items():
         for chapter, functions in chapters.items():
+            if chapter not in WHOLE_NOTEBOOK_CHAPTERS:
+                continue
             planted_questions = {question for _, question, _ in functions.values()}
             master = ROOT / "notebooks" / f"{chapter}.ipynb"
             untouched += [float(rows[student][f"{chapter}:{name}"]) for name, _ in questions(master)
@@ -328,6 +390,44 @@ def test_planted_mistake_loses_the_points_and_gets_the_matching_hint(graded, stu
     # Tests a mistake does not touch still earn their share (otter gives partial credit).
     assert float(grade_rows(graded)[student][f"{chapter}:{question}"]) < feedback[question]["max_score"]
     assert hint in feedback[question]["output"]
+
+
+@grading
+def test_scores_and_feedback_equal_what_otter_run_gives(dist, graded, tmp_path):
+    # otter run, the reference: the notebook and the tests in one kernel, unsandboxed. make grade
+    # runs otter's own test files outside the sandbox, so both must agree question by question.
+    chapter = WHOLE_NOTEBOOK_CHAPTERS[0]
+    student = next(s for s, chapters in sorted(GRADED_PLANTED.items()) if chapter in chapters)
+    notebook = tmp_path / student / f"{chapter}.ipynb"
+    plant(dist / "student" / f"{chapter}.ipynb", GRADED_PLANTED[student][chapter], notebook)
+    tool = assign_tool()
+    out = tmp_path / "otter"
+    out.mkdir()
+    completed = subprocess.run(tool.otter_command() + ["run", "-a", str(dist / "autograder" / f"{chapter}.zip"),
+                                                       "-o", str(out), str(notebook)],
+                               env=tool.kernel_environment(), capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    by_otter = {t["name"]: t for t in json.loads((out / "results.json").read_text())["tests"] if "max_score" in t}
+    ours = {q["name"]: q for q in json.loads((graded / student / f"{chapter}.json").read_text())["questions"]}
+    assert set(ours) == set(by_otter)
+    for name, question in ours.items():
+        assert (question["score"], question["max_score"]) == (by_otter[name]["score"], by_otter[name]["max_score"])
+        assert question["output"] == by_otter[name]["output"], name
+
+
+@grading
+def test_a_planted_mistake_costs_only_its_own_question(graded):
+    # In the answers-only notebooks every other answer is the solution: full marks for those.
+    rows = grade_rows(graded)
+    kept = []
+    for student, chapters in GRADED_PLANTED.items():
+        for chapter, functions in chapters.items():
+            if chapter in ANSWERS_ONLY_CHAPTERS:
+                planted_questions = {question for _, question, _ in functions.values()}
+                feedback = json.loads((graded / student / f"{chapter}.json").read_text())["questions"]
+                kept += [(float(rows[student][f"{chapter}:{q['name']}"]), q["max_score"]) for q in feedback
+                         if q["name"] not in planted_questions]
+    assert kept and all(score == possible for score, possible in kept), kept
 
 
 # --- every planted mistake against its public check, without otter ---------------------------
@@ -364,9 +464,7 @@ def public_tests(master: pathlib.Path) -> dict[str, list[str]]:
 
 
 def exception_test_source(source: str) -> str:
-    spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = assign_tool()
     return tool.exception_test(source, "public_test")
 
 

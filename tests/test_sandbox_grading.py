@@ -1,10 +1,10 @@
 """Grading untrusted notebooks: what crosses the sandbox is data, and hostile submissions fail.
 
 The first tests need no sandbox: the message format (attn_course.grading.wire) and the sandbox's
-command line and environment. The class tests grade with tools/grade.py, as `make grade` does:
-a class of hostile students of chapter 02 (each hands in the solutions plus one attack, so its
-honest score is known), and the two chapters whose exercises are called with more than tensors
-(04: a model and its caches; 06: a Triton kernel), as short notebooks of their answers.
+command line and environment. Then a class of hostile students of chapter 03 is graded with
+tools/grade.py, as `make grade` does: each hands in the chapter's answers plus one attack, so its
+honest score is known. Last, the proxies through which the checks call a submission's answers.
+(tests/test_assignments.py grades honest and mistaken notebooks the same way.)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 import nbformat
 import pytest
 import torch
+from test_assignments import answers_only, write_notebook
 
 from attn_course.grading import sandbox, wire
 from attn_course.kv_cache import KVCache
@@ -132,6 +133,7 @@ def test_limits_must_be_positive(field):
         sandbox.Limits(**{field: 0})
 
 
+@pytest.mark.slow
 def test_without_bubblewrap_make_grade_refuses_and_says_how_to_install(tmp_path):
     (tmp_path / "submissions" / "ada").mkdir(parents=True)
     environment = dict(os.environ, PATH=str(pathlib.Path(sys.executable).parent))   # no bwrap on it
@@ -143,38 +145,6 @@ def test_without_bubblewrap_make_grade_refuses_and_says_how_to_install(tmp_path)
     assert "apt-get install bubblewrap" in completed.stderr and "TRUSTED=1" in completed.stderr
 
 
-# --- short submissions: the chapter's imports and its answers ---------------------------------
-
-
-def answers_only(solution: pathlib.Path, replaced: dict[str, str] | None = None) -> nbformat.NotebookNode:
-    """A notebook of a solution notebook's imports and answer cells (``replaced``: a planted
-    student's versions of some answers): what a student who skipped the reading hands in."""
-    imports, answers = [], []
-    for cell in nbformat.read(solution, as_version=4).cells:
-        if cell.cell_type != "code":
-            continue
-        if "# BEGIN SOLUTION" in cell.source:
-            name = next((n for n in (replaced or {}) if cell.source.startswith(f"def {n}(")), None)
-            answers.append(replaced[name] if name else cell.source)
-            continue
-        try:
-            body = ast.parse(cell.source).body
-        except SyntaxError:
-            continue
-        imports += [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))
-                    and "otter" not in ast.unparse(node)]
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(ast.unparse(ast.Module(body=imports, type_ignores=[])))]
-    notebook.cells += [nbformat.v4.new_code_cell(source) for source in answers]
-    return notebook
-
-
-def write(notebook: nbformat.NotebookNode, path: pathlib.Path) -> pathlib.Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(notebook, path)
-    return path
-
-
 def results(grades: pathlib.Path) -> tuple[dict, dict]:
     """``({student: csv row}, {(student, chapter): result json})`` of a tools/grade.py run."""
     with open(grades / "grades.csv") as handle:
@@ -183,43 +153,13 @@ def results(grades: pathlib.Path) -> tuple[dict, dict]:
     return rows, feedback
 
 
-# Chapters whose answers are called with more than tensors: 04 (a TinyLanguageModel and KVCaches,
-# appended to by the call) and 06 (a Triton kernel, launched as kernel[grid](...), writing its output).
-OBJECT_CHAPTERS = ("04_causal", "06_flash_attention")
-
-
-@pytest.mark.slow
-def test_models_caches_and_kernels_cross_as_data(dist, tmp_path):
-    from test_assignments import PLANTED
-
-    submissions = tmp_path / "submissions"
-    expected = {}
-    for chapter in OBJECT_CHAPTERS:
-        solution = dist / "autograder" / f"{chapter}.ipynb"
-        write(answers_only(solution), submissions / "solutions" / f"{chapter}.ipynb")
-        student = max(sorted(s for s in PLANTED if chapter in PLANTED[s]), key=lambda s: len(PLANTED[s][chapter]))
-        functions = PLANTED[student][chapter]
-        write(answers_only(solution, {name: code for name, (code, _, _) in functions.items()}),
-              submissions / student / f"{chapter}.ipynb")
-        expected[student, chapter] = functions
-    trusted = [] if in_ci() or sandbox.sandbox_problem() is None else ["--trusted"]
-    run_tool("tools/grade.py", str(submissions), "--autograders", str(dist / "autograder"), "--out",
-             str(tmp_path / "grades"), *trusted)
-    rows, feedback = results(tmp_path / "grades")
-    assert float(rows["solutions"]["total"]) == float(rows["solutions"]["possible"]) > 0
-    for (student, chapter), functions in expected.items():
-        questions = {q["name"]: q for q in feedback[student, chapter]["questions"]}
-        for _, question, hint in functions.values():
-            assert questions[question]["score"] < questions[question]["max_score"]
-            assert hint in questions[question]["output"], questions[question]["output"]
-
-
 # --- a class of hostile students -----------------------------------------------------------------
-# Each hands in chapter 02's answers (12 points when right) and one attack, placed before them
-# unless it replaces them. LIMITS are tight so that the class is graded in about a minute.
-
-LIMITS = ["--seconds", "25", "--cell-seconds", "3", "--call-seconds", "5", "--memory-gib", "2",
-          "--processes", "64", "--jobs", "2"]
+# Each hands in chapter 03's answers (11 points when right; its checks take a tenth of a second)
+# and one attack, placed before them unless it replaces them. LIMITS are tight so that the class
+# is graded in well under a minute.
+CHAPTER = "03_multi_head"
+LIMITS = ["--seconds", "15", "--cell-seconds", "3", "--call-seconds", "5", "--memory-gib", "2",
+          "--processes", "32", "--jobs", "2"]
 
 
 def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
@@ -228,13 +168,13 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
              "/etc/shadow", paths["checkout"]]
     targets = [paths["other"], paths["grades"] + "/pwned.txt", paths["package_init"], paths["checkout"] + "/pwned.txt",
                "/usr/pwned.txt"]
-    wrong_softmax = "def stable_softmax(scores):\n    return torch.zeros_like(scores)\n"
+    wrong_split = "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n    return qkv, qkv, qkv\n"
     return {
         "loops_forever": {"cell": "while True:\n    pass\n"},
         "ignores_the_clock": {"cell": "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
                                       "while True:\n    pass\n"},
-        "hangs_when_called": {"replace": {"stable_softmax": "def stable_softmax(scores):\n    while True:\n"
-                                                            "        pass\n"}},
+        "hangs_when_called": {"replace": {"split_fused_qkv": "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+                                                             "    while True:\n        pass\n"}},
         "memory_bomb": {"cell": "huge = torch.empty(2**40, dtype=torch.uint8)\n"},
         "memory_creep": {"cell": "hog = []\nwhile True:\n    hog.append(bytearray(2**26))\n",
                          "after": "del hog\n"},
@@ -263,29 +203,32 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
                                    "    except OSError as error:\n"
                                    "        written[path] = type(error).__name__\n"
                                    "print('WRITTEN', written)\n"},
-        "patches_the_checker": {"replace": {"stable_softmax": wrong_softmax},
-                                "cell": "import attn_course.checks.softmax, attn_course.checks.diagnosis\n"
-                                        "attn_course.checks.softmax.check_softmax = lambda *a, **k: True\n"
+        "patches_the_checker": {"replace": {"split_fused_qkv": wrong_split},
+                                "cell": "import attn_course.checks.heads, attn_course.checks.diagnosis\n"
+                                        "attn_course.checks.heads.check_split_fused_qkv = lambda *a, **k: True\n"
                                         "attn_course.checks.diagnosis.same = lambda *a, **k: True\n"
                                         "torch.allclose = lambda *a, **k: True\n"
                                         "torch.equal = lambda *a, **k: True\n"
-                                        "check_softmax = lambda *a, **k: True\n"},
-        "fakes_results": {"replace": {"stable_softmax": wrong_softmax},
-                          "cell": "import json\nfake = {'tests': [{'name': 'q1_stable_softmax', 'score': 2, "
+                                        "check_split_fused_qkv = lambda *a, **k: True\n"},
+        "fakes_results": {"replace": {"split_fused_qkv": wrong_split},
+                          "cell": "import json\nfake = {'tests': [{'name': 'q1_split_fused_qkv', 'score': 2, "
                                   "'max_score': 2}]}\n"
                                   f"for path in ['results.json', '/tmp/results.json', {paths['own_result']!r}]:\n"
                                   "    try:\n"
                                   "        open(path, 'w').write(json.dumps(fake))\n"
                                   "    except OSError:\n"
                                   "        pass\n"
-                                  "print('q1_stable_softmax results: All test cases passed!')\n"},
+                                  "print('q1_split_fused_qkv results: All test cases passed!')\n"},
         "floods_the_output": {"cell": "for _ in range(3):\n    print('x' * 10**8)\n"},
         "returns_junk": {"replace": {
-            "stable_softmax": "def stable_softmax(scores):\n    return torch.full_like(scores, float('nan'))\n",
-            "my_attention": "def my_attention(q, k, v, mask=None):\n    return (q @ k.transpose(-2, -1)).half()\n",
-            "predicted_score_std": "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n    return 'big'\n",
-            "fixed_attention": "def fixed_attention(q, k, v, mask):\n    return lambda: v\n",
-            "query_gradient": "def query_gradient(q, k, upstream):\n    return q.new_zeros(1, 1)\n",
+            "split_fused_qkv": "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+                               "    return (torch.full_like(qkv, float('nan')),) * 3\n",
+            "kv_cache_bytes": "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+                              "    return 'big'\n",
+            "fixed_multi_head_attention": "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+                                          "    return lambda: x\n",
+            "grouped_query_attention": "def grouped_query_attention(q, k, v):\n    return q.half()\n",
+            "mean_pool_kv_heads": "def mean_pool_kv_heads(w, num_heads, num_kv_heads):\n    return w.new_zeros(1, 1)\n",
         }},
         "fails_on_import": {"cell": "import a_module_that_does_not_exist\n", "first": True},
     }
@@ -312,20 +255,20 @@ def hostile_class(dist, tmp_path_factory):
     require_sandbox()
     base = tmp_path_factory.mktemp("hostile")
     submissions, grades = base / "submissions", base / "grades"
-    solution = dist / "autograder" / "02_formula.ipynb"
-    other = write(answers_only(solution), submissions / "honest" / "02_formula.ipynb")
+    solution = dist / "autograder" / f"{CHAPTER}.ipynb"
+    other = write_notebook(answers_only(solution), submissions / "honest" / f"{CHAPTER}.ipynb")
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     listener.setblocking(False)
-    paths = {"other": str(other), "hidden_tests": str(dist / "autograder" / "02_formula.zip"),
-             "master": str(ROOT / "notebooks" / "02_formula.ipynb"), "grades": str(grades),
+    paths = {"other": str(other), "hidden_tests": str(dist / "autograder" / f"{CHAPTER}.zip"),
+             "master": str(ROOT / "notebooks" / f"{CHAPTER}.ipynb"), "grades": str(grades),
              "checkout": str(ROOT), "package_init": str(ROOT / "attn_course" / "__init__.py"),
-             "own_result": str(grades / "fakes_results" / "02_formula.json")}
+             "own_result": str(grades / "fakes_results" / f"{CHAPTER}.json")}
     students = attacks(paths, listener.getsockname()[1])
     for student, attack in students.items():
-        write(hostile_notebook(solution, attack), submissions / student / "02_formula.ipynb")
-    watched = [other, ROOT / "attn_course" / "__init__.py", dist / "autograder" / "02_formula.zip"]
+        write_notebook(hostile_notebook(solution, attack), submissions / student / f"{CHAPTER}.ipynb")
+    watched = [other, ROOT / "attn_course" / "__init__.py", dist / "autograder" / f"{CHAPTER}.zip"]
     before = {path: digest(path) for path in watched}
     started = time.monotonic()
     output = run_tool("tools/grade.py", str(submissions), "--autograders", str(dist / "autograder"),
@@ -349,10 +292,14 @@ def score(hostile_class, student):
 
 
 def run_of(hostile_class, student):
-    return hostile_class["feedback"][student, "02_formula"]["run"]
+    return hostile_class["feedback"][student, CHAPTER]["run"]
 
 
-HONEST = 12.0
+def questions_of(hostile_class, student):
+    return {q["name"]: q for q in hostile_class["feedback"][student, CHAPTER]["questions"]}
+
+
+HONEST = 11.0
 
 
 @pytest.mark.slow
@@ -365,7 +312,7 @@ def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
 def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
     assert set(hostile_class["rows"]) == {"honest", *hostile_class["students"]}
     for student in hostile_class["rows"]:
-        assert run_of(hostile_class, student)["seconds"] < 25 + 15, student     # --seconds 25, plus the tests
+        assert run_of(hostile_class, student)["seconds"] < 15 + 10, student     # --seconds 15, plus the tests
     assert hostile_class["seconds"] < 240
 
 
@@ -374,9 +321,7 @@ def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
     ("loops_forever", HONEST, "stopped after 3 s, the time limit of one cell"),
     ("memory_bomb", HONEST, "RuntimeError"),
     ("memory_creep", HONEST, "MemoryError"),
-    ("fork_bomb", HONEST, "BlockingIOError"),
     ("connects_to_loopback", HONEST, "ConnectionRefusedError"),   # its own loopback: nothing listens
-    ("fails_on_import", 0.0, "ModuleNotFoundError"),
 ])
 def test_a_cell_that_breaks_a_limit_is_stopped_and_the_rest_is_graded(hostile_class, student, expected, reason):
     run = run_of(hostile_class, student)
@@ -385,10 +330,28 @@ def test_a_cell_that_breaks_a_limit_is_stopped_and_the_rest_is_graded(hostile_cl
 
 
 @pytest.mark.slow
+def test_a_failed_import_costs_the_answers_that_need_it(hostile_class):
+    # Its first cell fails before its imports: the answers that use them fail, naming what is missing.
+    run = run_of(hostile_class, "fails_on_import")
+    assert any("ModuleNotFoundError" in event["error"] for event in run["cell_errors"])
+    lost = [q for q in questions_of(hostile_class, "fails_on_import").values() if q["score"] < q["max_score"]]
+    assert lost and all("is not defined" in q["output"] for q in lost)
+    assert score(hostile_class, "fails_on_import") < HONEST
+
+
+@pytest.mark.slow
 def test_a_notebook_past_its_time_is_killed_with_the_reason(hostile_class):
     run = run_of(hostile_class, "ignores_the_clock")
     assert score(hostile_class, "ignores_the_clock") == 0
-    assert run["stopped"] == "stopped after 25 s, the time limit of the whole notebook"
+    assert run["stopped"] == "stopped after 15 s, the time limit of the whole notebook"
+
+
+@pytest.mark.slow
+def test_a_fork_bomb_is_stopped_at_its_process_limit(hostile_class):
+    # Stopped at once: its processes, all busy forking, would starve the notebooks graded alongside.
+    run = run_of(hostile_class, "fork_bomb")
+    assert score(hostile_class, "fork_bomb") == 0
+    assert run["stopped"] == "it reached its limit of 32 processes and threads" and run["seconds"] < 15
 
 
 @pytest.mark.slow
@@ -404,8 +367,7 @@ def test_memory_is_limited_for_all_processes_together(hostile_class):
 def test_an_answer_that_hangs_when_called_is_stopped(hostile_class):
     assert score(hostile_class, "hangs_when_called") == 0
     assert "ran past 5 s" in run_of(hostile_class, "hangs_when_called")["stopped"]
-    q1 = hostile_class["feedback"]["hangs_when_called", "02_formula"]["questions"][0]
-    assert "ran past 5 s" in q1["output"]
+    assert "ran past 5 s" in questions_of(hostile_class, "hangs_when_called")["q1_split_fused_qkv"]["output"]
 
 
 @pytest.mark.slow
@@ -443,10 +405,10 @@ def test_no_process_of_a_submission_outlives_its_grading(hostile_class):
 @pytest.mark.slow
 @pytest.mark.parametrize("student", ["patches_the_checker", "fakes_results"])
 def test_patching_the_checks_or_faking_results_earns_nothing(hostile_class, student):
-    assert score(hostile_class, student) == HONEST - 2                  # its stable_softmax is wrong
-    questions = {q["name"]: q for q in hostile_class["feedback"][student, "02_formula"]["questions"]}
-    assert questions["q1_stable_softmax"]["score"] == 0
-    assert "❌ Test case failed" in questions["q1_stable_softmax"]["output"]
+    questions = questions_of(hostile_class, student)
+    q1 = questions["q1_split_fused_qkv"]
+    assert score(hostile_class, student) == HONEST - q1["max_score"]      # its split_fused_qkv is wrong
+    assert q1["score"] == 0 and "❌ Test case failed" in q1["output"]
 
 
 @pytest.mark.slow
@@ -458,12 +420,11 @@ def test_a_flood_of_output_is_cut_short(hostile_class):
 
 @pytest.mark.slow
 def test_nan_wrong_dtypes_shapes_and_non_data_fail_with_their_diagnosis(hostile_class):
-    questions = {q["name"]: q for q in hostile_class["feedback"]["returns_junk", "02_formula"]["questions"]}
+    questions = questions_of(hostile_class, "returns_junk")
     assert score(hostile_class, "returns_junk") == 0
-    assert "NaN" in questions["q1_stable_softmax"]["output"]
-    assert "which is not data" in questions["q4_find_the_bug"]["output"]
+    assert "which is not data" in questions["q3_find_the_bug"]["output"]
     for question in questions.values():
-        assert "❌" in question["output"]
+        assert "❌" in question["output"] and "Traceback" not in question["output"]
 
 
 @pytest.mark.slow
@@ -476,3 +437,97 @@ def test_what_one_submission_changes_in_the_chapters_context_never_reaches_the_n
     first["sentence"].embeddings.mul_(0)                         # as a call's in-place change would
     assert second["sentence"].embeddings.abs().sum() > 0
     assert first["torch"] is second["torch"]                     # modules are shared, not copied
+
+
+# --- the proxies: a check calls the student's function as if it were its own ------------------
+
+PROXIED = '''
+import time
+import torch
+
+class NotMine(Exception):
+    pass
+
+def raises_value_error(x):
+    raise ValueError(f"bad x of shape {list(x.shape)}")
+
+def raises_its_own(x):
+    raise NotMine("mine")
+
+def returns_a_function(x):
+    return lambda: x
+
+def doubles_in_place(x):
+    x.mul_(2)
+    return None
+
+def grad_mode(x):
+    return torch.is_grad_enabled(), x.requires_grad
+
+def sleeps(seconds):
+    time.sleep(seconds)
+    return seconds
+
+answer = 42
+'''
+
+
+@pytest.fixture(scope="module")
+def proxied():
+    from attn_course.grading.remote import Submission
+
+    sandboxed = sandbox.sandbox_problem() is None or in_ci()
+    names = ["raises_value_error", "raises_its_own", "returns_a_function", "doubles_in_place", "grad_mode",
+             "answer", "undefined"]
+    with Submission([PROXIED], names, sandbox.Limits(), sandboxed=sandboxed) as submission:
+        yield submission, submission.answer_values()
+
+
+@pytest.mark.slow
+def test_answers_are_found_by_kind(proxied):
+    submission, answers = proxied
+    assert submission.kinds["answer"] == "value" and answers["answer"] == 42
+    assert submission.kinds["undefined"] == "missing" and "undefined" not in answers
+    assert submission.kinds["raises_value_error"] == "function"
+
+
+@pytest.mark.slow
+def test_the_students_exception_comes_back_with_its_name_and_message(proxied):
+    from attn_course.grading.remote import SubmissionError
+
+    _, answers = proxied
+    with pytest.raises(ValueError, match=r"^bad x of shape \[2, 3\]$"):
+        answers["raises_value_error"](torch.zeros(2, 3))
+    with pytest.raises(SubmissionError, match="^mine$") as raised:
+        answers["raises_its_own"](torch.zeros(1))
+    assert type(raised.value).__name__ == "NotMine"
+    with pytest.raises(TypeError, match="which is not data"):
+        answers["returns_a_function"](torch.zeros(1))
+
+
+@pytest.mark.slow
+def test_in_place_changes_and_grad_mode_are_the_callers(proxied):
+    _, answers = proxied
+    x = torch.ones(3)
+    assert answers["doubles_in_place"](x) is None and torch.equal(x, torch.full((3,), 2.0))
+    with torch.no_grad():
+        assert answers["grad_mode"](torch.ones(1, requires_grad=True)) == (False, True)
+    assert answers["grad_mode"](torch.ones(1)) == (True, False)
+
+
+@pytest.mark.slow
+def test_all_calls_together_get_the_notebooks_time():
+    from attn_course.grading.remote import Submission, SubmissionStopped
+
+    sandboxed = sandbox.sandbox_problem() is None or in_ci()
+    limits = sandbox.Limits(seconds=4, call_seconds=3)
+    with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
+        sleeps = submission.answer_values()["sleeps"]
+        assert sleeps(0.1) == 0.1
+        with pytest.raises(SubmissionStopped, match="ran past 3 s"):
+            sleeps(3.5)                                   # one call past --call-seconds
+    with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
+        sleeps = submission.answer_values()["sleeps"]
+        assert sleeps(2.5) == 2.5                         # within its 3 s...
+        with pytest.raises(SubmissionStopped, match="ran past 4 s in all"):
+            sleeps(2.5)                                   # ...but 5 s in all, past --seconds

@@ -43,6 +43,8 @@ from attn_course.grading.remote import Submission
 # generator and its thread setting, and each question's tests start from the same seed.
 _TESTS_ONE_AT_A_TIME = threading.Lock()
 TEST_SEED = 0
+#: A larger notebook is not read (the chapters' executed notebooks are under 2 MB).
+MAX_NOTEBOOK_BYTES = 64 * 2**20
 
 
 def _tree(source: str) -> ast.Module:
@@ -179,6 +181,9 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
     limits = limits or sandbox.Limits()
     started = time.monotonic()
     try:
+        size = pathlib.Path(notebook).stat().st_size
+        if size > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"{size} bytes, more than {MAX_NOTEBOOK_BYTES}")
         cells = [cell.source for cell in nbformat.read(notebook, as_version=4).cells if cell.cell_type == "code"]
         problem = None
     except Exception as error:  # noqa: BLE001 - an unreadable notebook scores 0, with the reason

@@ -138,6 +138,8 @@ def answer(namespace: dict, request: dict) -> dict:
                 target = target[request["index"]]
             value = target(*args, **kwargs)
         wire.encode(value)                    # data, or the error below
+    except wire.NotData as error:
+        return {"error": {"type": "TypeError", "message": f"it returned {error}"}}
     except BaseException as error:  # noqa: BLE001 - the student's exception, whatever it is, goes back as data
         return {"error": {"type": type(error).__name__, "message": str(error)[:2000]}}
     if request.get("index") is not None:

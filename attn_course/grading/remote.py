@@ -17,6 +17,7 @@ from __future__ import annotations
 import builtins
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -79,16 +80,19 @@ class Submission:
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=sandbox.environment(limits), cwd="/", preexec_fn=limits.set_in_this_process,
+            start_new_session=True,       # a process group of its own, killed whole (trusted runs too)
         )
         self._drain = threading.Thread(target=self._keep_output, daemon=True)
         self._drain.start()
         self.peak_memory_bytes = 0
-        self._watch = threading.Thread(target=self._watch_memory, daemon=True)
+        self._watch = threading.Thread(target=self._watch_limits, daemon=True)
         self._watch.start()
         self._send({"cells": list(cells), "answers": self.answers})
         reply = self._receive(deadline=self.started + limits.seconds,
                               late=f"stopped after {limits.seconds:g} s, the time limit of the whole notebook")
-        if reply is not None:
+        # The checks' calls of the answers get, in all, as long as the notebook had.
+        self._calls_deadline = time.monotonic() + limits.seconds
+        if isinstance(reply, dict):
             self.events = [event for event in reply.get("events", []) if isinstance(event, dict)][:100]
             kinds = reply.get("kinds", {})
             self.kinds = {name: kinds.get(name) if kinds.get(name) in ("function", "kernel", "value") else "missing"
@@ -121,9 +125,13 @@ class Submission:
             self._send(message)
         except wire.NotData as error:
             raise TypeError(f"the grader cannot send {error}") from None
-        seconds = self.limits.call_seconds
-        reply = self._receive(deadline=time.monotonic() + seconds,
-                              late=f"a call of {message.get('call', message.get('get'))} ran past {seconds:g} s")
+        seconds, name = self.limits.call_seconds, message.get("call", message.get("get"))
+        if time.monotonic() + seconds <= self._calls_deadline:
+            deadline, late = time.monotonic() + seconds, f"a call of {name} ran past {seconds:g} s"
+        else:
+            deadline = self._calls_deadline
+            late = f"the checks' calls of its answers ran past {self.limits.seconds:g} s in all"
+        reply = self._receive(deadline=deadline, late=late)
         if reply is None:
             raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}")
         if not isinstance(reply, dict):
@@ -138,8 +146,7 @@ class Submission:
 
     def close(self) -> None:
         """Kill the sandbox (and everything it started) and wait for it."""
-        if self._process.poll() is None:
-            self._process.kill()
+        self._kill()
         self._process.wait()
         if self._user:
             self._user.release()
@@ -202,9 +209,16 @@ class Submission:
     def _stop(self, reason: str) -> None:
         if self.stopped is None:
             self.stopped = reason
-        if self._process.poll() is None:
-            self._process.kill()
+        self._kill()
         return None
+
+    def _kill(self) -> None:
+        """SIGKILL to the whole process group. In the sandbox, bubblewrap's death ends its process
+        namespace, and every process in it; trusted, this ends what the notebook started too."""
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _exit_reason(self) -> str:
         try:
@@ -216,15 +230,26 @@ class Submission:
             return f"its process was killed by signal {names.get(-code, -code)}"
         return f"its process exited with code {code}"
 
-    def _watch_memory(self, every: float = 0.05) -> None:
-        """Kill the sandbox when all its processes together hold more than ``memory_bytes``.
+    def _watch_limits(self, every: float = 0.05) -> None:
+        """Kill the sandbox when all its processes together hold more than ``memory_bytes``, or
+        when it reaches its limit of processes (checked 20 times a second).
 
         Each process is held to that address space by RLIMIT_AS, but a notebook that forks many
         could still add up to more than the machine has; without cgroups, this watch is the limit
-        on the sum (checked 20 times a second, so it may be passed for a moment).
+        on the sum, and it may be passed for a moment. A notebook at its process limit is a fork
+        bomb: its processes, each busy forking, would take the CPU from every other notebook graded
+        at the same time, so it is stopped at once (the chapters use a few dozen at most).
         """
         while self._process.poll() is None:
-            resident = resident_bytes(self._process.pid)
+            pids = process_tree(self._process.pid)
+            if task_count(pids) >= self.limits.processes:
+                self._stop(f"it reached its limit of {self.limits.processes} processes and threads")
+                return
+            resident = resident_bytes(pids)
+            if resident > self.limits.memory_bytes:
+                # Resident memory counts the pages forked processes share once per process; the
+                # proportional share (PSS) counts each page once: slower to read, so read only now.
+                resident = proportional_bytes(pids)
             self.peak_memory_bytes = max(self.peak_memory_bytes, resident)
             if resident > self.limits.memory_bytes:
                 self._stop(f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB "
@@ -242,8 +267,8 @@ class Submission:
                 self._output += chunk[:room]
 
 
-def resident_bytes(root: int) -> int:
-    """Resident memory of process ``root`` and all its descendants (from /proc; 0 where it has none)."""
+def process_tree(root: int) -> list[int]:
+    """Process ``root`` and all its descendants (from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -253,13 +278,47 @@ def resident_bytes(root: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue                      # gone meanwhile, or not readable
             children.setdefault(parent, []).append(int(entry.name))
-    total, todo, page = 0, [root], os.sysconf("SC_PAGE_SIZE")
+    tree, todo = [], [root]
     while todo:
         pid = todo.pop()
+        tree.append(pid)
         todo += children.get(pid, [])
+    return tree
+
+
+def task_count(pids: list[int]) -> int:
+    """Processes and threads of ``pids`` (what RLIMIT_NPROC counts)."""
+    count = 0
+    for pid in pids:
+        try:
+            count += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            pass
+    return count
+
+
+def resident_bytes(pids: list[int]) -> int:
+    """Resident memory of ``pids`` added up (a page shared by several counts for each)."""
+    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/statm") as handle:
                 total += int(handle.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def proportional_bytes(pids: list[int]) -> int:
+    """Proportional set size of ``pids`` added up: each shared page divided among its sharers."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as handle:
+                for line in handle:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
         except (OSError, IndexError, ValueError):
             pass
     return total

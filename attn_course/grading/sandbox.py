@@ -43,7 +43,8 @@ class Limits:
     Args:
         seconds: wall time to run the whole notebook; the sandbox is killed after it.
         cell_seconds: wall time of one cell; the cell is stopped and the next one runs.
-        call_seconds: wall time of one call of an exercise function by a check.
+        call_seconds: wall time of one call of an exercise function by a check (and all the calls
+            together get ``seconds``).
         memory_bytes: address space of each process (RLIMIT_AS), and memory of all the
             notebook's processes together (resident; the grader watches it and kills the sandbox).
         processes: processes and threads at once, in the sandbox (RLIMIT_NPROC).
@@ -69,7 +70,7 @@ class Limits:
 
     def set_in_this_process(self) -> None:
         """The limits that ``setrlimit`` gives every process started from here on."""
-        cpu = int(self.seconds) + 1
+        cpu = 2 * int(self.seconds) + 1       # the notebook, then the checks' calls of its answers
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -121,18 +122,20 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
     for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "fonts"):
         if (pathlib.Path("/etc") / name).exists():
             options += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    # Private, writable by the sandbox's user (who may not be root); /dev/shm holds multiprocessing's
+    # semaphores and torch's shared tensors (chapter 09's processes). Mounted before the folders
+    # below, which may lie inside /tmp (a checkout cloned there) and must stay visible on top.
+    for private in ("/scratch", "/tmp", "/dev/shm"):
+        options += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", private]
     roots = readable_roots()
     # bubblewrap makes missing parent folders private (0700); the sandbox's user must pass through.
     parents = sorted({parent for root in roots for parent in root.parents if parent != pathlib.Path("/")})
     for parent in parents:
         if parent not in (pathlib.Path("/usr"), pathlib.Path("/tmp")) and pathlib.Path("/usr") not in parent.parents:
+            # (a folder inside /tmp is made on the sandbox's own /tmp, never the host's)
             options += ["--perms", "0755", "--dir", str(parent)]
     for root in roots:
         options += ["--ro-bind", str(root), str(root)]
-    # Writable by the sandbox's user, who may not be root; /dev/shm holds multiprocessing's
-    # semaphores and torch's shared tensors (chapter 09's processes).
-    for private in ("/scratch", "/tmp", "/dev/shm"):
-        options += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", private]
     options += ["--chdir", "/scratch"]
     if os.geteuid() == 0:
         # bubblewrap run by root starts the command as root without capabilities; the command drops
