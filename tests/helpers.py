@@ -51,13 +51,22 @@ def run_tool(*args: str) -> str:
 SANDBOX_SKIP = "sandbox tests skipped: "   # conftest.py folds these skips into one summary line
 
 
-def require_sandbox() -> None:
-    """Skip a test that needs bubblewrap where it cannot run (fail in CI, which installs it)."""
-    from attn_course.grading.sandbox import sandbox_problem
+def sandbox_installed() -> bool:
+    """Whether bubblewrap is installed: then the sandbox must work, and a test that finds it
+    broken fails rather than skips (or falls back to grading without it)."""
+    from attn_course.grading.sandbox import bubblewrap
 
+    return bubblewrap() is not None or in_ci()
+
+
+def require_sandbox() -> None:
+    """Skip a test that needs bubblewrap where it is not installed (fail in CI, which installs it,
+    and wherever it is installed but cannot start a sandbox)."""
+    from attn_course.grading.sandbox import INSTALL_HINT, sandbox_problem
+
+    if not sandbox_installed():
+        pytest.skip(SANDBOX_SKIP + "bubblewrap (bwrap) is not installed. " + INSTALL_HINT)
     problem = sandbox_problem()
-    if problem is None:
-        return
-    if in_ci():
-        pytest.fail(f"sandbox tests cannot run in CI: {problem} (.ci/run installs bubblewrap)", pytrace=False)
-    pytest.skip(SANDBOX_SKIP + problem)
+    if problem is not None:
+        where = "in CI (.ci/run installs bubblewrap)" if in_ci() else "although bubblewrap is installed"
+        pytest.fail(f"sandbox tests cannot run {where}: {problem}", pytrace=False)

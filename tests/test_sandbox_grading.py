@@ -30,7 +30,7 @@ from attn_course.grading import sandbox, wire
 from attn_course.kv_cache import KVCache
 from attn_course.language_model import LanguageModelConfig, TinyLanguageModel
 
-from helpers import ROOT, in_ci, require_sandbox, run_tool
+from helpers import ROOT, require_sandbox, run_tool, sandbox_installed
 
 # --- the messages: data only ----------------------------------------------------------------
 
@@ -476,7 +476,7 @@ answer = 42
 def proxied():
     from attn_course.grading.remote import Submission
 
-    sandboxed = sandbox.sandbox_problem() is None or in_ci()
+    sandboxed = sandbox_installed()
     names = ["raises_value_error", "raises_its_own", "returns_a_function", "doubles_in_place", "grad_mode",
              "answer", "undefined"]
     with Submission([PROXIED], names, sandbox.Limits(), sandboxed=sandboxed) as submission:
@@ -519,7 +519,7 @@ def test_in_place_changes_and_grad_mode_are_the_callers(proxied):
 def test_all_calls_together_get_the_notebooks_time():
     from attn_course.grading.remote import Submission, SubmissionStopped
 
-    sandboxed = sandbox.sandbox_problem() is None or in_ci()
+    sandboxed = sandbox_installed()
     limits = sandbox.Limits(seconds=4, call_seconds=3)
     with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
         sleeps = submission.answer_values()["sleeps"]
