@@ -70,14 +70,15 @@ test: lint venv
 	$(BIN)/python -m pytest $(NBVAL_FLAGS) tests notebooks
 
 # Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/, then grading, each
-# notebook in a bubblewrap sandbox (TRUSTED=1: without one, for trusted submissions only).
+# notebook in a bubblewrap sandbox (TRUSTED=1: without one, for trusted submissions only;
+# GRADE_ARGS="--seconds 300 --jobs 1": tools/grade.py's options, see INSTRUCTORS.md).
 assignments: venv
 	$(BIN)/python tools/assign.py --out dist
 
 grade: venv $(if $(wildcard dist/autograder/*.zip),,assignments)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student)"; exit 2; }
 	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades \
-		$(if $(filter-out 0,$(TRUSTED)),--trusted)
+		$(if $(filter-out 0,$(TRUSTED)),--trusted) $(GRADE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dist grades

@@ -200,7 +200,7 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
         "run": {
             "seconds": round(time.monotonic() - started, 2), "sandboxed": sandboxed,
             "stopped": problem or submission.stopped, "cell_errors": submission.events,
-            "peak_memory_bytes": submission.peak_memory_bytes,
+            "peak_memory_bytes": submission.peak_memory_bytes, "peak_processes": submission.peak_tasks,
             "output_bytes": submission.output_size, "output_start": submission.output[:2000],
         },
     }

@@ -47,7 +47,8 @@ class Limits:
             together get ``seconds``).
         memory_bytes: address space of each process (RLIMIT_AS), and memory of all the
             notebook's processes together (resident; the grader watches it and kills the sandbox).
-        processes: processes and threads at once, in the sandbox (RLIMIT_NPROC).
+        processes: processes and threads at once, in the sandbox (RLIMIT_NPROC); a notebook
+            that fills 90% of it is stopped as a fork bomb (chapter 09, the most, peaks near 23).
         scratch_bytes: size of ``/scratch``, ``/tmp`` and ``/dev/shm`` each.
         output_bytes: how much of what the notebook prints is kept in its result.
         threads: threads PyTorch may use (OMP_NUM_THREADS).
@@ -57,7 +58,7 @@ class Limits:
     cell_seconds: float = 300.0
     call_seconds: float = 60.0
     memory_bytes: int = 4 * 2**30
-    processes: int = 256
+    processes: int = 128
     scratch_bytes: int = 256 * 2**20
     output_bytes: int = 64 * 2**10
     threads: int = 1
