@@ -85,6 +85,7 @@ class Submission:
         self._drain = threading.Thread(target=self._keep_output, daemon=True)
         self._drain.start()
         self.peak_memory_bytes, self.peak_tasks = 0, 0
+        self._kill_lock = threading.Lock()
         self._watch = threading.Thread(target=self._watch_limits, daemon=True)
         self._watch.start()
         self._send({"cells": list(cells), "answers": self.answers})
@@ -147,7 +148,8 @@ class Submission:
     def close(self) -> None:
         """Kill the sandbox (and everything it started) and wait for it."""
         self._kill()
-        self._process.wait()
+        with self._kill_lock:
+            self._process.wait()
         if self._user:
             self._user.release()
             self._user = None
@@ -215,10 +217,14 @@ class Submission:
     def _kill(self) -> None:
         """SIGKILL to the whole process group. In the sandbox, bubblewrap's death ends its process
         namespace, and every process in it; trusted, this ends what the notebook started too."""
-        try:
-            os.killpg(self._process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # Under the lock, and only while the process is not yet collected: once collected, its
+        # number may be given to another process, whose group must never be killed.
+        with self._kill_lock:
+            if self._process.poll() is None:
+                try:
+                    os.killpg(self._process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def _exit_reason(self) -> str:
         try:
