@@ -336,6 +336,14 @@ def grade_rows(graded: pathlib.Path) -> dict[str, dict[str, str]]:
         return {row["student"]: row for row in csv.DictReader(handle)}
 
 
+def planted_in(chapters: tuple[str, ...]):
+    """(student, chapter, the questions it planted mistakes in) for each graded planted notebook of ``chapters``."""
+    for student, by_chapter in GRADED_PLANTED.items():
+        for chapter, functions in by_chapter.items():
+            if chapter in chapters:
+                yield student, chapter, {question for _, question, _ in functions.values()}
+
+
 @grading
 def test_csv_has_a_row_per_student_and_a_column_per_question(graded):
     rows = grade_rows(graded)
@@ -364,14 +372,10 @@ def test_untouched_questions_score_zero_without_crashing(graded):
     # (the student notebook's "..."): otter must run the whole notebook and give them 0.
     rows = grade_rows(graded)
     untouched = []
-    for student, chapters in GRADED_PLANTED.items():
-        for chapter, functions in chapters.items():
-            if chapter not in WHOLE_NOTEBOOK_CHAPTERS:
-                continue
-            planted_questions = {question for _, question, _ in functions.values()}
-            master = ROOT / "notebooks" / f"{chapter}.ipynb"
-            untouched += [float(rows[student][f"{chapter}:{name}"]) for name, _ in questions(master)
-                          if name not in planted_questions]
+    for student, chapter, planted_questions in planted_in(WHOLE_NOTEBOOK_CHAPTERS):
+        master = ROOT / "notebooks" / f"{chapter}.ipynb"
+        untouched += [float(rows[student][f"{chapter}:{name}"]) for name, _ in questions(master)
+                      if name not in planted_questions]
     # (Planted students leave few questions untouched; every untouched answer of every chapter is
     # checked without otter by test_untouched_answers_fail_their_public_checks.)
     assert untouched and all(score == 0 for score in untouched), untouched
@@ -418,13 +422,10 @@ def test_a_planted_mistake_costs_only_its_own_question(graded):
     # In the answers-only notebooks every other answer is the solution: full marks for those.
     rows = grade_rows(graded)
     kept = []
-    for student, chapters in GRADED_PLANTED.items():
-        for chapter, functions in chapters.items():
-            if chapter in ANSWERS_ONLY_CHAPTERS:
-                planted_questions = {question for _, question, _ in functions.values()}
-                feedback = json.loads((graded / student / f"{chapter}.json").read_text())["questions"]
-                kept += [(float(rows[student][f"{chapter}:{q['name']}"]), q["max_score"]) for q in feedback
-                         if q["name"] not in planted_questions]
+    for student, chapter, planted_questions in planted_in(ANSWERS_ONLY_CHAPTERS):
+        feedback = json.loads((graded / student / f"{chapter}.json").read_text())["questions"]
+        kept += [(float(rows[student][f"{chapter}:{q['name']}"]), q["max_score"]) for q in feedback
+                 if q["name"] not in planted_questions]
     assert kept and all(score == possible for score, possible in kept), kept
 
 
