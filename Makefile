@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # course machines instead of resolving a multi-GB CUDA build. On a GPU box, override:
 #   make lab TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= notebooks,grading,test
+EXTRAS     ?= notebooks,grading,site,test
 # The .venv's kernelspec comes first, ahead of any user-level "python3" kernel.
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 # Keep runs offline and reproducible.
