@@ -10,10 +10,13 @@ notebook, and under plain pytest, where a test can set ``scale_slider.value`` an
   formula) to see the softmax sharpen or flatten.
 * :func:`query_explorer`: pick a query token of any sentence and see where its
   attention goes, for any attention map (the toy one, or a real BERT head).
+* :func:`head_view` (from :mod:`attn_course.head_view`, an anywidget): every head of a model at
+  once, and one head's lines from each token to the tokens it reads from.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 from collections.abc import Sequence
@@ -23,10 +26,11 @@ import torch
 from matplotlib.figure import Figure
 
 from attn_course import _validate
+from attn_course.head_view import HeadView, head_view
 from attn_course.plots import figure_png, weight_bars
 from attn_course.toy_sentence import ToySentence, bank_sentence
 
-__all__ = ["ScalingWalkthrough", "QueryExplorer", "scaling_walkthrough", "query_explorer"]
+__all__ = ["ScalingWalkthrough", "QueryExplorer", "HeadView", "scaling_walkthrough", "query_explorer", "head_view"]
 
 SCALING_HINT = (
     "τ is the number the raw scores are divided by (√d_k in the formula). A lower τ "
@@ -72,7 +76,19 @@ def _bar_chart_png(tokens: Sequence[str], weights: torch.Tensor, highlight: int,
     return figure_png(figure, dpi=80)
 
 
-class ScalingWalkthrough(widgets.VBox):
+class _ChartAsPicture:
+    """Widgets that end in a chart also offer it as ``image/png``: a static picture of the widget
+    as it stands, for pages without a widget manager (the course's website, an exported
+    notebook). JupyterLab and the other front ends still draw the live widget."""
+
+    def _repr_mimebundle_(self, **kwargs):
+        data = super()._repr_mimebundle_(**kwargs)
+        if data is not None and self.chart.value:
+            data["image/png"] = base64.b64encode(self.chart.value).decode("ascii")
+        return data
+
+
+class ScalingWalkthrough(_ChartAsPicture, widgets.VBox):
     """The scaling walkthrough: query selector, temperature slider, softmax weights.
 
     Attributes:
@@ -170,7 +186,7 @@ class ScalingWalkthrough(widgets.VBox):
         )
 
 
-class QueryExplorer(widgets.VBox):
+class QueryExplorer(_ChartAsPicture, widgets.VBox):
     """Pick a query token and see its row of an attention map.
 
     Attributes:
