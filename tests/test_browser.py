@@ -135,11 +135,15 @@ def browser(chromium):
         launched.close()
 
 
-def open_notebook(browser, lab: Lab, notebook: str):
+def open_notebook(browser, lab: Lab, notebook: str, requests: list[str] | None = None):
     """Open ``notebook`` (a path under the lab's root) in a workspace of its own and wait until
-    its kernel has started and is idle; return the page."""
+    its kernel has started and is idle; return the page. ``requests``, if given, collects the URL
+    of every request the page makes, web sockets included, from the first one on."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(TIMEOUT_MS)
+    if requests is not None:
+        page.on("request", lambda request: requests.append(request.url))
+        page.on("websocket", lambda socket: requests.append(socket.url))
     # A workspace of its own, reset: no tab left open by another test.
     workspace = re.sub(r"[^A-Za-z0-9]+", "-", notebook.removesuffix(".ipynb"))
     try:
@@ -170,9 +174,9 @@ def screenshot_on_failure(page, name: str):
     page.screenshot(path=str(ARTIFACTS / f"{name}-failure.png"))
 
 
-def open_and_run_all(browser, lab: Lab, notebook: str, widget_selector: str):
+def open_and_run_all(browser, lab: Lab, notebook: str, widget_selector: str, requests: list[str] | None = None):
     """Open ``notebook`` in JupyterLab, run every cell, wait for the widget; return the page."""
-    page = open_notebook(browser, lab, notebook)
+    page = open_notebook(browser, lab, notebook, requests)
     try:
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
         page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
@@ -266,9 +270,25 @@ def test_scaling_walkthrough_in_jupyterlab(browser, lab):
     page.close()
 
 
+class RanChapter(NamedTuple):
+    page: object                # Playwright's Page, every cell run
+    requests: list[str]         # every URL the page asked for, from the start
+
+
+@pytest.fixture(scope="module")
+def chapter_01(browser, lab):
+    """Chapter 01 opened in JupyterLab and run from top to bottom, once for the tests of both of
+    its widgets (a run takes about 20 s)."""
+    requests: list[str] = []
+    page, _ = open_and_run_all(browser, lab, "01_intuition.ipynb", ".query-explorer", requests)
+    yield RanChapter(page, requests)
+    page.close()
+
+
 @pytest.mark.slow
-def test_query_explorer_in_jupyterlab(browser, lab):
-    page, widget = open_and_run_all(browser, lab, "01_intuition.ipynb", ".query-explorer")
+def test_query_explorer_in_jupyterlab(chapter_01):
+    widget = chapter_01.page.locator(".query-explorer").first
+    widget.scroll_into_view_if_needed()
     sentence = bank_sentence()
     scores = sentence.queries.double() @ sentence.keys.double().T / math.sqrt(sentence.d_k)
     weights = torch.softmax(scores, dim=-1)                                      # [N, N], computed here
@@ -290,7 +310,50 @@ def test_query_explorer_in_jupyterlab(browser, lab):
 
     ARTIFACTS.mkdir(exist_ok=True)
     widget.screenshot(path=str(ARTIFACTS / "01_query_explorer.png"))
-    page.close()
+
+
+@pytest.mark.slow
+def test_head_view_in_jupyterlab(chapter_01, lab):
+    """Chapter 01's head view of MiniLM on the bank sentence, drawn by anywidget from the kernel:
+    select layer 0, head 4, point at "bank", read the weight written next to "river", and compare
+    it with the model's own weight, computed here. Nothing but the local server is asked for."""
+    from attn_course.bert import load_pretrained
+
+    model, tokenizer = load_pretrained()
+    batch = tokenizer("The bank of the river was muddy.")
+    tokens = batch.tokens[0]
+    bank, river = tokens.index("bank"), tokens.index("river")
+    with torch.no_grad():
+        attentions = model(batch.input_ids).attentions                       # [L] of [1, H, N, N]
+
+    page = chapter_01.page
+    # Drawn by anywidget (the widget-view output), not by the text/html fallback next to it.
+    widget_output = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.widget-view+json"]'
+    view = page.locator(f"{widget_output} .attn-head-view").first
+    view.scroll_into_view_if_needed()
+    layer, head = view.locator("select[data-control=layer]"), view.locator("select[data-control=head]")
+    key_weight = view.locator(f'.hv-keys .hv-token[data-index="{river}"] .hv-weight')
+    query = view.locator(f'.hv-queries .hv-token[data-index="{bank}"]')
+    try:
+        assert view.locator("canvas.hv-thumb").count() == 72
+        # Somewhere else first, so that selecting layer 0, head 4 is a change the page must draw.
+        for selected_layer, selected_head in [(3, 7), (0, 4)]:
+            layer.select_option(str(selected_layer))
+            head.select_option(str(selected_head))
+            query.hover()
+            expected = float(attentions[selected_layer][0, selected_head, bank, river])
+            page.wait_for_function("([node, text]) => node.textContent === text",
+                                   arg=[key_weight.element_handle(), f"{expected:.3f}"], timeout=10_000)
+            assert float(key_weight.text_content()) == pytest.approx(expected, abs=6e-4)
+        ARTIFACTS.mkdir(exist_ok=True)
+        view.screenshot(path=str(ARTIFACTS / "01_head_view.png"))
+    except Exception:
+        screenshot_on_failure(page, "01_head_view")
+        raise
+    assert float(attentions[0][0, 4, bank, river]) == pytest.approx(0.5232, abs=1e-4)   # the chapter's 0.52
+    # Every request went to this JupyterLab (http and its web sockets), or stayed in the page.
+    local = (lab.base, lab.base.replace("http://", "ws://"), "blob:", "data:")
+    assert chapter_01.requests and [url for url in chapter_01.requests if not url.startswith(local)] == []
 
 
 # --- opening a chapter changes nothing -----------------------------------------------------
@@ -429,7 +492,7 @@ def outcome_counts(completed: subprocess.CompletedProcess) -> dict[str, int]:
 def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
     """End to end, fixtures included: nothing may try to launch a browser that is not there."""
     missing = str(tmp_path / "no-chromium")
-    browser_tests = 2 + len(OPENED)
+    browser_tests = 3 + len(OPENED)
 
     # Both runs at once: each spends its few seconds importing torch.
     running = [start_browser_tests(ATTN_COURSE_CHROMIUM=missing),
