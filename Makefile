@@ -25,7 +25,7 @@ KERNEL_DISPLAY_NAME := Python 3 (ipykernel)
 # JupyterLab settings for this course: never ask about, or fetch, the Jupyter news feed.
 OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
-.PHONY: venv lab test lint unit notebooks execute assignments grade clean
+.PHONY: venv lab test lint unit notebooks execute assignments grade site clean
 
 venv: $(STAMP) $(KERNEL) $(OVERRIDES)
 
@@ -79,6 +79,11 @@ grade: venv $(if $(wildcard dist/autograder/*.zip),,assignments)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student)"; exit 2; }
 	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades \
 		$(if $(filter-out 0,$(TRUSTED)),--trusted) $(GRADE_ARGS)
+
+# The course as a static website in build/site/ (README: "The course as a website"), built from
+# the committed, executed chapters without running them; the students' version of the exercises.
+site: venv
+	$(BIN)/python tools/site.py --out build/site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dist grades
