@@ -424,7 +424,7 @@ def fetch(url: str) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-def test_pages_in_chromium(built, served, browser):
+def test_pages_in_chromium(browser, built, served):
     """The front page and every chapter: requests, plots, formulas, links, scripts."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pages = [("index", "index.html", 0)] + [(c.stem, f"notebooks/{c.stem}.html", expected_images(c))
