@@ -17,7 +17,9 @@ It is an `anywidget <https://anywidget.dev>`_ widget whose JavaScript and CSS li
 with the weights, and fetches nothing, from a CDN or anywhere else. Where no widget manager runs
 (a static website built from the notebooks, a notebook exported to HTML, a viewer without a
 kernel), the output's ``text/html`` carries the same script, the weights and a stand-in for the
-widget model, so the view is just as interactive there: see :meth:`HeadView.static_html`.
+widget model, so the view is just as interactive there: see :meth:`HeadView.static_html`. (A
+notebook that JupyterLab does not trust, one opened before any of its cells ran here, shows a
+sentence saying so instead: JupyterLab removes scripts from such outputs.)
 
 The traits ``layer``, ``head`` and ``token`` (the pinned query, ``-1`` for none) are synced both
 ways: a notebook can set ``view.layer = 0`` and read what the page selected.
@@ -26,6 +28,7 @@ ways: a notebook can set ``view.layer = 0`` and read what the page selected.
 from __future__ import annotations
 
 import hashlib
+import html
 import importlib.resources
 import json
 from collections.abc import Sequence
@@ -46,6 +49,11 @@ MAX_TOKENS = 128
 MAX_WEIGHTS = 2_000_000
 # Weights are sent with 4 decimals (the page shows 3): enough to read, a third of the bytes.
 DECIMALS = 4
+
+
+def _count(number: int, noun: str, plural: str | None = None) -> str:
+    """``1 layer``, ``6 layers``, ``10 queries``."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def _as_layers(where: str, attentions: object, sequence: int) -> torch.Tensor:
@@ -152,12 +160,19 @@ class HeadView(anywidget.AnyWidget):
         # Named after its content: the same view gives the same HTML, run after run.
         name = "attn-head-view-" + hashlib.sha256(state.encode()).hexdigest()[:12]
         script = _SCRIPT.replace(_EXPORT, "")
-        return (f'<div id="{name}"></div>\n<style>{_STYLE}</style>\n<script>\n(function () {{\n{script}\n'
+        # Shown where the script does not run (JupyterLab strips scripts from the outputs of a
+        # notebook it does not trust): a sentence rather than a blank; the script replaces it.
+        placeholder = (f"Head view: {_count(self.num_layers, 'layer')} x {_count(self.num_heads, 'head')} over "
+                       f"{_count(len(self.tokens), 'token')}. "
+                       "It is drawn by a script that has not run here: run the cell, or trust the notebook.")
+        return (f'<div id="{name}"><p class="attn-head-view-placeholder">{html.escape(placeholder)}</p></div>\n'
+                f'<style>{_STYLE}</style>\n<script>\n(function () {{\n{script}\n'
                 f'render({{ model: staticModel({state}), el: document.getElementById("{name}") }});\n}})();\n</script>')
 
     def __repr__(self) -> str:
-        return (f"HeadView({self.num_layers} layers x {self.num_heads} heads, {len(self.tokens)} queries x "
-                f"{len(self.key_tokens)} keys; layer {self.layer}, head {self.head})")
+        return (f"HeadView({_count(self.num_layers, 'layer')} x {_count(self.num_heads, 'head')}, "
+                f"{_count(len(self.tokens), 'query', 'queries')} x {_count(len(self.key_tokens), 'key')}; "
+                f"layer {self.layer}, head {self.head})")
 
     def _repr_mimebundle_(self, **kwargs):
         data, metadata = super()._repr_mimebundle_(**kwargs)
