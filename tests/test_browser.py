@@ -270,6 +270,11 @@ def test_scaling_walkthrough_in_jupyterlab(browser, lab):
     page.close()
 
 
+# An output that a widget drew (JupyterLab gives the outputs it renders from a MIME type a
+# data-mime-type attribute, and a widget's panel none).
+WIDGET_OUTPUT = ".jp-OutputArea-output:not([data-mime-type])"
+
+
 class RanChapter(NamedTuple):
     page: object                # Playwright's Page, every cell run
     requests: list[str]         # every URL the page asked for, from the start
@@ -327,9 +332,9 @@ def test_head_view_in_jupyterlab(chapter_01, lab):
         attentions = model(batch.input_ids).attentions                       # [L] of [1, H, N, N]
 
     page = chapter_01.page
-    # Drawn by anywidget (the widget-view output), not by the text/html fallback next to it.
-    widget_output = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.widget-view+json"]'
-    view = page.locator(f"{widget_output} .attn-head-view").first
+    # Drawn by anywidget, not by the text/html fallback next to it: JupyterLab marks an output it
+    # renders from a MIME type with data-mime-type, and a widget's output (a panel) without it.
+    view = page.locator(f"{WIDGET_OUTPUT} .attn-head-view").first
     view.scroll_into_view_if_needed()
     layer, head = view.locator("select[data-control=layer]"), view.locator("select[data-control=head]")
     key_weight = view.locator(f'.hv-keys .hv-token[data-index="{river}"] .hv-weight')
@@ -354,6 +359,41 @@ def test_head_view_in_jupyterlab(chapter_01, lab):
     # Every request went to this JupyterLab (http and its web sockets), or stayed in the page.
     local = (lab.base, lab.base.replace("http://", "ws://"), "blob:", "data:")
     assert chapter_01.requests and [url for url in chapter_01.requests if not url.startswith(local)] == []
+
+
+@pytest.mark.slow
+def test_head_view_renders_from_the_saved_widget_state(browser, lab):
+    """Chapter 07 opened, nothing run. Not yet trusted, JupyterLab shows each head view's text/html
+    with its script removed: a sentence that says so, not a blank. Trusted, it draws both views
+    with anywidget from the widget state saved in the notebook (the script travels inside it),
+    with no kernel call, and they respond to the pointer."""
+    notebook = fresh_copy(lab, ROOT / "notebooks" / "07_transformer_bert.ipynb")
+    page = open_notebook(browser, lab, notebook)
+    try:
+        untrusted = ".jp-OutputArea-output[data-mime-type='text/html'] .attn-head-view-placeholder"
+        page.wait_for_function(f'document.querySelectorAll("{untrusted}").length === 2')
+        placeholders = page.locator(untrusted)
+        assert placeholders.first.text_content().startswith("Head view: 6 layers x 12 heads over 10 tokens.")
+
+        page.keyboard.press("Control+Shift+C")                  # the command palette
+        page.keyboard.type("Trust Notebook")
+        page.keyboard.press("Enter")
+        page.locator(".jp-Dialog .jp-Dialog-button", has_text=re.compile(r"^Trust$")).click()
+        page.wait_for_function(f"document.querySelectorAll('{WIDGET_OUTPUT} .attn-head-view').length === 2")
+        control = page.locator(f"{WIDGET_OUTPUT} .attn-head-view").nth(1)     # "The bank approved the loan."
+        control.scroll_into_view_if_needed()
+        control.locator('.hv-queries .hv-token[data-index="2"]').hover()       # "bank"
+        loan = control.locator('.hv-keys .hv-token[data-index="5"]')
+        assert loan.locator(".hv-label").text_content() == "loan"
+        assert float(loan.locator(".hv-weight").text_content()) == pytest.approx(0.294, abs=6e-4)   # the chapter's 0.29
+        ARTIFACTS.mkdir(exist_ok=True)
+        control.screenshot(path=str(ARTIFACTS / "07_head_view_saved_state.png"))
+    except Exception:
+        screenshot_on_failure(page, "07_head_view_saved_state")
+        raise
+    finally:
+        page.close()
+    shut_down_kernel(lab, notebook)
 
 
 # --- opening a chapter changes nothing -----------------------------------------------------
@@ -492,7 +532,7 @@ def outcome_counts(completed: subprocess.CompletedProcess) -> dict[str, int]:
 def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
     """End to end, fixtures included: nothing may try to launch a browser that is not there."""
     missing = str(tmp_path / "no-chromium")
-    browser_tests = 3 + len(OPENED)
+    browser_tests = 4 + len(OPENED)
 
     # Both runs at once: each spends its few seconds importing torch.
     running = [start_browser_tests(ATTN_COURSE_CHROMIUM=missing),
