@@ -350,6 +350,8 @@ def test_head_view_in_jupyterlab(chapter_01, lab):
             page.wait_for_function("([node, text]) => node.textContent === text",
                                    arg=[key_weight.element_handle(), f"{expected:.3f}"], timeout=10_000)
             assert float(key_weight.text_content()) == pytest.approx(expected, abs=6e-4)
+        query.click()                       # pinned, so that the screenshot shows its row
+        page.mouse.move(0, 0)
         ARTIFACTS.mkdir(exist_ok=True)
         view.screenshot(path=str(ARTIFACTS / "01_head_view.png"))
     except Exception:
@@ -382,10 +384,13 @@ def test_head_view_renders_from_the_saved_widget_state(browser, lab):
         page.wait_for_function(f"document.querySelectorAll('{WIDGET_OUTPUT} .attn-head-view').length === 2")
         control = page.locator(f"{WIDGET_OUTPUT} .attn-head-view").nth(1)     # "The bank approved the loan."
         control.scroll_into_view_if_needed()
-        control.locator('.hv-queries .hv-token[data-index="2"]').hover()       # "bank"
+        bank = control.locator('.hv-queries .hv-token[data-index="2"]')
+        bank.hover()
         loan = control.locator('.hv-keys .hv-token[data-index="5"]')
         assert loan.locator(".hv-label").text_content() == "loan"
         assert float(loan.locator(".hv-weight").text_content()) == pytest.approx(0.294, abs=6e-4)   # the chapter's 0.29
+        bank.click()                        # pinned, so that the screenshot shows its row
+        page.mouse.move(0, 0)
         ARTIFACTS.mkdir(exist_ok=True)
         control.screenshot(path=str(ARTIFACTS / "07_head_view_saved_state.png"))
     except Exception:

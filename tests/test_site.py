@@ -464,8 +464,12 @@ def test_pages_in_chromium(browser, built, served):
         if name == "07_transformer_bert":
             # Interactive from the page's own script: "bank" -> "loan" in layer 0, head 4, as printed.
             control = page.locator(".attn-head-view").nth(1)
-            control.locator('.hv-queries .hv-token[data-index="2"]').hover()
+            bank = control.locator('.hv-queries .hv-token[data-index="2"]')
+            bank.hover()
             loan_weight = float(control.locator('.hv-keys .hv-token[data-index="5"] .hv-weight').text_content())
+            # Pinned by a click, with the pointer away: the screenshot's scrolling cannot point elsewhere.
+            bank.click()
+            page.mouse.move(0, 0)
             control.screenshot(path=str(ARTIFACTS / "07_head_view.png"))
         page.close()
         assert placeholders == 0, f"{name}: a head view whose script did not run"
