@@ -275,6 +275,15 @@ def test_scaling_walkthrough_in_jupyterlab(browser, lab):
 WIDGET_OUTPUT = ".jp-OutputArea-output:not([data-mime-type])"
 
 
+def screenshot_pinned(page, view, query, name: str) -> None:
+    """A screenshot of a head ``view`` with ``query``'s row pinned by a click and the pointer moved
+    away: scrolling for the screenshot would otherwise put another token under the pointer."""
+    query.click()
+    page.mouse.move(0, 0)
+    ARTIFACTS.mkdir(exist_ok=True)
+    view.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
 class RanChapter(NamedTuple):
     page: object                # Playwright's Page, every cell run
     requests: list[str]         # every URL the page asked for, from the start
@@ -350,10 +359,7 @@ def test_head_view_in_jupyterlab(chapter_01, lab):
             page.wait_for_function("([node, text]) => node.textContent === text",
                                    arg=[key_weight.element_handle(), f"{expected:.3f}"], timeout=10_000)
             assert float(key_weight.text_content()) == pytest.approx(expected, abs=6e-4)
-        query.click()                       # pinned, so that the screenshot shows its row
-        page.mouse.move(0, 0)
-        ARTIFACTS.mkdir(exist_ok=True)
-        view.screenshot(path=str(ARTIFACTS / "01_head_view.png"))
+        screenshot_pinned(page, view, query, "01_head_view")
     except Exception:
         screenshot_on_failure(page, "01_head_view")
         raise
@@ -389,10 +395,7 @@ def test_head_view_renders_from_the_saved_widget_state(browser, lab):
         loan = control.locator('.hv-keys .hv-token[data-index="5"]')
         assert loan.locator(".hv-label").text_content() == "loan"
         assert float(loan.locator(".hv-weight").text_content()) == pytest.approx(0.294, abs=6e-4)   # the chapter's 0.29
-        bank.click()                        # pinned, so that the screenshot shows its row
-        page.mouse.move(0, 0)
-        ARTIFACTS.mkdir(exist_ok=True)
-        control.screenshot(path=str(ARTIFACTS / "07_head_view_saved_state.png"))
+        screenshot_pinned(page, control, bank, "07_head_view_saved_state")
     except Exception:
         screenshot_on_failure(page, "07_head_view_saved_state")
         raise
