@@ -21,6 +21,11 @@ widget model, so the view is just as interactive there: see :meth:`HeadView.stat
 notebook that JupyterLab does not trust, one opened before any of its cells ran here, shows a
 sentence saying so instead: JupyterLab removes scripts from such outputs.)
 
+Front ends: JupyterLab 4 (tested by tests/test_browser.py) and Notebook 7 (7.6.5, checked by
+hand) draw it from the kernel with nothing fetched. VS Code and Google Colab are among the front
+ends anywidget's README names; on Colab, ``google.colab.output.enable_custom_widget_manager()``
+(which anywidget calls there) loads the widget manager's code from the web, by Colab's design.
+
 The traits ``layer``, ``head`` and ``token`` (the pinned query, ``-1`` for none) are synced both
 ways: a notebook can set ``view.layer = 0`` and read what the page selected.
 """
