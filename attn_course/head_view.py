@@ -145,10 +145,12 @@ class HeadView(anywidget.AnyWidget):
 
     def weight(self, query: int, key: int, *, layer: int | None = None, head: int | None = None) -> float:
         """The weight the page shows for ``query`` -> ``key`` (default: the selected head)."""
-        layer = self.layer if layer is None else self._in_range("layer", layer, self.num_layers)
-        head = self.head if head is None else self._in_range("head", head, self.num_heads)
-        query = self._in_range("query", query, len(self.tokens))
-        key = self._in_range("key", key, len(self.key_tokens))
+        def index(name: str, value: object, count: int) -> int:
+            return self._in_range(name, _validate.integer("HeadView.weight", name, value), count)
+
+        layer = self.layer if layer is None else index("layer", layer, self.num_layers)
+        head = self.head if head is None else index("head", head, self.num_heads)
+        query, key = index("query", query, len(self.tokens)), index("key", key, len(self.key_tokens))
         return self.weights[layer][head][query][key]
 
     def state(self) -> dict:

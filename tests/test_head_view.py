@@ -105,6 +105,10 @@ def test_layer_and_head_start_where_asked_and_are_checked():
         view.token = 9
     view.token = 3
     assert view.token == 3
+    with pytest.raises(TypeError, match=r"HeadView.weight: query must be an int, got float"):
+        view.weight(0.5, 1)
+    with pytest.raises(ValueError, match=r"HeadView: key must be in \[0, 4\), got 4"):
+        view.weight(0, 4)
 
 
 # --- clear errors --------------------------------------------------------------------------
