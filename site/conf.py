@@ -10,6 +10,7 @@ fonts, no analytics), so MathJax and the theme's assets are served from the site
 from __future__ import annotations
 
 import pathlib
+import re
 import sys
 
 if sys.version_info >= (3, 11):
@@ -21,7 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 
 project = PROJECT["name"]
-html_title = "attn-course: self-attention, from intuition to a GPU kernel"
+# The course's title is README.md's first heading, as on the front page (tools/site.py).
+html_title = re.search(r"^# (.+)$", (ROOT / "README.md").read_text(encoding="utf-8"), re.MULTILINE).group(1).strip()
 release = version = PROJECT["version"]
 
 extensions = [

@@ -39,6 +39,26 @@ def dist(tmp_path_factory) -> pathlib.Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Chromium's path (tests/test_browser.py's require_browser: skip without it, fail in CI)."""
+    from test_browser import require_browser
+
+    return require_browser()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """Chromium driven by Playwright, launched once per test file that asks for it."""
+    from playwright.sync_api import sync_playwright
+    from test_browser import CHROMIUM_FLAGS
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield launched
+        launched.close()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Report the browser tests' skip at their file rather than at each test's line, so that

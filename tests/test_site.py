@@ -395,19 +395,6 @@ def test_every_page_is_built_and_no_page_asks_another_machine(built):
         assert not remote.search(page.read_text(encoding="utf-8")), page.relative_to(built)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from test_browser import CHROMIUM_FLAGS, require_browser
-
-    chromium = require_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        yield launched
-        launched.close()
-
-
 def expected_images(chapter: pathlib.Path) -> int:
     """Plots the chapter's page must show: outputs whose best representation is an image."""
     notebook = site_tool().student_notebook(nbformat.read(chapter, as_version=4), chapter.name)
