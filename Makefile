@@ -55,7 +55,7 @@ lint: venv
 
 # Every chapter re-run in this environment and compared, output by output, with the
 # committed one; round-off in "max difference" lines is normalised (see the .cfg file).
-NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/course/nbval_sanitize.cfg
 
 # The quick loop while editing (under 2 minutes on 2 cores): everything but the tests
 # marked slow (browser, otter grading, Triton's compiler, the real BERT).

@@ -22,7 +22,7 @@ settings.register_profile("attn_course", database=None)
 settings.load_profile("attn_course")
 
 
-BROWSER_SKIP = "browser tests skipped: "   # the reason tests/test_browser.py's require_browser() gives
+BROWSER_SKIP = "browser tests skipped: "   # the reason tests/support/browser.py's require_browser() gives
 FOLDED_SKIPS = (BROWSER_SKIP, "sandbox tests skipped: ")   # and helpers.require_sandbox()'s
 HAS_OTTER = (pathlib.Path(sys.executable).parent / "otter").exists()
 
@@ -41,8 +41,8 @@ def dist(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """Chromium's path (tests/test_browser.py's require_browser: skip without it, fail in CI)."""
-    from test_browser import require_browser
+    """Chromium's path (tests/support/browser.py's require_browser: skip without it, fail in CI)."""
+    from support.browser import require_browser
 
     return require_browser()
 
@@ -51,7 +51,8 @@ def chromium() -> str:
 def browser(chromium):
     """Chromium driven by Playwright, launched once per test file that asks for it."""
     from playwright.sync_api import sync_playwright
-    from test_browser import CHROMIUM_FLAGS
+
+    from support.browser import CHROMIUM_FLAGS
 
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
@@ -62,7 +63,7 @@ def browser(chromium):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Report the browser tests' skip at their file rather than at each test's line, so that
-    ``-ra`` folds them into one line ("SKIPPED [9] tests/test_browser.py: browser tests
+    ``-ra`` folds them into one line ("SKIPPED [9] tests/course/test_browser.py: browser tests
     skipped: no Chromium at ...; enable them with ...") instead of one per test function."""
     report = yield
     if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:

@@ -54,7 +54,7 @@ SANDBOX_SKIP = "sandbox tests skipped: "   # conftest.py folds these skips into 
 def sandbox_installed() -> bool:
     """Whether bubblewrap is installed: then the sandbox must work, and a test that finds it
     broken fails rather than skips (or falls back to grading without it)."""
-    from attn_course.grading.sandbox import bubblewrap
+    from attn_course_grading.sandbox import bubblewrap
 
     return bubblewrap() is not None or in_ci()
 
@@ -62,7 +62,7 @@ def sandbox_installed() -> bool:
 def require_sandbox() -> None:
     """Skip a test that needs bubblewrap where it is not installed (fail in CI, which installs it,
     and wherever it is installed but cannot start a sandbox)."""
-    from attn_course.grading.sandbox import INSTALL_HINT, sandbox_problem
+    from attn_course_grading.sandbox import INSTALL_HINT, sandbox_problem
 
     if not sandbox_installed():
         pytest.skip(SANDBOX_SKIP + "bubblewrap (bwrap) is not installed. " + INSTALL_HINT)

@@ -6,13 +6,13 @@
 #
 # 1. machine facts (nvidia-smi, Python, torch, Triton, CUDA, which packages are there)  -> machine.txt
 # 2. the kernel tests on CUDA, each file in its own process at once (compiling is CPU-bound),
-#    <= 150 s: tests/test_flash_triton.py, tests/test_flash_triton_gqa_causal.py and, where
-#    present, tests/test_flash_decode.py, tests/test_flash_configs.py (every autotuning
-#    candidate) and tests/test_flash_tma.py (not its slow sm_90 ahead-of-time build, which
+#    <= 150 s: tests/flash/test_flash_triton.py, tests/flash/test_flash_triton_gqa_causal.py and, where
+#    present, tests/flash/test_flash_decode.py, tests/flash/test_flash_configs.py (every autotuning
+#    candidate) and tests/flash/test_flash_tma.py (not its slow sm_90 ahead-of-time build, which
 #    needs no GPU)                                                            -> tests-*.txt
-#    Without pytest: python -m attn_course.bench.selfcheck (the kernels against float64 by the
+#    Without pytest: python -m benchmarks.selfcheck (the kernels against float64 by the
 #    FlashAttention rule, plain Python)                                         -> selfcheck.txt
-# 3. the benchmark, python -m attn_course.bench flash --max-minutes 4.5, killed at 300 s: it first
+# 3. the benchmark, python -m benchmarks flash --max-minutes 4.5, killed at 300 s: it first
 #    compiles ours in 10 parallel processes into Triton's cache (<= 120 s), then measures the most
 #    important cases first (N >= 4096 in float16, decoding, bfloat16, short N last), writes each
 #    row as it is measured and starts nothing after 4.5 min; on SIGTERM it still writes the summary
@@ -68,7 +68,7 @@ gpu_problem=""
 grep -qx "cuda-ok" <<< "$gpu_state" || gpu_problem=$(tail -1 <<< "${gpu_state:-no output from $py}")
 if [ -n "$gpu_problem" ]; then
     say "no GPU: $gpu_problem. The CUDA tests and the GPU benchmark need one; running the benchmark's CPU dry run instead"
-    timeout -k 10 300 "$py" -m attn_course.bench flash --dry-run --out "$out" > "$out/bench.txt" 2>&1
+    timeout -k 10 300 "$py" -m benchmarks flash --dry-run --out "$out" > "$out/bench.txt" 2>&1
     rc=$?
     tail -30 "$out/bench.txt"
     say "no GPU: CPU dry run exit status $rc (0: the GPU code path ran on the CPU); nothing was measured on a GPU"
@@ -81,8 +81,8 @@ failed=0
 if "$py" -c "import pytest" 2> /dev/null; then
     pids=()
     files=()
-    for file in tests/test_flash_triton.py tests/test_flash_triton_gqa_causal.py tests/test_flash_decode.py \
-                tests/test_flash_tma.py tests/test_flash_configs.py; do
+    for file in tests/flash/test_flash_triton.py tests/flash/test_flash_triton_gqa_causal.py tests/flash/test_flash_decode.py \
+                tests/flash/test_flash_tma.py tests/flash/test_flash_configs.py; do
         [ -f "$file" ] || { say "$file: not in this checkout"; continue; }
         name=$(basename "$file" .py)
         timeout -k 10 150 "$py" -m pytest -q -p no:cacheprovider --noconftest -m "not slow" "$file" \
@@ -102,16 +102,16 @@ if "$py" -c "import pytest" 2> /dev/null; then
         esac
     done
 else
-    say "pytest is not installed here: running python -m attn_course.bench.selfcheck instead of the test files"
-    timeout -k 10 150 "$py" -m attn_course.bench.selfcheck cuda > "$out/selfcheck.txt" 2>&1
+    say "pytest is not installed here: running python -m benchmarks.selfcheck instead of the test files"
+    timeout -k 10 150 "$py" -m benchmarks.selfcheck cuda > "$out/selfcheck.txt" 2>&1
     rc=$?
     grep -E "^FAIL|cases passed" "$out/selfcheck.txt" | tail -30
     if [ $rc -eq 0 ]; then say "selfcheck: passed"; else say "selfcheck: FAILED, exit status $rc"; failed=1; fi
 fi
 
 # --- 3. the benchmark -----------------------------------------------------------------------------
-say "benchmark: python -m attn_course.bench flash --max-minutes 4.5 (killed at 300 s)"
-timeout -k 15 300 "$py" -m attn_course.bench flash --out "$out" --max-minutes 4.5 > "$out/bench.txt" 2>&1
+say "benchmark: python -m benchmarks flash --max-minutes 4.5 (killed at 300 s)"
+timeout -k 15 300 "$py" -m benchmarks flash --out "$out" --max-minutes 4.5 > "$out/bench.txt" 2>&1
 rc=$?
 # The log's key lines (all of it is in bench.txt): phases, the ours/SDPA rows that have a target
 # (N >= 4096 forward and backward), decoding, the verdicts and the files written.

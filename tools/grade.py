@@ -13,7 +13,7 @@ chapter's file name::
 Each notebook runs in its own bubblewrap sandbox (no network, a read-only view of the course's
 environment, a private scratch folder, limits on time, memory, processes and output); the tests
 run in this process, calling the notebook's answers as data in, data out
-(:mod:`attn_course.grading`, INSTRUCTORS.md). Without bubblewrap this refuses to grade, unless
+(:mod:`attn_course_grading`, INSTRUCTORS.md). Without bubblewrap this refuses to grade, unless
 ``--trusted`` (``make grade TRUSTED=1``) says the submissions are trusted. Results:
 
     grades/grades.csv                 a row per student, a column per chapter:question
@@ -33,8 +33,8 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-from attn_course.grading import sandbox
-from attn_course.grading.grader import Assignment, grade
+from attn_course_grading import sandbox
+from attn_course_grading.grader import Assignment, grade
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

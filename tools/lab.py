@@ -3,7 +3,7 @@
     .venv/bin/python tools/lab.py                          # what `make lab` runs: notebooks/
     .venv/bin/python tools/lab.py --root DIR --no-browser --port=8899
 
-The one place for JupyterLab's flags: `make lab` and the browser tests (tests/test_browser.py)
+The one place for JupyterLab's flags: `make lab` and the browser tests (tests/course/test_browser.py)
 both start the server through this script. Any option after ``--root`` goes to JupyterLab.
 """
 

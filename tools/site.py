@@ -20,7 +20,7 @@ student sees it, into a source folder (``build/site-work/src`` by default):
 
 Beside the chapters the source folder gets a front page, made from README.md's title, intro
 and chapter map ("## Chapters"), and one page per package module that a chapter links to
-(``../attn_course/attention.py``) or shows with ``show_source``, the file's code highlighted.
+(``../attn_course/core/attention.py``) or shows with ``show_source``, the file's code highlighted.
 Every relative link is checked on the way: one that would not resolve on the site stops the
 build with the chapter and the link named. Sphinx (myst-nb, ``site/conf.py``) then renders the
 folder; the HTML is copied to ``--out``, replacing a site built there before.
@@ -187,7 +187,7 @@ def student_notebook(notebook: nbformat.NotebookNode, name: str = "notebook") ->
 class Pages:
     """What the site's pages link to, gathered while the chapters are copied.
 
-    ``modules`` maps each package file that gets a page (``attn_course/attention.py``) to the
+    ``modules`` maps each package file that gets a page (``attn_course/core/attention.py``) to the
     chapters (``notebooks/02_formula.ipynb``) that link to it or show its code.
     ``files`` are other files (an image beside a chapter) copied into the site as they are.
     """
@@ -246,8 +246,8 @@ def rewrite_links(text: str, document: str, pages: Pages) -> str:
 
 
 def module_file(dotted: str) -> str | None:
-    """The package file that defines ``dotted`` (``attn_course.rope.RotaryEmbedding.forward`` ->
-    ``attn_course/rope.py``), the longest module prefix that is a file; ``None`` outside the package."""
+    """The package file that defines ``dotted`` (``attn_course.positions.rope.RotaryEmbedding.forward`` ->
+    ``attn_course/positions/rope.py``), the longest module prefix that is a file; ``None`` outside the package."""
     parts = dotted.split(".")
     if parts[0] != PACKAGE:
         return None
@@ -261,7 +261,7 @@ def module_file(dotted: str) -> str | None:
 
 def shown_modules(notebook: nbformat.NotebookNode) -> set[str]:
     """Package files whose code the chapter shows with ``show_source`` (its Markdown output starts
-    with the object's dotted name in backticks, see attn_course/source.py)."""
+    with the object's dotted name in backticks, see attn_course/teaching/source.py)."""
     files = set()
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
@@ -330,7 +330,7 @@ def source_page(module: str, shown_in: dict[str, str]) -> str:
     """The page of one package file: its path as title, the chapters that use it, its code.
 
     Args:
-        module: the file, from the repository root (``attn_course/attention.py``).
+        module: the file, from the repository root (``attn_course/core/attention.py``).
         shown_in: each chapter that links to or shows it (``notebooks/02_formula.ipynb``) and that
             chapter's title.
     """

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.attention import self_attention
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
 from attn_course.checks.softmax import diagnose_non_finite
+from attn_course.core.attention import self_attention
 
 __all__ = ["check_attention", "check_attention_weights", "check_masked_attention", "check_fixed_attention",
            "attention_inputs", "attention_mistakes", "check_large_scores"]

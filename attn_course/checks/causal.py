@@ -12,12 +12,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from attn_course.attention import self_attention
+from attn_course._threads import one_thread
 from attn_course.checks.attention import attention_inputs
 from attn_course.checks.diagnosis import ATOL, CheckFailed, call_answer, call_student, check_shape, diagnose, same
-from attn_course.kv_cache import KVCache
-from attn_course.language_model import LanguageModelConfig, TinyLanguageModel, one_thread
-from attn_course.masks import causal_mask
+from attn_course.core.attention import self_attention
+from attn_course.core.kv_cache import KVCache
+from attn_course.core.masks import causal_mask
+from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 
 __all__ = [
     "check_causal_attention",
@@ -90,7 +91,7 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
         sizes: ``(n_q, n_k)`` pairs to try, each with ``1 <= n_q <= n_k``.
 
     Returns:
-        ``True`` when every mask equals :func:`~attn_course.masks.causal_mask`.
+        ``True`` when every mask equals :func:`~attn_course.core.masks.causal_mask`.
 
     Raises:
         CheckFailed: naming a non-boolean mask, a wrong shape, a top-left alignment, a hidden
@@ -221,7 +222,7 @@ def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[
     """Check ``fn(model, new_ids, caches) -> logits``: a cached forward pass of a ``TinyLanguageModel``.
 
     A sequence is fed in chunks (a prompt, then a token or two at a time) through the student's
-    function with fresh caches, one :class:`~attn_course.kv_cache.KVCache` per block; the
+    function with fresh caches, one :class:`~attn_course.core.kv_cache.KVCache` per block; the
     logits of all chunks together must equal one pass of the model over the whole sequence.
 
     Args:

@@ -1,7 +1,7 @@
 """Checks for the exercises of chapter 09 (attention across machines): Ulysses' all-to-all done by hand,
 the bytes a rank sends, a ring of partial results merged in one process, and the causal work of each
 rank in the two layouts. Each runs the student's function on fresh inputs, compares it with a reference
-computed here (from :func:`~attn_course.attention.self_attention` and
+computed here (from :func:`~attn_course.core.attention.self_attention` and
 :func:`~attn_course.distributed.layout.token_positions`), and names the mistake it recognises. None of
 them needs a process group: the ranks are simulated in one process."""
 
@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.attention import self_attention
 from attn_course.checks.diagnosis import CheckFailed, call_answer, check_shape, diagnose, same
+from attn_course.core.attention import self_attention
 from attn_course.distributed.layout import token_positions
 
 __all__ = ["check_all_to_all_by_hand", "check_bytes_sent_per_rank", "check_ring_by_hand", "check_causal_work"]
@@ -210,7 +210,7 @@ def check_ring_by_hand(ring_fn: Callable[..., list[torch.Tensor]]) -> bool:
     process. Rank ``r`` holds ``q_blocks[r] [B, n, d]`` and, at step ``s``, the K/V block ``(r - s) mod P``;
     ``outputs[r]`` must be its rows of ``softmax(Q Kᵀ / √d) V`` over all the keys.
 
-    The reference is :func:`~attn_course.attention.self_attention` on the joined blocks, for ``P`` = 3
+    The reference is :func:`~attn_course.core.attention.self_attention` on the joined blocks, for ``P`` = 3
     and 4, with scores large enough that forgetting to rescale shows.
 
     Returns:

@@ -117,7 +117,7 @@ def check_split_fused_qkv(split_fn: Callable) -> bool:
 
     ``q`` must be ``[B, H, N, d]``, ``k`` and ``v`` ``[B, H_kv, N, d]``, from the layout
     ``[queries | keys | values]`` along the last axis, each part split into heads as
-    :func:`~attn_course.multihead.split_heads` does. Tried with ``H_kv = H`` first, then with
+    :func:`~attn_course.core.multihead.split_heads` does. Tried with ``H_kv = H`` first, then with
     grouped-query (``H = 6, H_kv = 2``) and multi-query (``H = 4, H_kv = 1``) sizes.
 
     Returns:
@@ -264,7 +264,7 @@ def check_multi_head_attention(attention_fn: Callable) -> bool:
         CheckFailed: naming the mistakes the answer shows, or the first entry that differs.
 
     Example:
-        >>> from attn_course.multihead import MultiHeadAttention
+        >>> from attn_course.core.multihead import MultiHeadAttention
         >>> def ours(x, w_q, w_k, w_v, w_o, num_heads):
         ...     layer = MultiHeadAttention(x.shape[-1], num_heads, bias=False)
         ...     for linear, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj), (w_q, w_k, w_v, w_o)):

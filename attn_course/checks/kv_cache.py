@@ -1,6 +1,6 @@
 """Check a prediction of a key/value cache's memory: the bytes it stores and the bytes it allocates.
 
-A :class:`~attn_course.kv_cache.KVCache` made without ``max_length`` sizes its buffers by its first
+A :class:`~attn_course.core.kv_cache.KVCache` made without ``max_length`` sizes its buffers by its first
 append and, when a later append does not fit, doubles its capacity (at least to what is needed),
 like a Python list. So ``len(cache)`` tokens are stored in room for ``cache.capacity``, and
 ``cache.memory_bytes`` counts the room.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_student
-from attn_course.kv_cache import KVCache
+from attn_course.core.kv_cache import KVCache
 
 __all__ = ["check_kv_cache_bytes", "filled_cache"]
 
@@ -86,7 +86,7 @@ def _answer(fn: Callable, args: tuple) -> tuple[float, float]:
 def check_kv_cache_bytes(bytes_fn: Callable) -> bool:
     """Check ``fn(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens) -> (stored, allocated)``.
 
-    The answer is compared with a real :class:`~attn_course.kv_cache.KVCache` (made without
+    The answer is compared with a real :class:`~attn_course.core.kv_cache.KVCache` (made without
     ``max_length``) after a prompt of ``prompt_tokens`` tokens appended at once and
     ``new_tokens`` appended one at a time: ``stored`` is the bytes of the ``len(cache)``
     cached tokens' keys and values, ``allocated`` is ``cache.memory_bytes``. Several sizes and

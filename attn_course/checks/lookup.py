@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.attention import self_attention
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.core.attention import self_attention
 
 __all__ = [
     "check_attention_from_embeddings",

@@ -1,7 +1,7 @@
 """Checks for the rotary-embedding exercises (chapter 05): positions for a left-padded batch, how many
 pairs turn more slowly than a context, the newest token's scores during decoding, and attention with
 RoPE. Each runs the student's function on fresh inputs, compares it with
-:class:`~attn_course.rope.RotaryEmbedding` and :func:`~attn_course.attention.self_attention`, and names
+:class:`~attn_course.positions.rope.RotaryEmbedding` and :func:`~attn_course.core.attention.self_attention`, and names
 the mistake it recognises."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.attention import self_attention
 from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
-from attn_course.rope import Llama3Scaling, RotaryEmbedding
+from attn_course.core.attention import self_attention
+from attn_course.positions.rope import Llama3Scaling, RotaryEmbedding
 
 __all__ = ["check_left_padded_positions", "check_pairs_slower_than_context", "check_last_token_scores",
            "check_rope_attention", "check_llama3_frequencies"]

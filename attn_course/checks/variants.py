@@ -1,9 +1,9 @@
 """Checks for the exercises of chapter 08 (attention in today's models): RMSNorm, the SwiGLU
 feed-forward, the size of a multi-head latent attention cache, and the eviction of a cache with
 attention sinks. Each runs the student's function on fresh inputs, compares it with a reference
-computed here in float64 (``tests/test_checks_variants.py`` checks that it agrees with
-:class:`~attn_course.llama.RMSNorm`, :class:`~attn_course.llama.SwiGLU` and
-:class:`~attn_course.attention_sinks.SinkKVCache`), and names the mistake it recognises."""
+computed here in float64 (``tests/checks/test_checks_variants.py`` checks that it agrees with
+:class:`~attn_course.models.llama.RMSNorm`, :class:`~attn_course.models.llama.SwiGLU` and
+:class:`~attn_course.variants.attention_sinks.SinkKVCache`), and names the mistake it recognises."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
-from attn_course.kv_cache_size import mla_cache_elements
+from attn_course.variants.kv_cache_size import mla_cache_elements
 
 __all__ = ["check_rms_norm", "check_swiglu", "check_latent_cache_bytes", "check_sink_eviction"]
 
@@ -47,7 +47,7 @@ def _rms_cases() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
 def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
     """Check ``fn(x [..., E], weight [E], eps) -> [..., E]``: RMSNorm, ``x / sqrt(mean(x²) + eps) · weight``.
 
-    The reference is computed in float64 here; it agrees with :class:`~attn_course.llama.RMSNorm`
+    The reference is computed in float64 here; it agrees with :class:`~attn_course.models.llama.RMSNorm`
     (itself equal to Hugging Face's ``LlamaRMSNorm``). Tried with ``eps = 0.1`` (so that where eps
     goes shows) and with ``eps = 1e-6``.
 
@@ -106,7 +106,7 @@ def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
     ``(silu(x W_gate^T) ⊙ x W_up^T) W_down^T``, the weights laid out as ``nn.Linear`` stores them
     (``[out, in]``).
 
-    The reference is computed in float64 here and agrees with :class:`~attn_course.llama.SwiGLU`.
+    The reference is computed in float64 here and agrees with :class:`~attn_course.models.llama.SwiGLU`.
 
     Returns:
         ``True`` when correct.
@@ -185,7 +185,7 @@ def check_latent_cache_bytes(size_fn: Callable[[dict], int]) -> bool:
     ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim`` and ``bytes_per_element``.
 
     The reference is ``num_hidden_layers · (kv_lora_rank + qk_rope_head_dim) · bytes_per_element``
-    (:func:`~attn_course.kv_cache_size.mla_cache_elements`, DeepSeek-V2's Table 1), for DeepSeek-V2
+    (:func:`~attn_course.variants.kv_cache_size.mla_cache_elements`, DeepSeek-V2's Table 1), for DeepSeek-V2
     in bfloat16 and two other configurations.
 
     Returns:

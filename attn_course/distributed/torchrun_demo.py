@@ -26,12 +26,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from attn_course.attention import self_attention
+from attn_course.core.attention import self_attention
+from attn_course.core.masks import causal_mask
 from attn_course.distributed.communication import count_traffic
 from attn_course.distributed.launch import free_port
 from attn_course.distributed.layout import shard, unshard
 from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
-from attn_course.masks import causal_mask
 
 __all__ = ["main", "TOLERANCE"]
 

@@ -7,7 +7,7 @@ one split for the other:
 1. **all-to-all** q, k and v: from ``[B, H, N/P, d]`` (all heads, a slice of the tokens) to
    ``[B, H/P, N, d]`` (all tokens, a slice of the heads);
 2. **ordinary attention** on those ``H / P`` heads over the full sequence (here the course's
-   :func:`~attn_course.attention.self_attention`, with the causal mask over all ``N``
+   :func:`~attn_course.core.attention.self_attention`, with the causal mask over all ``N``
    positions; any attention kernel would do, FlashAttention included);
 3. **all-to-all** the output back to ``[B, H, N/P, d]``.
 
@@ -56,9 +56,9 @@ import torch
 import torch.distributed as dist
 
 from attn_course import _validate
-from attn_course.attention import self_attention
+from attn_course.core.attention import self_attention
+from attn_course.core.masks import causal_mask
 from attn_course.distributed import communication
-from attn_course.masks import causal_mask
 
 __all__ = ["AllToAll", "sequence_to_heads", "heads_to_sequence", "ulysses_attention", "ulysses_bytes"]
 

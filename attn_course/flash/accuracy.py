@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from attn_course import _validate
-from attn_course.masks import causal_mask
+from attn_course.core.masks import causal_mask
 
 __all__ = ["FACTORS", "FLOORS", "RuleCheck", "plain_attention", "flash_rule", "report_flash_rule"]
 

@@ -174,7 +174,7 @@ def tma_forward_config(head_dim: int) -> dict[str, int]:
     The pointer forward's (:func:`~attn_course.flash.triton_attention.kernel_config`): 128 query
     rows and 64 key rows per tile, 4 warps (8 for ``d = 128``: the float32 accumulator, 128 × 128,
     would take 128 registers per thread over 4 warps), 3 pipeline stages (K and V tiles in flight
-    while the previous one is multiplied). ``tests/test_flash_tma.py`` compiles each for sm_90:
+    while the previous one is multiplied). ``tests/flash/test_flash_tma.py`` compiles each for sm_90:
     66,560 bytes of shared memory for ``d = 64``, 132,096 for ``d = 128`` (the limit is 232,448).
 
     Args:

@@ -10,7 +10,7 @@ Launch configurations come from one table, :data:`CONFIGS`: a short list of cand
 kernel and head dimension. On a GPU, ``triton.autotune`` times the candidates on the first
 call for each shape and keeps the fastest; in Triton's interpreter (no GPU driver to time
 with) the first candidate of the same list runs. The ahead-of-time compile test
-(``tests/test_flash_compile.py``) compiles every candidate for sm_80 and sm_90.
+(``tests/flash/test_flash_compile.py``) compiles every candidate for sm_80 and sm_90.
 
 For a few queries against a long cache (``N_q <= 16``, decoding) :func:`flash_attention` uses
 flash-decoding (:func:`attention_decode_forward`): the keys are split across programs and the

@@ -1,0 +1,12 @@
+"""The core of attention (chapters 02-04 and 07): what every later chapter builds on.
+
+- :mod:`~attn_course.core.attention`: :func:`self_attention`, softmax(QKᵀ/√d) V, and its parts;
+- :mod:`~attn_course.core.masks`: causal and padding masks, one boolean convention;
+- :mod:`~attn_course.core.multihead`: :class:`MultiHeadAttention` (cross-attention, grouped-query heads);
+- :mod:`~attn_course.core.kv_cache`: :class:`KVCache`, the keys and values of past tokens;
+- :mod:`~attn_course.core.transformer`: the encoder and decoder blocks around the attention;
+- :mod:`~attn_course.core.norms`: :class:`RMSNorm`.
+
+The core imports nothing of the course but its input checks (``attn_course._validate``); later
+chapters extend it, it never imports them.
+"""

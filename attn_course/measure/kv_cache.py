@@ -1,0 +1,308 @@
+"""``python -m attn_course.measure kv-cache``: generation with and without a KV cache.
+
+Without a cache, every new token re-runs the model over the whole sequence so far; with
+one, each step feeds only the newest token. The speed-up grows with the number of tokens,
+but far more slowly than the number of token positions the cache saves:
+:func:`decode_step_times` times single steps to show why (most of a step's time on a small
+model is a fixed cost per step, whatever the length).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from attn_course import _validate
+from attn_course._threads import one_thread
+from attn_course.core.kv_cache import KVCache
+from attn_course.measure.timing import best_time, check_rows
+from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
+
+__all__ = [
+    "KvCacheRow",
+    "positions_processed",
+    "kv_cache_speedup",
+    "print_kv_cache",
+    "DecodeStepRow",
+    "decode_step_times",
+    "print_decode_steps",
+]
+
+_NUM_HEADS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class KvCacheRow:
+    """One row of :func:`kv_cache_speedup`: best times for one number of generated tokens.
+
+    Attributes:
+        new_tokens: how many tokens were generated after the prompt.
+        positions_without: token positions pushed through the model without a cache
+            (see :func:`positions_processed`).
+        positions_with: token positions pushed through the model with a cache.
+        seconds_without: best time without a cache, in seconds.
+        seconds_with: best time with a :class:`~attn_course.core.kv_cache.KVCache`, in seconds.
+        speedup: ``seconds_without / seconds_with``.
+    """
+
+    new_tokens: int
+    positions_without: int
+    positions_with: int
+    seconds_without: float
+    seconds_with: float
+    speedup: float
+
+
+def positions_processed(prompt_length: int, new_tokens: int) -> tuple[int, int]:
+    """Token positions the model processes to generate ``new_tokens`` after a prompt, when the
+    whole text fits the model's context window.
+
+    Without a cache, the step that samples new token ``t`` (``t = 0 .. T-1``) runs the model
+    over all ``P + t`` tokens so far. With one, the first step runs over the prompt and each
+    later step over the one token sampled before it; the last sampled token is never fed.
+
+    Args:
+        prompt_length: ``P``, at least 1.
+        new_tokens: ``T``, at least 1.
+
+    Returns:
+        ``(without_cache, with_cache)``.
+
+    Raises:
+        TypeError: a size that is not an int.
+        ValueError: a size below 1.
+
+    Example:
+        >>> positions_processed(3, 4)       # without: 3 + 4 + 5 + 6; with: 3 + 1 + 1 + 1
+        (18, 6)
+    """
+    where = "positions_processed"
+    prompt_length = _validate.integer(where, "prompt_length", prompt_length, minimum=1)
+    new_tokens = _validate.integer(where, "new_tokens", new_tokens, minimum=1)
+    without = sum(prompt_length + step for step in range(new_tokens))
+    return without, prompt_length + new_tokens - 1
+
+
+def kv_cache_speedup(
+    new_tokens: Sequence[int] = (32, 64, 128, 256),
+    *,
+    prompt_length: int = 32,
+    embed_dim: int = 128,
+    num_layers: int = 4,
+    repeats: int = 1,
+    seed: int = 0,
+) -> list[KvCacheRow]:
+    """Time generation with and without a :class:`~attn_course.core.kv_cache.KVCache`.
+
+    Uses an untrained :class:`~attn_course.models.tiny_language_model.TinyLanguageModel` (speed does not
+    depend on the weights) with 4 heads, samples from a generator seeded with ``seed``, and
+    checks that both ways produce the same tokens. The caller's global RNG is left as it was.
+
+    Args:
+        new_tokens: numbers of tokens to generate, one row each.
+        prompt_length: tokens before generation starts.
+        embed_dim: model width, a multiple of 4 (the number of heads).
+        num_layers: decoder blocks.
+        repeats: take the best of this many runs.
+        seed: seeds weights, prompt and sampling; ``>= 0``.
+
+    Returns:
+        One :class:`KvCacheRow` per entry of ``new_tokens``, in order.
+
+    Raises:
+        TypeError: a size that is not an int, or ``new_tokens`` not a sequence.
+        ValueError: a size below 1, no ``new_tokens``, ``embed_dim`` not a multiple of 4,
+            or a negative seed.
+        RuntimeError: cached and uncached generation produce different tokens.
+
+    Example:
+        >>> rows = kv_cache_speedup((2,), prompt_length=2, embed_dim=8, num_layers=1)
+        >>> rows[0].new_tokens, rows[0].speedup > 0
+        (2, True)
+    """
+    where = "kv_cache_speedup"
+    counts = _validate.integer_sequence(where, "new_tokens", new_tokens, minimum=1)
+    if not counts:
+        raise ValueError(f"{where}: new_tokens must not be empty")
+    prompt_length = _validate.integer(where, "prompt_length", prompt_length, minimum=1)
+    embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
+    if embed_dim % _NUM_HEADS:
+        raise ValueError(f"{where}: embed_dim must be a multiple of {_NUM_HEADS} (the heads), got {embed_dim}")
+    num_layers = _validate.integer(where, "num_layers", num_layers, minimum=1)
+    repeats = _validate.integer(where, "repeats", repeats, minimum=1)
+    seed = _validate.integer(where, "seed", seed, minimum=0)
+    config = LanguageModelConfig(vocab_size=64, max_length=prompt_length + max(counts), embed_dim=embed_dim,
+                                 num_heads=_NUM_HEADS, num_layers=num_layers)
+    with torch.random.fork_rng(devices=[]):   # seed the weights without reseeding the caller's RNG
+        torch.manual_seed(seed)
+        model = TinyLanguageModel(config).eval()
+        prompt = torch.randint(0, config.vocab_size, (1, prompt_length))
+    rows = []
+    for count in counts:
+        best, outputs = {False: float("inf"), True: float("inf")}, {}
+        for _ in range(repeats):
+            for use_cache in (False, True):
+                # A fresh generator per run: both ways must draw the same samples to agree.
+                generator = torch.Generator().manual_seed(seed)
+                start = time.perf_counter()
+                outputs[use_cache] = model.generate(prompt, count, use_cache=use_cache, generator=generator)
+                best[use_cache] = min(best[use_cache], time.perf_counter() - start)
+        if not torch.equal(outputs[True], outputs[False]):      # the timed runs themselves are compared
+            raise RuntimeError(f"{where}: cached and uncached generation disagree at new_tokens={count}")
+        without, with_cache = best[False], best[True]
+        positions_without, positions_with = positions_processed(prompt_length, count)
+        rows.append(KvCacheRow(new_tokens=count, positions_without=positions_without, positions_with=positions_with,
+                               seconds_without=without, seconds_with=with_cache, speedup=without / with_cache))
+    return rows
+
+
+def print_kv_cache(rows: Sequence[KvCacheRow]) -> None:
+    """Print the rows of :func:`kv_cache_speedup` as a table, one line per row.
+
+    Args:
+        rows: a non-empty sequence of :class:`KvCacheRow`.
+
+    Raises:
+        TypeError: ``rows`` not a sequence of :class:`KvCacheRow`.
+        ValueError: no rows.
+    """
+    rows = check_rows("print_kv_cache", rows, (KvCacheRow,))
+    print(f"{'new tokens':>10} {'positions: no cache':>20} {'cache':>6} {'ratio':>7}   "
+          f"{'time: no cache (s)':>18} {'cache (s)':>9} {'speed-up':>8}")
+    for row in rows:
+        ratio = row.positions_without / row.positions_with
+        print(f"{row.new_tokens:>10} {row.positions_without:>20} {row.positions_with:>6} {ratio:>6.0f}x   "
+              f"{row.seconds_without:>18.3f} {row.seconds_with:>9.3f} {row.speedup:>7.1f}x")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeStepRow:
+    """One row of :func:`decode_step_times`: the cost of one generation step at one length.
+
+    Attributes:
+        length: tokens the step attends to, the new one included.
+        seconds_cached: best time of one step with a cache: the newest token alone, attending
+            to ``length - 1`` cached keys and values and its own.
+        seconds_uncached: best time of one step without a cache: a pass over all ``length`` tokens.
+        torch_calls: calls from Python into PyTorch during the cached step (functions, tensor
+            methods, and attribute reads such as ``.shape``), counted with a
+            ``torch.overrides.TorchFunctionMode``.
+    """
+
+    length: int
+    seconds_cached: float
+    seconds_uncached: float
+    torch_calls: int
+
+
+class _CountCalls(TorchFunctionMode):
+    """Counts every call into PyTorch that Python makes while the mode is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def decode_step_times(
+    lengths: Sequence[int] = (16, 64, 256),
+    *,
+    embed_dim: int = 128,
+    num_layers: int = 4,
+    repeats: int = 20,
+    seed: int = 0,
+) -> list[DecodeStepRow]:
+    """Time one generation step, with and without a cache, at several context lengths.
+
+    Uses the untrained model of :func:`kv_cache_speedup` (4 heads, vocabulary of 64, one CPU
+    thread as in :meth:`~attn_course.models.tiny_language_model.TinyLanguageModel.generate`). Before each
+    timed cached step, the cache is filled with ``length - 1`` tokens (not timed). The caller's
+    global RNG is left as it was.
+
+    Args:
+        lengths: context lengths, the new token included, one row each (at least 2: a cached
+            step needs one cached token).
+        embed_dim: model width, a multiple of 4 (the number of heads).
+        num_layers: decoder blocks.
+        repeats: take the best of this many timings.
+        seed: seeds the weights and tokens; ``>= 0``.
+
+    Returns:
+        One :class:`DecodeStepRow` per entry of ``lengths``, in order.
+
+    Raises:
+        TypeError: a size that is not an int, or ``lengths`` not a sequence.
+        ValueError: a length below 2, no lengths, ``embed_dim`` not a multiple of 4, a size
+            below 1, or a negative seed.
+        RuntimeError: the cached step's logits differ from the uncached step's.
+
+    Example:
+        >>> rows = decode_step_times((2, 5), embed_dim=8, num_layers=1, repeats=1)
+        >>> [row.length for row in rows], rows[0].torch_calls == rows[1].torch_calls
+        ([2, 5], True)
+    """
+    where = "decode_step_times"
+    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=2)
+    if not lengths:
+        raise ValueError(f"{where}: lengths must not be empty")
+    embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
+    if embed_dim % _NUM_HEADS:
+        raise ValueError(f"{where}: embed_dim must be a multiple of {_NUM_HEADS} (the heads), got {embed_dim}")
+    num_layers = _validate.integer(where, "num_layers", num_layers, minimum=1)
+    repeats = _validate.integer(where, "repeats", repeats, minimum=1)
+    seed = _validate.integer(where, "seed", seed, minimum=0)
+    config = LanguageModelConfig(vocab_size=64, max_length=max(lengths), embed_dim=embed_dim,
+                                 num_heads=_NUM_HEADS, num_layers=num_layers)
+    with torch.random.fork_rng(devices=[]):   # seed the weights without reseeding the caller's RNG
+        torch.manual_seed(seed)
+        model = TinyLanguageModel(config).eval()
+        text = torch.randint(0, config.vocab_size, (1, max(lengths)))
+    rows = []
+    with torch.no_grad(), one_thread():
+        for length in lengths:
+            ids = text[:, :length]                                              # [1, N]
+
+            def filled_caches(ids: torch.Tensor = ids) -> list[KVCache]:
+                caches = [KVCache(max_length=config.max_length) for _ in model.blocks]
+                model(ids[:, :-1], kv_caches=caches)                            # the cached tokens
+                return caches
+
+            cached = float("inf")
+            for _ in range(repeats):
+                caches = filled_caches()
+                start = time.perf_counter()
+                model(ids[:, -1:], kv_caches=caches)                            # one cached step
+                cached = min(cached, time.perf_counter() - start)
+            uncached = best_time(lambda ids=ids: model(ids), repeats)           # one uncached step
+            caches, counter = filled_caches(), _CountCalls()
+            with counter:
+                step_logits = model(ids[:, -1:], kv_caches=caches)[:, -1]
+            if not torch.allclose(step_logits, model(ids)[:, -1], atol=1e-5, rtol=1e-4):
+                raise RuntimeError(f"{where}: the cached step disagrees with the uncached one at length {length}")
+            rows.append(DecodeStepRow(length=length, seconds_cached=cached, seconds_uncached=uncached,
+                                      torch_calls=counter.calls))
+    return rows
+
+
+def print_decode_steps(rows: Sequence[DecodeStepRow]) -> None:
+    """Print the rows of :func:`decode_step_times` as a table, times in milliseconds.
+
+    Args:
+        rows: a non-empty sequence of :class:`DecodeStepRow`.
+
+    Raises:
+        TypeError: ``rows`` not a sequence of :class:`DecodeStepRow`.
+        ValueError: no rows.
+    """
+    rows = check_rows("print_decode_steps", rows, (DecodeStepRow,))
+    print(f"{'length':>6} {'cached step (ms)':>17} {'uncached step (ms)':>19} {'calls into torch':>17}")
+    for row in rows:
+        print(f"{row.length:>6} {row.seconds_cached * 1e3:>17.2f} {row.seconds_uncached * 1e3:>19.2f} "
+              f"{row.torch_calls:>17}")

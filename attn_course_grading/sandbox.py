@@ -1,0 +1,179 @@
+"""The sandbox one submission runs in: bubblewrap's command line, and the limits it runs under.
+
+A submission sees, read-only, only what running a chapter needs: the system's programs and
+libraries (``/usr``), the Python installation, the course's ``.venv`` and the ``attn_course``
+package. It gets a private, size-limited ``/scratch`` (its working folder and home), ``/tmp`` and
+``/dev/shm``, a network namespace of its own with no network in it, its own process numbers (it
+sees no other process), and no view of the instructor's home, other submissions, the hidden tests or the grades.
+When its grading ends, the grader kills the sandbox, and with it every process it started.
+
+Limits (:class:`Limits`): wall time (the grader kills the sandbox), CPU seconds and memory
+(address space) per process (``setrlimit`` before bubblewrap starts), processes (set by the
+program inside, :mod:`attn_course_grading.in_sandbox`, per sandbox), files up to the scratch
+size, and output (the grader keeps the first ``output_bytes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+
+import attn_course
+
+#: Whom a sandbox runs as when the grader runs as root: an unprivileged user of its own (no
+#: account needed), so that the kernel counts its processes apart from every other sandbox's.
+SANDBOX_UIDS = range(61000, 61256)
+SANDBOX_GID = 65534                # nogroup
+
+INSTALL_HINT = ("Install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install "
+                "bubblewrap), or, only for submissions you trust, grade without a sandbox: make grade TRUSTED=1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one submission may use.
+
+    Args:
+        seconds: wall time to run the whole notebook; the sandbox is killed after it.
+        cell_seconds: wall time of one cell; the cell is stopped and the next one runs.
+        call_seconds: wall time of one call of an exercise function by a check (and all the calls
+            together get ``seconds``).
+        memory_bytes: address space of each process (RLIMIT_AS), and memory of all the
+            notebook's processes together (resident; the grader watches it and kills the sandbox).
+        processes: processes and threads at once, in the sandbox (RLIMIT_NPROC); a notebook
+            that fills 90% of it is stopped as a fork bomb (chapter 09, the most, peaks near 23).
+        scratch_bytes: size of ``/scratch``, ``/tmp`` and ``/dev/shm`` each.
+        output_bytes: how much of what the notebook prints is kept in its result.
+        threads: threads PyTorch may use (OMP_NUM_THREADS).
+    """
+
+    seconds: float = 900.0
+    cell_seconds: float = 300.0
+    call_seconds: float = 60.0
+    memory_bytes: int = 4 * 2**30
+    processes: int = 128
+    scratch_bytes: int = 256 * 2**20
+    output_bytes: int = 64 * 2**10
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"Limits: {field.name} must be a positive number, got {value!r}")
+
+    def set_in_this_process(self) -> None:
+        """The limits that ``setrlimit`` gives every process started from here on."""
+        cpu = 2 * int(self.seconds) + 1       # the notebook, then the checks' calls of its answers
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def bubblewrap() -> str | None:
+    """The ``bwrap`` program, or None."""
+    return shutil.which("bwrap")
+
+
+@functools.cache
+def sandbox_problem() -> str | None:
+    """Why submissions cannot be sandboxed here (None when they can): bwrap missing, or refusing."""
+    program = bubblewrap()
+    if program is None:
+        return "bubblewrap (bwrap) is not installed. " + INSTALL_HINT
+    probe = subprocess.run(sandbox_command([sys.executable, "-c", "pass"], Limits()), capture_output=True,
+                           text=True, preexec_fn=Limits().set_in_this_process, timeout=60)
+    if probe.returncode != 0:
+        return (f"bubblewrap cannot start a sandbox here ({probe.stderr.strip()[:300]}); on Ubuntu 24.04 "
+                "unprivileged user namespaces may need enabling (see INSTRUCTORS.md). " + INSTALL_HINT)
+    return None
+
+
+def readable_roots() -> list[pathlib.Path]:
+    """The folders a submission reads: the Python installation, this environment, the package."""
+    roots = {pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix).resolve(),
+             pathlib.Path(attn_course.__file__).resolve().parent}
+    # An interpreter symlinked from elsewhere (pyenv, conda) lives where its link points.
+    roots.add(pathlib.Path(os.path.realpath(sys.executable)).parent.parent)
+    # Drop any folder inside another: bubblewrap mounts each once.
+    return sorted(root for root in roots if not any(other != root and other in root.parents for other in roots))
+
+
+def sandbox_command(command: list[str], limits: Limits) -> list[str]:
+    """``bwrap`` and its options, then ``command``: run ``command`` in a fresh sandbox."""
+    program = bubblewrap()
+    if program is None:
+        raise RuntimeError(INSTALL_HINT)
+    options = [program, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session", "--hostname", "sandbox",
+               "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--proc", "/proc"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = pathlib.Path("/") / top
+        if path.is_symlink():
+            options += ["--symlink", os.readlink(path), str(path)]   # merged /usr: /lib -> usr/lib
+        elif path.is_dir():
+            options += ["--ro-bind", str(path), str(path)]
+    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "fonts"):
+        if (pathlib.Path("/etc") / name).exists():
+            options += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    # Private, writable by the sandbox's user (who may not be root); /dev/shm holds multiprocessing's
+    # semaphores and torch's shared tensors (chapter 09's processes). Mounted before the folders
+    # below, which may lie inside /tmp (a checkout cloned there) and must stay visible on top.
+    for private in ("/scratch", "/tmp", "/dev/shm"):
+        options += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", private]
+    roots = readable_roots()
+    # bubblewrap makes missing parent folders private (0700); the sandbox's user must pass through.
+    parents = sorted({parent for root in roots for parent in root.parents if parent != pathlib.Path("/")})
+    for parent in parents:
+        if parent not in (pathlib.Path("/usr"), pathlib.Path("/tmp")) and pathlib.Path("/usr") not in parent.parents:
+            # (a folder inside /tmp is made on the sandbox's own /tmp, never the host's)
+            options += ["--perms", "0755", "--dir", str(parent)]
+    for root in roots:
+        options += ["--ro-bind", str(root), str(root)]
+    options += ["--chdir", "/scratch"]
+    if os.geteuid() == 0:
+        # bubblewrap run by root starts the command as root without capabilities; the command drops
+        # to a user of its own first (in_sandbox --user, SandboxUser), for which the kernel enforces
+        # RLIMIT_NPROC.
+        options += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    return options + ["--"] + command
+
+
+def environment(limits: Limits) -> dict[str, str]:
+    """The whole environment of a submission: nothing of the instructor's (no tokens, no paths)."""
+    threads = str(limits.threads)
+    return {
+        "PATH": f"{pathlib.Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/scratch", "USER": "student",
+        "LANG": "C.UTF-8", "TMPDIR": "/tmp", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/scratch/.matplotlib",
+        "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
+        "TRITON_CACHE_DIR": "/scratch/.triton", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+class SandboxUser:
+    """A user id from :data:`SANDBOX_UIDS` that no other running sandbox holds (root only).
+
+    Without a user of its own, a fork bomb in one sandbox would use up the processes of every
+    sandbox running as the same user at the same time.
+    """
+
+    _free = list(SANDBOX_UIDS)
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(f"SandboxUser: all {len(SANDBOX_UIDS)} sandbox users are in use")
+            self.uid = self._free.pop(0)
+
+    def release(self) -> None:
+        with self._lock:
+            if self.uid not in self._free:
+                self._free.append(self.uid)

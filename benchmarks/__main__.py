@@ -1,0 +1,252 @@
+"""``python -m attn_course.measure NAME``: run one benchmark, print its table, write its CSV.
+
+    python -m attn_course.measure kv-cache     # generation with and without a KV cache
+    python -m attn_course.measure flash        # FlashAttention: GPU TFLOP/s, or CPU time and memory
+                                             # (on a CPU also forward+backward memory, for training)
+    python -m attn_course.measure flash --max-minutes 4.5      # the GPU run, bounded in time
+    python -m attn_course.measure flash --dry-run              # the GPU code path on the CPU, tiny sizes
+    python -m attn_course.measure variants     # causal softmax, sliding window, FlexAttention, linear:
+                                             # time and memory against N, and linear's crossover N
+    python -m attn_course.measure variants --quick             # tiny sizes, a few seconds
+    python -m attn_course.measure distributed  # ring attention vs Ulysses on P = 1, 2, 4 processes:
+                                             # bytes sent per rank, memory per rank, time ratios
+    python -m attn_course.measure distributed --quick          # tiny sizes
+    python -m attn_course.measure grading --autograders dist/autograder    # sandboxed grading: notebooks
+                                             # per minute for a class, and the sandbox's start-up cost
+    python -m attn_course.measure grading --quick              # the start-up cost only
+
+``kv-cache`` writes ``bench-results/kv-cache.csv``. ``flash`` on a CUDA machine (or with
+``--dry-run``) runs :func:`benchmarks.flash_gpu.run_gpu_benchmark`: ``flash-gpu.csv``,
+``flash-gpu-decode.csv``, ``flash-gpu-summary.csv``, ``machine.json`` and PNG plots; elsewhere
+``flash-cpu.csv`` and ``flash-cpu-training.csv`` with a PNG plot. ``--out`` changes the folder;
+``variants`` (:mod:`attn_course.measure.variants`) writes ``variants.csv`` (one row per variant and
+N: seconds, exact peak bytes, the bytes kept for decoding, the difference from a reference),
+``variants-crossover.csv`` (the N from which causal linear attention is faster and smaller than
+softmax attention, against SDPA and against the course's ``self_attention``),
+``variants-cache-bytes.csv`` (bytes per token and per sequence for MHA, GQA, MQA, MLA, a sliding
+window and linear attention) and ``variants.png``; ``--quick`` runs it at tiny sizes, ``--threads``
+sets torch's CPU threads while it measures (default 1: steadier on a shared machine).
+``distributed`` (:mod:`attn_course.measure.distributed`) starts ``P = 1, 2, 4`` processes (gloo, one
+thread each) and writes ``distributed-traffic.csv`` (bytes one rank sends for one attention layer,
+forward and forward + backward, measured with ``count_traffic`` next to the formulas, with ``N``
+fixed and with ``N`` growing in proportion to ``P``), ``distributed-memory.csv`` (exact peak bytes
+per rank in a forward pass against ``N`` and ``P``), ``distributed-time.csv`` (forward time as a
+ratio to ``P = 1``; on fewer cores than ``P`` the ranks share cores, and the rows say so) and
+``distributed.png``; ``--quick`` runs it at tiny sizes, ``--lengths`` sets the memory sweep's N.
+``grading`` (:mod:`benchmarks.grading`) writes ``grading-overhead.csv`` (start-up of a
+one-cell notebook with and without the sandbox) and, given ``--autograders``, grades a made-up
+class (``--students`` copies of every chapter's solution notebook, ``--jobs`` at once) into
+``grading-chapters.csv`` and ``grading-class.csv`` (notebooks per minute, and the minutes a class
+of 40 would take).
+``--lengths`` overrides the list of N for ``flash`` and ``variants`` and the numbers of generated
+tokens for ``kv-cache``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import pathlib
+import sys
+
+import torch
+
+from attn_course.measure.kv_cache import kv_cache_speedup, print_kv_cache
+from attn_course.measure.timing import machine_description, write_csv
+
+
+def _length(text: str) -> int:
+    # argparse's type=int would let 0 or -5 through to a traceback; say it as a usage error.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value:g}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark named in ``argv`` (default: ``sys.argv[1:]``) and write its results.
+
+    Args:
+        argv: command-line arguments, e.g. ``["flash", "--lengths", "256", "512"]``.
+
+    Returns:
+        0 on success, also when ``--max-minutes`` left measurements out (their rows say so);
+        1 when the GPU run was terminated (SIGTERM) before its end. argparse exits with
+        status 2 on bad arguments.
+    """
+    parser = argparse.ArgumentParser(prog="python -m attn_course.measure", description=__doc__.splitlines()[0])
+    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "distributed", "grading"])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
+                        help="folder for the CSV and PNG (default: bench-results)")
+    parser.add_argument("--lengths", type=_length, nargs="+",
+                        help="sequence lengths N for flash and variants; numbers of new tokens for kv-cache")
+    parser.add_argument("--max-minutes", type=_minutes, default=None,
+                        help="flash on a GPU: start no new measurement after this many minutes (default: no limit)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="flash: run the GPU benchmark's code on the CPU at tiny sizes (Triton's interpreter)")
+    parser.add_argument("--quick", action="store_true",
+                        help="variants and distributed: tiny sizes and one timing each")
+    parser.add_argument("--threads", type=_length, default=None,
+                        help="variants: CPU threads for torch while measuring (default: 1, the steadiest timings)")
+    parser.add_argument("--autograders", type=pathlib.Path, default=None,
+                        help="grading: the autograders of `make assignments` (dist/autograder) to grade a class with")
+    parser.add_argument("--students", type=_length, default=2, help="grading: students in the measured class")
+    parser.add_argument("--jobs", type=_length, default=os.cpu_count() or 1,
+                        help="grading: notebooks graded at once (default: one per core)")
+    args = parser.parse_args(argv)
+    if args.name != "flash" and (args.dry_run or args.max_minutes is not None):
+        parser.error("--dry-run and --max-minutes are options of flash")
+    if args.name == "distributed" and args.threads is not None:
+        parser.error("--threads is an option of variants (distributed runs one thread per process)")
+    if args.name not in ("variants", "distributed", "grading") and (args.quick or args.threads is not None):
+        parser.error("--quick and --threads are options of variants (--quick also of distributed and grading)")
+    if args.name == "grading" and args.threads is not None:
+        parser.error("--threads is an option of variants (grading shares the cores out between its jobs)")
+    if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
+        os.environ["TRITON_INTERPRET"] = "1"           # the dry run's kernels run in the interpreter, GPU or not
+    description = machine_description()
+    print(f"# {description}")
+    if args.name == "kv-cache":
+        counts = {"new_tokens": tuple(args.lengths)} if args.lengths else {}
+        rows = kv_cache_speedup(**counts, repeats=3)
+        print_kv_cache(rows)
+        print(f"wrote {write_csv(rows, args.out / 'kv-cache.csv')}")
+        return 0
+    if args.name == "variants":
+        return _variants(args, description)
+    if args.name == "distributed":
+        return _distributed(args, description)
+    if args.name == "grading":
+        return _grading(args)
+
+    # Imported only for flash: it loads the FlashAttention package (and Triton).
+    from attn_course.measure import flash
+
+    lengths = {"lengths": tuple(args.lengths)} if args.lengths else {}
+    if args.dry_run or torch.cuda.is_available():
+        from attn_course.measure import flash_gpu
+
+        result = flash_gpu.run_gpu_benchmark(args.out, dry_run=args.dry_run, max_minutes=args.max_minutes,
+                                             progress=functools.partial(print, flush=True), **lengths)
+        return 1 if result.stopped == "SIGTERM" else 0
+    rows = flash.cpu_rows(**lengths)
+    flash.print_flash(rows)
+    print(f"wrote {write_csv(rows, args.out / 'flash-cpu.csv')}")
+    plot = args.out / "flash-cpu.png"
+    try:
+        flash.plot_rows(rows, plot, title=f"FlashAttention benchmark: {description}")
+    except ImportError:   # a bare GPU image may lack matplotlib; the CSV holds the numbers
+        print("matplotlib is not installed: no plot")
+    else:
+        print(f"wrote {plot}")
+    training = flash.training_rows(**lengths)
+    flash.print_training(training)
+    print(f"wrote {write_csv(training, args.out / 'flash-cpu-training.csv')}")
+    return 0
+
+
+def _variants(args: argparse.Namespace, description: str) -> int:
+    """``variants``: measure, print and write the rows, the crossovers, the cache bytes and the plot."""
+    from attn_course.measure import variants
+
+    default = variants.QUICK_LENGTHS if args.quick else variants.DEFAULT_LENGTHS
+    lengths = tuple(args.lengths) if args.lengths else default
+    sizes = dict(heads=2, head_dim=16, window=16, chunk_size=16, repeats=1, budget_s=0) if args.quick else {}
+    threads = args.threads or 1
+    shape = "B=1, H=2, d=16, window W=16, chunk C=16" if args.quick else "B=1, H=4, d=64, window W=128, chunk C=128"
+    print(f"# measured on {threads} thread(s); {shape}; float32, causal")
+    rows = variants.measure_variants(lengths, threads=threads, **sizes)
+    variants.print_variants(rows)
+    print(f"wrote {write_csv(rows, args.out / 'variants.csv')}")
+    if len(set(lengths)) >= 2:
+        crossovers = [variants.crossover_from_rows(rows, softmax=softmax)
+                      for softmax in ("softmax sdpa", "softmax self_attention")]
+        for crossover in crossovers:
+            print(crossover.describe())
+        print(f"wrote {write_csv(crossovers, args.out / 'variants-crossover.csv')}")
+    else:
+        print("one N only: no crossover")
+    cache = variants.cache_bytes_rows()
+    print("# KV cache per sequence, one layer, 16-bit: n_h=8, d_h=64, GQA n_kv=2, MLA d_c=256 d_h^R=32, W=4096")
+    variants.print_cache_bytes(cache)
+    print(f"wrote {write_csv(cache, args.out / 'variants-cache-bytes.csv')}")
+    plot = args.out / "variants.png"
+    try:
+        variants.plot_variants(rows, plot, title=f"Causal attention variants ({threads} thread(s)): {description}")
+    except ImportError:   # the CSV holds the numbers
+        print("matplotlib is not installed: no plot")
+    else:
+        print(f"wrote {plot}")
+    return 0
+
+
+def _grading(args: argparse.Namespace) -> int:
+    """``grading``: the sandbox's start-up cost, and (with ``--autograders``) a class's throughput."""
+    from attn_course.measure import grading
+
+    overhead = grading.sandbox_overhead(repeats=2 if args.quick else 10)
+    print("# start-up of a one-cell notebook, seconds (Python, torch, IPython; with bubblewrap's sandbox or not)")
+    grading.print_rows(overhead)
+    print(f"wrote {write_csv(overhead, args.out / 'grading-overhead.csv')}")
+    if args.quick or args.autograders is None:
+        return 0
+    per_chapter, whole = grading.class_throughput(args.autograders, students=args.students, jobs=args.jobs)
+    print(f"# {args.students} students x {len(per_chapter)} chapters (solution notebooks), {args.jobs} at once, "
+          f"each sandboxed, {os.cpu_count()} CPU cores")
+    grading.print_rows(per_chapter)
+    grading.print_rows([whole])
+    print(f"wrote {write_csv(per_chapter, args.out / 'grading-chapters.csv')}")
+    print(f"wrote {write_csv([whole], args.out / 'grading-class.csv')}")
+    return 0
+
+
+def _distributed(args: argparse.Namespace, description: str) -> int:
+    """``distributed``: bytes, memory and time of ring attention and Ulysses on P = 1, 2, 4 processes."""
+    from attn_course.measure import distributed
+
+    if args.quick:
+        sizes = dict(n=32, n_per_rank=8, lengths=(32, 64), time_n=32, heads=4, head_dim=8, repeats=1)
+    else:
+        sizes = dict(n=256, n_per_rank=64, lengths=(256, 512, 1024), time_n=1024, heads=8, head_dim=16, repeats=3)
+    if args.lengths:
+        sizes["lengths"] = tuple(args.lengths)
+    world_sizes = (1, 2, 4)
+    print(f"# P = {', '.join(map(str, world_sizes))} processes (gloo), one thread each, on {os.cpu_count()} "
+          f"CPU cores; B=1, H={sizes['heads']}, d={sizes['head_dim']}, float32, causal")
+    traffic, memory, timing = distributed.measure_distributed(world_sizes, **sizes)
+    print(f"# bytes sent per rank, one layer: N fixed at {sizes['n']}, and N = {sizes['n_per_rank']}·P")
+    distributed.print_traffic(traffic)
+    print(f"wrote {write_csv(traffic, args.out / 'distributed-traffic.csv')}")
+    print("# peak memory per rank, forward (exact bytes allocated; the input shards not counted)")
+    distributed.print_memory(memory)
+    print(f"wrote {write_csv(memory, args.out / 'distributed-memory.csv')}")
+    print(f"# forward time at N={sizes['time_n']}, the slowest rank, best of {sizes['repeats']}")
+    distributed.print_time(timing)
+    print(f"wrote {write_csv(timing, args.out / 'distributed-time.csv')}")
+    plot = args.out / "distributed.png"
+    try:
+        distributed.plot_distributed(traffic, memory, timing, plot,
+                                     title=f"Ring attention vs Ulysses, one thread per rank: {description}")
+    except ImportError:   # the CSVs hold the numbers
+        print("matplotlib is not installed: no plot")
+    else:
+        print(f"wrote {plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

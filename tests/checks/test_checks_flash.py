@@ -1,0 +1,98 @@
+"""Chapter 06's exercise checks: each planted mistake gets its hint, and the solutions pass."""
+
+from __future__ import annotations
+
+import linecache
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import attn_course  # noqa: F401  (chooses Triton's interpreter without a GPU, before Triton is imported)
+from attn_course.checks import CheckFailed
+from attn_course.checks.flash import (
+    check_attention_backward,
+    check_causal_tile_counts,
+    check_merge_partial_attention,
+    check_rescale_kernel,
+    check_streaming_attention,
+)
+
+from support.planted.planted_06 import PLANTED, SOLUTIONS, kernel_with
+
+CHECKS = {
+    "merge_partial_attention": check_merge_partial_attention,
+    "causal_tile_counts": check_causal_tile_counts,
+    "fixed_streaming_attention": check_streaming_attention,
+    "small_attention_kernel": check_rescale_kernel,
+    "attention_backward": check_attention_backward,
+}
+
+
+def define(source: str, name: str):
+    """Execute a cell's code as the notebook would, with the notebook's imports, and return ``name``."""
+    namespace = {"math": math, "torch": torch, "triton": triton, "tl": tl}
+    path = f"<cell {name} {abs(hash(source))}>"
+
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    exec(compile(source, path, "exec"), namespace)
+    return namespace[name]
+
+
+@pytest.mark.parametrize("name", sorted(SOLUTIONS))
+def test_solution_passes(name):
+    assert CHECKS[name](define(SOLUTIONS[name], name)) is True
+
+
+@pytest.mark.parametrize(("student", "name"), [(s, n) for s, functions in PLANTED.items() for n in functions])
+def test_planted_mistake_gets_its_hint(student, name):
+    code, _, hint = PLANTED[student][name]
+    with pytest.raises(CheckFailed) as failure:
+        CHECKS[name](define(code, name))
+    assert hint in str(failure.value)
+
+
+def test_streaming_solution_passes():
+    def fixed(q, k, v, block):
+        out = torch.zeros(q.shape[0], v.shape[1])
+        weights = torch.softmax(q @ k.T / math.sqrt(q.shape[1]), -1)
+        return out + weights @ v
+    assert check_streaming_attention(fixed)
+
+
+@pytest.mark.parametrize("name", [name for name in CHECKS if name != "small_attention_kernel"])
+def test_unanswered_exercise_says_so_without_crashing(name):
+    def unanswered(*args):
+        ...
+    with pytest.raises(CheckFailed, match="returns nothing yet"):
+        CHECKS[name](unanswered)
+
+
+def test_kernel_with_its_update_left_as_dots_is_told_what_is_missing():
+    with pytest.raises(CheckFailed, match="a step of the update is missing"):
+        check_rescale_kernel(define(kernel_with("        ..."), "small_attention_kernel"))
+
+
+def test_a_crashing_answer_names_the_exception():
+    def crashes(out_a, lse_a, out_b, lse_b):
+        raise IndexError("oops")
+    with pytest.raises(CheckFailed, match="raised IndexError: oops"):
+        check_merge_partial_attention(crashes)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda n, bq, bk: 3, "should return two ints"),
+    (lambda n, bq, bk: ("a", "b"), "should return two ints"),
+])
+def test_tile_counts_of_the_wrong_kind_are_named(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        check_causal_tile_counts(wrong)
+
+
+def test_tile_counts_swapped_are_named():
+    from support.planted.planted_06 import SOLUTIONS as solutions
+    right = define(solutions["causal_tile_counts"], "causal_tile_counts")
+    with pytest.raises(CheckFailed, match=r"returned \(masked, computed\)"):
+        check_causal_tile_counts(lambda *args: right(*args)[::-1])

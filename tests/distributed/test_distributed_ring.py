@@ -1,0 +1,215 @@
+"""attn_course.distributed.ring: ring attention on real processes (gloo) against single-process attention.
+
+Each world size runs in one launch whose ranks loop over every configuration (layout × causal),
+so the file costs a few launches: outputs and gradients are gathered with ``unshard`` and
+compared with :func:`~attn_course.core.attention.self_attention` and autograd on the full tensors;
+the work and the bytes each rank measured are compared with formulas written out here.
+"""
+
+from __future__ import annotations
+
+import functools
+from unittest import mock
+
+import pytest
+import torch
+
+from attn_course import self_attention
+from attn_course.distributed import count_ring_work, launch, ring_attention, ring_work, shard, unshard
+from attn_course.distributed import ring as ring_module
+from attn_course.distributed.communication import count_traffic
+
+B, H, N, D = 1, 2, 24, 8                          # N = 24 splits into 2P chunks for P = 2, 3, 4
+CONFIGS = [(layout, causal) for layout in ("contiguous", "zigzag") for causal in (False, True)]
+WORLD_SIZES = [2, 3, 4]
+
+
+def full_tensors(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, N, D, generator=generator) for _ in range(4))     # q, k, v, dO
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    """helpers.close, written out: the ranks import this module, and helpers would bring hypothesis."""
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+def forgetful_merge(out_a, lse_a, out_b, lse_b):
+    """A planted bug: the merged lse is right, but out_b is added without its weight exp(lse_b - lse)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a - lse).nan_to_num(0.0).unsqueeze(-1) * out_a + out_b, lse
+
+
+# --- what every rank runs (top-level functions: the launched processes import them by name) ----------
+
+def ring_cases(rank: int, world_size: int, q, k, v, grad_out) -> dict:
+    """Every configuration on this rank: output, gradients, work and bytes, plus the planted merge."""
+    results = {}
+    for layout, causal in CONFIGS:
+        parts = [shard(t, rank, world_size, layout).requires_grad_() for t in (q, k, v)]
+        with count_ring_work() as work:
+            with count_traffic() as forward_traffic:
+                out = ring_attention(*parts, causal=causal, layout=layout)
+            with count_traffic() as backward_traffic:
+                # sum(out ∘ dO) backpropagates dO; out.backward(dO) would import sympy (2 s a process).
+                (out * shard(grad_out, rank, world_size, layout)).sum().backward()
+        results[layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts], work=work,
+                                       forward_bytes=forward_traffic.bytes_sent,
+                                       backward_bytes=backward_traffic.bytes_sent)
+    results["order"] = order_of_events(rank, world_size, q, k, v)
+    with mock.patch.object(ring_module, "merge_attention_outputs", forgetful_merge):
+        for layout, causal in CONFIGS:
+            parts = [shard(t, rank, world_size, layout) for t in (q, k, v)]
+            results["planted", layout, causal] = ring_attention(*parts, causal=causal, layout=layout)
+    return results
+
+
+def order_of_events(rank: int, world_size: int, q, k, v) -> list[str]:
+    """What one contiguous forward does, in order: "pass" (a transfer started), "attend" (a tile
+    computed), "wait" (a transfer completed)."""
+    events = []
+    real_pass, real_attend = ring_module.pass_around_ring, ring_module._block_attention
+
+    def recording_pass(tensors, **options):
+        transfer = real_pass(tensors, **options)
+        events.append("pass")
+        real_wait = transfer.wait
+        transfer.wait = lambda: (events.append("wait"), real_wait())[1]
+        return transfer
+
+    def recording_attend(*args):
+        events.append("attend")
+        return real_attend(*args)
+
+    with mock.patch.object(ring_module, "pass_around_ring", recording_pass), \
+            mock.patch.object(ring_module, "_block_attention", recording_attend):
+        ring_attention(*[shard(t, rank, world_size) for t in (q, k, v)])
+    return events
+
+
+def ring_with_a_wrong_dtype_on_the_last_rank(rank: int, world_size: int, q, k, v) -> torch.Tensor:
+    """The last rank passes float64 keys and raises; the others wait in the ring for its blocks."""
+    parts = [shard(t, rank, world_size) for t in (q, k, v)]
+    if rank == world_size - 1:
+        parts[1] = parts[1].double()
+    return ring_attention(*parts)
+
+
+@functools.cache
+def gathered(world_size: int) -> dict:
+    """One launch per world size; every rank's results, in rank order."""
+    q, k, v, grad_out = full_tensors()
+    return {"ranks": launch(ring_cases, world_size, q, k, v, grad_out), "inputs": (q, k, v, grad_out)}
+
+
+def reference(q, k, v, grad_out, causal):
+    """Single-process attention on the full tensors and its gradients (autograd)."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    mask = torch.ones(N, N, dtype=torch.bool).tril() if causal else None          # True = may attend
+    out, _ = self_attention(*leaves, mask)
+    out.backward(grad_out)
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+# --- outputs and gradients --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_outputs_and_gradients_equal_single_process_attention(world_size):
+    run = gathered(world_size)
+    for layout, causal in CONFIGS:
+        ranks = [result[layout, causal] for result in run["ranks"]]
+        expected_out, expected_grads = reference(*run["inputs"], causal)
+        close(unshard([r["out"] for r in ranks], layout), expected_out, 1e-5)
+        for index, expected in enumerate(expected_grads):                         # dq, dk, dv
+            close(unshard([r["grads"][index] for r in ranks], layout), expected, 1e-5)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_a_merge_that_forgets_to_rescale_fails_the_comparison(world_size):
+    run = gathered(world_size)
+    for layout, causal in CONFIGS:
+        planted = unshard([result["planted", layout, causal] for result in run["ranks"]], layout)
+        expected_out, _ = reference(*run["inputs"], causal)
+        with pytest.raises(AssertionError):
+            close(planted, expected_out, 1e-5)
+        assert (planted - expected_out).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_each_step_starts_passing_its_block_on_before_attending_to_it(world_size):
+    expected = ["pass", "attend", "wait"] * (world_size - 1) + ["attend"]       # the last block goes nowhere
+    assert [result["order"] for result in gathered(world_size)["ranks"]] == [expected] * world_size
+
+
+# --- work and traffic ---------------------------------------------------------------------------------
+
+def chunks_of(rank: int, world_size: int, layout: str) -> list[int]:
+    return [rank] if layout == "contiguous" else [rank, 2 * world_size - 1 - rank]
+
+
+def pairs_by_chunk_ids(world_size: int, layout: str, causal: bool) -> list[int]:
+    """Chunk pairs each rank must compute, from chunk ids alone: a query chunk sees the key chunks
+    with a smaller or equal id (chunks are equal and in sequence order), all of them without a mask."""
+    counts = []
+    for rank in range(world_size):
+        keys = [c for source in range(world_size) for c in chunks_of(source, world_size, layout)]
+        counts.append(sum(1 for cq in chunks_of(rank, world_size, layout) for ck in keys if not causal or ck <= cq))
+    return counts
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_measured_work_equals_ring_work_contiguous_is_imbalanced_zigzag_is_not(world_size):
+    run = gathered(world_size)
+    for layout, causal in CONFIGS:
+        works = [result[layout, causal]["work"] for result in run["ranks"]]
+        predicted = ring_work(world_size, layout, causal)
+        assert predicted == pairs_by_chunk_ids(world_size, layout, causal)
+        assert [w.forward for w in works] == predicted
+        assert [w.backward for w in works] == predicted                      # the backward visits the same pairs
+        per_rank_total = world_size * len(chunks_of(0, world_size, layout)) ** 2
+        assert [w.forward + w.skipped for w in works] == [per_rank_total] * world_size
+        diagonal = len(chunks_of(0, world_size, layout)) if causal else 0    # pairs that need the mask
+        assert [w.masked for w in works] == [diagonal] * world_size
+    assert ring_work(world_size, "contiguous", True) == list(range(1, world_size + 1))      # rank P - 1: P times rank 0
+    assert ring_work(world_size, "zigzag", True) == [2 * world_size + 1] * world_size       # balanced
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_bytes_sent_per_rank_follow_the_ring_formulas(world_size):
+    n_local, element = N // world_size, 4                                    # float32
+    block = B * H * n_local * D * element                                    # one K (or V, dK, dV) shard
+    for layout, causal in CONFIGS:
+        for result in gathered(world_size)["ranks"]:
+            traffic = result[layout, causal]
+            assert traffic["forward_bytes"] == 2 * (world_size - 1) * block        # K and V, P - 1 hops
+            assert traffic["backward_bytes"] == (2 * (world_size - 1) + 2 * world_size) * block   # + dK, dV, P hops
+
+
+# --- failures -----------------------------------------------------------------------------------------
+
+def test_a_rank_that_raises_ends_the_run_with_its_error():
+    q, k, v, _ = full_tensors()
+    with pytest.raises(TypeError, match="must share one dtype"):
+        launch(ring_with_a_wrong_dtype_on_the_last_rank, 2, q, k, v, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda x: ring_attention(x, x.double(), x), TypeError, "dtype"),
+        (lambda x: ring_attention(x, x[:, :, :4], x[:, :, :4]), ValueError, "cut from the sequence the same way"),
+        (lambda x: ring_attention(x[0], x, x), ValueError, "q must be 4-D"),
+        (lambda x: ring_attention(x.long(), x, x), TypeError, "floating"),
+        (lambda x: ring_attention(x[:, :, :5], x[:, :, :5], x[:, :, :5], layout="zigzag"), ValueError,
+         "even N_local.*N_local=5"),
+        (lambda x: ring_attention(x, x, x, layout="striped"), ValueError, "layout must be one of"),
+        (lambda x: ring_attention(*(x[:, :, :0],) * 3), ValueError, "at least one token"),
+        (lambda x: ring_attention(x, x, x, causal=1), TypeError, "causal must be a bool"),
+        (lambda x: ring_attention(x, x, x), RuntimeError, "no process group"),
+        (lambda x: shard(torch.randn(1, 2, 12, 8), 0, 4, "zigzag"), ValueError, "N=12 must be divisible by 8"),
+        (lambda x: ring_work(0, "zigzag", True), ValueError, "world_size"),
+    ],
+)
+def test_bad_inputs_are_rejected_naming_the_argument(call, error, fragment):
+    with pytest.raises(error, match=fragment):
+        call(torch.randn(1, 2, 6, 8))

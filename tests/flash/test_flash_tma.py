@@ -1,0 +1,277 @@
+"""The TMA (tensor-descriptor) forward kernel against float64 math, and compiled for sm_90.
+
+Triton's interpreter runs tensor descriptors (``tl.make_tensor_descriptor``, ``.load``,
+``.store``) with TMA's rules: zero-filled rows out of bounds, 16-byte aligned base and strides.
+So on the CPU the kernel is judged like the pointer kernel, by the FlashAttention rule against
+float64 (:mod:`attn_course.flash.accuracy`'s factors and floors), with 64-row tiles to keep the
+interpreter quick: float32 and float16, causal or not, lengths that are and are not tile
+multiples, grouped- and multi-query heads, bottom-right causal with ``N_q < N_k``, strided inputs.
+With a Hopper GPU the same tests run there, in float16 and bfloat16, with the tested config.
+
+That the GPU code really uses TMA and ``wgmma`` is checked by compiling for sm_90 ahead of time
+(marked slow; no GPU needed), in a subprocess with ``TRITON_INTERPRET=0`` because Triton fixes
+its mode at import.
+"""
+
+import contextvars
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from attn_course.flash.kernels_tma import (  # noqa: E402
+    attention_forward_tma,
+    tma_forward_config,
+    tma_forward_supported,
+)
+
+from support.flash_rule import assert_flash_rule as shared_flash_rule  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = (torch.float16, torch.bfloat16) if ON_GPU else (torch.float16, torch.float32)
+INTERPRETER_TILES = {"block_m": 64, "block_n": 64}    # small tiles: the interpreter's cost is per tile op
+TILE = INTERPRETER_TILES["block_m"]
+
+
+def launch_options(head_dim):
+    return tma_forward_config(head_dim) if ON_GPU else INTERPRETER_TILES
+
+
+def random_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, *, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(batch, heads, n_q, head_dim), (batch, kv_heads, n_k, head_dim), (batch, kv_heads, n_k, head_dim)]
+    return [torch.randn(shape, generator=generator, dtype=torch.float64).to(DEVICE, dtype) for shape in shapes]
+
+
+def run_tma(q, k, v, *, causal, out=None):
+    """The kernel's output and LSE, into buffers pre-filled with NaN (so an unwritten element shows)."""
+    if ON_GPU and not tma_forward_supported(q, k, v, out):
+        pytest.skip("the TMA forward needs a Hopper GPU (capability 9.x) and a Triton with tensor descriptors")
+    out = torch.full_like(q, float("nan")) if out is None else out.fill_(float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
+    return attention_forward_tma(q, k, v, out, lse, causal=causal, **launch_options(q.shape[-1]))
+
+
+def tma_kernel(q, k, v, *, causal):
+    """:func:`run_tma`, refusing any element it left unwritten (still NaN)."""
+    out, lse = run_tma(q, k, v, causal=causal)
+    for quantity, value in (("output", out), ("lse", lse)):
+        assert torch.isfinite(value).all(), f"{quantity}: the kernel left elements unwritten (NaN)"
+    return out, lse
+
+
+def assert_flash_rule(q, k, v, *, causal):
+    # The rule and its float64 reference are tests/support/flash_rule.py's; a forward kernel needs no dO.
+    shared_flash_rule(q, k, v, torch.zeros_like(q), causal=causal, kernel=tma_kernel, gradients=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (4, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("length", [2 * TILE, 100], ids=["tile_multiple", "partial_tile"])
+def test_matches_float64_by_the_flash_rule(length, heads, kv_heads, causal, dtype):
+    assert_flash_rule(*random_inputs(2, heads, kv_heads, length, length, 32, dtype), causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_q, n_k", [
+    (1, 5),                # one query after four cached keys: most of the tile is zero-filled
+    (17, 200),             # partial tiles on both sides
+    (TILE, 3 * TILE),      # tile multiples: the band is cut exactly on tile edges
+    (70, 3 * TILE),        # partial query tile, full key tiles
+])
+def test_bottom_right_causal_with_fewer_queries_than_keys(n_q, n_k, dtype):
+    assert_flash_rule(*random_inputs(1, 4, 2, n_q, n_k, 16, dtype, seed=1), causal=True)
+
+
+def test_fewer_queries_than_keys_without_causal():
+    assert_flash_rule(*random_inputs(1, 2, 2, 30, 150, 16, DTYPES[0], seed=2), causal=False)
+
+
+def test_strided_inputs_and_output_give_the_contiguous_result():
+    # [B, N, H, d] tensors viewed as [B, H, N, d]: rows H·d apart, heads d apart, as after a
+    # projection; the descriptors take those strides, and the output is written through them too.
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in random_inputs(2, 4, 2, 90, 90, 32, DTYPES[0]))
+    assert not q.is_contiguous() and q.stride(-1) == 1
+    out = torch.empty(2, 90, 4, 32, dtype=q.dtype, device=q.device).transpose(1, 2)
+    strided, strided_lse = run_tma(q, k, v, causal=True, out=out)
+    contiguous, contiguous_lse = run_tma(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    torch.testing.assert_close(strided, contiguous, atol=0, rtol=0)
+    torch.testing.assert_close(strided_lse, contiguous_lse, atol=0, rtol=0)
+
+
+def test_query_sees_only_its_bottom_right_keys():
+    # Key 8 of 10 is visible to queries 1 and 2 of 3 (offset 7), not to query 0.
+    q, k, v = random_inputs(1, 1, 1, 3, 10, 16, DTYPES[0], seed=4)
+    base, _ = run_tma(q, k, v, causal=True)
+    changed_v = v.clone()
+    changed_v[..., 8, :] += 1.0
+    changed, _ = run_tma(q, k, changed_v, causal=True)
+    difference = (changed - base).abs().amax(dim=-1)[0, 0]
+    assert difference[0] == 0 and (difference[1:] > 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher's checks
+# ---------------------------------------------------------------------------------------------
+
+def buffers(q):
+    return torch.empty_like(q), torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+
+
+def test_layouts_tma_cannot_read_are_refused_by_name():
+    q, k, v = random_inputs(1, 2, 2, 8, 8, 16, torch.float16)
+    out, lse = buffers(q)
+    odd_rows = torch.zeros(1, 2, 8, 20, dtype=q.dtype, device=q.device)[..., :16]    # rows 40 bytes apart
+    with pytest.raises(ValueError, match=r"forward_tma: q.s strides \(but the last\) must be multiples of 16"):
+        attention_forward_tma(odd_rows, k, v, out, lse)
+    shifted = torch.zeros(2 * 8 * 16 + 1, dtype=q.dtype, device=q.device)[1:].view(1, 2, 8, 16)   # 2 bytes off
+    with pytest.raises(ValueError, match=r"attention_forward_tma: k's data pointer must be a multiple of 16"):
+        attention_forward_tma(q, shifted, v, out, lse)
+    column_major = torch.zeros(1, 2, 16, 8, dtype=q.dtype, device=q.device).transpose(2, 3)
+    with pytest.raises(ValueError, match=r"attention_forward_tma: v must have stride 1 in its last dimension"):
+        attention_forward_tma(q, k, column_major, out, lse)
+    with pytest.raises(ValueError, match=r"out's strides"):
+        attention_forward_tma(q, k, v, odd_rows, lse)
+
+
+def test_clear_errors_for_buffers_shapes_and_options():
+    q, k, v = random_inputs(1, 4, 3, 8, 8, 16, torch.float16)
+    out, lse = buffers(q)
+    with pytest.raises(ValueError, match=r"\(H % H_kv == 0\), got q \[1, 4, 8, 16\], k \[1, 3, 8, 16\]"):
+        attention_forward_tma(q, k, v, out, lse)
+    q, k, v = random_inputs(1, 2, 2, 9, 8, 16, torch.float16)
+    out, lse = buffers(q)
+    with pytest.raises(ValueError, match=r"causal needs N_q <= N_k .*got N_q=9, N_k=8"):
+        attention_forward_tma(q, k, v, out, lse, causal=True)
+    with pytest.raises(ValueError, match=r"out must be shaped like q \[1, 2, 9, 16\], got \[1, 2, 8, 16\]"):
+        attention_forward_tma(q, k, v, out[:, :, :8], lse)
+    with pytest.raises(ValueError, match=r"lse must be contiguous float32 \[B, H, N_q\]"):
+        attention_forward_tma(q, k, v, out, lse.double())
+    with pytest.raises(TypeError, match=r"attention_forward_tma: lse must be a torch.Tensor, got NoneType"):
+        attention_forward_tma(q, k, v, out, None)
+    with pytest.raises(ValueError, match=r"block_m must be a power of two from 16 to 256, got 48"):
+        attention_forward_tma(q, k, v, out, lse, block_m=48)
+    with pytest.raises(TypeError, match=r"block_n must be an int, got str"):
+        attention_forward_tma(q, k, v, out, lse, block_n="64")
+    with pytest.raises(TypeError, match=r"causal must be a bool, got int"):
+        attention_forward_tma(q, k, v, out, lse, causal=1)
+
+
+def test_supported_only_on_hopper_with_layouts_tma_can_read():
+    from attn_course.flash.kernels_tma import has_device_tensor_descriptors
+
+    q, k, v = random_inputs(1, 2, 2, 8, 8, 16, DTYPES[0])
+    hopper = ON_GPU and torch.cuda.get_device_capability()[0] == 9 and has_device_tensor_descriptors()
+    assert tma_forward_supported(q, k, v) is hopper        # never in the interpreter: TMA gains nothing there
+    odd_rows = torch.zeros(1, 2, 8, 20, dtype=q.dtype, device=q.device)[..., :16]
+    assert tma_forward_supported(odd_rows, k, v) is False
+    assert tma_forward_supported(q, k, v, out=odd_rows) is False
+    with pytest.raises(TypeError, match=r"tma_forward_supported: v must be a torch.Tensor, got list"):
+        tma_forward_supported(q, k, [])
+
+
+def test_allocator_is_installed_only_when_none_is_set():
+    import triton
+    from triton.runtime import _allocation
+
+    from attn_course.flash import kernels_tma
+
+    def current():
+        allocator = _allocation._allocator
+        return allocator.get() if hasattr(allocator, "get") else allocator
+
+    def users_own(size, alignment, stream):   # pragma: no cover - never called here
+        raise AssertionError
+
+    def scenario():
+        kernels_tma._ensure_allocator()
+        installed = current()
+        triton.set_allocator(users_own)
+        kernels_tma._ensure_allocator()
+        return installed, current()
+
+    if not hasattr(_allocation._allocator, "get"):
+        pytest.skip("this Triton keeps the allocator in a global, not a ContextVar: cannot isolate the test")
+    # A fresh context starts with Triton's default (raising) allocator and keeps ours from leaking.
+    fresh = contextvars.Context()
+    installed, kept = fresh.run(scenario)
+    assert installed is kernels_tma._scratch_allocator
+    assert kept is users_own
+
+
+# ---------------------------------------------------------------------------------------------
+# Ahead-of-time compilation for sm_90 (no GPU needed)
+# ---------------------------------------------------------------------------------------------
+
+SM90_SHARED_MEMORY_LIMIT = 227 * 1024   # bytes per thread block on H100/H200
+AOT_CASES = [(head_dim, dtype, causal) for head_dim in (64, 128) for dtype in ("float16", "bfloat16")
+             for causal in (False, True)]
+COMPILE_SCRIPT = """
+import json, re, sys, time
+from attn_course.flash.kernels_tma import compile_tma_forward
+for head_dim, dtype, causal in json.loads(sys.argv[1]):
+    start = time.perf_counter()
+    compiled = compile_tma_forward(head_dim, dtype, causal)
+    seconds = time.perf_counter() - start
+    ptx = compiled.asm["ptx"]
+    found = sorted(set(re.findall(r"cp\\.async\\.bulk\\.tensor[\\w.:]*|wgmma\\.mma_async[\\w.]*", ptx)))
+    print(json.dumps({"case": [head_dim, dtype, causal], "shared": compiled.metadata.shared,
+                      "seconds": round(seconds, 2), "found": found}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_report():
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(AOT_CASES)], env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {tuple(line["case"]): line for line in map(json.loads, result.stdout.splitlines())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_dim, dtype, causal", AOT_CASES)
+def test_sm90_build_moves_tiles_by_tma_and_multiplies_with_wgmma(sm90_report, head_dim, dtype, causal):
+    line = sm90_report[head_dim, dtype, causal]
+    loads = [name for name in line["found"] if name.startswith("cp.async.bulk.tensor") and ".global.mbarrier" in name]
+    stores = [name for name in line["found"] if name.startswith("cp.async.bulk.tensor") and ".global.shared" in name]
+    assert loads, f"no TMA load (cp.async.bulk.tensor ... shared <- global) in the PTX: {line['found']}"
+    assert stores, f"no TMA store (cp.async.bulk.tensor ... global <- shared) in the PTX: {line['found']}"
+    assert any(name.startswith("wgmma.mma_async") for name in line["found"]), line["found"]
+    assert 0 < line["shared"] <= SM90_SHARED_MEMORY_LIMIT, line
+
+
+def test_compile_refuses_interpreter_mode():
+    from attn_course.flash.kernels_tma import _runs_in_interpreter, compile_tma_forward
+
+    if not _runs_in_interpreter():
+        pytest.skip("Triton is in GPU mode in this process")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
+        compile_tma_forward(64, "float16", False)
+
+
+def test_attention_forward_takes_the_tma_path_only_where_supported():
+    # attention_forward(tma=None) picks the descriptor kernel by itself where it is supported;
+    # tma=True insists (an error elsewhere, e.g. in the interpreter), tma=False never uses it.
+    from attn_course.flash import kernels_tma
+    from attn_course.flash.triton_attention import attention_forward
+
+    generator = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 70, 64, generator=generator).to(DEVICE, DTYPES[0]) for _ in range(3))
+    pointer_out, pointer_lse = attention_forward(q, k, v, causal=True, tma=False)
+    if kernels_tma.tma_forward_supported(q, k, v):
+        tma_out, tma_lse = attention_forward(q, k, v, causal=True, tma=True)
+        torch.testing.assert_close(tma_out, pointer_out, atol=2e-3, rtol=0)
+        torch.testing.assert_close(tma_lse, pointer_lse, atol=1e-4, rtol=0)
+    else:
+        with pytest.raises(ValueError, match="tma=True needs CUDA tensors on a Hopper GPU"):
+            attention_forward(q, k, v, causal=True, tma=True)
+    with pytest.raises(TypeError, match="tma must be a bool"):
+        attention_forward(q, k, v, tma=1)

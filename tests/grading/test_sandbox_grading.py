@@ -1,0 +1,533 @@
+"""Grading untrusted notebooks: what crosses the sandbox is data, and hostile submissions fail.
+
+The first tests need no sandbox: the message format (attn_course_grading.wire) and the sandbox's
+command line and environment. Then a class of hostile students of chapter 03 is graded with
+tools/grade.py, as `make grade` does: each hands in the chapter's answers plus one attack, so its
+honest score is known. Last, the proxies through which the checks call a submission's answers.
+(tests/grading/test_assignments.py grades honest and mistaken notebooks the same way.)
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import hashlib
+import json
+import os
+import pathlib
+import pickle
+import socket
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+import torch
+from test_assignments import answers_only, write_notebook
+
+from attn_course.core.kv_cache import KVCache
+from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
+from attn_course_grading import sandbox, wire
+
+from helpers import ROOT, require_sandbox, run_tool, sandbox_installed
+
+# --- the messages: data only ----------------------------------------------------------------
+
+
+def test_values_cross_as_they_were():
+    value = {"out": torch.randn(2, 3), "pair": (torch.arange(4), 2.5), "bits": [True, None, "s", ...],
+             "dtype": torch.bfloat16, "nan": float("nan"), "half": torch.ones(3, dtype=torch.float16),
+             "size": torch.Size([2, 3]), "empty": torch.zeros(0, 4), "strided": torch.randn(4, 4).T}
+    back = wire.decode(wire.encode(value))
+    assert torch.equal(back["out"], value["out"]) and torch.equal(back["strided"], value["strided"])
+    assert isinstance(back["pair"], tuple) and torch.equal(back["pair"][0], value["pair"][0])
+    assert back["pair"][1] == 2.5 and back["bits"] == [True, None, "s", ...]
+    assert back["dtype"] is torch.bfloat16 and back["half"].dtype == torch.float16
+    assert back["size"] == (2, 3) and back["empty"].shape == (0, 4) and back["nan"] != back["nan"]
+    leaf = wire.decode(wire.encode(torch.ones(2, requires_grad=True)))
+    assert leaf.requires_grad and leaf.is_leaf
+
+
+@pytest.mark.parametrize("value", [lambda: 1, torch.nn.Linear(2, 2), open, torch.ones(2, dtype=torch.complex64),
+                                   {(1, 2): 3}, KVCache()])
+def test_what_is_not_data_is_refused_by_name(value):
+    with pytest.raises(wire.NotData):
+        wire.encode(value)
+
+
+def test_a_pickle_is_never_unpickled(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    for blob in (pickle.dumps(Exploit()), b"\x10\x00\x00\x00\x00\x00\x00\x00{}", b"", b"\xff" * 64):
+        with pytest.raises(ValueError, match="not a grading message"):
+            wire.decode(blob)
+    assert not marker.exists()
+
+
+def test_course_objects_cross_only_towards_the_submission():
+    model = TinyLanguageModel(LanguageModelConfig(vocab_size=7, max_length=8, embed_dim=8, num_heads=2)).eval()
+    cache = KVCache()
+    cache.append(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))
+    blob = wire.encode({"model": model, "cache": cache}, objects=True)
+    with pytest.raises(ValueError, match="unexpected"):
+        wire.decode(blob)                                    # what the grader reads: refused
+    rebuilt = wire.decode(blob, objects=True)                # what the submission reads: rebuilt
+    ids = torch.randint(0, 7, (1, 5))
+    assert torch.equal(rebuilt["model"](ids), model(ids)) and not rebuilt["model"].training
+    assert torch.equal(rebuilt["cache"].keys, cache.keys) and len(rebuilt["cache"]) == 3
+
+
+def test_a_cache_may_only_grow_when_sent_back():
+    cache = KVCache()
+    cache.append(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+    grown = KVCache()
+    grown.append(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+    grown.append(torch.ones(1, 1, 1, 2), torch.ones(1, 1, 1, 2))
+    wire.update_in_place(cache, wire.cache_state(grown))
+    assert len(cache) == 3 and torch.equal(cache.keys, grown.keys)
+    rewritten = KVCache()
+    rewritten.append(torch.ones(1, 1, 4, 2), torch.ones(1, 1, 4, 2))
+    with pytest.raises(ValueError, match="may only append"):
+        wire.update_in_place(cache, wire.cache_state(rewritten))
+
+
+def test_oversized_and_deep_messages_are_refused():
+    deep: list = []
+    for _ in range(wire.MAX_DEPTH + 2):
+        deep = [deep]
+    with pytest.raises(wire.NotData, match="nested"):
+        wire.encode(deep)
+    with pytest.raises(ValueError, match="larger than"):
+        wire.decode(b"\x00" * (wire.MAX_MESSAGE_BYTES + 1))
+
+
+# --- the sandbox's view ----------------------------------------------------------------------
+
+
+def test_the_sandbox_sees_the_environment_and_package_but_not_the_checkout_or_home(monkeypatch):
+    monkeypatch.setattr(sandbox, "bubblewrap", lambda: "/usr/bin/bwrap")
+    command = sandbox.sandbox_command(["python"], sandbox.Limits())
+    bound = {command[i + 1] for i, option in enumerate(command) if option in ("--ro-bind", "--bind")}
+    assert str(ROOT / "attn_course") in bound and str(pathlib.Path(sys.prefix).resolve()) in bound
+    assert "--bind" not in command                        # nothing of the host is writable
+    for hidden in (ROOT, ROOT / "notebooks", ROOT / "dist", pathlib.Path.home(), pathlib.Path("/")):
+        assert str(hidden) not in bound
+    assert "--unshare-net" in command and "--unshare-pid" in command and "--die-with-parent" in command
+
+
+def test_the_sandbox_gets_none_of_the_instructors_environment(monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "secret")
+    environment = sandbox.environment(sandbox.Limits(threads=2))
+    assert "GITHUB_TOKEN" not in environment and environment["HOME"] == "/scratch"
+    assert environment["OMP_NUM_THREADS"] == "2" and "secret" not in json.dumps(environment)
+
+
+@pytest.mark.parametrize("field", ["seconds", "memory_bytes", "processes"])
+def test_limits_must_be_positive(field):
+    with pytest.raises(ValueError, match=field):
+        sandbox.Limits(**{field: 0})
+
+
+@pytest.mark.slow
+def test_without_bubblewrap_make_grade_refuses_and_says_how_to_install(tmp_path):
+    (tmp_path / "submissions" / "ada").mkdir(parents=True)
+    environment = dict(os.environ, PATH=str(pathlib.Path(sys.executable).parent))   # no bwrap on it
+    environment.pop("TRUSTED", None)
+    completed = subprocess.run([sys.executable, "tools/grade.py", str(tmp_path / "submissions"), "--autograders",
+                                str(tmp_path)], cwd=ROOT, capture_output=True, text=True, env=environment)
+    assert completed.returncode != 0
+    assert "refusing to run submissions without a sandbox" in completed.stderr
+    assert "apt-get install bubblewrap" in completed.stderr and "TRUSTED=1" in completed.stderr
+
+
+def results(grades: pathlib.Path) -> tuple[dict, dict]:
+    """``({student: csv row}, {(student, chapter): result json})`` of a tools/grade.py run."""
+    with open(grades / "grades.csv") as handle:
+        rows = {row["student"]: row for row in csv.DictReader(handle)}
+    feedback = {(path.parent.name, path.stem): json.loads(path.read_text()) for path in grades.glob("*/*.json")}
+    return rows, feedback
+
+
+# --- a class of hostile students -----------------------------------------------------------------
+# Each hands in chapter 03's answers (11 points when right; its checks take a tenth of a second)
+# and one attack, placed before them unless it replaces them. LIMITS are tight so that the class
+# is graded in well under a minute.
+CHAPTER = "03_multi_head"
+LIMITS = ["--seconds", "15", "--cell-seconds", "3", "--call-seconds", "5", "--memory-gib", "2",
+          "--processes", "32", "--jobs", "2"]
+
+
+def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
+    """student -> {"cell": the attack, "replace": answers it replaces, "before": put first}."""
+    snoop = [paths["other"], paths["hidden_tests"], paths["master"], paths["grades"], "/root/.bashrc",
+             "/etc/shadow", paths["checkout"]]
+    targets = [paths["other"], paths["grades"] + "/pwned.txt", paths["package_init"], paths["checkout"] + "/pwned.txt",
+               "/usr/pwned.txt"]
+    wrong_split = "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n    return qkv, qkv, qkv\n"
+    return {
+        "loops_forever": {"cell": "while True:\n    pass\n"},
+        "ignores_the_clock": {"cell": "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+                                      "while True:\n    pass\n"},
+        "hangs_when_called": {"replace": {"split_fused_qkv": "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+                                                             "    while True:\n        pass\n"}},
+        "memory_bomb": {"cell": "huge = torch.empty(2**40, dtype=torch.uint8)\n"},
+        "memory_creep": {"cell": "hog = []\nwhile True:\n    hog.append(bytearray(2**26))\n",
+                         "after": "del hog\n"},
+        "memory_in_many_processes": {"cell": "import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n"
+                                             "        hog = b'x' * 2**30\n        time.sleep(60)\n"
+                                             "        os._exit(0)\ntime.sleep(60)\n"},
+        "fork_bomb": {"cell": "import os, subprocess\n"
+                              "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+                              "while True:\n    os.fork()\n"},
+        "connects_to_loopback": {"cell": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), "
+                                         "timeout=2)\n"},
+        "reads_others": {"cell": "import os\nfound = {}\n"
+                                 f"for path in {snoop!r}:\n"
+                                 "    try:\n"
+                                 "        is_folder = os.path.isdir(path)\n"
+                                 "        found[path] = os.listdir(path) if is_folder else open(path).read()\n"
+                                 "    except OSError as error:\n"
+                                 "        found[path] = type(error).__name__\n"
+                                 "print('FOUND', found)\n"},
+        "writes_outside": {"cell": "import os\nwritten = {}\n"
+                                   f"for path in {targets!r}:\n"
+                                   "    try:\n"
+                                   "        with open(path, 'a') as handle:\n"
+                                   "            handle.write('pwned')\n"
+                                   "        written[path] = 'written'\n"
+                                   "    except OSError as error:\n"
+                                   "        written[path] = type(error).__name__\n"
+                                   "print('WRITTEN', written)\n"},
+        "patches_the_checker": {"replace": {"split_fused_qkv": wrong_split},
+                                "cell": "import attn_course.checks.heads, attn_course.checks.diagnosis\n"
+                                        "attn_course.checks.heads.check_split_fused_qkv = lambda *a, **k: True\n"
+                                        "attn_course.checks.diagnosis.same = lambda *a, **k: True\n"
+                                        "torch.allclose = lambda *a, **k: True\n"
+                                        "torch.equal = lambda *a, **k: True\n"
+                                        "check_split_fused_qkv = lambda *a, **k: True\n"},
+        "fakes_results": {"replace": {"split_fused_qkv": wrong_split},
+                          "cell": "import json\nfake = {'tests': [{'name': 'q1_split_fused_qkv', 'score': 2, "
+                                  "'max_score': 2}]}\n"
+                                  f"for path in ['results.json', '/tmp/results.json', {paths['own_result']!r}]:\n"
+                                  "    try:\n"
+                                  "        open(path, 'w').write(json.dumps(fake))\n"
+                                  "    except OSError:\n"
+                                  "        pass\n"
+                                  "print('q1_split_fused_qkv results: All test cases passed!')\n"},
+        "floods_the_output": {"cell": "for _ in range(3):\n    print('x' * 10**8)\n"},
+        "returns_junk": {"replace": {
+            "split_fused_qkv": "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+                               "    return (torch.full_like(qkv, float('nan')),) * 3\n",
+            "kv_cache_bytes": "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+                              "    return 'big'\n",
+            "fixed_multi_head_attention": "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+                                          "    return lambda: x\n",
+            "grouped_query_attention": "def grouped_query_attention(q, k, v):\n    return q.half()\n",
+            "mean_pool_kv_heads": "def mean_pool_kv_heads(w, num_heads, num_kv_heads):\n    return w.new_zeros(1, 1)\n",
+        }},
+        "fails_on_import": {"cell": "import a_module_that_does_not_exist\n", "first": True},
+    }
+
+
+def hostile_notebook(solution: pathlib.Path, attack: dict) -> nbformat.NotebookNode:
+    notebook = answers_only(solution, attack.get("replace"))
+    if "cell" in attack:
+        if attack.get("first"):
+            notebook.cells[0].source = attack["cell"] + notebook.cells[0].source
+        else:
+            notebook.cells.insert(1, nbformat.v4.new_code_cell(attack["cell"]))
+    if "after" in attack:
+        notebook.cells.insert(2, nbformat.v4.new_code_cell(attack["after"]))
+    return notebook
+
+
+def digest(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def hostile_class(dist, tmp_path_factory):
+    require_sandbox()
+    base = tmp_path_factory.mktemp("hostile")
+    submissions, grades = base / "submissions", base / "grades"
+    solution = dist / "autograder" / f"{CHAPTER}.ipynb"
+    other = write_notebook(answers_only(solution), submissions / "honest" / f"{CHAPTER}.ipynb")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    paths = {"other": str(other), "hidden_tests": str(dist / "autograder" / f"{CHAPTER}.zip"),
+             "master": str(ROOT / "notebooks" / f"{CHAPTER}.ipynb"), "grades": str(grades),
+             "checkout": str(ROOT), "package_init": str(ROOT / "attn_course" / "__init__.py"),
+             "own_result": str(grades / "fakes_results" / f"{CHAPTER}.json")}
+    students = attacks(paths, listener.getsockname()[1])
+    for student, attack in students.items():
+        write_notebook(hostile_notebook(solution, attack), submissions / student / f"{CHAPTER}.ipynb")
+    watched = [other, ROOT / "attn_course" / "__init__.py", dist / "autograder" / f"{CHAPTER}.zip"]
+    before = {path: digest(path) for path in watched}
+    started = time.monotonic()
+    output = run_tool("tools/grade.py", str(submissions), "--autograders", str(dist / "autograder"),
+                      "--out", str(grades), *LIMITS)
+    seconds = time.monotonic() - started
+    try:
+        listener.accept()
+        connected = True
+    except BlockingIOError:
+        connected = False
+    listener.close()
+    rows, feedback = results(grades)
+    leftovers = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True).stdout.split()
+    return {"rows": rows, "feedback": feedback, "seconds": seconds, "output": output, "connected": connected,
+            "unchanged": all(digest(path) == before[path] for path in watched), "leftovers": leftovers,
+            "students": students, "paths": paths}
+
+
+def score(hostile_class, student):
+    return float(hostile_class["rows"][student]["total"])
+
+
+def run_of(hostile_class, student):
+    return hostile_class["feedback"][student, CHAPTER]["run"]
+
+
+def questions_of(hostile_class, student):
+    return {q["name"]: q for q in hostile_class["feedback"][student, CHAPTER]["questions"]}
+
+
+HONEST = 11.0
+
+
+@pytest.mark.slow
+def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
+    assert float(hostile_class["rows"]["honest"]["possible"]) == HONEST
+    assert score(hostile_class, "honest") == HONEST and run_of(hostile_class, "honest")["stopped"] is None
+
+
+@pytest.mark.slow
+def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
+    assert set(hostile_class["rows"]) == {"honest", *hostile_class["students"]}
+    for student in hostile_class["rows"]:
+        assert run_of(hostile_class, student)["seconds"] < 15 + 10, student     # --seconds 15, plus the tests
+    assert hostile_class["seconds"] < 240
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student, expected, reason", [
+    ("loops_forever", HONEST, "stopped after 3 s, the time limit of one cell"),
+    ("memory_bomb", HONEST, "RuntimeError"),
+    ("memory_creep", HONEST, "MemoryError"),
+    ("connects_to_loopback", HONEST, "ConnectionRefusedError"),   # its own loopback: nothing listens
+])
+def test_a_cell_that_breaks_a_limit_is_stopped_and_the_rest_is_graded(hostile_class, student, expected, reason):
+    run = run_of(hostile_class, student)
+    assert score(hostile_class, student) == expected
+    assert any(reason in event["error"] for event in run["cell_errors"]), run["cell_errors"]
+
+
+@pytest.mark.slow
+def test_a_failed_import_costs_the_answers_that_need_it(hostile_class):
+    # Its first cell fails before its imports: the answers that use them fail, naming what is missing.
+    run = run_of(hostile_class, "fails_on_import")
+    assert any("ModuleNotFoundError" in event["error"] for event in run["cell_errors"])
+    lost = [q for q in questions_of(hostile_class, "fails_on_import").values() if q["score"] < q["max_score"]]
+    assert lost and all("is not defined" in q["output"] for q in lost)
+    assert score(hostile_class, "fails_on_import") < HONEST
+
+
+@pytest.mark.slow
+def test_a_notebook_past_its_time_is_killed_with_the_reason(hostile_class):
+    run = run_of(hostile_class, "ignores_the_clock")
+    assert score(hostile_class, "ignores_the_clock") == 0
+    assert run["stopped"] == "stopped after 15 s, the time limit of the whole notebook"
+
+
+@pytest.mark.slow
+def test_a_fork_bomb_is_stopped_at_its_process_limit(hostile_class):
+    # Stopped at once: its processes, all busy forking, would starve the notebooks graded alongside.
+    run = run_of(hostile_class, "fork_bomb")
+    assert score(hostile_class, "fork_bomb") == 0
+    assert run["stopped"] == "it reached its limit of 32 processes and threads" and run["seconds"] < 15
+
+
+@pytest.mark.slow
+def test_memory_is_limited_for_all_processes_together(hostile_class):
+    # Six processes of 1 GiB each, every one within its own 2 GiB address space: 6 GiB in all.
+    run = run_of(hostile_class, "memory_in_many_processes")
+    assert score(hostile_class, "memory_in_many_processes") == 0
+    assert run["stopped"] == "its processes together used more than 2 GiB of memory, the limit"
+    assert run["peak_memory_bytes"] < 4 * 2**30         # stopped on the way, far from 6 GiB
+
+
+@pytest.mark.slow
+def test_an_answer_that_hangs_when_called_is_stopped(hostile_class):
+    assert score(hostile_class, "hangs_when_called") == 0
+    assert "ran past 5 s" in run_of(hostile_class, "hangs_when_called")["stopped"]
+    assert "ran past 5 s" in questions_of(hostile_class, "hangs_when_called")["q1_split_fused_qkv"]["output"]
+
+
+@pytest.mark.slow
+def test_nothing_outside_the_sandbox_can_be_read(hostile_class):
+    printed = run_of(hostile_class, "reads_others")["output_start"]
+    found = ast.literal_eval(printed.split("FOUND ", 1)[1].splitlines()[0])
+    # The checkout's folder exists inside only as the place where the environment and the package
+    # are mounted: it holds those two and nothing else (no notebooks/, no dist/, no tests/).
+    mounted = {name for name in (".venv", "attn_course") if (ROOT / name).exists()}
+    assert set(found.pop(str(ROOT))) <= mounted
+    assert found and all(value in ("FileNotFoundError", "PermissionError") for value in found.values()), found
+    assert score(hostile_class, "reads_others") == HONEST
+
+
+@pytest.mark.slow
+def test_nothing_outside_the_sandbox_can_be_written(hostile_class):
+    printed = run_of(hostile_class, "writes_outside")["output_start"]
+    written = ast.literal_eval(printed.split("WRITTEN ", 1)[1].splitlines()[0])
+    assert written and "written" not in written.values(), written
+    assert hostile_class["unchanged"]
+    assert not (pathlib.Path(hostile_class["paths"]["grades"]) / "pwned.txt").exists()
+    assert not (ROOT / "pwned.txt").exists()
+
+
+@pytest.mark.slow
+def test_the_loopback_port_saw_no_connection(hostile_class):
+    assert not hostile_class["connected"]
+
+
+@pytest.mark.slow
+def test_no_process_of_a_submission_outlives_its_grading(hostile_class):
+    assert hostile_class["leftovers"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", ["patches_the_checker", "fakes_results"])
+def test_patching_the_checks_or_faking_results_earns_nothing(hostile_class, student):
+    questions = questions_of(hostile_class, student)
+    q1 = questions["q1_split_fused_qkv"]
+    assert score(hostile_class, student) == HONEST - q1["max_score"]      # its split_fused_qkv is wrong
+    assert q1["score"] == 0 and "❌ Test case failed" in q1["output"]
+
+
+@pytest.mark.slow
+def test_a_flood_of_output_is_cut_short(hostile_class):
+    run = run_of(hostile_class, "floods_the_output")
+    assert run["output_bytes"] >= 3 * 10**8 and len(run["output_start"]) <= 2000
+    assert score(hostile_class, "floods_the_output") == HONEST
+
+
+@pytest.mark.slow
+def test_nan_wrong_dtypes_shapes_and_non_data_fail_with_their_diagnosis(hostile_class):
+    questions = questions_of(hostile_class, "returns_junk")
+    assert score(hostile_class, "returns_junk") == 0
+    assert "which is not data" in questions["q3_find_the_bug"]["output"]
+    for question in questions.values():
+        assert "❌" in question["output"] and "Traceback" not in question["output"]
+
+
+@pytest.mark.slow
+def test_what_one_submission_changes_in_the_chapters_context_never_reaches_the_next(dist):
+    from attn_course_grading.grader import Assignment
+
+    assignment = Assignment(dist / "autograder" / "01_intuition.zip")
+    assert "sentence" in assignment.environment()               # what chapter 01's hidden tests read
+    first, second = assignment.environment(), assignment.environment()
+    first["sentence"].embeddings.mul_(0)                         # as a call's in-place change would
+    assert second["sentence"].embeddings.abs().sum() > 0
+    assert first["torch"] is second["torch"]                     # modules are shared, not copied
+
+
+# --- the proxies: a check calls the student's function as if it were its own ------------------
+
+PROXIED = '''
+import time
+import torch
+
+class NotMine(Exception):
+    pass
+
+def raises_value_error(x):
+    raise ValueError(f"bad x of shape {list(x.shape)}")
+
+def raises_its_own(x):
+    raise NotMine("mine")
+
+def returns_a_function(x):
+    return lambda: x
+
+def doubles_in_place(x):
+    x.mul_(2)
+    return None
+
+def grad_mode(x):
+    return torch.is_grad_enabled(), x.requires_grad
+
+def sleeps(seconds):
+    time.sleep(seconds)
+    return seconds
+
+answer = 42
+'''
+
+
+@pytest.fixture(scope="module")
+def proxied():
+    from attn_course_grading.remote import Submission
+
+    sandboxed = sandbox_installed()
+    names = ["raises_value_error", "raises_its_own", "returns_a_function", "doubles_in_place", "grad_mode",
+             "answer", "undefined"]
+    with Submission([PROXIED], names, sandbox.Limits(), sandboxed=sandboxed) as submission:
+        yield submission, submission.answer_values()
+
+
+@pytest.mark.slow
+def test_answers_are_found_by_kind(proxied):
+    submission, answers = proxied
+    assert submission.kinds["answer"] == "value" and answers["answer"] == 42
+    assert submission.kinds["undefined"] == "missing" and "undefined" not in answers
+    assert submission.kinds["raises_value_error"] == "function"
+
+
+@pytest.mark.slow
+def test_the_students_exception_comes_back_with_its_name_and_message(proxied):
+    from attn_course_grading.remote import SubmissionError
+
+    _, answers = proxied
+    with pytest.raises(ValueError, match=r"^bad x of shape \[2, 3\]$"):
+        answers["raises_value_error"](torch.zeros(2, 3))
+    with pytest.raises(SubmissionError, match="^mine$") as raised:
+        answers["raises_its_own"](torch.zeros(1))
+    assert type(raised.value).__name__ == "NotMine"
+    with pytest.raises(TypeError, match="which is not data"):
+        answers["returns_a_function"](torch.zeros(1))
+
+
+@pytest.mark.slow
+def test_in_place_changes_and_grad_mode_are_the_callers(proxied):
+    _, answers = proxied
+    x = torch.ones(3)
+    assert answers["doubles_in_place"](x) is None and torch.equal(x, torch.full((3,), 2.0))
+    with torch.no_grad():
+        assert answers["grad_mode"](torch.ones(1, requires_grad=True)) == (False, True)
+    assert answers["grad_mode"](torch.ones(1)) == (True, False)
+
+
+@pytest.mark.slow
+def test_all_calls_together_get_the_notebooks_time():
+    from attn_course_grading.remote import Submission, SubmissionStopped
+
+    sandboxed = sandbox_installed()
+    limits = sandbox.Limits(seconds=4, call_seconds=3)
+    with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
+        sleeps = submission.answer_values()["sleeps"]
+        assert sleeps(0.1) == 0.1
+        with pytest.raises(SubmissionStopped, match="ran past 3 s"):
+            sleeps(3.5)                                   # one call past --call-seconds
+    with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
+        sleeps = submission.answer_values()["sleeps"]
+        assert sleeps(2.5) == 2.5                         # within its 3 s...
+        with pytest.raises(SubmissionStopped, match="ran past 4 s in all"):
+            sleeps(2.5)                                   # ...but 5 s in all, past --seconds

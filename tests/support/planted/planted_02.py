@@ -1,0 +1,138 @@
+"""Planted mistakes for chapter 02_formula: each must lose its question's points and get its hint.
+
+Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
+Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
+"""
+
+CHAPTER = "02_formula"
+
+PLANTED = {
+    "ada": {
+        "stable_softmax": (
+            "def stable_softmax(scores):\n"
+            "    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n"
+            "    return e / e.sum(dim=0, keepdim=True)\n",
+            "q1_stable_softmax",
+            "normalises over the wrong dimension",
+        ),
+        "my_attention": (
+            "def my_attention(q, k, v, mask=None):\n"
+            "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+            "    if mask is not None:\n"
+            "        scores = scores.masked_fill(mask, float('-inf'))\n"
+            "    return torch.nan_to_num(torch.softmax(scores, dim=-1)) @ v\n",
+            "q2_attention_from_scratch",
+            "mask is inverted",
+        ),
+        "predicted_score_std": (
+            "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+            "    return d_k * std_q**2 * std_k**2\n",
+            "q3_predict_score_size",
+            "the variance of q·k",
+        ),
+        "fixed_attention": (  # the buggy code handed in unchanged: both mistakes named
+            "def fixed_attention(q, k, v, mask):\n"
+            "    d_model = q.shape[1] * q.shape[-1]\n"
+            "    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_model), dim=-1)\n"
+            "    weights = weights * mask\n"
+            "    return weights @ v\n",
+            "q4_find_the_bug",
+            "Two mistakes remain",
+        ),
+        "query_gradient": (
+            "def query_gradient(q, k, upstream):\n"
+            "    a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+            "    return a * (upstream - (a * upstream).sum(-1, keepdim=True)) @ k\n",
+            "q5_query_gradient",
+            "times too large",
+        ),
+    },
+    "grace": {
+        "stable_softmax": (
+            "def stable_softmax(scores):\n"
+            "    e = torch.exp(scores)\n"
+            "    return e / e.sum(dim=-1, keepdim=True)\n",
+            "q1_stable_softmax",
+            "overflows",
+        ),
+        "my_attention": (
+            "def my_attention(q, k, v, mask=None):\n"
+            "    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+            "    if mask is not None:\n"
+            "        weights = weights * mask\n"
+            "    return weights @ v\n",
+            "q2_attention_from_scratch",
+            "after the softmax",
+        ),
+        "predicted_score_std": (
+            "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+            "    return torch.tensor(8.0)\n",
+            "q3_predict_score_size",
+            "whatever d_k",
+        ),
+        "fixed_attention": (  # the mask fixed, the √d_model left
+            "def fixed_attention(q, k, v, mask):\n"
+            "    d_model = q.shape[1] * q.shape[-1]\n"
+            "    scores = (q @ k.transpose(-2, -1) / math.sqrt(d_model)).masked_fill(~mask, float('-inf'))\n"
+            "    return torch.softmax(scores, dim=-1) @ v\n",
+            "q4_find_the_bug",
+            "instead of the head dimension",
+        ),
+        "query_gradient": (
+            "def query_gradient(q, k, upstream):\n"
+            "    a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+            "    return a * upstream @ k / math.sqrt(q.shape[-1])\n",
+            "q5_query_gradient",
+            "only the diagonal",
+        ),
+    },
+    "katherine": {
+        "stable_softmax": (
+            "def stable_softmax(scores):\n"
+            "    e = torch.exp(scores - scores.max())\n"
+            "    return e / e.sum(dim=-1, keepdim=True)\n",
+            "q1_stable_softmax",
+            "one maximum for the whole tensor",
+        ),
+        "my_attention": (  # right, except that a query with nothing to attend to gets NaN
+            "def my_attention(q, k, v, mask=None):\n"
+            "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+            "    if mask is not None:\n"
+            "        scores = scores.masked_fill(~mask, float('-inf'))\n"
+            "    return torch.softmax(scores, dim=-1) @ v\n",
+            "q2_attention_from_scratch",
+            "is NaN for query 4",
+        ),
+        "predicted_score_std": (
+            "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+            "    return math.sqrt(d_k)\n",
+            "q3_predict_score_size",
+            "ignores std_q and std_k",
+        ),
+        "fixed_attention": (  # the scaling fixed, the mask still applied after the softmax
+            "def fixed_attention(q, k, v, mask):\n"
+            "    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+            "    return (weights * mask) @ v\n",
+            "q4_find_the_bug",
+            "after the softmax",
+        ),
+        "query_gradient": (
+            "def query_gradient(q, k, upstream):\n"
+            "    a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+            "    return a * (upstream - (a * upstream).sum(-2, keepdim=True)) @ k / math.sqrt(q.shape[-1])\n",
+            "q5_query_gradient",
+            "runs over the queries",
+        ),
+    },
+    "emmy": {
+        "my_attention": (  # the classic -1e9: a query with nothing to attend to averages every value
+            "def my_attention(q, k, v, mask=None):\n"
+            "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+            "    if mask is not None:\n"
+            "        scores = scores.masked_fill(~mask, -1e9)\n"
+            "    return torch.softmax(scores, dim=-1) @ v\n",
+            "q2_attention_from_scratch",
+            "plain average of all the values",
+        ),
+    },
+}

@@ -1,0 +1,133 @@
+"""Planted mistakes for chapter 03_multi_head: each must lose its question's points and get its hint.
+
+Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
+Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
+"""
+
+CHAPTER = "03_multi_head"
+
+PLANTED = {
+    "ada": {
+        "split_fused_qkv": (
+            "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+            "    q, k, v = qkv.chunk(3, dim=-1)\n"
+            "    batch, tokens, _ = q.shape\n"
+            "    q = q.view(batch, tokens, num_heads, -1).transpose(1, 2)\n"
+            "    k = k.view(batch, tokens, num_kv_heads, -1).transpose(1, 2)\n"
+            "    v = v.view(batch, tokens, num_kv_heads, -1).transpose(1, 2)\n"
+            "    return q, k, v\n",
+            "q1_split_fused_qkv",
+            "the three parts are not equal",
+        ),
+        "kv_cache_bytes": (
+            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+            "    tokens = prompt_tokens + new_tokens\n"
+            "    size = 2 * batch * num_kv_heads * tokens * head_dim * torch.finfo(dtype).bits // 8\n"
+            "    return size, size\n",
+            "q2_predict_kv_cache",
+            "the cache allocates ahead",
+        ),
+        "fixed_multi_head_attention": (
+            "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+            "    batch, tokens, width = x.shape\n"
+            "    d = width // num_heads\n"
+            "    q = (x @ w_q.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    k = (x @ w_k.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    v = (x @ w_v.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    scores = q @ k.transpose(-2, -1) / math.sqrt(width)\n"
+            "    heads = torch.softmax(scores, dim=-1) @ v\n"
+            "    return heads.transpose(1, 2).reshape(batch, tokens, width) @ w_o.T\n",
+            "q3_find_the_bug",
+            "instead of √d",
+        ),
+        "grouped_query_attention": (
+            "def grouped_query_attention(q, k, v):\n"
+            "    groups = q.shape[1] // k.shape[1]\n"
+            "    output, _ = self_attention(q, k.repeat(1, groups, 1, 1), v.repeat(1, groups, 1, 1))\n"
+            "    return output\n",
+            "q4_grouped_query",
+            "h % H_kv",
+        ),
+        "mean_pool_kv_heads": (
+            "def mean_pool_kv_heads(w, num_heads, num_kv_heads):\n"
+            "    groups = num_heads // num_kv_heads\n"
+            "    return w.unflatten(0, (groups, num_kv_heads, -1)).mean(dim=0).flatten(0, 1)\n",
+            "q5_mean_pool_kv_heads",
+            "G consecutive heads",
+        ),
+    },
+    "grace": {
+        "split_fused_qkv": (
+            "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+            "    batch, tokens, width = qkv.shape\n"
+            "    d = width // (num_heads + 2 * num_kv_heads)\n"
+            "    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)\n"
+            "    return (q.reshape(batch, num_heads, tokens, d), k.reshape(batch, num_kv_heads, tokens, d),\n"
+            "            v.reshape(batch, num_kv_heads, tokens, d))\n",
+            "q1_split_fused_qkv",
+            "scrambles tokens and heads",
+        ),
+        "kv_cache_bytes": (
+            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+            "    per_token = batch * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8\n"
+            "    capacity = prompt_tokens\n"
+            "    while capacity < prompt_tokens + new_tokens:\n"
+            "        capacity *= 2\n"
+            "    return per_token * (prompt_tokens + new_tokens), per_token * capacity\n",
+            "q2_predict_kv_cache",
+            "counted only the keys",
+        ),
+        "fixed_multi_head_attention": (
+            "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+            "    batch, tokens, width = x.shape\n"
+            "    d = width // num_heads\n"
+            "    q = (x @ w_q.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    k = (x @ w_k.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    v = (x @ w_v.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    scores = q @ k.transpose(-2, -1) / math.sqrt(width)\n"
+            "    heads = torch.softmax(scores, dim=-1) @ v\n"
+            "    return heads.reshape(batch, tokens, width) @ w_o.T\n",
+            "q3_find_the_bug",
+            "2 mistakes: (1) You merge the heads without a transpose",
+        ),
+        "grouped_query_attention": (
+            "def grouped_query_attention(q, k, v):\n"
+            "    output, _ = self_attention(q, k, v)\n"
+            "    return output\n",
+            "q4_grouped_query",
+            "works when H_kv = H",
+        ),
+        "mean_pool_kv_heads": (
+            "def mean_pool_kv_heads(w, num_heads, num_kv_heads):\n"
+            "    groups = num_heads // num_kv_heads\n"
+            "    return w.unflatten(0, (num_kv_heads, groups, -1))[:, 0].flatten(0, 1)\n",
+            "q5_mean_pool_kv_heads",
+            "kept the first head",
+        ),
+    },
+    "linus": {
+        "kv_cache_bytes": (
+            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+            "    per_token = 2 * batch * num_kv_heads * head_dim * torch.finfo(dtype).bits\n"
+            "    capacity = prompt_tokens\n"
+            "    while capacity < prompt_tokens + new_tokens:\n"
+            "        capacity *= 2\n"
+            "    return per_token * (prompt_tokens + new_tokens), per_token * capacity\n",
+            "q2_predict_kv_cache",
+            "counted bits, not bytes",
+        ),
+        "fixed_multi_head_attention": (
+            "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+            "    batch, tokens, width = x.shape\n"
+            "    d = width // num_heads\n"
+            "    q = (x @ w_q.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    k = (x @ w_k.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    v = (x @ w_v.T).view(batch, tokens, num_heads, d).transpose(1, 2)\n"
+            "    scores = q @ k.transpose(-2, -1) / math.sqrt(d)\n"
+            "    heads = torch.softmax(scores, dim=-1) @ v\n"
+            "    return heads.reshape(batch, tokens, width) @ w_o.T\n",
+            "q3_find_the_bug",
+            "merge the heads without a transpose",
+        ),
+    },
+}

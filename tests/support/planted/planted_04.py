@@ -1,0 +1,87 @@
+"""Planted mistakes for chapter 04_causal: each must lose its question's points and get its hint.
+
+Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
+Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
+"""
+
+CHAPTER = "04_causal"
+
+PLANTED = {
+    "ada": {
+        "my_causal_mask": (
+            "def my_causal_mask(n_q, n_k):\n"
+            "    return torch.ones(n_q, n_k, dtype=torch.bool).tril()\n",
+            "q1_causal_mask",
+            "aligned to the top-left",
+        ),
+        "positions_without_cache": (
+            "def positions_without_cache(P, T):\n"
+            "    return T * P + T * (T + 1) // 2\n",
+            "q2_positions_without_cache",
+            "one position too many per step",
+        ),
+        "fixed_decode_logits": (
+            "def fixed_decode_logits(model, new_ids, caches):\n"
+            "    positions = torch.arange(new_ids.shape[1])\n"
+            "    x = model.token_embedding(new_ids) + model.position_embedding(positions)\n"
+            "    for block, cache in zip(model.blocks, caches):\n"
+            "        x, _ = block(x, kv_cache=cache)\n"
+            "    return model.head(model.final_norm(x))\n",
+            "q3_find_the_bug",
+            "positions restart at 0",
+        ),
+        "cached_attention_step": (
+            "def cached_attention_step(q, k, v, past_keys, past_values):\n"
+            "    keys = torch.cat([past_keys, k], dim=-2)\n"
+            "    values = torch.cat([past_values, v], dim=-2)\n"
+            "    output = torch.nn.functional.scaled_dot_product_attention(q, keys, values, is_causal=True)\n"
+            "    return output, keys, values\n",
+            "q4_cached_attention_step",
+            "aligned to the top-left",
+        ),
+    },
+    "grace": {
+        "my_causal_mask": (
+            "def my_causal_mask(n_q, n_k):\n"
+            "    query_position = torch.arange(n_q)[:, None] + (n_k - n_q)\n"
+            "    return torch.arange(n_k)[None, :] < query_position\n",
+            "q1_causal_mask",
+            "hides the diagonal",
+        ),
+        "positions_without_cache": (
+            "def positions_without_cache(P, T):\n"
+            "    return torch.tensor(T * P + T * (T - 1) // 2)\n",
+            "q2_positions_without_cache",
+            "not a Python int",
+        ),
+        "fixed_decode_logits": (
+            "def fixed_decode_logits(model, new_ids, caches):\n"
+            "    start = len(caches[0])\n"
+            "    positions = torch.arange(start, start + new_ids.shape[1])\n"
+            "    x = model.token_embedding(new_ids) + model.position_embedding(positions)\n"
+            "    for block in model.blocks:\n"
+            "        x, _ = block(x)\n"
+            "    return model.head(model.final_norm(x))\n",
+            "q3_find_the_bug",
+            "ignores the cache",
+        ),
+        "cached_attention_step": (
+            "def cached_attention_step(q, k, v, past_keys, past_values):\n"
+            "    keys = torch.cat([past_keys, k], dim=-2)\n"
+            "    values = torch.cat([past_values, v], dim=-2)\n"
+            "    return self_attention(q, keys, values)[0], keys, values\n",
+            "q4_cached_attention_step",
+            "uses no causal mask",
+        ),
+    },
+    "linus": {
+        "cached_attention_step": (
+            "def cached_attention_step(q, k, v, past_keys, past_values):\n"
+            "    keys = torch.cat([k, past_keys], dim=-2)\n"
+            "    values = torch.cat([v, past_values], dim=-2)\n"
+            "    return self_attention(q, keys, values, causal_mask(q.shape[-2], keys.shape[-2]))[0], keys, values\n",
+            "q4_cached_attention_step",
+            "put the new tokens before the cached ones",
+        ),
+    },
+}

@@ -1,0 +1,121 @@
+"""Planted mistakes for chapter 05_rope: each must lose its question's points and get its hint.
+
+Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
+Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
+"""
+
+CHAPTER = "05_rope"
+
+PLANTED = {
+    "ada": {
+        "left_padded_positions": (
+            "def left_padded_positions(attention_mask):\n"
+            "    return torch.arange(attention_mask.shape[-1]).expand_as(attention_mask)\n",
+            "q1_left_padded_positions",
+            "positions 0 .. N-1 of the padded batch",
+        ),
+        "pairs_slower_than_context": (
+            "def pairs_slower_than_context(d, base, context):\n"
+            "    return sum(base ** (2 * i / d) > context for i in range(d // 2))\n",
+            "q2_predict_slow_pairs",
+            "a full turn is 2π radians",
+        ),
+        "fixed_last_token_scores": (
+            "def fixed_last_token_scores(q_last, keys, base):\n"
+            "    rope = RotaryEmbedding(keys.shape[-1], base=base)\n"
+            "    return (rope(q_last[None]) @ rope(keys).T)[0]\n",
+            "q3_find_the_bug_cache_position",
+            "rotated at position 0",
+        ),
+        "fixed_rope_attention": (
+            "def fixed_rope_attention(q, k, v, base):\n"
+            "    rope = RotaryEmbedding(q.shape[-1], base=base)\n"
+            "    return self_attention(rope(q), rope(k), rope(v))[0]\n",
+            "q4_find_the_bug_values",
+            "You rotate the values too",
+        ),
+        "llama3_frequencies": (
+            "def llama3_frequencies(theta, factor, context, low, high):\n"
+            "    wavelength = 2 * math.pi / theta\n"
+            "    a = (context / low - wavelength) / (context / low - context / high)\n"
+            "    blended = (1 - a) * theta / factor + a * theta\n"
+            "    new = torch.where(wavelength > context / low, theta / factor, theta)\n"
+            "    return torch.where((wavelength >= context / high) & (wavelength <= context / low), blended, new)\n",
+            "q5_llama3_frequencies",
+            "linear in the wavelength",
+        ),
+    },
+    "grace": {
+        "left_padded_positions": (
+            "def left_padded_positions(attention_mask):\n"
+            "    return attention_mask.cumsum(-1)\n",
+            "q1_left_padded_positions",
+            "Your positions start at 1",
+        ),
+        "pairs_slower_than_context": (
+            "def pairs_slower_than_context(d, base, context):\n"
+            "    return sum(2 * math.pi * base ** (i / d) > context for i in range(d // 2))\n",
+            "q2_predict_slow_pairs",
+            "as if i counted features",
+        ),
+        "fixed_last_token_scores": (
+            "def fixed_last_token_scores(q_last, keys, base):\n"
+            "    rope = RotaryEmbedding(keys.shape[-1], base=base)\n"
+            "    q = rope(q_last[None], torch.tensor([keys.shape[0] - 1]))\n"
+            "    return (q @ keys.T)[0]\n",
+            "q3_find_the_bug_cache_position",
+            "Your keys are not rotated",
+        ),
+        "fixed_rope_attention": (
+            "def fixed_rope_attention(q, k, v, base):\n"
+            "    rope = RotaryEmbedding(q.shape[-1], base=base)\n"
+            "    return self_attention(rope(q), k, v)[0]\n",
+            "q4_find_the_bug_values",
+            "Only the queries are rotated",
+        ),
+        "llama3_frequencies": (
+            "def llama3_frequencies(theta, factor, context, low, high):\n"
+            "    wavelength = 2 * math.pi / theta\n"
+            "    a = (context / wavelength - low) / (high - low)\n"
+            "    blended = a * theta / factor + (1 - a) * theta\n"
+            "    new = torch.where(wavelength > context / low, theta / factor, theta)\n"
+            "    return torch.where((wavelength >= context / high) & (wavelength <= context / low), blended, new)\n",
+            "q5_llama3_frequencies",
+            "the wrong way round",
+        ),
+    },
+    "linus": {
+        "left_padded_positions": (
+            "def left_padded_positions(attention_mask):\n"
+            "    return attention_mask.flip(-1).cumsum(-1).flip(-1) - 1\n",
+            "q1_left_padded_positions",
+            "count down",
+        ),
+        "pairs_slower_than_context": (
+            "def pairs_slower_than_context(d, base, context):\n"
+            "    return sum(2 * math.pi * base ** (2 * i / d) <= context for i in range(d // 2))\n",
+            "q2_predict_slow_pairs",
+            "the fast ones",
+        ),
+        "fixed_last_token_scores": (
+            "def fixed_last_token_scores(q_last, keys, base):\n"
+            "    rope = RotaryEmbedding(keys.shape[-1], base=base)\n"
+            "    q = rope(q_last[None], torch.tensor([keys.shape[0]]))\n"
+            "    return (q @ rope(keys).T)[0]\n",
+            "q3_find_the_bug_cache_position",
+            "one past the newest token",
+        ),
+        "fixed_rope_attention": (
+            "def fixed_rope_attention(q, k, v, base):\n"
+            "    return self_attention(q, k, v)[0]\n",
+            "q4_find_the_bug_values",
+            "Nothing is rotated",
+        ),
+        "llama3_frequencies": (
+            "def llama3_frequencies(theta, factor, context, low, high):\n"
+            "    return theta / factor\n",
+            "q5_llama3_frequencies",
+            "that is Position Interpolation",
+        ),
+    },
+}

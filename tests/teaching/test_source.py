@@ -1,0 +1,62 @@
+"""Tests for attn_course.teaching.source.show_source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import attn_course.core.attention
+from attn_course import show_source
+from attn_course.core.attention import self_attention
+from attn_course.core.masks import causal_mask
+from attn_course.data.toy_sentence import ToySentence
+
+ATTENTION_FILE = Path(attn_course.core.attention.__file__).read_text()
+
+
+def test_repr_is_the_plain_source_under_a_title():
+    text = repr(show_source(self_attention))
+    title, _, code = text.partition("\n")
+    assert title == "# attn_course.core.attention.self_attention"
+    assert code.startswith("def self_attention(")
+    assert code in ATTENTION_FILE                       # the real file's text, verbatim
+
+
+def test_markdown_is_a_python_code_block():
+    markdown = show_source(self_attention)._repr_markdown_()
+    assert markdown.startswith("`attn_course.core.attention.self_attention`")
+    assert "```python\ndef self_attention(" in markdown
+    assert markdown.rstrip().endswith("```")
+
+
+def test_shows_classes_methods_and_modules():
+    assert "class ToySentence" in repr(show_source(ToySentence))
+    assert "def index(self, token: str)" in repr(show_source(ToySentence.index))
+    module = repr(show_source(attn_course.core.masks))
+    assert module.startswith("# attn_course.core.masks\n")
+    assert "def causal_mask(" in module and "def padding_mask(" in module
+
+
+def test_source_of_one_function_excludes_its_neighbours():
+    code = repr(show_source(causal_mask))
+    assert "def causal_mask(" in code
+    assert "def padding_mask(" not in code
+
+
+@pytest.mark.parametrize("obj", [3, len, "self_attention", None], ids=repr)
+def test_objects_without_python_source_raise_type_error(obj):
+    with pytest.raises(TypeError, match="show_source: obj must be a Python function"):
+        show_source(obj)
+
+
+def test_shows_a_triton_kernel_with_its_decorator():
+    pytest.importorskip("triton")
+    from attn_course.flash import kernels
+
+    text = repr(show_source(kernels.attention_forward_kernel))
+    assert text.splitlines()[0] == "# attn_course.flash.kernels.attention_forward_kernel"
+    assert "@triton.jit" in text and "def attention_forward_kernel(" in text and "forward_key_tiles(" in text
+    loop = repr(show_source(kernels.forward_key_tiles))        # the key loop the kernel calls, twice
+    assert "@triton.jit" in loop and "def forward_key_tiles(" in loop and "tl.dot(q, k_t)" in loop
+    assert "def attention_forward_kernel(" not in loop
