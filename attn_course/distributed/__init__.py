@@ -15,7 +15,7 @@
   attn_course.distributed.torchrun_demo``, checked against one process.
 """
 
-from attn_course.distributed.launch import RankFailed, free_port, launch
+from attn_course.distributed.launch import RankFailed, launch
 from attn_course.distributed.layout import LAYOUTS, chunk_count, shard, token_positions, unshard
 from attn_course.distributed.ring import (
     RingAttentionFunction,
@@ -27,6 +27,6 @@ from attn_course.distributed.ring import (
 )
 from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
 
-__all__ = ["launch", "RankFailed", "free_port", "shard", "unshard", "token_positions", "chunk_count", "LAYOUTS",
+__all__ = ["launch", "RankFailed", "shard", "unshard", "token_positions", "chunk_count", "LAYOUTS",
            "ring_attention", "RingAttentionFunction", "ring_work", "RingWork", "count_ring_work",
            "ring_attention_on_rank", "ulysses_attention", "ulysses_bytes"]

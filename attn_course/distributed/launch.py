@@ -10,8 +10,11 @@ This is what ``torchrun`` does for a terminal or a cluster, made to fit a notebo
   contexts, open files) is copied (``spawn`` where there is no forkserver, as on Windows). The
   server exits with the caller. ``fn`` is imported by name in the new processes: it must be a
   function defined at the top level of a module (not in a notebook cell);
-- **one process group**: gloo over the loopback interface on a free port, the same calls that
-  NCCL serves on GPUs (``init_process_group(backend)``);
+- **one process group**: gloo over the loopback interface, the same calls that NCCL serves on
+  GPUs (``init_process_group(backend, store=...)``). The rendezvous is a ``TCPStore`` that the
+  caller starts on port 0 and keeps for the run: the OS picks the port as the store binds it
+  and the ranks connect to that port, so no port is ever probed, released and reused (which
+  two launches at once could race for);
 - **results come back**: each rank's return value (tensors included) is serialised with
   ``torch.save`` and sent to the caller, which returns them in rank order;
 - **failures end the run**: the first rank that raises sends its exception and traceback; the
@@ -26,10 +29,8 @@ from __future__ import annotations
 import datetime
 import functools
 import io
-import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -41,7 +42,9 @@ import torch.multiprocessing as mp
 
 from attn_course import _validate
 
-__all__ = ["RankFailed", "launch", "free_port"]
+__all__ = ["RankFailed", "launch"]
+
+_HOST = "127.0.0.1"   # the ranks and the rendezvous store all live on this machine
 
 # How long the caller waits for a process to end after asking it to (terminate, then kill).
 _GRACE_S = 5.0
@@ -50,13 +53,6 @@ _GRACE_S = 5.0
 class RankFailed(RuntimeError):
     """A rank ended without a result: it raised an exception that could not be sent back as itself,
     died without a word, or the run exceeded its time limit. The message names the rank."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _serialise(value: object) -> bytes:
@@ -68,11 +64,12 @@ def _serialise(value: object) -> bytes:
 def _worker(rank: int, world_size: int, port: int, backend: str, timeout_s: float, threads: int,
             fn: Callable, args: tuple, results: Any) -> None:
     """The body of one spawned process: join the group, run ``fn``, send back its result or its error."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        # A client of the caller's store, on the port it bound: the group meets there.
+        store = dist.TCPStore(_HOST, port, world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         value = fn(rank, world_size, *args)
         results.put(("result", rank, _serialise(value)))
     except BaseException as error:                     # noqa: BLE001 - every failure must reach the caller
@@ -186,7 +183,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
     else:
         context = mp.get_context("spawn")
     results = context.Queue()
-    port = free_port()
+    # The rendezvous: bound on port 0 (the OS picks a free one and the store keeps it) and alive
+    # until every rank has ended, so the port cannot be taken by anyone else meanwhile.
+    store = dist.TCPStore(_HOST, 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    port = store.port
     processes = [
         context.Process(target=_worker, args=(rank, world_size, port, backend, timeout, threads, fn, args, results),
                         daemon=True, name=f"attn_course rank {rank}")
@@ -221,4 +222,5 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
         _stop(processes)
         results.close()
         results.join_thread()
+        del store                                      # closes the rendezvous port
     return [gathered[rank] for rank in range(world_size)]

@@ -29,7 +29,6 @@ import torch.distributed as dist
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
 from attn_course.distributed.communication import count_traffic
-from attn_course.distributed.launch import free_port
 from attn_course.distributed.layout import shard, unshard
 from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
 
@@ -49,7 +48,8 @@ def _join_group() -> tuple[int, int, torch.device, bool]:
         return dist.get_rank(), dist.get_world_size(), device, True
     if dist.is_initialized():                          # already in a group (a notebook that made one)
         return dist.get_rank(), dist.get_world_size(), torch.device("cpu"), False
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    # A group of one meets in an in-process store: no port at all.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     return 0, 1, torch.device("cpu"), True
 
 

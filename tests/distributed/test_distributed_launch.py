@@ -6,6 +6,7 @@ checked against index arithmetic written out here.
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import time
 
@@ -56,6 +57,16 @@ def test_a_hanging_rank_ends_at_the_timeout():
     with pytest.raises(RankFailed, match=r"timeout of 3 s; ranks \[1\]"):
         launch(hang_on_rank, 2, 1, timeout=3)
     assert time.monotonic() - start < 15
+    assert no_rank_left()
+
+
+def test_launches_at_the_same_time_each_meet_on_their_own_port():
+    # Parallel test runs (pytest -n) launch at once: each rendezvous holds the port it was given
+    # by the OS for its whole run, so no two groups can end up on one port and mix their ranks.
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        runs = [pool.submit(launch, rank_and_sum, 2, torch.full((3,), float(i))) for i in range(8)]
+        results = [run.result(timeout=120) for run in runs]
+    assert results == [[(0, 9.0 * i), (1, 9.0 * i)] for i in range(8)]   # (1 + 2) * 3i: only their own ranks
     assert no_rank_left()
 
 
