@@ -14,6 +14,9 @@ single line such as ``check_softmax(stable_softmax)``.
 
 :func:`report_difference` is the chapters' one way of saying how close a result is to an
 independent reference ("max difference 4.5e-08, within the tolerance 1e-05").
+
+Importing the checks installs nothing. A chapter's exercise cell switches on the short display
+of a failing check itself, with :func:`show_diagnosis_only` (IPython's ``set_custom_exc``).
 """
 
 from attn_course.checks.attention import check_attention, check_attention_weights
@@ -32,7 +35,5 @@ __all__ = [
     "check_causal_attention",
     "check_close",
     "report_difference",
+    "show_diagnosis_only",
 ]
-
-# A failing check in a notebook shows what is wrong, not a traceback through this package.
-show_diagnosis_only()

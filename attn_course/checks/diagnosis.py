@@ -24,9 +24,13 @@ class CheckFailed(AssertionError):
 def show_diagnosis_only(shell: object = None) -> bool:
     """In a notebook, show a failing check as its diagnosis alone, without the traceback.
 
-    A :class:`CheckFailed` that reaches the notebook is displayed as one error line,
-    ``CheckFailed: <what is wrong>``: the traceback would only show the inside of the course's
-    checks. Every other exception keeps its full traceback. Outside IPython nothing changes.
+    Called by a chapter's exercise cell, after it imports the checks (importing them changes
+    nothing): from then on a :class:`CheckFailed` that reaches the notebook is displayed as
+    IPython's one-line error, ``CheckFailed: <what is wrong>``, after IPython's pointer to
+    ``%tb`` for the full traceback, which would only show the inside of the course's checks.
+    Every other exception keeps its full traceback. Outside IPython nothing changes. It uses
+    IPython's public API: ``InteractiveShell.set_custom_exc`` to catch :class:`CheckFailed`, and
+    ``showtraceback(exception_only=True)`` to display it.
 
     Args:
         shell: an IPython ``InteractiveShell``; default the running one, if any.
@@ -44,9 +48,8 @@ def show_diagnosis_only(shell: object = None) -> bool:
         return False
 
     def diagnosis(shell, etype, value, tb, tb_offset=None):
-        lines = [f"{etype.__name__}: {value}"]
-        shell._showtraceback(etype, value, lines)   # how IPython sends an error to the notebook
-        return lines
+        # A notebook's error output (the cell still fails, so Run All stops here), just the last line.
+        shell.showtraceback((etype, value, tb), exception_only=True)
 
     shell.set_custom_exc((CheckFailed,), diagnosis)
     return True
