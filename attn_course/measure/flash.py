@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
 from collections.abc import Sequence
 
 import torch
@@ -28,8 +27,9 @@ import torch.nn.functional as F
 from attn_course import _validate
 from attn_course.core.attention import self_attention
 from attn_course.flash.tiled import tiled_attention
-from attn_course.measure.memory import peak_memory
-from attn_course.measure.timing import best_time, check_rows
+from attn_course.measure.memory import available_memory_bytes, peak_memory
+from attn_course.measure.rows import check_rows
+from attn_course.measure.timing import best_time, timed
 
 __all__ = ["CpuRow", "TrainingRow", "attention_flops", "cpu_rows", "plot_rows", "print_flash",
            "print_training", "training_rows"]
@@ -119,13 +119,6 @@ def _lengths(where: str, lengths: object) -> list[int]:
     return lengths
 
 
-def _available_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):   # pragma: no cover - not Linux
-        return 8 << 30
-
-
 def cpu_rows(lengths: Sequence[int] = DEFAULT_LENGTHS, *, head_dim: int = 64, block: int = 256,
              repeats: int = 2, seed: int = 0) -> list[CpuRow]:
     """Time and peak memory of naive, tiled and SDPA attention for one head, float32.
@@ -170,7 +163,7 @@ def cpu_rows(lengths: Sequence[int] = DEFAULT_LENGTHS, *, head_dim: int = 64, bl
         q, k, v = (torch.randn(1, 1, n, head_dim, generator=generator) for _ in range(3))
         reference = F.scaled_dot_product_attention(q, k, v)
         for method, fn in methods.items():
-            if method == "naive" and 3 * 4 * n * n > _available_memory_bytes() // 2:
+            if method == "naive" and 3 * 4 * n * n > available_memory_bytes() // 2:
                 continue   # swapping would measure the disk, not attention
             with torch.no_grad():
                 out, peak = peak_memory(fn, q, k, v)
@@ -224,16 +217,15 @@ def training_rows(lengths: Sequence[int] = TRAINING_LENGTHS, *, head_dim: int = 
         reference = [t.clone().requires_grad_() for t in (q, k, v)]
         F.scaled_dot_product_attention(*reference).backward(grad_out)
         for method, fn in methods.items():
-            if method == "naive" and 4 * 4 * n * n > _available_memory_bytes() // 2:
+            if method == "naive" and 4 * 4 * n * n > available_memory_bytes() // 2:
                 continue
             inputs = [t.clone().requires_grad_() for t in (q, k, v)]
 
             def forward_backward(fn=fn, inputs=inputs, grad_out=grad_out):
                 fn(*inputs).backward(grad_out)
 
-            start = time.perf_counter()
-            _, peak = peak_memory(forward_backward)
-            seconds = time.perf_counter() - start
+            # One pass, timed and counted at once: a second would double the cost of the longest N.
+            (_, peak), seconds = timed(peak_memory, forward_backward)
             difference = max((mine.grad - theirs.grad).abs().max().item() for mine, theirs in zip(inputs, reference))
             rows.append(TrainingRow(method=method, n=n, seconds=seconds, peak_mib=peak / 2**20,
                                     max_grad_difference=difference))

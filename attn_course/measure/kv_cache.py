@@ -10,7 +10,6 @@ model is a fixed cost per step, whatever the length).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 
 import torch
@@ -19,7 +18,8 @@ from torch.overrides import TorchFunctionMode
 from attn_course import _validate
 from attn_course._threads import one_thread
 from attn_course.core.kv_cache import KVCache
-from attn_course.measure.timing import best_time, check_rows
+from attn_course.measure.rows import check_rows
+from attn_course.measure.timing import best_time
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 
 __all__ = [
@@ -143,14 +143,13 @@ def kv_cache_speedup(
         prompt = torch.randint(0, config.vocab_size, (1, prompt_length))
     rows = []
     for count in counts:
-        best, outputs = {False: float("inf"), True: float("inf")}, {}
-        for _ in range(repeats):
-            for use_cache in (False, True):
-                # A fresh generator per run: both ways must draw the same samples to agree.
-                generator = torch.Generator().manual_seed(seed)
-                start = time.perf_counter()
+        best, outputs = {}, {}
+        for use_cache in (False, True):
+            def generate(generator, use_cache=use_cache, count=count, outputs=outputs):
                 outputs[use_cache] = model.generate(prompt, count, use_cache=use_cache, generator=generator)
-                best[use_cache] = min(best[use_cache], time.perf_counter() - start)
+
+            # A fresh generator per run (made untimed): both ways must draw the same samples to agree.
+            best[use_cache] = best_time(generate, repeats, setup=lambda: torch.Generator().manual_seed(seed))
         if not torch.equal(outputs[True], outputs[False]):      # the timed runs themselves are compared
             raise RuntimeError(f"{where}: cached and uncached generation disagree at new_tokens={count}")
         without, with_cache = best[False], best[True]
@@ -274,12 +273,9 @@ def decode_step_times(
                 model(ids[:, :-1], kv_caches=caches)                            # the cached tokens
                 return caches
 
-            cached = float("inf")
-            for _ in range(repeats):
-                caches = filled_caches()
-                start = time.perf_counter()
-                model(ids[:, -1:], kv_caches=caches)                            # one cached step
-                cached = min(cached, time.perf_counter() - start)
+            # One cached step, on caches filled afresh (untimed) before each call: a step appends to them.
+            cached = best_time(lambda caches, ids=ids: model(ids[:, -1:], kv_caches=caches), repeats,
+                               setup=filled_caches)
             uncached = best_time(lambda ids=ids: model(ids), repeats)           # one uncached step
             caches, counter = filled_caches(), _CountCalls()
             with counter:

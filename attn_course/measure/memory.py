@@ -4,10 +4,13 @@ PyTorch reports allocator statistics only for CUDA, so this module counts tensor
 storages itself: every storage an operation creates is added when it appears and
 subtracted when it is freed. The count is exact for the tensors PyTorch allocates and
 the same on every run, which is what the chapters need to show an ``N²`` curve.
+:func:`available_memory_bytes` says what is free now, so that a benchmark skips a size
+that would swap (measuring the disk, not attention) or run out of GPU memory.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["peak_memory"]
+__all__ = ["available_memory_bytes", "peak_memory"]
 
 
 class _StorageCounter(TorchDispatchMode):
@@ -83,3 +86,33 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
     with counter:
         result = fn(*args, **kwargs)
     return result, counter.peak
+
+
+def available_memory_bytes(device: str | torch.device = "cpu") -> int:
+    """Bytes free now: the machine's free RAM for ``"cpu"``, the GPU's free memory for ``"cuda"``.
+
+    Args:
+        device: ``"cpu"`` or a CUDA device.
+
+    Returns:
+        Free bytes; on a system that does not report free RAM (not Linux), 8 GiB.
+
+    Raises:
+        TypeError: ``device`` not a str or ``torch.device``.
+        ValueError: a device that is neither CPU nor CUDA.
+
+    Example:
+        >>> available_memory_bytes() > 0
+        True
+    """
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"available_memory_bytes: device must be a str or torch.device, got {type(device).__name__}")
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        raise ValueError(f"available_memory_bytes: device must be 'cpu' or 'cuda', got {str(device)!r}")
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):   # pragma: no cover - not Linux
+        return 8 << 30

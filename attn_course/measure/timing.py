@@ -1,57 +1,161 @@
-"""What every benchmark shares: the timer, the machine it ran on, and the CSV of its rows.
+"""The course's one timer: library timers on the CPU and on a GPU, and the machine they ran on.
 
-A leaf module: it imports nothing else of the course but the input checks, so each
-benchmark (and anything else) can import it without an import cycle.
+* CPU: :func:`best_time`, the minimum over single calls timed by :class:`timeit.Timer`, the
+  timer :class:`torch.utils.benchmark.Timer` wraps (its ``repeat(n, number=1)``, with a setup
+  run untimed before every call), and, while a time budget is left, more samples from
+  :meth:`torch.utils.benchmark.Timer.blocked_autorange` (a warm-up, then blocks of calls long
+  enough that the clock's overhead does not count).
+* GPU: :func:`gpu_milliseconds`, ``triton.testing.do_bench`` (CUDA events, the L2 cache
+  flushed between calls), as Triton's own tutorials benchmark kernels.
+* :func:`timed`: one call and its wall-clock seconds, for what runs once (a first call that
+  compiles, a whole run).
+
+Nothing here asserts a speed: the benchmarks report times, the tests check rows and formulas.
 """
 
 from __future__ import annotations
 
-import csv
-import dataclasses
-import os
-import pathlib
+import gc
+import inspect
+import math
 import platform
 import time
-from collections.abc import Callable, Sequence
+import timeit
+from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.utils.benchmark as torch_benchmark
 
 from attn_course import _validate
-from attn_course._threads import one_thread
+from attn_course._threads import one_thread, threads
 
-__all__ = ["best_time", "check_rows", "machine_description", "one_thread", "write_csv"]
+__all__ = ["DO_BENCH_OPTIONS", "best_time", "gpu_milliseconds", "gpu_timer_name", "machine_description",
+           "one_thread", "threads", "timed"]
+
+DO_BENCH_OPTIONS = {"warmup": 5, "rep": 25, "return_mode": "median"}   # milliseconds of warm-up, of timing
+# The garbage collector stays on, as in the code being measured (timeit switches it off by default):
+# a measurement under peak_memory must see storages freed when they would be.
+_SETUP = "gc.enable(); arguments = prepare()"
 
 
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    """The shortest of ``repeats`` wall-clock timings of ``fn()``, in seconds.
+def _timers(fn: Callable, setup: Callable[[], object] | None) -> tuple[timeit.Timer, torch_benchmark.Timer]:
+    """Both timers for ``fn()`` (or ``fn(setup())``, ``setup`` untimed), sharing one namespace."""
+    namespace = {"fn": fn, "prepare": (lambda: ()) if setup is None else (lambda: (setup(),)), "gc": gc}
+    single = timeit.Timer("fn(*arguments)", _SETUP, globals=namespace)
+    # num_threads: torch's Timer would switch to one thread by default; the caller chose already.
+    blocks = torch_benchmark.Timer("fn(*arguments)", _SETUP, globals=namespace, num_threads=torch.get_num_threads())
+    return single, blocks
 
-    The minimum, not the mean: noise from other processes only ever adds time.
+
+def best_time(fn: Callable[..., object], repeats: int = 1, *, setup: Callable[[], object] | None = None,
+              budget_s: float = 0.0) -> float:
+    """The shortest time of one call of ``fn``, in seconds, from at least ``repeats`` timed calls.
+
+    The minimum, not the mean: noise from other processes only ever adds time. ``repeats``
+    single calls are timed first (:meth:`timeit.Timer.repeat` with ``number=1``); if they took
+    less than ``budget_s`` in all, :meth:`torch.utils.benchmark.Timer.blocked_autorange` samples
+    for the rest of the budget (fast functions get many samples, at little cost). With
+    ``setup``, every timed call gets a fresh ``setup()`` result, made untimed, and the budget
+    is spent on more single calls.
 
     Args:
-        fn: called with no arguments, ``repeats`` times.
-        repeats: how many timings to take, at least 1.
+        fn: called as ``fn()``, or ``fn(setup())`` when ``setup`` is given.
+        repeats: single calls to time, at least 1 (exactly this many when ``budget_s`` is 0).
+        setup: called before every timed call, untimed; its result is ``fn``'s argument (for a
+            step that changes what it runs on, such as a cache it appends to).
+        budget_s: seconds, ``>= 0``, within which more calls are timed.
 
     Returns:
-        The best time in seconds.
+        The best time of one call, in seconds.
 
     Raises:
-        TypeError: ``fn`` not callable, or ``repeats`` not an int.
-        ValueError: ``repeats`` below 1.
+        TypeError: ``fn`` or ``setup`` not callable, ``repeats`` not an int, ``budget_s`` not a number.
+        ValueError: ``repeats`` below 1, ``budget_s`` negative or not finite.
 
     Example:
         >>> best_time(lambda: sum(range(1000)), repeats=3) > 0
         True
+        >>> calls = []
+        >>> best_time(calls.append, 2, setup=lambda: "fresh") > 0 and calls
+        ['fresh', 'fresh']
     """
     where = "best_time"
     if not callable(fn):
         raise TypeError(f"{where}: fn must be callable, got {type(fn).__name__}")
+    if setup is not None and not callable(setup):
+        raise TypeError(f"{where}: setup must be callable or None, got {type(setup).__name__}")
     repeats = _validate.integer(where, "repeats", repeats, minimum=1)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
+        raise TypeError(f"{where}: budget_s must be a number of seconds, got {type(budget_s).__name__}")
+    if not 0 <= budget_s < math.inf:
+        raise ValueError(f"{where}: budget_s must be >= 0 and finite, got {budget_s}")
+    single, blocks = _timers(fn, setup)
+    samples = single.repeat(repeat=repeats, number=1)
+    left = budget_s - sum(samples)
+    if left > 0 and setup is None:
+        samples += blocks.blocked_autorange(min_run_time=left).times        # seconds per call, block by block
+    while setup is not None and sum(samples) < budget_s:
+        samples += single.repeat(repeat=1, number=1)
+    return min(samples)
+
+
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Call ``fn(*args, **kwargs)`` once and return its result and the wall-clock seconds it took.
+
+    For what is run once: a first call (where Triton compiles), a whole run. Not a benchmark
+    of ``fn``: use :func:`best_time` for that.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+
+    Example:
+        >>> result, seconds = timed(sum, range(10))
+        >>> result, seconds >= 0
+        (45, True)
+    """
+    if not callable(fn):
+        raise TypeError(f"timed: fn must be callable, got {type(fn).__name__}")
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def _do_bench() -> tuple[Callable[..., Any], dict[str, Any]]:
+    from triton.testing import do_bench  # here: importing Triton is slow, and only a GPU can run do_bench
+
+    accepted = inspect.signature(do_bench).parameters
+    return do_bench, {name: value for name, value in DO_BENCH_OPTIONS.items() if name in accepted}
+
+
+def gpu_milliseconds(fn: Callable[[], object]) -> float:
+    """Milliseconds of one call of ``fn()`` on a CUDA GPU, from ``triton.testing.do_bench``.
+
+    :data:`DO_BENCH_OPTIONS` (a short warm-up and timing window, the median), passing only the
+    options this Triton's ``do_bench`` takes. Needs a CUDA GPU: Triton's interpreter has no
+    driver to time with ("0 active drivers").
+
+    Args:
+        fn: the GPU work, called with no arguments (many times).
+
+    Returns:
+        The median time of one call, in milliseconds.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"gpu_milliseconds: fn must be callable, got {type(fn).__name__}")
+    do_bench, options = _do_bench()
+    result = do_bench(fn, **options)
+    # Old Triton versions returned (median, low, high) percentiles.
+    return float(result[0] if isinstance(result, (tuple, list)) else result)
+
+
+def gpu_timer_name() -> str:
+    """How :func:`gpu_milliseconds` times, for a run's record: e.g. ``"triton.testing.do_bench(warmup=5, ...)"``."""
+    _, options = _do_bench()
+    return f"triton.testing.do_bench({', '.join(f'{k}={v!r}' for k, v in options.items())})"
 
 
 def machine_description() -> str:
@@ -71,66 +175,3 @@ def machine_description() -> str:
     else:
         device = f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
     return f"{device}; torch {torch.__version__}; Triton {triton_version}"
-
-
-def check_rows(where: str, rows: object, kinds: tuple[type, ...] | None = None) -> list:
-    """Require a non-empty sequence of rows, all instances of one dataclass (one of ``kinds`` if given).
-
-    Printers, plots and the CSV writer call this so that their errors name themselves.
-
-    Args:
-        where: the calling function's name, for the message.
-        rows: what the caller was given.
-        kinds: the row dataclasses accepted; None accepts any one dataclass.
-
-    Returns:
-        ``rows`` as a list.
-
-    Raises:
-        TypeError: not a sequence, a row that is not an accepted dataclass instance, or
-            rows of different types.
-        ValueError: no rows.
-    """
-    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
-        raise TypeError(f"{where}: rows must be a sequence of benchmark rows, got {type(rows).__name__}")
-    if not rows:
-        raise ValueError(f"{where}: rows must not be empty")
-    accepted = " or ".join(kind.__name__ for kind in kinds) if kinds else "a dataclass instance"
-    for index, row in enumerate(rows):
-        is_row = isinstance(row, kinds) if kinds else dataclasses.is_dataclass(row) and not isinstance(row, type)
-        if not is_row:
-            raise TypeError(f"{where}: rows[{index}] must be {accepted}, got {type(row).__name__}")
-        if type(row) is not type(rows[0]):
-            raise TypeError(
-                f"{where}: rows[{index}] must be a {type(rows[0]).__name__} like rows[0], got {type(row).__name__}"
-            )
-    return list(rows)
-
-
-def write_csv(rows: Sequence[object], path: str | os.PathLike) -> pathlib.Path:
-    """Write benchmark rows (instances of one dataclass) to a CSV file, one column per field.
-
-    The header is the dataclass's field names, in their declared order.
-
-    Args:
-        rows: a non-empty sequence of instances of one dataclass.
-        path: the file to write; missing parent folders are created.
-
-    Returns:
-        ``path`` as a :class:`pathlib.Path`.
-
-    Raises:
-        TypeError: ``rows`` not a sequence of one dataclass's instances, or ``path`` not a path.
-        ValueError: ``rows`` empty.
-    """
-    where = "write_csv"
-    rows = check_rows(where, rows)
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{where}: path must be a str or path, got {type(path).__name__}")
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[field.name for field in dataclasses.fields(rows[0])])
-        writer.writeheader()
-        writer.writerows(dataclasses.asdict(row) for row in rows)
-    return path

@@ -1,0 +1,95 @@
+"""The methods compared, their shapes' rules, and the bytes one rank sends, from the algorithms."""
+
+from __future__ import annotations
+
+from attn_course import _validate
+from attn_course.distributed.ulysses import ulysses_bytes
+
+__all__ = ["LAYOUT", "METHODS", "check_method", "check_methods", "check_shape", "formula_bytes", "positive_ints"]
+
+# (name, layout): Ulysses needs the contiguous layout; ring runs with both.
+METHODS = ("ulysses", "ring", "ring zigzag")
+LAYOUT = {"ulysses": "contiguous", "ring": "contiguous", "ring zigzag": "zigzag"}
+
+
+def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, world_size: int, *,
+                  element_size: int = 4, backward: bool = False) -> int:
+    """Bytes one rank sends for one attention layer, from the algorithm (``S = B·H·(N/P)·d`` elements a shard).
+
+    - Ulysses: ``4 · (P - 1)/P · S`` forward (q, k, v, out), twice that forward + backward
+      (:func:`~attn_course.distributed.ulysses.ulysses_bytes`);
+    - ring (either layout): ``2 (P - 1) · S`` forward (K and V passed ``P - 1`` times); the
+      backward passes K and V ``P - 1`` times again and dK, dV ``P`` times (home at the end):
+      ``(4P - 2) · S`` more, so ``(6P - 4) · S`` in all. Nothing at ``P = 1``.
+
+    Args:
+        method: one of :data:`METHODS`.
+        batch, heads, n, head_dim: ``B``, ``H``, the full ``N``, ``d`` (``d_v = d``).
+        world_size: ``P``; ``N`` divisible by it (by ``2P`` for the zig-zag layout).
+        element_size: bytes per element.
+        backward: forward + backward instead of forward only.
+
+    Returns:
+        Bytes sent per rank (every rank sends the same).
+
+    Raises:
+        TypeError, ValueError: an unknown method, sizes that are not positive ints or do not divide.
+
+    Example:
+        >>> formula_bytes("ring", 1, 4, 64, 16, 4), formula_bytes("ulysses", 1, 4, 64, 16, 4)
+        (24576, 12288)
+    """
+    where = "formula_bytes"
+    method = check_method(where, "method", method)
+    if method == "ulysses":
+        return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=element_size, backward=backward)
+    batch, heads, n, head_dim, world_size, element_size = (
+        _validate.integer(where, name, value, minimum=1) for name, value in (
+            ("batch", batch), ("heads", heads), ("n", n), ("head_dim", head_dim), ("world_size", world_size),
+            ("element_size", element_size)))
+    _validate.boolean(where, "backward", backward)
+    chunks = 2 * world_size if method == "ring zigzag" else world_size
+    if n % chunks:
+        raise ValueError(f"{where}: n={n} must be divisible by {chunks} for {method} over {world_size} ranks")
+    if world_size == 1:
+        return 0
+    shard_bytes = batch * heads * (n // world_size) * head_dim * element_size
+    return ((6 * world_size - 4) if backward else 2 * (world_size - 1)) * shard_bytes
+
+
+
+def check_method(where: str, name: str, value: object) -> str:
+    """``value``, one of :data:`METHODS`, or the error naming ``where`` and ``name``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: {name} must be a str, got {type(value).__name__}")
+    if value not in METHODS:
+        raise ValueError(f"{where}: {name} must be one of {list(METHODS)}, got {value!r}")
+    return value
+
+
+def check_methods(where: str, methods: object) -> list[str]:
+    """``methods`` as a non-empty list of names from :data:`METHODS`."""
+    methods = _validate.sequence(where, "methods", methods, of="method names")
+    if not methods:
+        raise ValueError(f"{where}: methods must not be empty")
+    return [check_method(where, f"methods[{index}]", m) for index, m in enumerate(methods)]
+
+
+def positive_ints(where: str, name: str, values: object) -> list[int]:
+    """``values`` as a non-empty list of ints >= 1."""
+    values = _validate.integer_sequence(where, name, values, minimum=1)
+    if not values:
+        raise ValueError(f"{where}: {name} must not be empty")
+    return values
+
+
+def check_shape(where: str, methods: list[str], world_size: int, n: int, heads: int) -> None:
+    """Refuse, by name, a (P, N, H) a method cannot run: N not divisible by P (2P zig-zag), H by P (Ulysses)."""
+    for method in methods:
+        chunks = 2 * world_size if LAYOUT[method] == "zigzag" else world_size
+        if n % chunks:
+            raise ValueError(f"{where}: N={n} must be divisible by {chunks} for {method} over P={world_size} ranks")
+        if method == "ulysses" and heads % world_size:
+            raise ValueError(f"{where}: H={heads} must be divisible by P={world_size} for ulysses (whole heads per "
+                             f"rank)")
+

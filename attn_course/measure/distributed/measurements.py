@@ -1,0 +1,311 @@
+"""The three measurements: bytes sent per rank, peak memory per rank, and time, against ``P``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import torch
+
+from attn_course import _validate
+from attn_course.core.attention import self_attention
+from attn_course.core.masks import causal_mask
+from attn_course.distributed.layout import unshard
+from attn_course.measure.distributed.formulas import (
+    LAYOUT,
+    METHODS,
+    check_methods,
+    check_shape,
+    formula_bytes,
+    positive_ints,
+)
+from attn_course.measure.distributed.ranks import Task, collect, inputs
+
+__all__ = ["MemoryRow", "TimeRow", "TrafficRow", "measure_distributed", "measure_rank_memory", "measure_time",
+           "measure_traffic"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrafficRow:
+    """Bytes one rank sends for one attention layer (:func:`measure_traffic`).
+
+    Attributes:
+        method: one of :data:`METHODS`.
+        scaling: ``"N fixed"`` or ``"N ∝ P"`` (``N / P`` fixed), the sweep this row belongs to.
+        world_size, n, n_local: ``P``, ``N`` and ``N / P``.
+        batch, heads, head_dim: ``B``, ``H``, ``d`` (float32).
+        forward_bytes, forward_formula: measured on every rank (the largest) and :func:`formula_bytes`.
+        total_bytes, total_formula: the same for forward + backward.
+        matches: every rank sent exactly the formula's bytes, forward and total.
+    """
+
+    method: str
+    scaling: str
+    world_size: int
+    n: int
+    n_local: int
+    batch: int
+    heads: int
+    head_dim: int
+    forward_bytes: int
+    forward_formula: int
+    total_bytes: int
+    total_formula: int
+    matches: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRow:
+    """Peak bytes one rank allocates in a forward pass (:func:`measure_rank_memory`).
+
+    Attributes:
+        method: one of :data:`METHODS`.
+        world_size, n, n_local: ``P``, ``N`` and ``N / P``.
+        peak_bytes: the largest over the ranks, exact (:func:`~attn_course.measure.memory.peak_memory`;
+            the rank's input shards are not counted, its output is).
+        shard_bytes: one ``[B, H, N/P, d]`` float32 shard, for scale.
+        scores_bytes: the score matrix the method holds at once in this implementation:
+            ``B·H·(N/P)²·4`` per block for ring, ``B·(H/P)·N²·4`` for Ulysses.
+    """
+
+    method: str
+    world_size: int
+    n: int
+    n_local: int
+    peak_bytes: int
+    shard_bytes: int
+    scores_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeRow:
+    """Best wall-clock time of a forward pass (:func:`measure_time`).
+
+    Attributes:
+        method: one of :data:`METHODS`.
+        world_size, n: ``P`` and ``N``.
+        seconds: best of the repeats, on the slowest rank (ranks start together after a barrier).
+        ratio_to_one_rank: ``seconds`` over the same method's ``seconds`` at ``P = 1`` (None without one).
+        oversubscribed: ``P`` processes on fewer CPU cores than ``P``.
+        max_difference: largest ``|output - self_attention|`` over the gathered output.
+    """
+
+    method: str
+    world_size: int
+    n: int
+    seconds: float
+    ratio_to_one_rank: float | None
+    oversubscribed: bool
+    max_difference: float
+
+
+
+def _sizes(where: str, batch: object, heads: object, head_dim: object, causal: object) -> tuple[int, int, int, bool]:
+    batch, heads, head_dim = (_validate.integer(where, name, value, minimum=1)
+                              for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)))
+    return batch, heads, head_dim, _validate.boolean(where, "causal", causal)
+
+
+def _traffic_tasks(where, world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal) -> list[Task]:
+    world_sizes = positive_ints(where, "world_sizes", world_sizes)
+    n = _validate.integer(where, "n", n, minimum=1)
+    n_per_rank = _validate.integer(where, "n_per_rank", n_per_rank, minimum=1)
+    batch, heads, head_dim, causal = _sizes(where, batch, heads, head_dim, causal)
+    methods = check_methods(where, methods)
+    tasks = []
+    for scaling in ("N fixed", "N ∝ P"):
+        for p in world_sizes:
+            length = n if scaling == "N fixed" else n_per_rank * p
+            check_shape(where, methods, p, length, heads)
+            tasks += [Task("traffic", m, p, length, batch, heads, head_dim, causal, scaling=scaling) for m in methods]
+    return tasks
+
+
+def _traffic_rows(tasks: list[Task], results: list[list[dict]]) -> list[TrafficRow]:
+    rows = []
+    for task, ranks in zip(tasks, results):
+        sizes = (task.batch, task.heads, task.n, task.head_dim, task.world_size)
+        forward, total = formula_bytes(task.method, *sizes), formula_bytes(task.method, *sizes, backward=True)
+        rows.append(TrafficRow(
+            method=task.method, scaling=task.scaling, world_size=task.world_size, n=task.n,
+            n_local=task.n // task.world_size, batch=task.batch, heads=task.heads, head_dim=task.head_dim,
+            forward_bytes=max(r["forward"] for r in ranks), forward_formula=forward,
+            total_bytes=max(r["total"] for r in ranks), total_formula=total,
+            matches=all((r["forward"], r["total"]) == (forward, total) for r in ranks)))
+    return rows
+
+
+def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_per_rank: int = 64, batch: int = 1,
+                    heads: int = 8, head_dim: int = 16, methods: Sequence[str] = METHODS, causal: bool = True,
+                    timeout: float = 300.0) -> list[TrafficRow]:
+    """Bytes each rank sends for one attention layer, forward and forward + backward, against the formulas.
+
+    Two sweeps over ``world_sizes``: ``N = n`` fixed, and ``N = n_per_rank · P`` (``N / P``
+    fixed, the paper's "N and P increased proportionally").
+
+    Args:
+        world_sizes: the ``P`` to run, e.g. ``(1, 2, 4)``.
+        n: ``N`` of the first sweep.
+        n_per_rank: ``N / P`` of the second sweep.
+        batch, heads, head_dim: ``B``, ``H`` (divisible by every ``P`` for Ulysses), ``d``.
+        methods: names from :data:`METHODS`.
+        causal: causal attention (the bytes do not depend on it).
+        timeout: seconds for each launch.
+
+    Returns:
+        One :class:`TrafficRow` per (sweep, ``P``, method), in that order.
+
+    Raises:
+        TypeError, ValueError: sizes that are not positive ints, an unknown method, or a (``P``,
+            ``N``, ``H``) a method cannot run (named).
+
+    Example:
+        >>> rows = measure_traffic((2,), n=8, n_per_rank=4, heads=2, head_dim=4)   # doctest: +SKIP
+        >>> all(row.matches for row in rows)                                       # doctest: +SKIP
+        True
+    """
+    tasks = _traffic_tasks("measure_traffic", world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal)
+    timeout = _validate.positive_finite("measure_traffic", "timeout", timeout)
+    return _traffic_rows(tasks, collect(tasks, timeout))
+
+
+def _memory_tasks(where, world_sizes, lengths, batch, heads, head_dim, methods, causal) -> list[Task]:
+    world_sizes = positive_ints(where, "world_sizes", world_sizes)
+    lengths = positive_ints(where, "lengths", lengths)
+    batch, heads, head_dim, causal = _sizes(where, batch, heads, head_dim, causal)
+    methods = check_methods(where, methods)
+    tasks = []
+    for p in world_sizes:
+        for length in lengths:
+            check_shape(where, methods, p, length, heads)
+            tasks += [Task("memory", m, p, length, batch, heads, head_dim, causal) for m in methods]
+    return tasks
+
+
+def _memory_rows(tasks: list[Task], results: list[list[dict]]) -> list[MemoryRow]:
+    rows = []
+    for task, ranks in zip(tasks, results):
+        b, h, n, d, p = task.batch, task.heads, task.n, task.head_dim, task.world_size
+        scores = b * (h // p) * n * n * 4 if task.method == "ulysses" else b * h * (n // p) ** 2 * 4
+        rows.append(MemoryRow(method=task.method, world_size=p, n=n, n_local=n // p,
+                              peak_bytes=max(r["peak"] for r in ranks), shard_bytes=b * h * (n // p) * d * 4,
+                              scores_bytes=scores))
+    return rows
+
+
+def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequence[int] = (256, 512, 1024), *,
+                        batch: int = 1, heads: int = 8, head_dim: int = 16, methods: Sequence[str] = METHODS,
+                        causal: bool = True, timeout: float = 300.0) -> list[MemoryRow]:
+    """Peak bytes one rank allocates in a forward pass, for every ``P`` and ``N``: exact, not sampled.
+
+    Args:
+        world_sizes: the ``P`` to run.
+        lengths: the ``N`` to run (divisible by ``2P`` for ``ring zigzag``).
+        batch, heads, head_dim: ``B``, ``H`` (divisible by every ``P`` for Ulysses), ``d``.
+        methods: names from :data:`METHODS`.
+        causal: causal attention.
+        timeout: seconds for each launch.
+
+    Returns:
+        One :class:`MemoryRow` per (``P``, ``N``, method), in that order.
+
+    Raises:
+        TypeError, ValueError: as :func:`measure_traffic`.
+
+    Example:
+        >>> rows = measure_rank_memory((1, 2), (16, 32), heads=2, head_dim=4)       # doctest: +SKIP
+    """
+    tasks = _memory_tasks("measure_rank_memory", world_sizes, lengths, batch, heads, head_dim, methods, causal)
+    timeout = _validate.positive_finite("measure_rank_memory", "timeout", timeout)
+    return _memory_rows(tasks, collect(tasks, timeout))
+
+
+def _time_tasks(where, world_sizes, n, batch, heads, head_dim, methods, causal, repeats) -> list[Task]:
+    world_sizes = positive_ints(where, "world_sizes", world_sizes)
+    n = _validate.integer(where, "n", n, minimum=1)
+    batch, heads, head_dim, causal = _sizes(where, batch, heads, head_dim, causal)
+    methods = check_methods(where, methods)
+    repeats = _validate.integer(where, "repeats", repeats, minimum=1)
+    for p in world_sizes:
+        check_shape(where, methods, p, n, heads)
+    return [Task("time", m, p, n, batch, heads, head_dim, causal, repeats=repeats)
+            for p in world_sizes for m in methods]
+
+
+def _time_rows(tasks: list[Task], results: list[list[dict]]) -> list[TimeRow]:
+    cores = os.cpu_count() or 1
+    seconds = {(t.method, t.world_size, t.n): max(r["seconds"] for r in ranks) for t, ranks in zip(tasks, results)}
+    references: dict[tuple, torch.Tensor] = {}
+    rows = []
+    for task, ranks in zip(tasks, results):
+        key = (task.n, task.batch, task.heads, task.head_dim, task.causal)
+        if key not in references:
+            q, k, v, _ = inputs(task)
+            references[key] = self_attention(q, k, v, causal_mask(task.n) if task.causal else None)[0]
+        out = unshard([r["out"] for r in ranks], LAYOUT[task.method])
+        mine, one = seconds[task.method, task.world_size, task.n], seconds.get((task.method, 1, task.n))
+        rows.append(TimeRow(method=task.method, world_size=task.world_size, n=task.n, seconds=mine,
+                            ratio_to_one_rank=None if one is None else mine / one,
+                            oversubscribed=task.world_size > cores,
+                            max_difference=float((out - references[key]).abs().max())))
+    return rows
+
+
+def measure_time(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 1024, batch: int = 1, heads: int = 8,
+                 head_dim: int = 16, methods: Sequence[str] = METHODS, causal: bool = True, repeats: int = 3,
+                 timeout: float = 300.0) -> list[TimeRow]:
+    """Best time of a forward pass for every ``P`` (one thread per process), as ratios to ``P = 1``.
+
+    Args:
+        world_sizes: the ``P`` to run; include 1 for the ratios.
+        n: ``N`` (divisible by ``2P`` for ``ring zigzag``).
+        batch, heads, head_dim: ``B``, ``H`` (divisible by every ``P`` for Ulysses), ``d``.
+        methods: names from :data:`METHODS`.
+        causal: causal attention.
+        repeats: timings per (method, ``P``); the best counts.
+        timeout: seconds for each launch.
+
+    Returns:
+        One :class:`TimeRow` per (``P``, method), with the output checked against ``self_attention``.
+
+    Raises:
+        TypeError, ValueError: as :func:`measure_traffic`, or ``repeats`` below 1.
+
+    Example:
+        >>> rows = measure_time((1, 2), n=32, heads=2, head_dim=4, repeats=1)       # doctest: +SKIP
+    """
+    tasks = _time_tasks("measure_time", world_sizes, n, batch, heads, head_dim, methods, causal, repeats)
+    timeout = _validate.positive_finite("measure_time", "timeout", timeout)
+    return _time_rows(tasks, collect(tasks, timeout))
+
+
+def measure_distributed(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_per_rank: int = 64,
+                        lengths: Sequence[int] = (256, 512, 1024), time_n: int = 1024, batch: int = 1,
+                        heads: int = 8, head_dim: int = 16, methods: Sequence[str] = METHODS, causal: bool = True,
+                        repeats: int = 3, timeout: float = 300.0
+                        ) -> tuple[list[TrafficRow], list[MemoryRow], list[TimeRow]]:
+    """:func:`measure_traffic`, :func:`measure_rank_memory` and :func:`measure_time` in one launch per ``P``.
+
+    Args:
+        world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal, timeout: as
+            :func:`measure_traffic` (shared by all three).
+        lengths: the ``N`` of :func:`measure_rank_memory`.
+        time_n, repeats: ``n`` and ``repeats`` of :func:`measure_time`.
+
+    Returns:
+        ``(traffic rows, memory rows, time rows)``.
+
+    Raises:
+        TypeError, ValueError: as the three functions.
+    """
+    where = "measure_distributed"
+    traffic = _traffic_tasks(where, world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal)
+    memory = _memory_tasks(where, world_sizes, lengths, batch, heads, head_dim, methods, causal)
+    timing = _time_tasks(where, world_sizes, time_n, batch, heads, head_dim, methods, causal, repeats)
+    timeout = _validate.positive_finite(where, "timeout", timeout)
+    results = collect(traffic + memory + timing, timeout)
+    a, b = len(traffic), len(traffic) + len(memory)
+    return (_traffic_rows(traffic, results[:a]), _memory_rows(memory, results[a:b]),
+            _time_rows(timing, results[b:]))
+

@@ -1,0 +1,81 @@
+"""Benchmark rows: one dataclass instance per measurement, checked by the printers and written as CSV."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import pathlib
+from collections.abc import Sequence
+
+__all__ = ["check_rows", "write_csv"]
+
+
+def check_rows(where: str, rows: object, kinds: tuple[type, ...] | None = None) -> list:
+    """Require a non-empty sequence of rows, all instances of one dataclass (one of ``kinds`` if given).
+
+    Printers, plots and the CSV writer call this so that their errors name themselves.
+
+    Args:
+        where: the calling function's name, for the message.
+        rows: what the caller was given.
+        kinds: the row dataclasses accepted; None accepts any one dataclass.
+
+    Returns:
+        ``rows`` as a list.
+
+    Raises:
+        TypeError: not a sequence, a row that is not an accepted dataclass instance, or
+            rows of different types.
+        ValueError: no rows.
+
+    Example:
+        >>> @dataclasses.dataclass
+        ... class Row:
+        ...     n: int
+        >>> check_rows("example", (Row(1), Row(2)))
+        [Row(n=1), Row(n=2)]
+    """
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise TypeError(f"{where}: rows must be a sequence of benchmark rows, got {type(rows).__name__}")
+    if not rows:
+        raise ValueError(f"{where}: rows must not be empty")
+    accepted = " or ".join(kind.__name__ for kind in kinds) if kinds else "a dataclass instance"
+    for index, row in enumerate(rows):
+        is_row = isinstance(row, kinds) if kinds else dataclasses.is_dataclass(row) and not isinstance(row, type)
+        if not is_row:
+            raise TypeError(f"{where}: rows[{index}] must be {accepted}, got {type(row).__name__}")
+        if type(row) is not type(rows[0]):
+            raise TypeError(
+                f"{where}: rows[{index}] must be a {type(rows[0]).__name__} like rows[0], got {type(row).__name__}"
+            )
+    return list(rows)
+
+
+def write_csv(rows: Sequence[object], path: str | os.PathLike) -> pathlib.Path:
+    """Write benchmark rows (instances of one dataclass) to a CSV file, one column per field.
+
+    The header is the dataclass's field names, in their declared order.
+
+    Args:
+        rows: a non-empty sequence of instances of one dataclass.
+        path: the file to write; missing parent folders are created.
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+
+    Raises:
+        TypeError: ``rows`` not a sequence of one dataclass's instances, or ``path`` not a path.
+        ValueError: ``rows`` empty.
+    """
+    where = "write_csv"
+    rows = check_rows(where, rows)
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{where}: path must be a str or path, got {type(path).__name__}")
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[field.name for field in dataclasses.fields(rows[0])])
+        writer.writeheader()
+        writer.writerows(dataclasses.asdict(row) for row in rows)
+    return path
