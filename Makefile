@@ -50,8 +50,10 @@ $(OVERRIDES): tools/jupyterlab-overrides.json $(STAMP)
 lab: venv
 	$(BIN)/python tools/lab.py $(LAB_ARGS)
 
+# ruff, then the layers: import-linter's contracts in pyproject.toml ([tool.importlinter]).
 lint: venv
-	$(BIN)/ruff check attn_course tests tools notebooks
+	$(BIN)/ruff check attn_course attn_course_grading benchmarks tests tools notebooks
+	$(BIN)/lint-imports --no-cache --no-logo
 
 # Every chapter re-run in this environment and compared, output by output, with the
 # committed one; round-off in "max difference" lines is normalised (see the .cfg file).

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import os
 import pathlib
 import resource
@@ -24,8 +25,6 @@ import shutil
 import subprocess
 import sys
 import threading
-
-import attn_course
 
 #: Whom a sandbox runs as when the grader runs as root: an unprivileged user of its own (no
 #: account needed), so that the kernel counts its processes apart from every other sandbox's.
@@ -96,10 +95,15 @@ def sandbox_problem() -> str | None:
     return None
 
 
+def _package_folder(name: str) -> pathlib.Path:
+    """Where a package lies, found without importing it (the grader needs none of the course here)."""
+    return pathlib.Path(importlib.util.find_spec(name).origin).resolve().parent
+
+
 def readable_roots() -> list[pathlib.Path]:
     """The folders a submission reads: the Python installation, this environment, the package."""
     roots = {pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix).resolve(),
-             pathlib.Path(attn_course.__file__).resolve().parent}
+             _package_folder("attn_course")}
     # An interpreter symlinked from elsewhere (pyenv, conda) lives where its link points.
     roots.add(pathlib.Path(os.path.realpath(sys.executable)).parent.parent)
     # Drop any folder inside another: bubblewrap mounts each once.

@@ -1,15 +1,21 @@
-"""Shared test setup: Triton's mode, a headless matplotlib, repeatable hypothesis runs, one
+"""Shared test setup: Triton's interpreter without a GPU, a headless matplotlib, repeatable hypothesis runs, one
 summary line for the browser and sandbox tests when they skip, and the assignments built once."""
 
+import os
 import pathlib
 import sys
 
 import matplotlib
 import pytest
+import torch
 
-# Before anything imports Triton (transformers does): without a GPU, attn_course selects
-# Triton's interpreter, which Triton only honours at its own import.
-import attn_course  # noqa: F401, I001
+# Without a CUDA GPU the Triton kernels' tests run on Triton's interpreter (CPU tensors). Triton
+# reads TRITON_INTERPRET only when it is first imported (transformers and the flash modules
+# import it), so it is set here, before any test module is collected. Importing attn_course sets
+# nothing. setdefault: a run that chose a mode itself keeps it. Chapters run by nbval from this
+# process inherit it too.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Before anything imports pyplot: tests draw figures without a display.
 matplotlib.use("Agg")

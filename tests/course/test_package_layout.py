@@ -1,17 +1,25 @@
-"""The package's seams: no module reaches into another's private names, and imports form no cycle.
+"""The package's seams: the layers hold (import-linter's contracts in pyproject.toml), and no module
+reaches into another's private names (which import-linter does not look at).
 
-Both are read from the source with ``ast`` (nothing is imported), so a lazy import inside a
-function counts as much as one at the top of a file.
+Both read the source, importing nothing, so a lazy import inside a function counts as much as one at
+the top of a file. The contracts also forbid import cycles (``acyclic_siblings``).
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import shutil
+import subprocess
+import sys
 
 import pytest
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "attn_course"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "attn_course"
+# import-linter's root packages (pyproject.toml's [tool.importlinter]), copied for the planted violation
+ROOT_PACKAGES = ("attn_course", "attn_course_grading", "benchmarks")
+LINT_IMPORTS = pathlib.Path(sys.executable).parent / "lint-imports"
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -47,61 +55,74 @@ def private_imports() -> list[str]:
     return problems
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module to the attn_course modules it imports (``from pkg import submodule`` points at the submodule)."""
-    graph = {}
-    for name, path in MODULES.items():
-        targets = set()
-        for module, imported, _ in imports(path):
-            target = f"{module}.{imported}" if imported and is_module(f"{module}.{imported}") else module
-            if target != name and is_module(target):
-                targets.add(target)
-        graph[name] = targets
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, str] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = "open"
-        stack.append(node)
-        for target in sorted(graph.get(node, ())):
-            if state.get(target) == "open":
-                return stack[stack.index(target):] + [target]
-            if target not in state and (cycle := visit(target)):
-                return cycle
-        state[node] = "done"
-        stack.pop()
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return None
+def lint_imports(root: pathlib.Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` as `make lint` runs it, on the checkout (or a copy of it) at ``root``."""
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo"], cwd=root, capture_output=True, text=True,
+                          env={"PATH": str(LINT_IMPORTS.parent), "PYTHONPATH": str(root)})
 
 
 def test_no_module_imports_another_modules_private_names():
     assert private_imports() == []
 
 
-def test_the_package_imports_form_no_cycle():
-    assert find_cycle(import_graph()) is None
-
-
-def test_the_checks_catch_what_they_look_for(tmp_path, monkeypatch):
-    # A planted private import and a planted cycle must both be found.
+def test_the_private_name_check_catches_a_planted_one(tmp_path, monkeypatch):
     fake = tmp_path / "attn_course"
     fake.mkdir()
     (fake / "__init__.py").write_text("")
     (fake / "a.py").write_text("from attn_course.b import _helper\n")
-    (fake / "b.py").write_text("def f():\n    from attn_course import a\n\n\ndef _helper():\n    pass\n")
+    (fake / "b.py").write_text("def _helper():\n    pass\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     monkeypatch.setattr(__import__(__name__), "MODULES",
                         {module_name(path): path for path in sorted(fake.rglob("*.py"))})
     assert private_imports() == ["attn_course/a.py:1: from attn_course.b import _helper"]
-    assert find_cycle(import_graph()) == ["attn_course.a", "attn_course.b", "attn_course.a"]
+
+
+def test_the_import_contracts_hold():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def copy_of_the_checkout(tmp_path_factory) -> pathlib.Path:
+    """The root packages and pyproject.toml, copied: a place to plant violations in."""
+    root = tmp_path_factory.mktemp("checkout")
+    shutil.copy(ROOT / "pyproject.toml", root)
+    for package in ROOT_PACKAGES:
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.mark.parametrize("importer, imported, broken", [
+    # the core reaching up to a teaching aid, inside a function (a lazy import counts)
+    ("attn_course/core/masks.py", "attn_course.teaching.plots",
+     "attn_course.core is not allowed to import attn_course.teaching"),
+    # the kernels reaching for positions, which the flash layer may not use
+    ("attn_course/flash/tiled.py", "attn_course.positions.rope",
+     "attn_course.flash is not allowed to import attn_course.positions"),
+    # the grader importing a teaching aid
+    ("attn_course_grading/wire.py", "attn_course.teaching.widgets",
+     "attn_course_grading is not allowed to import attn_course.teaching"),
+    # the student package importing the benchmarks
+    ("attn_course/measure/timing.py", "benchmarks.selfcheck",
+     "attn_course is not allowed to import benchmarks"),
+    # a cycle inside one layer, which no layer rule sees: the masks importing the attention that imports them
+    ("attn_course/core/masks.py", "attn_course.core.attention",
+     "No cycles are allowed in attn_course.core"),
+])
+def test_a_planted_forbidden_import_fails_lint_imports(copy_of_the_checkout, importer, imported, broken):
+    path = copy_of_the_checkout / importer
+    original = path.read_text(encoding="utf-8")
+    before = lint_imports(copy_of_the_checkout)
+    assert broken not in before.stdout, before.stdout           # not broken before the plant
+    try:
+        path.write_text(original + f"\n\ndef _planted():\n    import {imported}  # noqa: F401\n", encoding="utf-8")
+        after = lint_imports(copy_of_the_checkout)
+    finally:
+        path.write_text(original, encoding="utf-8")
+    assert after.returncode != 0
+    assert broken in after.stdout, after.stdout
+    shown = " ".join(after.stdout.split())                       # import-linter wraps long lines
+    assert imported.removeprefix("attn_course.core") in shown, after.stdout   # the planted import is named
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
