@@ -15,6 +15,7 @@ import math
 import torch
 
 from attn_course import _validate
+from attn_course.core.masks import check_mask
 
 __all__ = ["self_attention", "scaled_dot_product", "softmax_with_empty_rows", "classic_self_attention"]
 
@@ -217,12 +218,7 @@ def _check_inputs(
 
 
 def _check_mask(where: str, mask: object, q: torch.Tensor, scores_shape: tuple) -> None:
-    mask = _validate.tensor(where, "mask", mask)
-    if not (mask.dtype == torch.bool or mask.is_floating_point()):
-        raise TypeError(
-            f"{where}: mask must be boolean (True = may attend) or floating (added to the "
-            f"scores), got dtype {mask.dtype}"
-        )
+    mask = check_mask(where, mask)
     if mask.device != q.device:
         raise ValueError(
             f"{where}: mask must be on the same device as q, got mask on {mask.device} "

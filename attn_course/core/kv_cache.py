@@ -13,15 +13,25 @@ buffer, one copy), like a Python list, so appending ``N`` tokens one by one cost
 
 Bytes held: ``2 · B · H_kv · capacity · d · bytes_per_element``, the reason multi-query
 and grouped-query attention (small ``H_kv``) matter for long contexts.
+
+How :class:`~attn_course.core.multihead.MultiHeadAttention` talks to a cache, whatever its kind:
+it sizes its mask by :meth:`KVCache.attended_length`, asks :meth:`KVCache.new_positions` where
+the new tokens sit (to rotate their queries with RoPE), and hands :meth:`KVCache.update` the new
+keys *before* RoPE with the rotation to apply. This cache rotates each new key once, at its
+position, and keeps it so. A cache that numbers positions its own way (the attention sinks of
+chapter 08 rotate every held key by its place in the cache) overrides these methods; the
+attention does not know which cache it was given.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from attn_course import _validate
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "check_new_entries"]
 
 
 class KVCache:
@@ -39,14 +49,6 @@ class KVCache:
         (4, torch.Size([1, 2, 4, 4]))
     """
 
-    #: How :class:`~attn_course.core.multihead.MultiHeadAttention` applies RoPE with this cache. ``False``
-    #: (here): it rotates the new keys by their positions in the text before :meth:`append`, so the
-    #: cache holds rotated keys. ``True`` (:class:`~attn_course.variants.attention_sinks.SinkKVCache`): the
-    #: cache holds keys before the rotation and numbers the tokens it holds itself; the attention asks
-    #: it for those positions (``cache_positions(N_new)``, queries and keys) and rotates the new
-    #: queries, and the keys that :meth:`append` returns, by them.
-    positions_in_cache: bool = False
-
     def __init__(self, max_length: int | None = None) -> None:
         self.max_length = (
             None if max_length is None else _validate.integer("KVCache", "max_length", max_length, minimum=1)
@@ -56,6 +58,11 @@ class KVCache:
         self.length = 0
 
     def __len__(self) -> int:
+        return self.length
+
+    @property
+    def held(self) -> int:
+        """Tokens held now; here every token appended (a cache that forgets holds fewer)."""
         return self.length
 
     @property
@@ -82,7 +89,7 @@ class KVCache:
         return self._values[:, :, : self.length]
 
     def attended_length(self, new_tokens: int) -> int:
-        """How many keys :meth:`append` will return after ``new_tokens`` more: ``len(self) + new_tokens``.
+        """How many keys :meth:`append` will return after ``new_tokens`` more: ``held + new_tokens``.
 
         ``len(cache)`` counts every token appended (the position of the next one); this counts
         the keys the new queries see. Here they agree; a cache that forgets (the rolling cache of
@@ -104,7 +111,76 @@ class KVCache:
             >>> cache.attended_length(1)
             4
         """
-        return self.length + _validate.integer("KVCache.attended_length", "new_tokens", new_tokens, minimum=0)
+        where = f"{type(self).__name__}.attended_length"
+        return self.held + _validate.integer(where, "new_tokens", new_tokens, minimum=0)
+
+    def new_positions(self, new_tokens: int, *, given: torch.Tensor | None = None,
+                      device: torch.device | str | None = None) -> torch.Tensor:
+        """The RoPE positions of the next ``new_tokens``: ``given``, else ``len(self) .. len(self) + N_new - 1``.
+
+        Args:
+            new_tokens: ``N_new >= 1``, the tokens about to be added.
+            given: the caller's own positions, ``[N_new]`` or ``[B, N_new]`` (a left-padded batch);
+                this cache takes them as they are.
+            device: where to create the default.
+
+        Returns:
+            ``[N_new]`` (or ``given``'s ``[B, N_new]``) integer positions.
+
+        Raises:
+            TypeError, ValueError: ``new_tokens`` not an int ``>= 1``.
+
+        Example:
+            >>> cache = KVCache()
+            >>> _ = cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+            >>> cache.new_positions(2)
+            tensor([3, 4])
+        """
+        new_tokens = _validate.integer("KVCache.new_positions", "new_tokens", new_tokens, minimum=1)
+        if given is not None:
+            return given
+        return torch.arange(self.length, self.length + new_tokens, device=device)      # new tokens follow the cache
+
+    def update(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new tokens' keys and values; return the keys and values the new queries attend to.
+
+        Args:
+            keys: ``[B, H_kv, N_new, d_k]``, before RoPE when ``rotate`` is given.
+            values: ``[B, H_kv, N_new, d_v]``.
+            positions: the new tokens' positions from :meth:`new_positions` (its default when None).
+            rotate: ``rotate(x [B, H_kv, N, d_k], positions) -> x`` rotated (a
+                :class:`~attn_course.positions.rope.RotaryEmbedding`), or None without RoPE.
+
+        Returns:
+            ``(keys, values)`` of every cached token, ``[B, H_kv, length, d]``, keys rotated.
+
+        Raises:
+            TypeError, ValueError: as :meth:`append`, or a ``rotate`` that is not callable.
+
+        Example:
+            >>> cache = KVCache()
+            >>> keys, _ = cache.update(torch.ones(1, 1, 2, 1), torch.ones(1, 1, 2, 1),
+            ...                        rotate=lambda x, positions: x * positions[:, None])   # a stand-in for RoPE
+            >>> keys.flatten().tolist()
+            [0.0, 1.0]
+        """
+        where = "KVCache.update"
+        if rotate is not None:
+            if not callable(rotate):
+                raise TypeError(f"{where}: rotate must be callable (x, positions) -> x, got {type(rotate).__name__}")
+            _validate.four_d(where, layout="[B, H_kv, N_new, d]", keys=keys, values=values)
+            if positions is None:
+                positions = self.new_positions(keys.shape[2], device=keys.device)
+            # A key's rotation depends only on its own position: rotated once here, it never needs redoing.
+            keys = rotate(keys, positions)                                          # [B, H_kv, N_new, d_k]
+        return self.append(keys, values)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys/values of new tokens; return all cached keys and values.
@@ -120,23 +196,7 @@ class KVCache:
             TypeError, ValueError: inputs that are not 4-D floating tensors of one dtype and
                 device, or that do not match what the cache already holds.
         """
-        where = "KVCache.append"
-        _validate.four_d(where, layout="[B, H_kv, N_new, d]", keys=keys, values=values)
-        if keys.shape[:3] != values.shape[:3]:
-            raise ValueError(
-                f"{where}: keys and values must be [B, H_kv, N_new, d] with the same B, H_kv and "
-                f"N_new, got keys {_validate.shape_str(keys)} and values {_validate.shape_str(values)}"
-            )
-        if self._keys is not None:
-            expected = (self._keys.shape[:2], self._keys.shape[3], self._values.shape[3])
-            got = (keys.shape[:2], keys.shape[3], values.shape[3])
-            if got != expected or keys.dtype != self._keys.dtype or keys.device != self._keys.device:
-                raise ValueError(
-                    f"{where}: new keys {_validate.shape_str(keys)} / values {_validate.shape_str(values)} "
-                    f"({keys.dtype}) do not match the cache's [B, H_kv, ·, d] = "
-                    f"{_validate.shape_str(self._keys)} / {_validate.shape_str(self._values)} "
-                    f"({self._keys.dtype})"
-                )
+        check_new_entries("KVCache.append", keys, values, like=None if self._keys is None else (self._keys, self._values))
         needed = self.length + keys.shape[2]
         if needed > self.capacity:
             self._grow(needed, keys, values)
@@ -163,3 +223,40 @@ class KVCache:
     def _require_filled(self, name: str) -> None:
         if self._keys is None:
             raise ValueError(f"KVCache.{name}: the cache is empty; append keys and values first")
+
+
+def check_new_entries(where: str, keys: object, values: object, *,
+                      like: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Check new keys and values for a cache: ``[B, H_kv, N_new, d]`` each, matching what it holds.
+
+    Args:
+        where: the name that error messages start with (the public method that was called).
+        keys, values: ``[B, H_kv, N_new, d_k]`` and ``[B, H_kv, N_new, d_v]``.
+        like: keys and values the cache already holds (any length along dimension 2), or None.
+
+    Raises:
+        TypeError, ValueError: not 4-D floating tensors of one dtype and device, different
+            ``B``/``H_kv``/``N_new``, or ``B``, ``H_kv``, ``d``, dtype or device other than ``like``'s.
+
+    Example:
+        >>> held = (torch.zeros(1, 2, 0, 4), torch.zeros(1, 2, 0, 4))
+        >>> check_new_entries("demo", torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), like=held)
+    """
+    _validate.four_d(where, layout="[B, H_kv, N_new, d]", keys=keys, values=values)
+    if keys.shape[:3] != values.shape[:3]:
+        raise ValueError(
+            f"{where}: keys and values must be [B, H_kv, N_new, d] with the same B, H_kv and "
+            f"N_new, got keys {_validate.shape_str(keys)} and values {_validate.shape_str(values)}"
+        )
+    if like is None:
+        return
+    held_keys, held_values = like
+    expected = (held_keys.shape[:2], held_keys.shape[3], held_values.shape[3], held_keys.dtype, held_keys.device)
+    if (keys.shape[:2], keys.shape[3], values.shape[3], keys.dtype, keys.device) != expected:
+        batch, heads = held_keys.shape[:2]
+        raise ValueError(
+            f"{where}: new keys {_validate.shape_str(keys)} / values {_validate.shape_str(values)} "
+            f"({keys.dtype}, {keys.device}) do not match the cache's [B, H_kv, ·, d] = "
+            f"[{batch}, {heads}, ·, {held_keys.shape[3]}] / [{batch}, {heads}, ·, {held_values.shape[3]}] "
+            f"({held_keys.dtype}, {held_keys.device})"
+        )

@@ -14,6 +14,7 @@ import torch
 from attn_course import _validate
 
 __all__ = [
+    "check_mask",
     "causal_mask",
     "padding_mask",
     "combine_masks",
@@ -23,6 +24,33 @@ __all__ = [
     "restrict_mask",
     "key_padding_to_boolean",
 ]
+
+
+def check_mask(where: str, mask: object, *, name: str = "mask") -> torch.Tensor:
+    """``mask`` if it is a boolean (True = may attend) or floating (added to the scores) tensor.
+
+    Every function that takes a mask calls this first, so a wrong one reads the same everywhere.
+
+    Args:
+        where: the name that error messages start with (the public function that was called).
+        mask: the mask to check.
+        name: the argument's name in error messages.
+
+    Returns:
+        ``mask``, unchanged.
+
+    Raises:
+        TypeError: not a tensor, or a dtype that is neither boolean nor floating.
+
+    Example:
+        >>> check_mask("demo", torch.ones(2, 2)).dtype
+        torch.float32
+    """
+    mask = _validate.tensor(where, name, mask)
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        raise TypeError(f"{where}: {name} must be boolean or floating, got dtype {mask.dtype} "
+                        f"(boolean: True = may attend; floating: added to the scores)")
+    return mask
 
 
 def causal_mask(
@@ -210,9 +238,7 @@ def to_score_shape(
     """
     if mask is None:
         return None
-    mask = _validate.tensor(caller, name, mask)
-    if not (mask.dtype == torch.bool or mask.is_floating_point()):
-        raise TypeError(f"{caller}: {name} must be boolean or floating, got dtype {mask.dtype}")
+    mask = check_mask(caller, mask, name=name)
     if mask.dim() == 2:
         mask = mask[None, None]                                   # [1, 1, N_q, N_k]
     elif mask.dim() == 3:
@@ -258,9 +284,7 @@ def restrict_mask(mask: torch.Tensor | None, allowed: torch.Tensor) -> torch.Ten
         raise TypeError(f"{where}: allowed must be boolean (True = may attend), got dtype {allowed.dtype}")
     if mask is None:
         return allowed
-    mask = _validate.tensor(where, "mask", mask)
-    if not (mask.dtype == torch.bool or mask.is_floating_point()):
-        raise TypeError(f"{where}: mask must be boolean or floating, got dtype {mask.dtype}")
+    mask = check_mask(where, mask)
     _validate.broadcast_batch(where, mask=mask.shape, allowed=allowed.shape)
     if mask.dtype == torch.bool:
         return mask & allowed

@@ -11,14 +11,12 @@ by a reshape; the same for keys and values. With grouped-query attention
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attn_course import _validate
-from attn_course.core.attention import self_attention
+from attn_course.core.backends import check_backend_name, choose_attention_backend
 from attn_course.core.kv_cache import KVCache
-from attn_course.core.masks import causal_mask, restrict_mask, to_score_shape
-from attn_course.positions.rope import RotaryEmbedding
+from attn_course.core.masks import to_score_shape
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "check_model_input"]
 
@@ -66,24 +64,22 @@ class MultiHeadAttention(nn.Module):
             ``1`` is multi-query attention, ``1 < H_kv < H`` grouped-query attention.
         bias: whether the four projections have biases.
         dropout: probability of dropping an attention weight while training.
-        rope: rotate queries and keys by their positions (chapter 05): ``True`` for a
-            :class:`~attn_course.positions.rope.RotaryEmbedding` with the defaults, or your own
-            instance (its ``head_dim`` must be ``E / H``). Applies to self-attention; with
-            a cache, new tokens get the positions after the cached ones (or those passed
-            as ``positions`` to :meth:`forward`).
-        flash_kernel: compute the attention with the Triton FlashAttention kernel
-            (:func:`~attn_course.flash.flash_attention`, chapter 06), which reads grouped-query
-            K/V heads in place and, for up to 16 new tokens, decodes by splitting the cache.
-            ``None`` (default): on a CUDA GPU, in float16 or bfloat16, when the call asks for no
-            weights (``need_weights=False``), passes no ``mask`` (``is_causal`` is fine) and no
-            dropout applies, with ``E / H`` in 16, 32, 64, 128. ``True``: under the same
-            conditions on any device (on a CPU the kernel runs in Triton's interpreter: slow),
-            and an error when a call does not meet them. ``False``: never.
+        rope: rotate queries and keys by their positions (chapter 05): a
+            :class:`~attn_course.positions.rope.RotaryEmbedding` (or any module ``(x, positions) -> x``
+            with a ``head_dim`` of ``E / H``); None (default) or False for none. Self-attention only.
+        attention_backend: which attention computes the heads (:mod:`attn_course.core.backends`):
+            ``"eager"`` (the course's own, with weights), ``"sdpa"`` (PyTorch's fused one),
+            ``"flash"`` (chapter 06's Triton kernel, registered by ``import attn_course.flash``),
+            or ``"auto"`` (default): the kernel on a CUDA GPU in float16/bfloat16 when the call
+            asks for no weights, passes no ``mask`` (``is_causal`` is fine), has no dropout and a
+            head size it supports, else eager. A backend named here must run: a call it cannot do
+            is an error listing why.
 
     Raises:
-        TypeError: non-int sizes or a non-number dropout.
+        TypeError: non-int sizes, a non-number dropout, a ``rope`` that is no rotation, or a non-str backend.
         ValueError: ``E`` not divisible by ``H``, ``H`` not divisible by ``H_kv``, sizes
-            below 1, or dropout outside ``[0, 1)``.
+            below 1, dropout outside ``[0, 1)``, a ``rope.head_dim`` other than ``E / H``, or a
+            backend that is not registered.
 
     Example:
         >>> attention = MultiHeadAttention(embed_dim=16, num_heads=4)
@@ -101,8 +97,8 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
-        rope: bool | RotaryEmbedding = False,
-        flash_kernel: bool | None = None,
+        rope: nn.Module | None = None,
+        attention_backend: str = "auto",
     ) -> None:
         super().__init__()
         where = "MultiHeadAttention"
@@ -129,25 +125,13 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv_width, bias=bias)
         self.v_proj = nn.Linear(embed_dim, kv_width, bias=bias)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        if isinstance(rope, RotaryEmbedding):
-            if rope.head_dim != self.head_dim:
-                raise ValueError(f"{where}: rope.head_dim={rope.head_dim} must equal E / H = {self.head_dim}")
-            self.rope = rope
-        elif isinstance(rope, bool):
-            if rope and self.head_dim % 2:
-                raise ValueError(
-                    f"{where}: rope needs an even head size, but embed_dim / num_heads = "
-                    f"{embed_dim} / {num_heads} = {self.head_dim}"
-                )
-            self.rope = RotaryEmbedding(self.head_dim) if rope else None
-        else:
-            raise TypeError(f"{where}: rope must be a bool or a RotaryEmbedding, got {type(rope).__name__}")
-        self.flash_kernel = None if flash_kernel is None else _validate.boolean(where, "flash_kernel", flash_kernel)
+        self.rope = _rotation(where, rope, self.head_dim)
+        self.attention_backend = check_backend_name(where, attention_backend)
 
     def extra_repr(self) -> str:
-        flash = "" if self.flash_kernel is None else f", flash_kernel={self.flash_kernel}"
+        backend = "" if self.attention_backend == "auto" else f", attention_backend={self.attention_backend!r}"
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}{flash}")
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}{backend}")
 
     def forward(
         self,
@@ -166,46 +150,62 @@ class MultiHeadAttention(nn.Module):
         Args:
             query: ``[B, N_q, E]``.
             key, value: ``[B, N_k, E]`` for cross-attention; both None for self-attention.
-            mask: boolean (True = may attend) or additive float, one of ``[N_q, N_k]``,
-                ``[B, N_q, N_k]`` (``[B, 1, N_k]`` from :func:`~attn_course.core.masks.padding_mask`)
-                or ``[B, H, N_q, N_k]`` (any of B, H, N_q may be 1). With a cache, ``N_k``
-                counts the keys it returns, ``kv_cache.attended_length(N_q)``: the cached tokens
-                and the new ones (a :class:`~attn_course.variants.sliding_window.RollingKVCache` returns
-                only those it still holds), the newest last.
-            is_causal: add a causal mask; with a cache, the new queries come after the
-                cached tokens (bottom-right aligned, so it also fits the keys a rolling cache
-                returns; its window is a ``mask``, see :meth:`RollingKVCache.window_mask
-                <attn_course.variants.sliding_window.RollingKVCache.window_mask>`).
-            kv_cache: a :class:`~attn_course.core.kv_cache.KVCache` (or a subclass); the new keys and
-                values are appended to it and the queries attend to the keys it returns. A cache
-                with ``positions_in_cache`` (:class:`~attn_course.variants.attention_sinks.SinkKVCache`)
-                holds keys before RoPE: the new queries, and the keys it returns, are rotated by
-                the positions it assigns inside the cache (StreamingLLM), not by ``positions``.
+            mask: boolean (True = may attend) or additive float, ``[N_q, N_k]``, ``[B, N_q, N_k]``
+                or ``[B, H, N_q, N_k]`` (any of B, H, N_q may be 1); with a cache ``N_k`` is
+                ``kv_cache.attended_length(N_q)``, the keys it returns, the newest last.
+            is_causal: add a causal mask; with a cache the new queries are the last positions
+                (bottom-right aligned).
+            kv_cache: a :class:`~attn_course.core.kv_cache.KVCache` (or a subclass) that stores the
+                new keys and values and returns those to attend to (:meth:`~attn_course.core.kv_cache.KVCache.update`).
             need_weights: return the per-head weights (else None).
-            positions: with ``rope``, the integer positions of the new tokens, ``[N_q]`` for the
-                whole batch or ``[B, N_q]`` one row per sequence (a left-padded batch: each
-                sequence's real tokens at ``0, 1, ...``, with ``mask`` hiding the padding). Default
-                ``len(kv_cache), len(kv_cache) + 1, ...`` (``0 .. N_q-1`` without a cache). With a
-                ``positions_in_cache`` cache only that default is accepted (and then replaced by
-                the cache's own positions), so a model that always passes it still works.
+            positions: with ``rope``, the positions of the new tokens, ``[N_q]`` or ``[B, N_q]``
+                (a left-padded batch); default ``0 .. N_q-1``, or where the cache puts them
+                (:meth:`~attn_course.core.kv_cache.KVCache.new_positions`).
 
         Returns:
             ``(output [B, N_q, E], attention_weights [B, H, N_q, N_k] or None)``.
 
         Raises:
-            TypeError, ValueError: inputs of the wrong kind or shape, only one of key and
-                value, a mask that does not fit, or positions that are not ``[N_q]``/``[B, N_q]``
-                integers or are given without ``rope`` or for cross-attention (or, with a
-                ``positions_in_cache`` cache, other than the default).
+            TypeError, ValueError: inputs of the wrong kind or shape, only one of key and value,
+                a mask that does not fit, positions without ``rope`` or for cross-attention, or a
+                call that the chosen backend cannot do.
 
         Example:
-            >>> attention = MultiHeadAttention(embed_dim=16, num_heads=2, rope=True)
+            >>> from attn_course.positions.rope import RotaryEmbedding
+            >>> attention = MultiHeadAttention(embed_dim=16, num_heads=2, rope=RotaryEmbedding(8))
             >>> x = torch.randn(2, 4, 16)                                      # [B, N, E]
             >>> positions = torch.tensor([[0, 0, 1, 2], [0, 1, 2, 3]])         # sequence 0 left-padded by 1
             >>> output, _ = attention(x, positions=positions)
             >>> output.shape
             torch.Size([2, 4, 16])
         """
+        key, value, positions = self._check_call(query, key, value, kv_cache, positions)
+        rope = self.rope if key is query else None                       # cross-attention is not rotated
+        q = split_heads(self.q_proj(query), self.num_heads)              # [B, H, N_q, d]
+        k = split_heads(self.k_proj(key), self.num_kv_heads)             # [B, H_kv, N_new, d]
+        v = split_heads(self.v_proj(value), self.num_kv_heads)           # [B, H_kv, N_new, d]
+        if rope is not None:
+            positions = self._new_positions(positions, kv_cache, q)      # [N_q] or [B, N_q]
+            q = rope(q, positions)                                       # [B, H, N_q, d]
+        mask = self._score_mask(mask, query, kv_cache, k.shape[2])       # checked before the cache changes
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v, positions=positions, rotate=rope)   # [B, H_kv, N_k, d], rotated
+        elif rope is not None:
+            k = rope(k, positions)                                       # [B, H_kv, N_k, d]
+        output, weights = self._attend(q, k, v, mask, is_causal, need_weights)   # [B, H, N_q, d]
+        return self.out_proj(merge_heads(output)), weights               # [B, N_q, E]
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                is_causal: bool, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The heads' attention, by the backend chosen for this call (:mod:`attn_course.core.backends`)."""
+        dropout = self.dropout if self.training else 0.0
+        backend = choose_attention_backend(self.attention_backend, q, k, mask=mask, need_weights=need_weights,
+                                           dropout=dropout, caller="MultiHeadAttention.forward")
+        return backend.function(q, k, v, mask, is_causal=is_causal, dropout=dropout, need_weights=need_weights)
+
+    def _check_call(self, query: object, key: object, value: object, kv_cache: object,
+                    positions: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(key, value, positions)`` after checking :meth:`forward`'s inputs; ``key is query`` for self-attention."""
         where = "MultiHeadAttention.forward"
         query = check_model_input(self, query, caller=where, name="query")
         if (key is None) != (value is None):
@@ -219,96 +219,9 @@ class MultiHeadAttention(nn.Module):
             )
         if kv_cache is not None and not isinstance(kv_cache, KVCache):
             raise TypeError(f"{where}: kv_cache must be a KVCache, got {type(kv_cache).__name__}")
-        self_attending = key is query
         if positions is not None:
-            positions = self._check_positions(where, positions, query, self_attending)
-
-        mask_given = mask is not None
-        q = split_heads(self.q_proj(query), self.num_heads)           # [B, H, N_q, d]
-        k = split_heads(self.k_proj(key), self.num_kv_heads)          # [B, H_kv, N_new, d]
-        v = split_heads(self.v_proj(value), self.num_kv_heads)        # [B, H_kv, N_new, d]
-        in_cache = None       # set when the cache numbers positions itself (attention sinks, chapter 08)
-        rotate = self.rope is not None and self_attending
-        if rotate and not (kv_cache is not None and kv_cache.positions_in_cache):
-            if positions is None:
-                start = 0 if kv_cache is None else len(kv_cache)        # new tokens follow the cache
-                positions = torch.arange(start, start + q.shape[2], device=q.device)   # [N_q]
-            q, k = self.rope(q, positions), self.rope(k, positions)     # positions [N_q] or [B, N_q]
-        elif rotate:
-            # StreamingLLM: the cache holds un-rotated keys and numbers its tokens 0..N_k-1 itself;
-            # rotate the queries now and the keys it returns after the append.
-            self._check_default_positions(where, positions, kv_cache, q.shape[2])
-            in_cache = kv_cache.cache_positions(q.shape[2], device=q.device)   # [N_q], [N_k]
-            q = self.rope(q, in_cache.queries)                                  # [B, H, N_q, d]
-        # len(kv_cache) is the next position; the keys attended to may be fewer (a rolling cache).
-        n_q, n_k = q.shape[2], k.shape[2] if kv_cache is None else kv_cache.attended_length(k.shape[2])
-        # Check the mask before touching the cache, so a rejected call leaves it as it was.
-        mask = to_score_shape(mask, query.shape[0], self.num_heads, n_q, n_k, caller=where)  # [B|1, H|1, N_q|1, N_k]
-        if kv_cache is not None:
-            k, v = kv_cache.append(k, v)                              # [B, H_kv, N_k, d]
-            if in_cache is not None:
-                k = self.rope(k, in_cache.keys)                         # [B, H_kv, N_k, d], rotated
-        if is_causal:
-            causal = causal_mask(n_q, n_k, device=query.device)          # queries are the newest
-            mask = restrict_mask(mask, causal)
-
-        if self._uses_flash_kernel(where, q, mask_given, need_weights):
-            from attn_course.flash.triton_attention import flash_attention
-
-            # The kernel reads key/value head h // G for query head h itself, and is_causal is
-            # its bottom-right causal mask (the new queries are the last of the N_k positions).
-            output = flash_attention(q, k, v, causal=is_causal)                # [B, H, N_q, d]
-            return self.out_proj(merge_heads(output)), None
-
-        # Grouped-query attention: view the H query heads as H_kv groups of G, so that each
-        # key/value head broadcasts over its group instead of being copied G times.
-        groups = self.num_heads // self.num_kv_heads
-        q = q.unflatten(1, (self.num_kv_heads, groups))                  # [B, H_kv, G, N_q, d]
-        k, v = k.unsqueeze(2), v.unsqueeze(2)                            # [B, H_kv, 1, N_k, d]
-        if mask is not None and mask.dim() == 4:
-            mask = _group_mask(mask, self.num_kv_heads, groups)          # [B|1, H_kv|1, G|1, N_q, N_k]
-        output, weights = self_attention(q, k, v, mask)                   # [B, H_kv, G, N_q, d]
-        if self.training and self.dropout > 0:
-            weights = F.dropout(weights, p=self.dropout)                  # as torch: weights as used
-            output = weights @ v
-        output = output.flatten(1, 2)                                    # [B, H, N_q, d]
-        output = self.out_proj(merge_heads(output))                      # [B, N_q, E]
-        return output, (weights.flatten(1, 2) if need_weights else None)
-
-    def _uses_flash_kernel(self, where: str, q: torch.Tensor, mask_given: bool, need_weights: bool) -> bool:
-        """Whether this call runs :func:`~attn_course.flash.flash_attention` (see ``flash_kernel``)."""
-        if self.flash_kernel is False:
-            return False
-        from attn_course.flash.triton_attention import GPU_DTYPES, INTERPRETER_DTYPES, SUPPORTED_HEAD_DIMS
-
-        dtypes = GPU_DTYPES if q.is_cuda else INTERPRETER_DTYPES
-        blockers = [reason for reason, blocked in (
-            ("need_weights=True (the kernel never forms the weights)", need_weights),
-            ("a mask (only is_causal is supported)", mask_given),
-            ("dropout while training", self.training and self.dropout > 0),
-            (f"head size E / H = {self.head_dim}, not one of {SUPPORTED_HEAD_DIMS}",
-             self.head_dim not in SUPPORTED_HEAD_DIMS),
-            (f"dtype {q.dtype}, not one of {[str(d) for d in dtypes]}", q.dtype not in dtypes),
-        ) if blocked]
-        if self.flash_kernel is None:
-            return q.is_cuda and not blockers
-        if blockers:
-            raise ValueError(f"{where}: flash_kernel=True, but this call has " + "; ".join(blockers))
-        return True
-
-    @staticmethod
-    def _check_default_positions(where: str, positions: torch.Tensor | None, kv_cache: KVCache,
-                                 tokens: int) -> None:
-        """With a ``positions_in_cache`` cache, ``positions`` must be None or the default ``len(cache)..``."""
-        if positions is None:
-            return
-        default = torch.arange(len(kv_cache), len(kv_cache) + tokens, device=positions.device)   # [N_q]
-        if not bool((positions == default).all()):
-            raise ValueError(
-                f"{where}: positions cannot be given with {kv_cache!r}, which assigns RoPE positions inside "
-                f"the cache (positions_in_cache); leave positions None (only the default "
-                f"{len(kv_cache)}..{len(kv_cache) + tokens - 1} is accepted), got {positions.tolist()}"
-            )
+            positions = self._check_positions(where, positions, query, self_attending=key is query)
+        return key, value, positions
 
     def _check_positions(self, where: str, positions: object, query: torch.Tensor,
                          self_attending: bool) -> torch.Tensor:
@@ -325,6 +238,20 @@ class MultiHeadAttention(nn.Module):
                 f"shape {_validate.shape_str(query)}, got shape {_validate.shape_str(positions)}"
             )
         return positions.to(query.device)
+
+    @staticmethod
+    def _new_positions(positions: torch.Tensor | None, kv_cache: KVCache | None, q: torch.Tensor) -> torch.Tensor:
+        """The new tokens' RoPE positions: given, else ``0 .. N_q-1``; with a cache, the cache decides."""
+        if kv_cache is not None:
+            return kv_cache.new_positions(q.shape[2], given=positions, device=q.device)
+        return torch.arange(q.shape[2], device=q.device) if positions is None else positions
+
+    def _score_mask(self, mask: torch.Tensor | None, query: torch.Tensor, kv_cache: KVCache | None,
+                    new_keys: int) -> torch.Tensor | None:
+        """``mask`` as ``[B|1, H|1, N_q|1, N_k]`` over the keys the cache will return (all ``N_new`` without one)."""
+        n_k = new_keys if kv_cache is None else kv_cache.attended_length(new_keys)
+        return to_score_shape(mask, query.shape[0], self.num_heads, query.shape[1], n_k,
+                              caller="MultiHeadAttention.forward")
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -397,8 +324,17 @@ def check_model_input(attention: MultiHeadAttention, x: object, *, caller: str, 
     return x
 
 
-def _group_mask(mask: torch.Tensor, kv_heads: int, groups: int) -> torch.Tensor:
-    """``[B, H|1, N_q, N_k]`` to ``[B, H_kv|1, G|1, N_q, N_k]`` matching grouped queries."""
-    if mask.shape[1] == 1:
-        return mask.unsqueeze(2)
-    return mask.unflatten(1, (kv_heads, groups))
+
+def _rotation(where: str, rope: object, head_dim: int) -> nn.Module | None:
+    """``rope`` checked: None, or a rotation ``(x [..., N, d], positions) -> x`` for heads of size ``head_dim``."""
+    if rope is None or rope is False:
+        return None
+    if isinstance(rope, bool) or not callable(rope) or not isinstance(getattr(rope, "head_dim", None), int):
+        raise TypeError(
+            f"{where}: rope must be None or a rotation with a head_dim, such as "
+            f"attn_course.positions.rope.RotaryEmbedding({head_dim}) (the core builds none itself), "
+            f"got {type(rope).__name__}"
+        )
+    if rope.head_dim != head_dim:
+        raise ValueError(f"{where}: rope.head_dim={rope.head_dim} must equal E / H = {head_dim}")
+    return rope

@@ -72,6 +72,13 @@ class ResidualBlock(nn.Module):
             return x + F.dropout(sublayer(norm(x)), self.dropout, self.training)
         return norm(x + F.dropout(sublayer(x), self.dropout, self.training))
 
+    def attention_residual(self, x: torch.Tensor, attention: MultiHeadAttention, norm: nn.LayerNorm,
+                           **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`residual` around an attention, keeping its weights: ``(x [B, N, E], weights or None)``."""
+        attended, weights = attention(norm(x) if self.norm_first else x, **kwargs)   # [B, N, E]
+        attended = F.dropout(attended, self.dropout, self.training)
+        return (x + attended if self.norm_first else norm(x + attended)), weights
+
 
 class EncoderBlock(ResidualBlock):
     """Bidirectional self-attention, then a feed-forward network: one layer of BERT.
@@ -166,14 +173,8 @@ class EncoderBlock(ResidualBlock):
         if key_padding_mask is not None:
             real = key_padding_to_boolean(key_padding_mask, batch, tokens, device=x.device, caller=where)
             mask = restrict_mask(mask, real[:, None, None, :])                        # keys: [B, 1, 1, N]
-        weights = None
-
-        def attend(h):
-            nonlocal weights
-            out, weights = self.self_attention(h, mask=mask, need_weights=need_weights)
-            return out
-
-        x = self.residual(x, attend, self.norm_self)                   # [B, N, E]
+        x, weights = self.attention_residual(x, self.self_attention, self.norm_self, mask=mask,
+                                             need_weights=need_weights)                 # [B, N, E]
         x = self.residual(x, self.feed_forward, self.norm_ffn)          # [B, N, E]
         return x, weights
 
@@ -261,18 +262,11 @@ class DecoderBlock(ResidualBlock):
                 f"{where}: memory is required exactly when the block has cross-attention "
                 f"(cross_attention={self.cross_attention is not None}, memory given: {memory is not None})"
             )
-        weights = None
-
-        def attend(h):
-            nonlocal weights
-            out, weights = self.self_attention(h, mask=mask, is_causal=True, kv_cache=kv_cache,
-                                               need_weights=need_weights)
-            return out
-
-        x = self.residual(x, attend, self.norm_self)
+        x, weights = self.attention_residual(x, self.self_attention, self.norm_self, mask=mask, is_causal=True,
+                                             kv_cache=kv_cache, need_weights=need_weights)   # [B, N, E]
         if self.cross_attention is not None:
-            x = self.residual(x, lambda h: self.cross_attention(h, memory, memory, mask=memory_mask,
-                                                                 need_weights=False)[0], self.norm_cross)
-        x = self.residual(x, self.feed_forward, self.norm_ffn)
+            x, _ = self.attention_residual(x, self.cross_attention, self.norm_cross, key=memory, value=memory,
+                                           mask=memory_mask, need_weights=False)             # [B, N, E]
+        x = self.residual(x, self.feed_forward, self.norm_ffn)                              # [B, N, E]
         return x, weights
 

@@ -26,31 +26,29 @@ Then, we apply position transformation to the keys in the rolling cache at each 
 concatenated cached and new keys at ``0 .. N_k - 1``.) So no query ever sees a distance larger
 than ``sinks + window - 1``, the longest a model trained on short texts knows.
 
-Here that is a small protocol between the cache and
-:class:`~attn_course.core.multihead.MultiHeadAttention`: :class:`SinkKVCache` has
-``positions_in_cache = True`` (``False`` on every other :class:`~attn_course.core.kv_cache.KVCache`);
-it holds un-rotated keys, and the attention asks :meth:`SinkKVCache.cache_positions` for the
-in-cache positions of the new queries and of the keys :meth:`~SinkKVCache.append` will return,
-rotates the queries, appends the un-rotated keys, and rotates the returned keys. Rotating every
-held key at every step costs ``O(sinks + window)`` per token, as in the paper.
+Here the cache speaks the protocol of every :class:`~attn_course.core.kv_cache.KVCache` with
+:class:`~attn_course.core.multihead.MultiHeadAttention`: :meth:`SinkKVCache.new_positions` gives the
+new queries their in-cache positions, and :meth:`SinkKVCache.update` stores the keys un-rotated and
+returns every held key rotated, through the rotation it is handed, at ``0 .. N_k - 1``. Rotating
+every held key at every step costs ``O(sinks + window)`` per token, as in the paper.
 
-:func:`streaming_losses` feeds a text one token at a time through a model with such caches and
-returns the next-token loss of every token: chapter 08 compares the window alone
+:func:`~attn_course.variants.streaming.streaming_losses` (re-exported here) feeds a text one token
+at a time through a model with such caches and returns the next-token loss of every token: chapter 08 compares the window alone
 (``SinkKVCache(window, sinks=0)``, the same outputs as a
 :class:`~attn_course.variants.sliding_window.RollingKVCache`) with sinks and window on a long held-out text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from attn_course import _validate
-from attn_course.core.kv_cache import KVCache
+from attn_course.core.kv_cache import KVCache, check_new_entries
 from attn_course.variants.sliding_window import RollingKVCache
+from attn_course.variants.streaming import streaming_losses
 
 __all__ = ["CachePositions", "SinkKVCache", "streaming_losses"]
 
@@ -73,15 +71,15 @@ class SinkKVCache(KVCache):
     Usable wherever a ``KVCache`` is (it is one): ``len(cache)`` counts every token appended, and
     :meth:`append` returns the keys and values the new queries attend to, in text order: the
     sinks, then the recent tokens it still holds, then the new ones. Memory is fixed at
-    ``sinks + window - 1`` tokens. It holds keys *before* RoPE (``positions_in_cache = True``), so
-    :class:`~attn_course.core.multihead.MultiHeadAttention` rotates them by their positions inside the
-    cache (:meth:`cache_positions`); without RoPE it is a plain cache that forgets.
+    ``sinks + window - 1`` tokens. It holds keys *before* RoPE and rotates them, at every
+    :meth:`update`, by their positions inside the cache (:meth:`cache_positions`); without RoPE it is
+    a plain cache that forgets.
 
     Several tokens may be appended at once: the keys returned then reach further back than the last
     new query sees, and :meth:`window_mask` is the mask that lines them up (as
     :meth:`RollingKVCache.window_mask <attn_course.variants.sliding_window.RollingKVCache.window_mask>`
     does). With RoPE, in-cache positions are the same for every query of one append only while
-    nothing is evicted yet, so :meth:`cache_positions` accepts several tokens only as long as
+    nothing is evicted yet, so :meth:`new_positions` accepts several tokens only as long as
     ``len(cache) + N_new <= sinks + window`` (a prompt into a fresh cache); past that, decode one
     token at a time.
 
@@ -105,8 +103,6 @@ class SinkKVCache(KVCache):
         (8, 4, 4)
     """
 
-    positions_in_cache = True
-
     def __init__(self, window: int, sinks: int) -> None:
         super().__init__()
         where = "SinkKVCache"
@@ -118,7 +114,7 @@ class SinkKVCache(KVCache):
         # Positions 0..S-1 go to a cache that never grows past S; the rest to a ring of W - 1.
         self._sink_part = KVCache(max_length=self.sinks) if self.sinks else None
         self._recent_part = RollingKVCache(self.window)
-        self._layout: tuple | None = None     # (B, H_kv, d_k, d_v, dtype, device) of the first append
+        self._like: tuple | None = None       # empty [B, H_kv, 0, d] keys/values of the first append
 
     def __repr__(self) -> str:
         return f"SinkKVCache(window={self.window}, sinks={self.sinks}, seen={self.length}, held={self.held})"
@@ -151,27 +147,6 @@ class SinkKVCache(KVCache):
         """The held values, in the order of :attr:`keys`, ``[B, H_kv, held, d_v]``."""
         self._require_appended("values")
         return torch.cat([part.values for part in self._filled_parts()], dim=2)
-
-    def attended_length(self, new_tokens: int) -> int:
-        """How many keys :meth:`append` will return after ``new_tokens`` more: ``held + new_tokens``.
-
-        Args:
-            new_tokens: ``N_new``, the tokens about to be appended.
-
-        Returns:
-            ``N_k = held + N_new`` (at most ``S + W - 1 + N_new``).
-
-        Raises:
-            TypeError, ValueError: ``new_tokens`` not an int ``>= 0``.
-
-        Example:
-            >>> cache = SinkKVCache(window=4, sinks=2)
-            >>> _ = cache.append(torch.zeros(1, 1, 10, 2), torch.zeros(1, 1, 10, 2))
-            >>> len(cache), cache.attended_length(1)      # 2 sinks + 3 recent + the new one
-            (10, 6)
-        """
-        new_tokens = _validate.integer("SinkKVCache.attended_length", "new_tokens", new_tokens, minimum=0)
-        return self.held + new_tokens
 
     def token_positions(self, new_tokens: int, *, device: torch.device | str | None = None) -> torch.Tensor:
         """The positions *in the text* of the keys that the next :meth:`append` of ``new_tokens`` returns.
@@ -206,8 +181,7 @@ class SinkKVCache(KVCache):
 
         StreamingLLM numbers the keys a query sees by their place in the cache, not in the text:
         the returned keys get ``0 .. N_k - 1`` and the new queries the last ``N_new`` of those.
-        :class:`~attn_course.core.multihead.MultiHeadAttention` calls this (``positions_in_cache``);
-        call it before the append.
+        :meth:`new_positions` and :meth:`update` use it; call it before the append.
 
         Several new tokens at once are accepted only while ``len + N_new <= S + W``: then nothing
         has been evicted yet for any of them, in-cache and text positions agree, and the result is
@@ -279,12 +253,87 @@ class SinkKVCache(KVCache):
         queries = torch.arange(self.length, self.length + new_tokens, device=device)[:, None]   # [N_new, 1]
         return (keys <= queries) & ((keys < self.sinks) | (keys > queries - self.window))  # [N_new, N_k]
 
+    def new_positions(self, new_tokens: int, *, given: torch.Tensor | None = None,
+                      device: torch.device | str | None = None) -> torch.Tensor:
+        """The in-cache RoPE positions of the next ``new_tokens`` (their queries): ``N_k - N_new .. N_k - 1``.
+
+        Args:
+            new_tokens: ``N_new >= 1``.
+            given: the caller's positions; only the default text positions ``len .. len + N_new - 1``
+                are accepted (and replaced), so a model that always passes them still works.
+            device: where to create the tensor.
+
+        Returns:
+            ``[N_new]`` int64, :meth:`cache_positions`'s ``queries``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`cache_positions`, or ``given`` other than the default.
+
+        Example:
+            >>> cache = SinkKVCache(window=4, sinks=4)
+            >>> _ = cache.append(torch.zeros(1, 1, 9, 2), torch.zeros(1, 1, 9, 2))   # tokens 0..8
+            >>> cache.new_positions(1, given=torch.tensor([9]))                    # token 9 sits at 7 in the cache
+            tensor([7])
+        """
+        if given is not None:
+            default = torch.arange(self.length, self.length + new_tokens, device=given.device)      # [N_new]
+            if given.shape[-1:] != default.shape or not bool((given == default).all()):
+                raise ValueError(
+                    f"SinkKVCache.new_positions: positions cannot be given with {self!r}, which assigns RoPE "
+                    f"positions inside the cache; leave positions None (only the default "
+                    f"{self.length}..{self.length + new_tokens - 1} is accepted), got {given.tolist()}"
+                )
+        return self.cache_positions(new_tokens, device=device).queries
+
+    def update(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        positions: torch.Tensor | None = None,
+        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new keys before RoPE; return every held key rotated at its in-cache position ``0 .. N_k - 1``.
+
+        Args:
+            keys: ``[B, H_kv, N_new, d_k]``, *not* rotated.
+            values: ``[B, H_kv, N_new, d_v]``.
+            positions: the queries' positions from :meth:`new_positions` (checked against them), or None.
+            rotate: ``rotate(x, positions) -> x`` (a RoPE module), or None: then this is :meth:`append`.
+
+        Returns:
+            ``(keys, values)``, ``[B, H_kv, N_k, d]``, in text order, keys rotated at ``0 .. N_k - 1``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`append` and :meth:`cache_positions`; ``positions`` other than
+                :meth:`new_positions`'s.
+
+        Example:
+            >>> cache = SinkKVCache(window=2, sinks=1)
+            >>> _ = cache.append(torch.ones(1, 1, 4, 1), torch.zeros(1, 1, 4, 1))    # holds tokens 0 and 3
+            >>> keys, _ = cache.update(torch.ones(1, 1, 1, 1), torch.zeros(1, 1, 1, 1),
+            ...                        rotate=lambda x, positions: x * positions[:, None])   # a stand-in for RoPE
+            >>> keys.flatten().tolist()                                               # at 0, 1, 2 in the cache
+            [0.0, 1.0, 2.0]
+        """
+        where = "SinkKVCache.update"
+        if rotate is None:
+            return self.append(keys, values)
+        if not callable(rotate):
+            raise TypeError(f"{where}: rotate must be callable (x, positions) -> x, got {type(rotate).__name__}")
+        self._check_new(where, keys, values)
+        in_cache = self.cache_positions(keys.shape[2], device=keys.device)      # before the append: [N_new], [N_k]
+        if positions is not None and not torch.equal(positions.to(in_cache.queries.device), in_cache.queries):
+            raise ValueError(f"{where}: positions must be new_positions()'s {in_cache.queries.tolist()}, "
+                             f"got {positions.tolist()}")
+        keys, values = self.append(keys, values)                                # [B, H_kv, N_k, d], before RoPE
+        return rotate(keys, in_cache.keys), values                              # StreamingLLM: in-cache positions
+
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys/values of new tokens; return the sinks, the held recent ones and the new ones.
 
         Args:
-            keys: ``[B, H_kv, N_new, d_k]``, *not* rotated (RoPE is applied to what this returns, at
-                the positions of :meth:`cache_positions`).
+            keys: ``[B, H_kv, N_new, d_k]``, *not* rotated (:meth:`update` rotates what this returns).
             values: ``[B, H_kv, N_new, d_v]``.
 
         Returns:
@@ -327,7 +376,7 @@ class SinkKVCache(KVCache):
         if self._sink_part is not None:
             self._sink_part.reset()
         self._recent_part.reset()
-        self._layout = None
+        self._like = None
 
     def _filled_parts(self) -> list[KVCache]:
         parts = []
@@ -338,102 +387,11 @@ class SinkKVCache(KVCache):
         return parts
 
     def _check_new(self, where: str, keys: torch.Tensor, values: torch.Tensor) -> None:
-        _validate.four_d(where, layout="[B, H_kv, N_new, d]", keys=keys, values=values)
-        if keys.shape[:3] != values.shape[:3]:
-            raise ValueError(
-                f"{where}: keys and values must be [B, H_kv, N_new, d] with the same B, H_kv and "
-                f"N_new, got keys {_validate.shape_str(keys)} and values {_validate.shape_str(values)}"
-            )
-        layout = (*keys.shape[:2], keys.shape[3], values.shape[3], keys.dtype, keys.device)
-        if self._layout is None:
-            self._layout = layout
-        elif layout != self._layout:
-            batch, heads, d_k, d_v, dtype, _ = self._layout
-            raise ValueError(
-                f"{where}: new keys {_validate.shape_str(keys)} / values {_validate.shape_str(values)} "
-                f"({keys.dtype}, {keys.device}) do not match the cache's [B, H_kv, ·, d] = "
-                f"[{batch}, {heads}, ·, {d_k}] / [{batch}, {heads}, ·, {d_v}] ({dtype}, {self._layout[5]})"
-            )
+        check_new_entries(where, keys, values, like=self._like)
+        if self._like is None:                  # empty stand-ins: the layout, however the parts are filled
+            self._like = (keys.new_empty(*keys.shape[:2], 0, keys.shape[3]),
+                          values.new_empty(*values.shape[:2], 0, values.shape[3]))
 
     def _require_appended(self, name: str) -> None:
         if self.length == 0:
             raise ValueError(f"SinkKVCache.{name}: the cache is empty; append keys and values first")
-
-
-@torch.no_grad()
-def streaming_losses(model: nn.Module, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-    """Next-token losses of a text fed one token at a time through ``model`` with ``caches``.
-
-    Step ``t`` runs ``model(ids[:, t:t+1], kv_caches=caches)`` and scores token ``t + 1`` with the
-    logits it returns, so token ``t + 1`` is predicted from what the caches still hold: every
-    earlier token with :class:`~attn_course.core.kv_cache.KVCache` s (the same losses as one forward
-    over the whole text), the sinks and the window with :class:`SinkKVCache` s. The model runs in
-    eval mode (restored afterwards) and without gradients.
-
-    A :class:`~attn_course.models.llama.LlamaForCausalLM` without a sliding window refuses caches that
-    forget keys its attention would read; give it ``config.sliding_window = sinks + window``, which
-    masks nothing while decoding one token at a time with a :class:`SinkKVCache` (the cache returns
-    exactly ``sinks + window`` keys).
-
-    Args:
-        model: takes ``(ids [1, 1], kv_caches=caches)`` and returns logits ``[1, 1, V]``, or an
-            object with such ``.logits`` (:class:`~attn_course.models.llama.LlamaForCausalLM`,
-            :class:`~attn_course.models.tiny_language_model.TinyLanguageModel`).
-        ids: ``[1, N]`` token ids, ``N >= 2``.
-        caches: one empty cache per block of ``model``, e.g.
-            ``[SinkKVCache(window, sinks) for _ in model.model.blocks]``; they are filled (``N - 1``
-            tokens each) and left so.
-
-    Returns:
-        ``[N - 1]`` float32: ``-log p(ids[0, t + 1] | what the caches hold)`` for ``t = 0 .. N - 2``.
-
-    Raises:
-        TypeError: ``model`` not callable, ``ids`` not an integer tensor, ``caches`` not a list of
-            KVCache, or a model output that is neither a tensor nor has ``.logits``.
-        ValueError: ``ids`` not ``[1, N]`` with ``N >= 2``, caches that are not empty, or logits that
-            are not ``[1, 1, V]``; otherwise as the model's own checks.
-
-    Example:
-        >>> from attn_course.models.llama import LlamaConfig, LlamaForCausalLM
-        >>> _ = torch.manual_seed(0)
-        >>> config = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        ...                      num_attention_heads=2, sliding_window=2 + 3)      # sinks + window
-        >>> model = LlamaForCausalLM(config)
-        >>> caches = [SinkKVCache(window=3, sinks=2) for _ in range(2)]
-        >>> losses = streaming_losses(model, torch.randint(10, (1, 20)), caches)
-        >>> losses.shape, len(caches[0]), caches[0].held
-        (torch.Size([19]), 19, 4)
-    """
-    where = "streaming_losses"
-    if not callable(model):
-        raise TypeError(f"{where}: model must be callable (ids, kv_caches=...) -> logits, got {type(model).__name__}")
-    ids = _validate.integer_tensor(where, "ids", ids)
-    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] < 2:
-        raise ValueError(f"{where}: ids must be [1, N] with N >= 2, got shape {_validate.shape_str(ids)}")
-    if isinstance(caches, KVCache) or not isinstance(caches, (list, tuple)) \
-            or not all(isinstance(cache, KVCache) for cache in caches):
-        raise TypeError(f"{where}: caches must be a list of KVCache, one per block, got {type(caches).__name__}")
-    caches = list(caches)
-    if not caches or any(len(cache) for cache in caches):
-        raise ValueError(f"{where}: caches must be a non-empty list of empty caches (one per block), got lengths "
-                         f"{[len(cache) for cache in caches]}")
-    training = getattr(model, "training", False)
-    if isinstance(model, nn.Module):
-        model.eval()
-    try:
-        losses = []
-        for t in range(ids.shape[1] - 1):
-            output = model(ids[:, t:t + 1], kv_caches=caches)
-            logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
-            if not isinstance(logits, torch.Tensor):
-                raise TypeError(f"{where}: model must return logits [1, 1, V] or an object with .logits, "
-                                f"got {type(output).__name__}")
-            if logits.dim() != 3 or logits.shape[:2] != (1, 1):
-                raise ValueError(f"{where}: model must return logits [1, 1, V] for one token, got shape "
-                                 f"{_validate.shape_str(logits)}")
-            log_p = F.log_softmax(logits[0, 0].float(), dim=-1)                          # [V]
-            losses.append(-log_p[ids[0, t + 1]])
-    finally:
-        if isinstance(model, nn.Module):
-            model.train(training)
-    return torch.stack(losses)                                                         # [N - 1]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from attn_course import _validate
-from attn_course.core.kv_cache import KVCache
+from attn_course.core.kv_cache import KVCache, check_new_entries
 from attn_course.variants.masks import sliding_window_mask
 
 __all__ = ["RollingKVCache"]
@@ -100,27 +100,6 @@ class RollingKVCache(KVCache):
         self._require_appended("values")
         return self._in_order(self._ring_values)
 
-    def attended_length(self, new_tokens: int) -> int:
-        """How many keys :meth:`append` will return after ``new_tokens`` more: ``held + new_tokens``.
-
-        Args:
-            new_tokens: ``N_new``, the tokens about to be appended.
-
-        Returns:
-            ``N_k = min(len(cache), window - 1) + N_new``.
-
-        Raises:
-            TypeError, ValueError: ``new_tokens`` not an int ``>= 0``.
-
-        Example:
-            >>> cache = RollingKVCache(window=4)
-            >>> _ = cache.append(torch.zeros(1, 1, 10, 2), torch.zeros(1, 1, 10, 2))
-            >>> len(cache), cache.attended_length(1)
-            (10, 4)
-        """
-        new_tokens = _validate.integer("RollingKVCache.attended_length", "new_tokens", new_tokens, minimum=0)
-        return self.held + new_tokens
-
     def window_mask(self, new_tokens: int, *, device: torch.device | str | None = None) -> torch.Tensor:
         """The sliding-window mask for the keys that the next :meth:`append` of ``new_tokens`` returns.
 
@@ -171,7 +150,8 @@ class RollingKVCache(KVCache):
             ([0.0, 1.0, 2.0, 3.0], [2.0, 3.0])
         """
         where = "RollingKVCache.append"
-        self._check_new(where, keys, values)
+        check_new_entries(where, keys, values,
+                          like=None if self._ring_keys is None else (self._ring_keys, self._ring_values))
         if self._ring_keys is None:
             batch, heads = keys.shape[:2]
             slots = self.window - 1
@@ -205,24 +185,6 @@ class RollingKVCache(KVCache):
             return ring                                               # window 1: nothing is ever held
         start = self.length % slots                                   # the slot of the oldest token
         return torch.cat([ring[:, :, start:], ring[:, :, :start]], dim=2)
-
-    def _check_new(self, where: str, keys: torch.Tensor, values: torch.Tensor) -> None:
-        _validate.four_d(where, layout="[B, H_kv, N_new, d]", keys=keys, values=values)
-        if keys.shape[:3] != values.shape[:3]:
-            raise ValueError(
-                f"{where}: keys and values must be [B, H_kv, N_new, d] with the same B, H_kv and "
-                f"N_new, got keys {_validate.shape_str(keys)} and values {_validate.shape_str(values)}"
-            )
-        if self._ring_keys is not None:
-            expected = (self._ring_keys.shape[:2], self._ring_keys.shape[3], self._ring_values.shape[3])
-            got = (keys.shape[:2], keys.shape[3], values.shape[3])
-            if got != expected or keys.dtype != self._ring_keys.dtype or keys.device != self._ring_keys.device:
-                raise ValueError(
-                    f"{where}: new keys {_validate.shape_str(keys)} / values {_validate.shape_str(values)} "
-                    f"({keys.dtype}) do not match the cache's [B, H_kv, ·, d] = "
-                    f"{_validate.shape_str(self._ring_keys)} / {_validate.shape_str(self._ring_values)} "
-                    f"({self._ring_keys.dtype})"
-                )
 
     def _require_appended(self, name: str) -> None:
         if self._ring_keys is None:

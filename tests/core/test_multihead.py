@@ -12,6 +12,7 @@ from torch import nn
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import causal_mask, padding_mask
 from attn_course.core.multihead import MultiHeadAttention, merge_heads, split_heads
+from attn_course.positions.rope import RotaryEmbedding
 
 from helpers import FAST, close, randn, random_mask
 
@@ -623,13 +624,15 @@ def test_padded_tokens_do_not_change_the_real_tokens_outputs(lengths, seed):
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("new_tokens", [20, 1], ids=["prompt", "decode"])
-def test_flash_kernel_path_matches_plain_attention_with_a_cache(kv_heads, new_tokens):
+def test_flash_backend_matches_plain_attention_with_a_cache(kv_heads, new_tokens):
     # The Triton kernel (here in its interpreter) reads grouped K/V in place and decodes one
     # token by splitting the cache; the module's output must be the plain path's.
     pytest.importorskip("triton")
+    import attn_course.flash.backend  # noqa: F401  (registers "flash")
+
     torch.manual_seed(0)
-    plain = MultiHeadAttention(64, 4, num_kv_heads=kv_heads, rope=True, flash_kernel=False)
-    fused = MultiHeadAttention(64, 4, num_kv_heads=kv_heads, rope=True, flash_kernel=True)
+    plain = MultiHeadAttention(64, 4, num_kv_heads=kv_heads, rope=RotaryEmbedding(16), attention_backend="eager")
+    fused = MultiHeadAttention(64, 4, num_kv_heads=kv_heads, rope=RotaryEmbedding(16), attention_backend="flash")
     fused.load_state_dict(plain.state_dict())
     prompt, step = torch.randn(2, 30, 64), torch.randn(2, new_tokens, 64)
     outputs = []
@@ -637,24 +640,27 @@ def test_flash_kernel_path_matches_plain_attention_with_a_cache(kv_heads, new_to
         cache = KVCache()
         module(prompt, is_causal=True, kv_cache=cache, need_weights=False)
         outputs.append(module(step, is_causal=True, kv_cache=cache, need_weights=False)[0])
-    assert fused.extra_repr().endswith("flash_kernel=True")
+    assert fused.extra_repr().endswith("attention_backend='flash'")
     torch.testing.assert_close(outputs[1], outputs[0], atol=2e-6, rtol=0)
 
 
-def test_flash_kernel_true_refuses_what_the_kernel_cannot_do():
+def test_flash_backend_named_refuses_what_the_kernel_cannot_do():
     pytest.importorskip("triton")
-    module = MultiHeadAttention(48, 4, flash_kernel=True)       # head size 12
+    import attn_course.flash.backend  # noqa: F401  (registers "flash")
+
+    module = MultiHeadAttention(48, 4, attention_backend="flash")       # head size 12
     x = torch.randn(1, 5, 48)
-    with pytest.raises(ValueError, match=r"flash_kernel=True, but this call has need_weights=True .*; head size "
-                                         r"E / H = 12, not one of \(16, 32, 64, 128\)"):
+    with pytest.raises(ValueError, match=r"attention_backend='flash', but this call has need_weights=True .*; "
+                                         r"head size E / H = 12, not one of \(16, 32, 64, 128\)"):
         module(x)
-    with pytest.raises(TypeError, match="flash_kernel must be a bool"):
-        MultiHeadAttention(48, 4, flash_kernel="yes")
+    with pytest.raises(TypeError, match="attention_backend must be a str"):
+        MultiHeadAttention(48, 4, attention_backend=True)
 
 
-def test_flash_kernel_is_not_used_on_a_cpu_by_default(monkeypatch):
-    from attn_course.flash import triton_attention
+def test_flash_backend_is_not_used_on_a_cpu_by_default(monkeypatch):
+    pytest.importorskip("triton")
+    from attn_course.flash import backend
 
-    monkeypatch.setattr(triton_attention, "flash_attention", lambda *a, **k: pytest.fail("kernel used"))
+    monkeypatch.setattr(backend, "flash_attention", lambda *a, **k: pytest.fail("kernel used"))
     module = MultiHeadAttention(64, 4, num_kv_heads=2)
     module(torch.randn(1, 5, 64), is_causal=True, need_weights=False)

@@ -235,7 +235,7 @@ def test_casting_the_module_to_half_precision_keeps_the_frequencies(dtype):
     x = randn(1, 4, 64, seed=10, dtype=dtype)
     positions = torch.arange(1000, 1004)
     assert torch.equal(RotaryEmbedding(64).to(dtype)(x, positions), RotaryEmbedding(64)(x, positions))
-    attention = MultiHeadAttention(64, 1, rope=True).to(dtype)
+    attention = MultiHeadAttention(64, 1, rope=RotaryEmbedding(64)).to(dtype)
     assert torch.equal(attention.rope(x, positions), RotaryEmbedding(64)(x, positions))
 
 
@@ -270,7 +270,7 @@ def test_attention_scores_of_a_repeated_token_depend_only_on_the_offset(interlea
 @pytest.mark.parametrize("prefix", [1, 6])
 def test_translating_a_sequence_by_a_cache_offset_leaves_its_attention_unchanged(prefix):
     torch.manual_seed(12)
-    attention = MultiHeadAttention(16, 2, rope=True).eval()
+    attention = MultiHeadAttention(16, 2, rope=RotaryEmbedding(8)).eval()
     x = randn(2, 5, 16, seed=13)                                                   # [B, N, E]
     plain, plain_weights = attention(x)
     cache = KVCache()
@@ -281,7 +281,7 @@ def test_translating_a_sequence_by_a_cache_offset_leaves_its_attention_unchanged
     close(shifted, plain)
 
 
-CACHED_ROPES = [True, RotaryEmbedding(4, base=100.0, interleaved=True)]
+CACHED_ROPES = [RotaryEmbedding(4), RotaryEmbedding(4, base=100.0, interleaved=True)]
 
 
 @pytest.mark.parametrize("rope", CACHED_ROPES, ids=["default", "interleaved-base-100"])
@@ -301,7 +301,7 @@ def test_decoding_with_a_cache_equals_one_causal_pass(rope, chunks):
 
 def test_rope_changes_self_attention_but_not_cross_attention():
     torch.manual_seed(17)
-    with_rope = MultiHeadAttention(16, 4, rope=True).eval()
+    with_rope = MultiHeadAttention(16, 4, rope=RotaryEmbedding(4)).eval()
     without = MultiHeadAttention(16, 4).eval()
     without.load_state_dict(with_rope.state_dict())
     x, memory = randn(1, 5, 16, seed=18), randn(1, 7, 16, seed=19)
@@ -311,7 +311,7 @@ def test_rope_changes_self_attention_but_not_cross_attention():
 
 def test_rope_rotates_queries_and_keys_but_not_values():
     d, tokens = 8, 6
-    attention = identity_attention(d, True)
+    attention = identity_attention(d, RotaryEmbedding(d))
     x = randn(1, tokens, d, seed=20)
     output, weights = attention(x)
     close(output, weights[:, 0] @ x)                    # outputs mix the unrotated inputs (values)
@@ -322,9 +322,12 @@ def test_rope_with_the_wrong_head_dim_is_rejected():
         MultiHeadAttention(16, 4, rope=RotaryEmbedding(8))
 
 
-def test_rope_that_is_neither_bool_nor_rotary_embedding_is_rejected():
-    with pytest.raises(TypeError, match="rope must be a bool or a RotaryEmbedding, got str"):
-        MultiHeadAttention(16, 4, rope="yes")
+@pytest.mark.parametrize("rope", ["yes", True, torch.nn.Identity()], ids=["str", "true", "no-head-dim"])
+def test_rope_that_is_no_rotation_is_rejected_with_what_to_pass(rope):
+    # The core builds no RoPE itself (it imports nothing of chapter 05): the error names the class to pass.
+    with pytest.raises(TypeError, match=r"rope must be None or a rotation with a head_dim, such as "
+                                        r"attn_course.positions.rope.RotaryEmbedding\(4\)"):
+        MultiHeadAttention(16, 4, rope=rope)
 
 
 # --- bad inputs -----------------------------------------------------------------------------------

@@ -92,9 +92,9 @@ def test_partial_rotary_matches_gpt_neox_with_batched_positions():
     close(rope(q, positions)[..., 4:], q[..., 4:], tol=0)                      # the rest passes through
 
 
-def model(rope: bool | RotaryEmbedding = True, **kwargs) -> MultiHeadAttention:
+def model(rope: RotaryEmbedding | None = None, **kwargs) -> MultiHeadAttention:
     torch.manual_seed(0)
-    return MultiHeadAttention(16, 4, rope=rope, **kwargs).eval()
+    return MultiHeadAttention(16, 4, rope=RotaryEmbedding(4) if rope is None else rope, **kwargs).eval()
 
 
 def padded_batch(seed: int = 7) -> tuple[list[torch.Tensor], torch.Tensor]:

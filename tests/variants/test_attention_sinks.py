@@ -17,6 +17,7 @@ from attn_course.core.kv_cache import KVCache
 from attn_course.core.multihead import MultiHeadAttention
 from attn_course.models.llama import LlamaConfig, LlamaForCausalLM
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
+from attn_course.positions.rope import RotaryEmbedding
 from attn_course.variants.attention_sinks import SinkKVCache, streaming_losses
 from attn_course.variants.masks import attention_sink_mask
 from attn_course.variants.sliding_window import RollingKVCache
@@ -79,7 +80,7 @@ def decode(attention: MultiHeadAttention, x: torch.Tensor, cache: KVCache) -> to
 @pytest.fixture
 def attention() -> MultiHeadAttention:
     torch.manual_seed(0)
-    return MultiHeadAttention(E, H, num_kv_heads=H_KV, rope=True).eval()
+    return MultiHeadAttention(E, H, num_kv_heads=H_KV, rope=RotaryEmbedding(D)).eval()
 
 
 # --- the cache with RoPE against direct computations ---------------------------------------------

@@ -17,6 +17,7 @@ import torch
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.multihead import MultiHeadAttention
 from attn_course.models.llama import LlamaConfig, LlamaForCausalLM, load_pretrained
+from attn_course.positions.rope import RotaryEmbedding
 from attn_course.variants.masks import sliding_window_mask
 from attn_course.variants.sliding_window import RollingKVCache
 
@@ -118,7 +119,7 @@ def test_append_returns_the_held_tokens_then_the_new_ones_in_position_order(wind
 def test_decoding_with_a_rolling_cache_equals_full_attention_under_the_sliding_mask(dtype, tolerance, window,
                                                                                      chunks):
     torch.manual_seed(3)
-    attention = MultiHeadAttention(32, 4, num_kv_heads=2, rope=True).to(dtype)
+    attention = MultiHeadAttention(32, 4, num_kv_heads=2, rope=RotaryEmbedding(8)).to(dtype)
     x = torch.randn(2, sum(chunks), 32, dtype=dtype)                                 # [B, N, E], N > window
     full, _ = attention(x, mask=sliding_window_mask(x.shape[1], window=window))     # no cache
     cache, outputs, start = RollingKVCache(window), [], 0
@@ -134,7 +135,7 @@ def test_decoding_with_a_rolling_cache_equals_full_attention_under_the_sliding_m
 def test_one_token_at_a_time_needs_no_window_mask():
     # The cache returns exactly the window, so the causal mask alone gives sliding-window attention.
     torch.manual_seed(4)
-    attention = MultiHeadAttention(16, 2, rope=True).double()
+    attention = MultiHeadAttention(16, 2, rope=RotaryEmbedding(8)).double()
     x = torch.randn(1, 12, 16, dtype=torch.float64)
     full, _ = attention(x, mask=sliding_window_mask(12, window=3))
     cache = RollingKVCache(3)

@@ -16,7 +16,7 @@ CPU. One small causal character model takes one of four position schemes:
   ``L`` rows: the others keep their random initial values (shrunk a little by AdamW's weight
   decay), which is exactly why learned positions cannot extrapolate.
 - ``"rope"``: queries and keys rotated by their positions (chapter 05,
-  ``MultiHeadAttention(rope=True)``); no position is added to the tokens.
+  ``MultiHeadAttention(rope=RotaryEmbedding(d))``); no position is added to the tokens.
 - ``"alibi"``: no position anywhere but the bias ``m_h · (j - i)`` on every score, slopes from
   :func:`~attn_course.positions.alibi.alibi_slopes`.
 - ``"none"``: no position information at all (the causal mask alone), the baseline.
@@ -63,6 +63,7 @@ from attn_course.data.tokenizers import CharTokenizer
 from attn_course.models.tiny_language_model import check_ids_and_caches
 from attn_course.models.training import mean_window_loss, nonoverlapping_windows, train_language_model
 from attn_course.positions.alibi import alibi_bias, alibi_slopes
+from attn_course.positions.rope import RotaryEmbedding
 
 __all__ = [
     "POSITION_SCHEMES",
@@ -155,7 +156,7 @@ class PositionLanguageModel(nn.Module):
 
     Token embedding, (``"learned"`` only) position embedding, ``num_layers`` pre-LayerNorm
     :class:`~attn_course.core.transformer.DecoderBlock` s, a final LayerNorm and a linear head. With
-    ``"rope"`` each block's self-attention is a ``MultiHeadAttention(rope=True)``, which rotates
+    ``"rope"`` each block's self-attention is a ``MultiHeadAttention(rope=RotaryEmbedding(d))``, which rotates
     the new tokens by their positions, ``len(kv_cache)`` onwards. With ``"alibi"`` every block adds
     the bias ``m_h · (j - i)`` of :func:`~attn_course.positions.alibi.alibi_bias` to its scores as an
     additive mask, with query ``i`` and key ``j`` at their absolute positions (the cached tokens
@@ -184,7 +185,7 @@ class PositionLanguageModel(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(E, H) for _ in range(config.num_layers))
         if config.position == "rope":
             for block in self.blocks:                       # the same block, its attention rotary
-                block.self_attention = MultiHeadAttention(E, H, rope=True)
+                block.self_attention = MultiHeadAttention(E, H, rope=RotaryEmbedding(E // H))
         self.final_norm = nn.LayerNorm(E)
         self.head = nn.Linear(E, config.vocab_size)
         slopes = alibi_slopes(H) if config.position == "alibi" else torch.zeros(0)
