@@ -1,19 +1,19 @@
-"""``python -m attn_course.measure NAME``: run one benchmark, print its table, write its CSV.
+"""``python -m benchmarks NAME``: run one benchmark, print its table, write its CSV.
 
-    python -m attn_course.measure kv-cache     # generation with and without a KV cache
-    python -m attn_course.measure flash        # FlashAttention: GPU TFLOP/s, or CPU time and memory
-                                             # (on a CPU also forward+backward memory, for training)
-    python -m attn_course.measure flash --max-minutes 4.5      # the GPU run, bounded in time
-    python -m attn_course.measure flash --dry-run              # the GPU code path on the CPU, tiny sizes
-    python -m attn_course.measure variants     # causal softmax, sliding window, FlexAttention, linear:
-                                             # time and memory against N, and linear's crossover N
-    python -m attn_course.measure variants --quick             # tiny sizes, a few seconds
-    python -m attn_course.measure distributed  # ring attention vs Ulysses on P = 1, 2, 4 processes:
-                                             # bytes sent per rank, memory per rank, time ratios
-    python -m attn_course.measure distributed --quick          # tiny sizes
-    python -m attn_course.measure grading --autograders dist/autograder    # sandboxed grading: notebooks
-                                             # per minute for a class, and the sandbox's start-up cost
-    python -m attn_course.measure grading --quick              # the start-up cost only
+    python -m benchmarks kv-cache     # generation with and without a KV cache
+    python -m benchmarks flash        # FlashAttention: GPU TFLOP/s, or CPU time and memory
+                                      # (on a CPU also forward+backward memory, for training)
+    python -m benchmarks flash --max-minutes 4.5      # the GPU run, bounded in time
+    python -m benchmarks flash --dry-run              # the GPU code path on the CPU, tiny sizes
+    python -m benchmarks variants     # causal softmax, sliding window, FlexAttention, linear:
+                                      # time and memory against N, and linear's crossover N
+    python -m benchmarks variants --quick             # tiny sizes, a few seconds
+    python -m benchmarks distributed  # ring attention vs Ulysses on P = 1, 2, 4 processes:
+                                      # bytes sent per rank, memory per rank, time ratios
+    python -m benchmarks distributed --quick          # tiny sizes
+    python -m benchmarks grading --autograders dist/autograder    # sandboxed grading: notebooks
+                                      # per minute for a class, and the sandbox's start-up cost
+    python -m benchmarks grading --quick              # the start-up cost only
 
 ``kv-cache`` writes ``bench-results/kv-cache.csv``. ``flash`` on a CUDA machine (or with
 ``--dry-run``) runs :func:`benchmarks.flash_gpu.run_gpu_benchmark`: ``flash-gpu.csv``,
@@ -53,7 +53,8 @@ import sys
 import torch
 
 from attn_course.measure.kv_cache import kv_cache_speedup, print_kv_cache
-from attn_course.measure.timing import machine_description, write_csv
+from attn_course.measure.rows import write_csv
+from attn_course.measure.timing import machine_description
 
 
 def _length(text: str) -> int:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         1 when the GPU run was terminated (SIGTERM) before its end. argparse exits with
         status 2 on bad arguments.
     """
-    parser = argparse.ArgumentParser(prog="python -m attn_course.measure", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=["kv-cache", "flash", "variants", "distributed", "grading"])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
                         help="folder for the CSV and PNG (default: bench-results)")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     lengths = {"lengths": tuple(args.lengths)} if args.lengths else {}
     if args.dry_run or torch.cuda.is_available():
-        from attn_course.measure import flash_gpu
+        from benchmarks import flash_gpu
 
         result = flash_gpu.run_gpu_benchmark(args.out, dry_run=args.dry_run, max_minutes=args.max_minutes,
                                              progress=functools.partial(print, flush=True), **lengths)
@@ -196,7 +197,7 @@ def _variants(args: argparse.Namespace, description: str) -> int:
 
 def _grading(args: argparse.Namespace) -> int:
     """``grading``: the sandbox's start-up cost, and (with ``--autograders``) a class's throughput."""
-    from attn_course.measure import grading
+    from benchmarks import grading
 
     overhead = grading.sandbox_overhead(repeats=2 if args.quick else 10)
     print("# start-up of a one-cell notebook, seconds (Python, torch, IPython; with bubblewrap's sandbox or not)")

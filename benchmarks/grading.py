@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from attn_course.measure.timing import timed
 from attn_course_grading import sandbox
 from attn_course_grading.grader import Assignment, grade
 from attn_course_grading.remote import Submission
@@ -119,10 +120,9 @@ def class_throughput(autograders: pathlib.Path, *, students: int = 2, jobs: int 
                 notebook.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(pathlib.Path(autograders) / f"{assignment.name}.ipynb", notebook)
                 jobs_list.append((assignment, notebook))
-        started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            graded = list(pool.map(lambda job: grade(job[0], job[1], limits), jobs_list))
-        minutes = (time.perf_counter() - started) / 60
+            graded, seconds = timed(lambda: list(pool.map(lambda job: grade(job[0], job[1], limits), jobs_list)))
+        minutes = seconds / 60
     per_chapter = []
     for assignment in assignments:
         runs = [result for (a, _), result in zip(jobs_list, graded) if a is assignment]

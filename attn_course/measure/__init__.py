@@ -12,8 +12,9 @@ Each also runs from the command line as ``python -m benchmarks NAME`` (see :mod:
   ``P = 1, 2, 4`` processes: bytes sent per rank against the formulas, exact memory per rank,
   time as ratios to one rank.
 
-:mod:`attn_course.measure.timing` holds what they share: the timer, the machine
-description and the CSV writer; :mod:`attn_course.measure.memory` counts peak memory.
+What they share: :mod:`attn_course.measure.timing` (the one timer: ``torch.utils.benchmark`` and
+:mod:`timeit` on the CPU, ``triton.testing.do_bench`` on a GPU), :mod:`attn_course.measure.memory`
+(peak and free memory) and :mod:`attn_course.measure.rows` (row checks and the CSV writer).
 ``attn_course.measure.flash`` is not imported here: it loads the FlashAttention package and
 Triton, which the KV-cache benchmark does not need.
 """

@@ -1,0 +1,187 @@
+"""Attention over a whole sequence: TFLOP/s of ours, SDPA's backends and naive attention."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from attn_course import _validate
+from attn_course.core.attention import self_attention
+from attn_course.core.masks import causal_mask
+from attn_course.measure.flash import attention_flops
+from benchmarks.flash_gpu.backends import sdpa_context
+from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
+from benchmarks.flash_gpu.checks import (
+    check_callback,
+    check_deadline,
+    check_device,
+    check_dtypes,
+    check_modes,
+    nonempty_ints,
+    randn,
+)
+from benchmarks.flash_gpu.clock import Clock
+from benchmarks.flash_gpu.machine import MachineInfo, machine_info
+from benchmarks.flash_gpu.measuring import describe_error, measure, skipped
+from benchmarks.flash_gpu.rows import GpuRow
+from benchmarks.flash_gpu.sizes import (
+    DRY_RUN_DTYPES,
+    GPU_DTYPES,
+    GPU_HEAD_DIMS,
+    GPU_LENGTHS,
+    MODES,
+    NAIVE_UP_TO,
+    SDPA_BACKENDS,
+)
+
+__all__ = ["gpu_rows"]
+
+
+def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] = GPU_HEAD_DIMS,
+             dtypes: Sequence[torch.dtype] | None = None, causal: Sequence[bool] = (False, True),
+             modes: Sequence[str] = MODES, tokens: int = 16384, model_dim: int = 2048, seed: int = 0,
+             device: str = "cuda", deadline: float | None = None, on_row: Callable[[GpuRow], None] | None = None,
+             progress: Callable[[str], None] | None = None, machine: MachineInfo | None = None) -> list[GpuRow]:
+    """TFLOP/s of our Triton kernel, SDPA's backends and naive attention, forward and backward.
+
+    Batch and heads follow the FlashAttention papers: ``B = tokens / N`` sequences (at least 1)
+    of ``H = model_dim / d`` heads. Every (dtype, d, causal, N) gives one row per method and
+    mode; a method that is unavailable or raises gives ``status="skipped"`` rows with the reason.
+    Naive attention is skipped above N = 8192 and where its N × N float32 matrices would not
+    fit in free memory.
+
+    Args:
+        lengths: sequence lengths N, measured in this order.
+        head_dims: d values; each must divide ``model_dim``.
+        dtypes: floating dtypes; default float16 and bfloat16 on a GPU, float16 and float32 on the CPU.
+        causal: the mask settings to measure, e.g. ``(False, True)``.
+        modes: a subset of ``"forward"``, ``"backward"``, ``"forward+backward"``.
+        tokens: B · N per measurement.
+        model_dim: H · d per measurement.
+        seed: for the random inputs, ``>= 0`` (a generator on the device; the global RNG is not touched).
+        device: ``"cuda"``, or ``"cpu"`` for the dry run (Triton's interpreter, a wall-clock timer).
+        deadline: a ``time.monotonic()`` value; a measurement that would start later becomes a
+            skipped row (``reason`` says so). None: no limit.
+        on_row: called with each row as soon as it is measured (e.g. to append it to a CSV).
+        progress: called with one line of text per configuration.
+        machine: the :class:`MachineInfo` the rows name (default: :func:`machine_info`).
+
+    Returns:
+        One :class:`GpuRow` per (dtype, d, causal, N, method, mode), in that nesting order.
+
+    Raises:
+        TypeError: an argument of the wrong type (a size not an int, a dtype not a floating
+            ``torch.dtype``, a callback not callable).
+        ValueError: empty or non-positive sizes, a head dim that does not divide ``model_dim``,
+            an unknown mode, a negative seed, or an unknown device.
+        RuntimeError: ``device="cuda"`` without a CUDA GPU.
+    """
+    where = "gpu_rows"
+    lengths = nonempty_ints(where, "lengths", lengths)
+    head_dims = nonempty_ints(where, "head_dims", head_dims)
+    dtypes = None if dtypes is None else check_dtypes(where, dtypes)
+    causal = _validate.sequence(where, "causal", causal, of="bools")
+    causal = [_validate.boolean(where, f"causal[{index}]", value) for index, value in enumerate(causal)]
+    if not causal:
+        raise ValueError(f"{where}: causal must not be empty")
+    modes = check_modes(where, modes)
+    tokens = _validate.integer(where, "tokens", tokens, minimum=1)
+    model_dim = _validate.integer(where, "model_dim", model_dim, minimum=1)
+    for index, head_dim in enumerate(head_dims):
+        if model_dim % head_dim:
+            raise ValueError(f"{where}: head_dims[{index}] must divide model_dim={model_dim}, got {head_dim}")
+    seed = _validate.integer(where, "seed", seed, minimum=0)
+    deadline = check_deadline(where, deadline)
+    on_row, progress = check_callback(where, "on_row", on_row), check_callback(where, "progress", progress)
+    if machine is not None and not isinstance(machine, MachineInfo):
+        raise TypeError(f"{where}: machine must be a MachineInfo or None, got {type(machine).__name__}")
+    device = check_device(where, device)
+    dtypes = dtypes or list(GPU_DTYPES if device.type == "cuda" else DRY_RUN_DTYPES)
+    machine = machine or machine_info(device.type)
+    clock = Clock(device)
+    # Imported here: it loads Triton, which the CPU benchmark does not need.
+    from attn_course.flash.triton_attention import flash_attention
+
+    generator = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            for is_causal in causal:
+                for n in lengths:
+                    started = time.perf_counter()
+                    batch, heads = max(1, tokens // n), model_dim // head_dim
+                    config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, causal=is_causal,
+                                  batch=batch, heads=heads, n=n)
+                    found = one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline)
+                    clock.empty_cache()
+                    for method, results in found.items():
+                        for mode, result in results.items():
+                            flops = attention_flops(batch, heads, n, head_dim, causal=is_causal, mode=mode)
+                            ms = result.milliseconds
+                            row = GpuRow(method=method, **config, mode=mode, status=result.status, milliseconds=ms,
+                                         tflops=None if ms is None else flops / ms / 1e9,
+                                         max_difference=result.max_difference, first_call_s=result.first_call_s,
+                                         reason=result.reason, **dataclasses.asdict(machine))
+                            rows.append(row)
+                            if on_row:
+                                on_row(row)
+                    if progress:
+                        progress(progress_line(rows[-len(found) * len(modes):], config,
+                                                time.perf_counter() - started))
+    return rows
+
+
+def one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline):
+    """{method: {mode: Measured}} for one (dtype, d, causal, N)."""
+    methods = ["ours (Triton)", *SDPA_BACKENDS, "naive"]
+    if past(deadline):
+        return {method: skipped(TIME_BUDGET_SPENT, modes) for method in methods}
+    shape = (config["batch"], config["heads"], config["n"], config["head_dim"])
+    device, causal, n = clock.device, config["causal"], config["n"]
+    try:
+        q, k, v, grad_out = (randn(shape, dtype, device, generator) for _ in range(4))
+    except Exception as error:   # out of memory
+        return {method: skipped(describe_error(error), modes) for method in methods}
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    try:
+        with torch.no_grad():
+            reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    except Exception:   # no reference: the rows say nothing about differences
+        reference = None
+    mask = causal_mask(n, device=device) if causal else None
+    functions = {"ours (Triton)": lambda q, k, v: flash_attention(q, k, v, causal=causal),
+                 "naive": lambda q, k, v: self_attention(q, k, v, mask)[0]}
+    for method in SDPA_BACKENDS:
+        functions[method] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    # Naive keeps about five B·H·N·N float32 matrices for its backward (scores, weights, their gradients).
+    naive_bytes = 5 * 4 * q.shape[0] * q.shape[1] * n * n
+    found = {}
+    for method in methods:
+        if method == "naive" and n > NAIVE_UP_TO:
+            found[method] = skipped(f"naive is left out above N = {NAIVE_UP_TO}: its N x N float32 matrices "
+                                     "take tens of GB and seconds a call; the time goes to the kernels", modes)
+            continue
+        if method == "naive" and naive_bytes > 0.8 * clock.free_bytes():
+            found[method] = skipped(f"needs about {naive_bytes / 2**30:.0f} GiB for its N x N float32 "
+                                     f"matrices, {clock.free_bytes() / 2**30:.0f} GiB free", modes)
+            continue
+        context = sdpa_context(method) if method in SDPA_BACKENDS else contextlib.nullcontext()
+        with context:
+            found[method] = measure(functions[method], q, k, v, grad_out, reference, modes, clock, deadline)
+    return found   # the inputs are freed as this returns; the caller empties the cache
+
+
+def progress_line(rows: Sequence[GpuRow], config: dict, seconds: float) -> str:
+    modes = list(dict.fromkeys(r.mode for r in rows))
+    parts = []
+    for method in dict.fromkeys(r.method for r in rows):
+        values = [next(r for r in rows if r.method == method and r.mode == mode) for mode in modes]
+        parts.append(f"{method} " + "/".join("-" if r.tflops is None else f"{r.tflops:.3g}" for r in values))
+    mask = "causal" if config["causal"] else "full"
+    return (f"{config['dtype']} d={config['head_dim']} {mask} N={config['n']} (B={config['batch']} "
+            f"H={config['heads']}) TFLOP/s {'/'.join(modes)}: " + ", ".join(parts) + f"  [{seconds:.1f} s]")

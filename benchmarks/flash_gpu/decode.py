@@ -1,0 +1,168 @@
+"""Decoding: N_q new queries against a long grouped-query KV cache, in milliseconds and K/V GB/s."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from attn_course import _validate
+from attn_course.core.attention import self_attention
+from benchmarks.flash_gpu.backends import ours_decode, sdpa_context, sdpa_has_enable_gqa
+from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
+from benchmarks.flash_gpu.checks import check_callback, check_deadline, check_device, check_dtypes, nonempty_ints, randn
+from benchmarks.flash_gpu.clock import Clock
+from benchmarks.flash_gpu.machine import MachineInfo, machine_info
+from benchmarks.flash_gpu.measuring import Measured, describe_error, measure, recorded_warnings, skipped
+from benchmarks.flash_gpu.rows import DecodeRow
+from benchmarks.flash_gpu.sizes import DECODE_KV_LENGTHS, DRY_RUN_DTYPES, GPU_DTYPES, SDPA_BACKENDS
+
+__all__ = ["decode_rows"]
+
+
+def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths: Sequence[int] = (1,),
+                dtypes: Sequence[torch.dtype] | None = None, batch: int = 4, heads: int = 32, kv_heads: int = 8,
+                head_dim: int = 128, seed: int = 0, device: str = "cuda", deadline: float | None = None,
+                on_row: Callable[[DecodeRow], None] | None = None, progress: Callable[[str], None] | None = None,
+                machine: MachineInfo | None = None) -> list[DecodeRow]:
+    """Decoding time and achieved K/V bandwidth: our decode kernel against SDPA's backends.
+
+    Decoding is memory-bound: N_q new queries read the whole cache (K and V, ``2 · B · H_kv ·
+    N_k · d`` elements) for ``4 · B · H · N_q · N_k · d`` FLOPs, so the number to compare is the
+    bandwidth, reported as the cache's bytes over the time (``kv_gbps``). Ours reads the
+    grouped-query K/V in place. SDPA gets them with ``enable_gqa=True`` where this torch has it
+    (2.5 and later) and the backend accepts it; otherwise they are expanded to H heads with
+    ``repeat_interleave`` once, outside the timing (which favours SDPA: it reads ``H / H_kv``
+    times the bytes, but a model would also pay for the copy). Naive attention uses the expanded
+    K/V. No mask: the new queries see the whole cache.
+
+    Args:
+        kv_lengths: cache lengths N_k, measured in this order.
+        query_lengths: N_q values, at most 16 (the decode kernel's range).
+        dtypes: floating dtypes; default float16 and bfloat16 on a GPU, float16 and float32 on the CPU.
+        batch, heads, kv_heads, head_dim: B, H, H_kv (dividing H) and d.
+        seed, device, deadline, on_row, progress, machine: as in :func:`gpu_rows`.
+
+    Returns:
+        One :class:`DecodeRow` per (dtype, N_q, N_k, method), in that nesting order.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        ValueError: empty or non-positive sizes, N_q above 16, ``heads`` not a multiple of
+            ``kv_heads``, a negative seed or an unknown device.
+        RuntimeError: ``device="cuda"`` without a CUDA GPU.
+    """
+    where = "decode_rows"
+    kv_lengths = nonempty_ints(where, "kv_lengths", kv_lengths)
+    query_lengths = nonempty_ints(where, "query_lengths", query_lengths)
+    for index, n_q in enumerate(query_lengths):
+        if n_q > 16:
+            raise ValueError(f"{where}: query_lengths[{index}] must be <= 16 (decoding), got {n_q}")
+    dtypes = None if dtypes is None else check_dtypes(where, dtypes)
+    sizes = {name: _validate.integer(where, name, value, minimum=1) for name, value in
+             (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim))}
+    if sizes["heads"] % sizes["kv_heads"]:
+        raise ValueError(f"{where}: heads must be a multiple of kv_heads, got heads={heads}, kv_heads={kv_heads}")
+    seed = _validate.integer(where, "seed", seed, minimum=0)
+    deadline = check_deadline(where, deadline)
+    on_row, progress = check_callback(where, "on_row", on_row), check_callback(where, "progress", progress)
+    if machine is not None and not isinstance(machine, MachineInfo):
+        raise TypeError(f"{where}: machine must be a MachineInfo or None, got {type(machine).__name__}")
+    device = check_device(where, device)
+    dtypes = dtypes or list(GPU_DTYPES if device.type == "cuda" else DRY_RUN_DTYPES)
+    machine = machine or machine_info(device.type)
+    clock = Clock(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for dtype in dtypes:
+        for n_q in query_lengths:
+            for n_k in kv_lengths:
+                started = time.perf_counter()
+                config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, batch=batch, heads=heads,
+                              kv_heads=kv_heads, n_q=n_q, n_k=n_k)
+                kv_bytes = 2 * batch * kv_heads * n_k * head_dim * dtype.itemsize
+                new = []
+                measured = one_decode(config, dtype, clock, generator, deadline)
+                clock.empty_cache()
+                for method, layout, result in measured:
+                    ms = result.milliseconds
+                    row = DecodeRow(method=method, **config, kv_layout=layout, status=result.status,
+                                    milliseconds=ms, kv_gbps=None if ms is None else kv_bytes / ms / 1e6,
+                                    max_difference=result.max_difference, first_call_s=result.first_call_s,
+                                    reason=result.reason, **dataclasses.asdict(machine))
+                    new.append(row)
+                    if on_row:
+                        on_row(row)
+                rows += new
+                if progress:
+                    parts = ", ".join(f"{r.method} " + ("-" if r.kv_gbps is None else f"{r.kv_gbps:.3g}") for r in new)
+                    progress(f"decode {config['dtype']} N_q={n_q} N_k={n_k} (B={batch} H={heads} H_kv={kv_heads} "
+                             f"d={head_dim}) K/V GB/s: {parts}  [{time.perf_counter() - started:.1f} s]")
+    return rows
+
+
+def one_decode(config, dtype, clock, generator, deadline):
+    """[(method, kv_layout, Measured)] for one (dtype, N_q, N_k)."""
+    ours_name, ours, ours_note = ours_decode()
+    methods = [ours_name, *SDPA_BACKENDS, "naive"]
+    expanded_layout = "expanded (repeat_interleave, outside the timing)"
+    layouts = {ours_name: "grouped (in place)", "naive": expanded_layout}
+    if past(deadline):
+        return [(method, layouts.get(method, ""), skipped(TIME_BUDGET_SPENT, ["forward"])["forward"])
+                for method in methods]
+    device = clock.device
+    b, h, h_kv, d = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
+    try:
+        q = randn((b, h, config["n_q"], d), dtype, device, generator)
+        k, v = (randn((b, h_kv, config["n_k"], d), dtype, device, generator) for _ in range(2))
+        k_wide, v_wide = (t.repeat_interleave(h // h_kv, dim=1) for t in (k, v))     # [B, H, N_k, d]
+    except Exception as error:   # out of memory
+        failed = Measured("skipped", reason=describe_error(error))
+        return [(method, layouts.get(method, ""), failed) for method in methods]
+    try:
+        with torch.no_grad():
+            reference = F.scaled_dot_product_attention(q.float(), k_wide.float(), v_wide.float())
+    except Exception:
+        reference = None
+    found = []
+    for method in methods:
+        note = ours_note if method == ours_name else ""
+        if method == ours_name:
+            fn = lambda q, k, v: ours(q, k, v)   # noqa: E731
+        elif method == "naive":
+            fn = lambda q, k, v: self_attention(q, k_wide, v_wide)[0]   # noqa: E731
+        else:
+            fn, layouts[method], note = sdpa_decode_function(method, q, k, v, k_wide, v_wide, expanded_layout)
+        context = sdpa_context(method) if method in SDPA_BACKENDS else contextlib.nullcontext()
+        with context:
+            result = measure(fn, q, k, v, None, reference, ["forward"], clock, deadline)["forward"]
+        if note:
+            result = dataclasses.replace(result, reason=f"{result.reason}; {note}" if result.reason else note)
+        found.append((method, layouts[method], result))
+    return found   # the inputs are freed as this returns; the caller empties the cache
+
+
+def sdpa_decode_function(method, q, k, v, k_wide, v_wide, expanded_layout):
+    """(fn, kv_layout, note): SDPA on grouped K/V with ``enable_gqa`` if this backend takes it, else expanded."""
+    def expanded(q, k, v):
+        return F.scaled_dot_product_attention(q, k_wide, v_wide)
+
+    if k.shape[1] == q.shape[1]:
+        return expanded, "not grouped", ""
+    if not sdpa_has_enable_gqa():
+        return expanded, expanded_layout, f"torch {torch.__version__} has no enable_gqa"
+
+    def grouped(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    with recorded_warnings() as caught:
+        try:
+            with sdpa_context(method), torch.no_grad():
+                grouped(q, k, v)
+        except Exception as error:
+            return expanded, expanded_layout, f"enable_gqa=True refused ({describe_error(error, caught)[:300]})"
+    return grouped, "grouped (enable_gqa=True)", ""
