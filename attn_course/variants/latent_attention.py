@@ -20,13 +20,12 @@ so attention can run on the cached latent directly (:meth:`MultiHeadLatentAttent
 ``absorbed=True``; ``W_UV`` likewise moves into ``W_O``). A rotation between ``q`` and ``W_UK`` would
 depend on the position and forbid this, so position lives in the extra ``d_R`` features only.
 
-Layout as Hugging Face ``transformers`` 5.24 (``modeling_deepseek_v2.py``) stores it, so that
-:func:`from_hugging_face_weights` only has to cut their fused matrices apart:
+Computed as Hugging Face ``transformers`` 5.24 (``modeling_deepseek_v2.py``) computes it, so that its
+weights load by cutting their fused matrices apart
+(:func:`attn_course.models.hugging_face.latent_attention.from_hugging_face_weights`, with the config read by
+:func:`~attn_course.models.hugging_face.latent_attention.mla_config_from_hugging_face`):
 
-- ``q_proj`` / ``q_b_proj`` give each head ``[q_C (d_h) | q_R (d_R)]`` one head after another;
-  ``kv_a_proj_with_mqa`` gives ``[c_KV before its norm (d_c) | k_R (d_R)]``; ``kv_b_proj`` gives each
-  head ``[k_C (d_h) | v (d_v)]``. The two RMSNorms use ``eps = 1e-6`` whatever ``rms_norm_eps`` is
-  (Hugging Face builds them without it).
+- The two RMSNorms use ``eps = 1e-6`` whatever ``rms_norm_eps`` is (Hugging Face builds them without it).
 - RoPE pairs *adjacent* features (``interleaved=True``): 5.24 rotates ``(x_0, x_1), (x_2, x_3), ...``
   as complex numbers, in place. DeepSeek's original ``modeling_deepseek.py`` first permutes the
   features to ``[x_0, x_2, ... | x_1, x_3, ...]`` and then rotates the halves: the same pairs, so the
@@ -36,6 +35,8 @@ Layout as Hugging Face ``transformers`` 5.24 (``modeling_deepseek_v2.py``) store
   ``mscale(s, mscale_all_dim)²``, with ``mscale(s, m) = 0.1·m·ln s + 1`` (the paper's
   ``√t = 0.0707 ln s + 1`` is ``m = 0.707``). Other rotary scalings are refused.
 
+What is cached, :class:`~attn_course.variants.latent_cache.LatentCache`, lives in
+:mod:`attn_course.variants.latent_cache` (and is importable from here);
 :mod:`attn_course.variants.kv_cache_size` counts what each kind of attention caches per token.
 """
 
@@ -43,31 +44,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from attn_course import _validate
 from attn_course.core.attention import self_attention
-from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import causal_mask
 from attn_course.core.multihead import merge_heads, split_heads
 from attn_course.core.norms import RMSNorm
-from attn_course.models.llama.config import rope_from_hugging_face, rope_parameters
 from attn_course.positions.rope import RotaryEmbedding, YaRNScaling
+from attn_course.variants.latent_cache import LatentCache
 
 __all__ = [
     "MLAConfig",
     "MultiHeadLatentAttention",
     "LatentCache",
     "AbsorbedProjections",
-    "from_hugging_face_weights",
 ]
-
-#: The rotary types a DeepSeek-V2 config may name here (``rope_parameters.rope_type``).
-ROPE_TYPES = ("default", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,143 +133,6 @@ class MLAConfig:
     def softmax_scale(self) -> float:
         """``t / sqrt(d_h + d_R)``: the paper's ``1/sqrt(d_h + d_h^R)`` (equation 18) times YaRN's ``t``."""
         return self.score_temperature / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
-
-    @classmethod
-    def from_hugging_face(cls, values: Mapping[str, Any] | Any) -> MLAConfig:
-        """Read a DeepSeek-V2 ``config.json`` (or a ``transformers`` ``DeepseekV2Config``).
-
-        Args:
-            values: the parsed JSON, or a config object with ``to_dict()``. Read: ``hidden_size``,
-                ``num_attention_heads``, ``kv_lora_rank``, ``q_lora_rank`` (may be null),
-                ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim`` (all required),
-                ``attention_bias``, ``num_key_value_heads`` (must equal the heads: MLA has no
-                grouping), and the rotary settings, ``rope_parameters`` (transformers 5) or
-                ``rope_theta`` + ``rope_scaling``.
-
-        Returns:
-            the :class:`MLAConfig`.
-
-        Raises:
-            TypeError: ``values`` neither a mapping nor a config object.
-            ValueError: a missing field, grouped key/value heads, or a rotary type other than
-                ``"default"`` and ``"yarn"``; the field is named.
-
-        Example:
-            >>> config = MLAConfig.from_hugging_face({
-            ...     "hidden_size": 5120, "num_attention_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
-            ...     "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-            ...     "rope_theta": 10000, "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32,
-            ...     "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707,
-            ...     "original_max_position_embeddings": 4096}})
-            >>> round(config.score_temperature, 4), config.rope_scaling.attention_factor
-            (1.5896, 1.0)
-        """
-        where = "MLAConfig.from_hugging_face"
-        values = _validate.config_mapping(where, "values", values)
-        required = ("hidden_size", "num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
-                    "qk_rope_head_dim", "v_head_dim")
-        missing = [name for name in required if name not in values]
-        if missing:
-            raise ValueError(f"{where}: the config lacks {', '.join(missing)} (is it a DeepSeek-V2 config?)")
-        heads = values["num_attention_heads"]
-        kv_heads = values.get("num_key_value_heads")
-        if kv_heads is not None and kv_heads != heads:
-            raise ValueError(f"{where}: num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; "
-                             "MLA projects a key and a value for every head from the latent")
-        field, parameters, rope_type = rope_parameters(values, where=where)
-        if rope_type not in ROPE_TYPES:
-            raise ValueError(f"{where}: {field} rope_type={rope_type!r} is not supported; DeepSeek-V2's "
-                             f"attention reads {' and '.join(repr(t) for t in ROPE_TYPES)}")
-        base, scaling = rope_from_hugging_face(values, source="the DeepSeek-V2 config")
-        temperature = 1.0
-        mscale_all_dim = parameters.get("mscale_all_dim")
-        if rope_type == "yarn" and mscale_all_dim:
-            # Hugging Face's yarn_apply_mscale: the softmax scale grows with the context stretch.
-            factor = scaling.factor
-            temperature = (1.0 if factor <= 1 else 0.1 * mscale_all_dim * math.log(factor) + 1.0) ** 2
-        return cls(values["hidden_size"], heads, kv_lora_rank=values["kv_lora_rank"],
-                   qk_nope_head_dim=values["qk_nope_head_dim"], qk_rope_head_dim=values["qk_rope_head_dim"],
-                   v_head_dim=values["v_head_dim"], q_lora_rank=values["q_lora_rank"], rope_base=base,
-                   rope_scaling=scaling, score_temperature=temperature,
-                   attention_bias=values.get("attention_bias", False))
-
-
-class LatentCache:
-    """What MLA keeps per token: the latent ``c_KV [B, N, d_c]`` and the rotary key ``k_R [B, N, d_R]``.
-
-    Nothing per head is stored: that is the point of MLA. The two tensors live in a
-    :class:`~attn_course.core.kv_cache.KVCache` as one-"head" keys and values (so they grow the same way,
-    doubling), and come back without that head axis.
-
-    Args:
-        max_length: optional capacity to allocate at the first append.
-
-    Raises:
-        TypeError, ValueError: ``max_length`` not a positive int.
-
-    Example:
-        >>> cache = LatentCache()
-        >>> latent, rope_key = cache.append(torch.zeros(1, 3, 16), torch.zeros(1, 3, 4))
-        >>> latent, rope_key = cache.append(torch.ones(1, 1, 16), torch.ones(1, 1, 4))
-        >>> len(cache), latent.shape, rope_key.shape, cache.stored_bytes
-        (4, torch.Size([1, 4, 16]), torch.Size([1, 4, 4]), 320)
-    """
-
-    def __init__(self, max_length: int | None = None) -> None:
-        self._store = KVCache(max_length)            # keys: c_KV [B, 1, ·, d_c]; values: k_R [B, 1, ·, d_R]
-
-    def __len__(self) -> int:
-        return len(self._store)
-
-    @property
-    def latent(self) -> torch.Tensor:
-        """The cached ``c_KV``, ``[B, N, d_c]`` (a view)."""
-        return self._store.keys[:, 0]
-
-    @property
-    def rope_key(self) -> torch.Tensor:
-        """The cached rotated ``k_R``, ``[B, N, d_R]`` (a view)."""
-        return self._store.values[:, 0]
-
-    @property
-    def stored_bytes(self) -> int:
-        """Bytes of what the cache holds now (``length`` tokens): ``B · N · (d_c + d_R) · bytes per element``."""
-        if len(self) == 0:
-            return 0
-        return self.latent.nbytes + self.rope_key.nbytes
-
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes allocated (the capacity, which may exceed what is filled)."""
-        return self._store.memory_bytes
-
-    def append(self, latent: torch.Tensor, rope_key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new tokens' latents and rotary keys; return everything cached.
-
-        Args:
-            latent: ``c_KV [B, N_new, d_c]``.
-            rope_key: ``k_R [B, N_new, d_R]``, already rotated to its position.
-
-        Returns:
-            ``(latent [B, N, d_c], rope_key [B, N, d_R])`` of every cached token.
-
-        Raises:
-            TypeError, ValueError: inputs that are not 3-D floating tensors with the same ``B`` and
-                ``N_new`` on one dtype and device, or that do not match what is already cached.
-        """
-        where = "LatentCache.append"
-        latent = _validate.floating_tensor(where, "latent", latent)
-        rope_key = _validate.floating_tensor(where, "rope_key", rope_key)
-        if latent.dim() != 3 or rope_key.dim() != 3 or latent.shape[:2] != rope_key.shape[:2]:
-            raise ValueError(f"{where}: latent must be [B, N_new, d_c] and rope_key [B, N_new, d_R] with the same "
-                             f"B and N_new, got {_validate.shape_str(latent)} and {_validate.shape_str(rope_key)}")
-        _validate.same_dtype_and_device(where, latent=latent, rope_key=rope_key)
-        self._store.append(latent[:, None], rope_key[:, None])           # [B, 1, N_new, ·]
-        return self.latent, self.rope_key
-
-    def reset(self) -> None:
-        """Forget every cached token."""
-        self._store.reset()
 
 
 class AbsorbedProjections(NamedTuple):
@@ -435,116 +293,3 @@ class MultiHeadLatentAttention(nn.Module):
         mixed, weights = self_attention(q, k, latent[:, None], mask, scale=c.softmax_scale)   # [B, H, N, d_c]
         out = nn.functional.linear(merge_heads(mixed), absorbed.output, self.out_proj.bias)  # [B, N, E]
         return out, weights
-
-
-def _expected_hugging_face_shapes(config: MLAConfig) -> dict[str, tuple[int, ...]]:
-    c, heads = config, config.num_heads
-    query_rows = heads * (c.qk_nope_head_dim + c.qk_rope_head_dim)
-    shapes: dict[str, tuple[int, ...]] = {}
-    if c.q_lora_rank is None:
-        shapes["q_proj.weight"] = (query_rows, c.hidden_size)
-    else:
-        shapes["q_a_proj.weight"] = (c.q_lora_rank, c.hidden_size)
-        if c.attention_bias:
-            shapes["q_a_proj.bias"] = (c.q_lora_rank,)
-        shapes["q_a_layernorm.weight"] = (c.q_lora_rank,)
-        shapes["q_b_proj.weight"] = (query_rows, c.q_lora_rank)
-    shapes["kv_a_proj_with_mqa.weight"] = (c.kv_lora_rank + c.qk_rope_head_dim, c.hidden_size)
-    if c.attention_bias:
-        shapes["kv_a_proj_with_mqa.bias"] = (c.kv_lora_rank + c.qk_rope_head_dim,)
-    shapes["kv_a_layernorm.weight"] = (c.kv_lora_rank,)
-    shapes["kv_b_proj.weight"] = (heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
-    shapes["o_proj.weight"] = (c.hidden_size, heads * c.v_head_dim)
-    if c.attention_bias:
-        shapes["o_proj.bias"] = (c.hidden_size,)
-    return shapes
-
-
-def from_hugging_face_weights(state: Mapping[str, torch.Tensor], config: MLAConfig, *,
-                              prefix: str = "") -> dict[str, torch.Tensor]:
-    """Hugging Face ``DeepseekV2Attention`` weights as a :class:`MultiHeadLatentAttention` state dict.
-
-    Every expected name is looked up and its shape checked first, and all problems are listed
-    together; then the fused matrices are cut apart: ``q_proj``/``q_b_proj`` per head into
-    ``query_up`` (first ``d_h`` rows) and ``query_rope`` (last ``d_R``), ``kv_a_proj_with_mqa`` into
-    ``kv_down`` (first ``d_c`` rows) and ``key_rope``, ``kv_b_proj`` per head into ``key_up`` and
-    ``value_up``.
-
-    Args:
-        state: ``{name: tensor}``, e.g. ``DeepseekV2Attention.state_dict()`` or a whole model's.
-        config: the layer's :class:`MLAConfig`.
-        prefix: what precedes the attention's names in ``state`` (``"model.layers.0.self_attn."``);
-            names outside it are ignored, unknown names inside it are errors.
-
-    Returns:
-        ``{our name: tensor}`` for ``MultiHeadLatentAttention(config).load_state_dict``.
-
-    Raises:
-        TypeError: ``state`` not a mapping, ``config`` not an :class:`MLAConfig`, ``prefix`` not a str.
-        ValueError: missing, unexpected or wrongly shaped weights, all of them named.
-
-    Example:
-        >>> config = MLAConfig(8, 2, kv_lora_rank=4, qk_nope_head_dim=2, qk_rope_head_dim=2, v_head_dim=2)
-        >>> theirs = {"q_proj.weight": torch.zeros(8, 8), "kv_a_proj_with_mqa.weight": torch.zeros(6, 8),
-        ...           "kv_a_layernorm.weight": torch.ones(4), "kv_b_proj.weight": torch.zeros(8, 4),
-        ...           "o_proj.weight": torch.zeros(8, 4)}
-        >>> sorted(from_hugging_face_weights(theirs, config))[:3]
-        ['key_rope.weight', 'key_up.weight', 'kv_down.weight']
-        >>> from_hugging_face_weights({**theirs, "o_proj.weight": torch.zeros(8, 5)}, config)
-        Traceback (most recent call last):
-        ...
-        ValueError: from_hugging_face_weights: ... wrong shape(s): o_proj.weight [8, 5] (expected [8, 4])
-    """
-    where = "from_hugging_face_weights"
-    if not isinstance(state, Mapping):
-        raise TypeError(f"{where}: state must be a mapping of names to tensors, got {type(state).__name__}")
-    if not isinstance(config, MLAConfig):
-        raise TypeError(f"{where}: config must be an MLAConfig, got {type(config).__name__}")
-    if not isinstance(prefix, str):
-        raise TypeError(f"{where}: prefix must be a str, got {type(prefix).__name__}")
-    ours = {name[len(prefix):]: value for name, value in state.items() if name.startswith(prefix)}
-    expected = _expected_hugging_face_shapes(config)
-    missing = [name for name in expected if name not in ours]
-    unexpected = sorted(set(ours) - set(expected))
-    wrong = []
-    for name, shape in expected.items():
-        if name in ours:
-            _validate.tensor(where, f"state[{prefix + name!r}]", ours[name])
-            if tuple(ours[name].shape) != shape:
-                wrong.append(f"{prefix}{name} {list(ours[name].shape)} (expected {list(shape)})")
-    problems = []
-    if missing:
-        problems.append("missing weight(s): " + ", ".join(prefix + name for name in missing))
-    if unexpected:
-        problems.append("unexpected weight(s): " + ", ".join(prefix + name for name in unexpected))
-    if wrong:
-        problems.append("wrong shape(s): " + ", ".join(wrong))
-    if problems:
-        raise ValueError(f"{where}: the weights do not fit this MLAConfig: " + "; ".join(problems))
-
-    c, heads = config, config.num_heads
-    weights: dict[str, torch.Tensor] = {}
-    if c.q_lora_rank is None:
-        query = ours["q_proj.weight"]
-    else:
-        query = ours["q_b_proj.weight"]
-        weights["query_down.weight"] = ours["q_a_proj.weight"]
-        if c.attention_bias:
-            weights["query_down.bias"] = ours["q_a_proj.bias"]
-        weights["query_norm.weight"] = ours["q_a_layernorm.weight"]
-    per_head = query.reshape(heads, c.qk_nope_head_dim + c.qk_rope_head_dim, -1)          # [H, d_h + d_R, d_in]
-    weights["query_up.weight"] = per_head[:, : c.qk_nope_head_dim].reshape(-1, query.shape[1])
-    weights["query_rope.weight"] = per_head[:, c.qk_nope_head_dim:].reshape(-1, query.shape[1])
-    down = ours["kv_a_proj_with_mqa.weight"]                                                  # [d_c + d_R, E]
-    weights["kv_down.weight"], weights["key_rope.weight"] = down[: c.kv_lora_rank], down[c.kv_lora_rank:]
-    if c.attention_bias:
-        bias = ours["kv_a_proj_with_mqa.bias"]
-        weights["kv_down.bias"], weights["key_rope.bias"] = bias[: c.kv_lora_rank], bias[c.kv_lora_rank:]
-    weights["kv_norm.weight"] = ours["kv_a_layernorm.weight"]
-    up = ours["kv_b_proj.weight"].reshape(heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
-    weights["key_up.weight"] = up[:, : c.qk_nope_head_dim].reshape(-1, c.kv_lora_rank)      # [H·d_h, d_c]
-    weights["value_up.weight"] = up[:, c.qk_nope_head_dim:].reshape(-1, c.kv_lora_rank)     # [H·d_v, d_c]
-    weights["out_proj.weight"] = ours["o_proj.weight"]
-    if c.attention_bias:
-        weights["out_proj.bias"] = ours["o_proj.bias"]
-    return {name: tensor.clone() for name, tensor in weights.items()}

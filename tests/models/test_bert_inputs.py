@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from attn_course.models.bert import BertConfig, BertModel, BertTokenizer, load_pretrained
-from attn_course.models.bert.weights import hugging_face_name, match_hugging_face, read_safetensors
+from attn_course.models.hugging_face.bert import hugging_face_name, match_bert
+from attn_course.models.hugging_face.checkpoint import read_safetensors
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +144,7 @@ def test_an_unknown_parameter_name_is_refused(name):
         hugging_face_name(name)
 
 
-def test_match_hugging_face_lists_every_problem_at_once():
+def test_match_bert_lists_every_problem_at_once():
     expected = {"embeddings.norm.weight": torch.ones(4), "embeddings.norm.bias": torch.ones(4),
                 "embeddings.word.weight": torch.ones(9, 4)}
     stored = {"embeddings.LayerNorm.weight": torch.ones(5), "embeddings.word_embeddings.weight": torch.ones(9, 4),
@@ -152,7 +153,7 @@ def test_match_hugging_face_lists_every_problem_at_once():
                                          r"\(tiny\): missing weight\(s\): embeddings\.LayerNorm\.bias; unexpected "
                                          r"weight\(s\): embeddings\.extra; wrong shape\(s\): embeddings\.LayerNorm\."
                                          r"weight \[5\] \(expected \[4\]\)$"):
-        match_hugging_face(stored, expected, source="f", model="tiny", caller="BertModel.load_safetensors")
+        match_bert(stored, expected, source="f", model="tiny", caller="BertModel.load_safetensors")
 
 
 def test_read_safetensors_names_what_is_wrong(tmp_path):

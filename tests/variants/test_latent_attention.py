@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from attn_course.models.hugging_face.latent_attention import from_hugging_face_weights, mla_config_from_hugging_face
 from attn_course.positions.rope import LinearScaling, RotaryEmbedding
 from attn_course.variants.kv_cache_size import (
     DEEPSEEK_67B,
@@ -28,7 +29,6 @@ from attn_course.variants.latent_attention import (
     LatentCache,
     MLAConfig,
     MultiHeadLatentAttention,
-    from_hugging_face_weights,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -70,7 +70,7 @@ def hugging_face_attention(**overrides):
 
 
 def ours_from(config, attention) -> MultiHeadLatentAttention:
-    ours = MultiHeadLatentAttention(MLAConfig.from_hugging_face(config))
+    ours = MultiHeadLatentAttention(mla_config_from_hugging_face(config))
     ours.load_state_dict(from_hugging_face_weights(attention.state_dict(), ours.config))
     return ours.eval()
 
@@ -241,14 +241,14 @@ def test_config_and_inputs_are_checked_with_errors_that_name_the_argument():
     values = {"hidden_size": 64, "num_attention_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None,
               "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
     with pytest.raises(ValueError, match="rope_type='linear' is not supported"):
-        MLAConfig.from_hugging_face({**values, "rope_scaling": {"type": "linear", "factor": 2.0}})
+        mla_config_from_hugging_face({**values, "rope_scaling": {"type": "linear", "factor": 2.0}})
     with pytest.raises(ValueError, match="lacks kv_lora_rank"):
-        MLAConfig.from_hugging_face({k: v for k, v in values.items() if k != "kv_lora_rank"})
+        mla_config_from_hugging_face({k: v for k, v in values.items() if k != "kv_lora_rank"})
     with pytest.raises(ValueError, match="num_key_value_heads=2"):
-        MLAConfig.from_hugging_face({**values, "num_key_value_heads": 2})
+        mla_config_from_hugging_face({**values, "num_key_value_heads": 2})
     with pytest.raises(TypeError, match="values must be a mapping"):
-        MLAConfig.from_hugging_face([1, 2])
-    mla = MultiHeadLatentAttention(MLAConfig.from_hugging_face(values))
+        mla_config_from_hugging_face([1, 2])
+    mla = MultiHeadLatentAttention(mla_config_from_hugging_face(values))
     with pytest.raises(ValueError, match=r"x must be \[B, N, E\] with E = 64"):
         mla(torch.randn(1, 3, 60))
     with pytest.raises(TypeError, match="cache must be a LatentCache"):
@@ -263,7 +263,7 @@ def test_config_and_inputs_are_checked_with_errors_that_name_the_argument():
 
 def test_weight_loading_names_every_missing_unexpected_and_misshaped_weight():
     config, attention, _ = hugging_face_attention(q_lora_rank=32)
-    ours = MLAConfig.from_hugging_face(config)
+    ours = mla_config_from_hugging_face(config)
     state = {f"model.layers.0.self_attn.{name}": t for name, t in attention.state_dict().items()}
     state["model.embed_tokens.weight"] = torch.zeros(3, 3)                  # outside the prefix: ignored
     assert set(from_hugging_face_weights(state, ours, prefix="model.layers.0.self_attn.")) == set(

