@@ -3,7 +3,9 @@
 - :func:`train_language_model`: AdamW on random windows of a text, scored on a held-out tail,
   keeping the weights with the best held-out loss;
 - :func:`nonoverlapping_windows`, :func:`mean_window_loss`: the held-out score;
-- :class:`TrainingHistory`: what was measured along the way.
+- :class:`TrainingHistory`: what was measured along the way;
+- :class:`BestWeights`, :func:`clipped_step`: keeping the best-scoring weights, and one clipped optimiser
+  step (chapter 07's BERT pre-training uses both too).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from attn_course.data.rhymes import held_out_split
 from attn_course.data.tokenizers import CharTokenizer
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 
-__all__ = ["TrainingHistory", "nonoverlapping_windows", "mean_window_loss", "train_language_model"]
+__all__ = ["TrainingHistory", "BestWeights", "clipped_step", "nonoverlapping_windows", "mean_window_loss",
+           "train_language_model"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,95 @@ class TrainingHistory:
     def best_validation_loss(self) -> float | None:
         """The lowest validation loss, or None when nothing was held out."""
         return min(self.validation_losses) if self.validation_losses else None
+
+
+class BestWeights:
+    """The held-out losses of a training run, and a copy of the weights that scored lowest.
+
+    Attributes:
+        steps: after how many steps each loss was measured.
+        losses: the held-out losses, one per entry of ``steps``.
+        best_step: the entry of ``steps`` with the lowest loss (the first, on a tie), or None before any.
+
+    Example:
+        >>> model, best = nn.Linear(2, 1), BestWeights()
+        >>> best.record(0, 0.9, model), best.record(10, 0.5, model), best.record(20, 0.7, model)
+        (True, True, False)
+        >>> best.best_step, best.scorings_since_best
+        (10, 1)
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.losses: list[float] = []
+        self.best_step: int | None = None
+        self._state: dict[str, torch.Tensor] | None = None
+
+    def record(self, step: int, loss: float, model: nn.Module) -> bool:
+        """Note the held-out ``loss`` after ``step`` steps; keep a copy of ``model``'s weights if it is the lowest.
+
+        Returns:
+            True when ``loss`` is lower than every loss before it (NaN never is).
+
+        Raises:
+            TypeError: ``model`` not a ``torch.nn.Module``.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"BestWeights.record: model must be a torch.nn.Module, got {type(model).__name__}")
+        improved = loss < min(self.losses, default=math.inf)
+        self.steps.append(step)
+        self.losses.append(loss)
+        if improved:
+            self._state, self.best_step = copy.deepcopy(model.state_dict()), step
+        return improved
+
+    @property
+    def scorings_since_best(self) -> int:
+        """How many scorings came after the best one (all of them while there is none)."""
+        if self.best_step is None:
+            return len(self.steps)
+        return len(self.steps) - 1 - self.steps.index(self.best_step)
+
+    def restore(self, model: nn.Module) -> None:
+        """Load the best weights into ``model`` (nothing happens before a first :meth:`record`)."""
+        if self._state is not None:
+            model.load_state_dict(self._state)
+
+
+def clipped_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 schedule: torch.optim.lr_scheduler.LRScheduler, *, max_norm: float = 1.0) -> float:
+    """One optimiser step on ``loss``: gradients, their norm clipped to ``max_norm``, the step, the schedule.
+
+    Args:
+        loss: a scalar tensor with a graph back to ``model``'s parameters.
+        model: whose gradients are clipped.
+        optimizer: takes the step.
+        schedule: its learning-rate schedule, stepped after it.
+        max_norm: the largest total gradient norm.
+
+    Returns:
+        ``loss`` as a float.
+
+    Raises:
+        ValueError: ``loss`` not a scalar, or ``max_norm`` not a positive finite number.
+
+    Example:
+        >>> model = nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        >>> clipped_step(model(torch.ones(1, 2)).pow(2).sum() * 0, model, optimizer, schedule)
+        0.0
+    """
+    loss = _validate.floating_tensor("clipped_step", "loss", loss)
+    if loss.dim() != 0:
+        raise ValueError(f"clipped_step: loss must be a scalar, got shape {_validate.shape_str(loss)}")
+    max_norm = _validate.positive_finite("clipped_step", "max_norm", max_norm)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    schedule.step()
+    return loss.item()
 
 
 def nonoverlapping_windows(data: torch.Tensor, length: int) -> torch.Tensor:
@@ -177,8 +269,7 @@ def train_language_model(
     validation_windows = nonoverlapping_windows(validation_data, sequence_length) if validation_fraction else None
     generator = torch.Generator().manual_seed(seed)                    # the batches
     offsets = torch.arange(sequence_length + 1)
-    train_losses, validation_steps, validation_losses = [], [], []
-    best_state, best_step = None, None
+    train_losses, best = [], BestWeights()
     iterator = range(1, steps + 1)
     if progress:
         from tqdm.auto import tqdm
@@ -193,42 +284,29 @@ def train_language_model(
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps))
         )
-
-        def score(step: int) -> bool:
-            """Measure the validation loss after ``step`` steps; True when training should stop."""
-            nonlocal best_state, best_step
-            validation_steps.append(step)
-            validation_losses.append(mean_window_loss(model, validation_windows))
-            if validation_losses[-1] < min(validation_losses[:-1], default=math.inf):
-                best_state, best_step = copy.deepcopy(model.state_dict()), step
-            return patience is not None and len(validation_steps) - 1 - validation_steps.index(best_step) >= patience
-
         if validation_windows is not None:
-            score(0)
+            best.record(0, mean_window_loss(model, validation_windows), model)
         model.train()
         for step in iterator:
             starts = torch.randint(0, len(data) - sequence_length - 1, (batch_size, 1), generator=generator)
             windows = data[starts + offsets]                               # [B, N + 1]
             logits = model(windows[:, :-1])                                # [B, N, V]
             loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            train_losses.append(loss.item())
-            stop = validation_windows is not None and (step % eval_every == 0 or step == steps) and score(step)
+            train_losses.append(clipped_step(loss, model, optimizer, schedule))
+            stop = False
+            if validation_windows is not None and (step % eval_every == 0 or step == steps):
+                best.record(step, mean_window_loss(model, validation_windows), model)
+                stop = patience is not None and best.scorings_since_best >= patience
             if progress:
-                postfix = {"loss": f"{loss.item():.3f}"}
-                if validation_losses:
-                    postfix["validation"] = f"{validation_losses[-1]:.3f}"
+                postfix = {"loss": f"{train_losses[-1]:.3f}"}
+                if best.losses:
+                    postfix["validation"] = f"{best.losses[-1]:.3f}"
                 iterator.set_postfix(postfix, refresh=False)
             if stop:
                 break
-        if best_state is not None:
-            model.load_state_dict(best_state)
+        best.restore(model)
     if progress:
         iterator.close()
     model.eval()
-    history = TrainingHistory(train_losses, validation_steps, validation_losses, best_step)
+    history = TrainingHistory(train_losses, best.steps, best.losses, best.best_step)
     return model, tokenizer, history

@@ -17,28 +17,25 @@ One idea per module; every name below can be imported from ``attn_course.models.
 - ``tokenizer``: :class:`BertTokenizer`, :class:`BatchEncoding`;
 - ``loading``: :func:`load_pretrained`, :data:`REQUIRED_FILES`;
 - ``mlm``: :func:`mask_tokens`, BERT's masked-language-model corruption (80/10/10);
+- ``masked_lm``: :class:`MaskedLanguageModel` (BERT with its MLM head) and :func:`masked_lm_loss`;
 - ``pretraining``: :func:`pretrain_mlm`, a small BERT trained with that objective on the course's rhymes
-  (:class:`WordVocabulary`, :class:`MaskedLanguageModel`, :func:`masked_lm_loss`, :func:`masked_word_accuracy`,
-  :func:`top_predictions`);
+  (:class:`PretrainingConfig`; its words are a :class:`~attn_course.data.tokenizers.WordVocabulary`, also
+  importable from here);
+- ``evaluation``: :func:`masked_word_accuracy`, :func:`top_predictions`, what the small BERT learned;
 - ``analysis``: :func:`mean_pool`, :func:`strongest_head`, :func:`attention_share`;
 - ``attribution``: :func:`norm_attribution`, attention weight versus contribution (Kobayashi et al., 2020).
 """
 
+from attn_course.data.tokenizers import WordVocabulary
 from attn_course.models.bert.analysis import HeadWeight, attention_share, mean_pool, strongest_head
 from attn_course.models.bert.attribution import NormAttribution, norm_attribution, value_norms
 from attn_course.models.bert.config import BertConfig
+from attn_course.models.bert.evaluation import masked_word_accuracy, top_predictions
 from attn_course.models.bert.loading import REQUIRED_FILES, load_pretrained
+from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_loss
 from attn_course.models.bert.mlm import IGNORE_INDEX, MaskedTokens, mask_tokens
 from attn_course.models.bert.model import BertEmbeddings, BertModel, BertOutput
-from attn_course.models.bert.pretraining import (
-    MaskedLanguageModel,
-    PretrainingConfig,
-    WordVocabulary,
-    masked_lm_loss,
-    masked_word_accuracy,
-    pretrain_mlm,
-    top_predictions,
-)
+from attn_course.models.bert.pretraining import PretrainingConfig, pretrain_mlm
 from attn_course.models.bert.tokenizer import BatchEncoding, BertTokenizer
 
 __all__ = [
