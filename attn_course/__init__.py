@@ -13,8 +13,6 @@ The names students use most are re-exported here. The folders, in the order the 
   ``checks`` (the exercises' checks) and ``measure`` (the measurements they show).
 """
 
-# First: on a machine without a CUDA GPU, select Triton's interpreter before anything imports Triton.
-from attn_course import _triton_mode  # noqa: F401, I001
 from attn_course.core.attention import classic_self_attention, self_attention
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import causal_mask, padding_mask

@@ -4,10 +4,11 @@ For a machine that has torch and Triton but not pytest (``tools/gpu_check.sh`` r
 instead of the kernel tests there, rather than skipping them). Each case runs
 :func:`~attn_course.flash.flash_attention` forward and backward (and ``decode_attention``,
 where the package has it, forward) and judges the output and the gradients by the
-FlashAttention rule of :mod:`attn_course.flash.accuracy`: the kernel's error against float64
-at most ``factor`` times the error of plain attention in the same dtype, plus a small floor.
-The reference is written out here (heads repeated for grouped-query K/V, the bottom-right
-causal mask of :func:`~attn_course.core.masks.causal_mask`), independent of the kernels.
+FlashAttention rule, :func:`attn_course.flash.accuracy.flash_rule`, the one the kernel tests
+and chapter 06 use: the kernel's error against float64 at most ``factor`` times the error of
+plain attention in the same dtype, plus a small floor. Its reference,
+:func:`~attn_course.flash.accuracy.plain_attention` (grouped-query heads, bottom-right causal),
+is independent of the kernels.
 
 Exit status 0 when every case passes, 1 otherwise.
 """
@@ -22,8 +23,7 @@ from collections.abc import Callable
 import torch
 
 from attn_course import _validate
-from attn_course.core.masks import causal_mask
-from attn_course.flash.accuracy import FACTORS, FLOORS
+from attn_course.flash.accuracy import FLOORS, flash_rule
 
 __all__ = ["CaseResult", "cases", "main", "run_case", "selfcheck"]
 
@@ -37,7 +37,7 @@ class CaseResult:
         errors: quantity (``"output"``, ``"dq"``, ``"dk"``, ``"dv"``) → the kernel's largest
             absolute difference from float64.
         allowed: quantity → ``factor · (plain attention's error in the same dtype) + floor``.
-        seconds: wall-clock time of the case.
+        seconds: wall-clock time of the case (the kernel, and the references it is judged against).
         error: the exception's text if the kernel raised, else ``""``.
     """
 
@@ -53,25 +53,6 @@ class CaseResult:
         return not self.error and all(self.errors[q] <= self.allowed[q] for q in self.errors)
 
 
-def _attention(q, k, v, *, causal: bool) -> torch.Tensor:
-    """Plain attention in the inputs' dtype, grouped-query K/V repeated, bottom-right causal."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)    # [B, H, N_k, d]
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5                         # [B, H, N_q, N_k]
-    if causal:
-        scores = scores.masked_fill(~causal_mask(q.shape[2], k.shape[2], device=q.device), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v                                         # [B, H, N_q, d]
-
-
-def _outputs(fn: Callable, q, k, v, grad_out, *, causal: bool, backward: bool) -> dict[str, torch.Tensor]:
-    q, k, v = (t.detach().clone().requires_grad_(backward) for t in (q, k, v))
-    out = fn(q, k, v, causal=causal)
-    found = {"output": out.detach()}
-    if backward:
-        found.update(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), grad_out)))
-    return found
-
-
 def run_case(fn: Callable, *, batch: int, heads: int, kv_heads: int, n_q: int, n_k: int, head_dim: int,
              dtype: torch.dtype, causal: bool, backward: bool, device: str, name: str, seed: int = 0) -> CaseResult:
     """Run ``fn(q, k, v, causal=...)`` on random inputs and judge it by the FlashAttention rule.
@@ -85,7 +66,8 @@ def run_case(fn: Callable, *, batch: int, heads: int, kv_heads: int, n_q: int, n
         backward: also judge the gradients.
         device: ``"cuda"`` or ``"cpu"``.
         name: the case's label.
-        seed: for the inputs (drawn in float64 on the CPU, then cast and moved).
+        seed: for the inputs (drawn in float64 on the CPU, then cast and moved; the float64
+            reference sees the cast values).
 
     Returns:
         A :class:`CaseResult` (an exception from ``fn`` is recorded in it, not raised).
@@ -111,26 +93,24 @@ def run_case(fn: Callable, *, batch: int, heads: int, kv_heads: int, n_q: int, n
     generator = torch.Generator().manual_seed(seed)
     shapes = [(batch, heads, n_q, head_dim), (batch, kv_heads, n_k, head_dim), (batch, kv_heads, n_k, head_dim),
               (batch, heads, n_q, head_dim)]
-    exact_inputs = [torch.randn(*shape, generator=generator, dtype=torch.float64) for shape in shapes]
-    inputs = [t.to(device=device, dtype=dtype) for t in exact_inputs]
-    exact = _outputs(_attention, *(t.to(device) for t in exact_inputs), causal=causal, backward=backward)
-    plain = _outputs(_attention, *inputs, causal=causal, backward=backward)
+    q, k, v, grad_out = (torch.randn(*shape, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
+                         for shape in shapes)
+
+    def judged(q, k, v, *, causal, scale):     # scale is the rule's default, None: fn's own default
+        return fn(q, k, v, causal=causal)
+
     start = time.perf_counter()
     try:
-        found = _outputs(fn, *inputs, causal=causal, backward=backward)
+        checks = flash_rule(judged, q, k, v, grad_out if backward else None, causal=causal)
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as error:   # the check reports it; the next case still runs
         text = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
         return CaseResult(name, {}, {}, time.perf_counter() - start, f"{type(error).__name__}: {text}")
     seconds = time.perf_counter() - start
-    errors, allowed = {}, {}
-    for quantity, value in found.items():
-        error = (value.double() - exact[quantity]).abs().max().item()
-        errors[quantity] = float("inf") if error != error else error   # NaN fails
-        plain_error = (plain[quantity].double() - exact[quantity]).abs().max().item()
-        allowed[quantity] = FACTORS[quantity] * plain_error + FLOORS[dtype]
-    return CaseResult(name, errors, allowed, seconds)
+    errors = {check.quantity: float("inf") if check.error != check.error else check.error   # NaN fails
+              for check in checks}
+    return CaseResult(name, errors, {check.quantity: check.allowed for check in checks}, seconds)
 
 
 def cases(device: str) -> list[dict]:

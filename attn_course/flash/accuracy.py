@@ -9,8 +9,13 @@ instead with what plain attention achieves *in the same dtype*: against a float6
 for the output (factor 2), the log-sum-exp (2) and each gradient (3). The floor only absorbs
 cases where plain attention happens to be exact (one key: its ``dq`` is exactly 0, a kernel's a
 few float32 round-offs): 1e-5 for float16, about a hundredth of the errors float16 attention
-reaches (around 1e-3), so the factor, not the floor, decides; 1e-6 for float32. Chapter 06 and the
-kernel tests use this module, so both judge the kernel the same way.
+reaches (around 1e-3), so the factor, not the floor, decides; 1e-6 for float32.
+
+:func:`plain_attention` is the course's one reference for the kernels: grouped-query heads
+(``H_kv < H``) and the bottom-right causal mask of :func:`~attn_course.core.masks.causal_mask`
+(the queries are the last ``N_q`` of the ``N_k`` positions), in any dtype, float64 included.
+Chapter 06, the kernel tests and the GPU self-check (``python -m benchmarks.selfcheck``) use this
+module, so all three judge the kernels the same way.
 """
 
 from __future__ import annotations
@@ -56,11 +61,16 @@ class RuleCheck(NamedTuple):
 def plain_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention the obvious way, in the inputs' own dtype: the yardstick of the rule.
+    """Attention the obvious way, in the inputs' own dtype: the yardstick of the rule, and in
+    float64 the reference.
 
     Args:
-        q: ``[B, H, N_q, d]``; k: ``[B, H, N_k, d]``; v: ``[B, H, N_k, d_v]``.
-        causal: query ``i`` sees keys up to ``i`` (``N_q == N_k``).
+        q: ``[B, H, N_q, d]``.
+        k: ``[B, H_kv, N_k, d]`` and v: ``[B, H_kv, N_k, d_v]``, with ``H % H_kv == 0``: query head
+            ``h`` uses key/value head ``h // (H / H_kv)`` (grouped-query attention; autograd then
+            sums each group's gradients into its key/value head, as a kernel must).
+        causal: bottom-right aligned, as after a KV cache: query ``i`` sees keys up to
+            ``i + N_k - N_q`` (requires ``N_q <= N_k``; with ``N_q == N_k`` the usual ``0..i``).
         scale: defaults to ``1 / sqrt(d)``.
 
     Returns:
@@ -68,26 +78,53 @@ def plain_attention(
         computed in float32 or wider, as kernels store it.
 
     Raises:
-        TypeError, ValueError: as :func:`~attn_course.flash.tiled_attention` does.
+        TypeError: non-tensors, a non-bool ``causal``.
+        ValueError: shapes that do not fit, ``H`` not a multiple of ``H_kv``, causal with
+            ``N_q > N_k``, a bad scale.
+
+    Example:
+        >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+        >>> out, lse = plain_attention(q, k, v, causal=True)       # 2 groups of 2 query heads
+        >>> out.shape, lse.shape
+        (torch.Size([1, 4, 3, 8]), torch.Size([1, 4, 3]))
     """
-    scale = _validate.attention_inputs("plain_attention", q, k, v, causal=causal, scale=scale)
+    scale = _check_inputs("plain_attention", q, k, v, causal, scale)
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)   # [B, H, N_k, d], [B, H, N_k, d_v]
     scores = (q @ k.transpose(-2, -1)) * scale                                  # [B, H, N_q, N_k]
-    if causal:
+    if causal:   # causal_mask's default offset N_k - N_q: bottom-right aligned
         allowed = causal_mask(q.shape[2], k.shape[2], device=q.device)          # [N_q, N_k]
         scores = scores.masked_fill(~allowed, float("-inf"))
     lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
-    return torch.softmax(scores, dim=-1) @ v, lse
+    return torch.softmax(scores, dim=-1) @ v, lse                               # [B, H, N_q, d_v], [B, H, N_q]
+
+
+def _check_inputs(where: str, q, k, v, causal, scale) -> float:
+    """q ``[B, H, N_q, d]``, k ``[B, H_kv, N_k, d]``, v ``[B, H_kv, N_k, d_v]``; return the scale."""
+    _validate.four_d(where, q=q, k=k, v=v)
+    _validate.boolean(where, "causal", causal)
+    if (q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or k.shape[:3] != v.shape[:3]
+            or k.shape[1] == 0 or q.shape[1] % k.shape[1]):
+        raise ValueError(f"{where}: expected q [B, H, N_q, d], k [B, H_kv, N_k, d] and v [B, H_kv, N_k, d_v] "
+                         f"with H % H_kv == 0, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}, "
+                         f"v {_validate.shape_str(v)}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"{where}: causal needs N_q <= N_k (bottom-right aligned), got N_q={q.shape[2]}, "
+                         f"N_k={k.shape[2]}")
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
 
 
 def _outputs_and_gradients(attention, q, k, v, grad_out, causal, scale):
-    """Run ``attention`` on fresh leaves; return ``{quantity: tensor}`` with the gradients."""
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    """Run ``attention`` on fresh leaves; return ``{quantity: tensor}``, with the gradients when
+    ``grad_out`` is given."""
+    q, k, v = (t.detach().clone().requires_grad_(grad_out is not None) for t in (q, k, v))
     result = attention(q, k, v, causal=causal, scale=scale)
     out, lse = result if isinstance(result, tuple) else (result, None)
-    out.backward(grad_out)
-    found = {"output": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    found = {"output": out.detach()}
     if lse is not None:
         found["lse"] = lse.detach()
+    if grad_out is not None:
+        found.update(zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), grad_out)))
     return found
 
 
@@ -96,7 +133,7 @@ def flash_rule(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    grad_out: torch.Tensor,
+    grad_out: torch.Tensor | None,
     *,
     causal: bool = False,
     scale: float | None = None,
@@ -104,17 +141,20 @@ def flash_rule(
     """Judge an attention implementation, forward and backward, by the FlashAttention rule.
 
     ``attention(q, k, v, causal=..., scale=...)`` is run on the given inputs and backpropagated
-    with ``grad_out``; so are :func:`plain_attention` in the same dtype and in float64.
+    with ``grad_out``; so is :func:`plain_attention` in the same dtype, and in float64 on the
+    same inputs (cast up) for the reference.
 
     Args:
         attention: returns the output ``[B, H, N_q, d_v]``, or ``(output, lse)`` to have the
             log-sum-exp judged as well.
-        q, k, v: the inputs, as for :func:`plain_attention`, in the dtype to be judged.
-        grad_out: ``[B, H, N_q, d_v]``, the gradient flowing into the output.
+        q, k, v: the inputs, as for :func:`plain_attention` (grouped-query ``k``, ``v`` and
+            bottom-right causal included), in the dtype to be judged.
+        grad_out: ``[B, H, N_q, d_v]``, the gradient flowing into the output; None judges the
+            forward alone.
         causal, scale: passed to both implementations.
 
     Returns:
-        One :class:`RuleCheck` per quantity: output, (lse,) dq, dk, dv.
+        One :class:`RuleCheck` per quantity: output, (lse,) and with ``grad_out`` dq, dk, dv.
 
     Raises:
         TypeError, ValueError: inputs that :func:`plain_attention` rejects, or a ``grad_out``
@@ -128,15 +168,17 @@ def flash_rule(
     where = "flash_rule"
     if not callable(attention):
         raise TypeError(f"{where}: attention must be callable, got {type(attention).__name__}")
-    _validate.attention_inputs(where, q, k, v, causal=causal, scale=scale)
-    grad_out = _validate.floating_tensor(where, "grad_out", grad_out)
-    expected = (*q.shape[:3], v.shape[-1])
-    if tuple(grad_out.shape) != expected or grad_out.dtype != q.dtype:
-        raise ValueError(f"{where}: grad_out must be {q.dtype} {list(expected)} like the output, got "
-                         f"{grad_out.dtype} {_validate.shape_str(grad_out)}")
+    _check_inputs(where, q, k, v, causal, scale)
+    if grad_out is not None:
+        grad_out = _validate.floating_tensor(where, "grad_out", grad_out)
+        expected = (*q.shape[:3], v.shape[-1])
+        if tuple(grad_out.shape) != expected or grad_out.dtype != q.dtype:
+            raise ValueError(f"{where}: grad_out must be {q.dtype} {list(expected)} like the output, got "
+                             f"{grad_out.dtype} {_validate.shape_str(grad_out)}")
     judged = _outputs_and_gradients(attention, q, k, v, grad_out, causal, scale)
     plain = _outputs_and_gradients(plain_attention, q, k, v, grad_out, causal, scale)
-    exact = _outputs_and_gradients(plain_attention, *(t.double() for t in (q, k, v, grad_out)), causal, scale)
+    exact = _outputs_and_gradients(plain_attention, *(t.double() for t in (q, k, v)),
+                                   None if grad_out is None else grad_out.double(), causal, scale)
     floor = FLOORS[q.dtype]
     checks = []
     for quantity in FACTORS:

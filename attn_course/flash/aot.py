@@ -2,12 +2,14 @@
 
 Triton's interpreter accepts things a GPU compiler rejects (``tl.dot`` shapes below 16,
 dtype mix-ups, tiles that overflow shared memory). Compiling every kernel in every
-configuration of :data:`~attn_course.flash.triton_attention.CONFIGS` for real targets
+configuration of :data:`~attn_course.flash.configs.CONFIGS` for real targets
 catches those without a GPU:
 
     TRITON_INTERPRET=0 python -m attn_course.flash.aot [--all] [SHARD/SHARDS]
 
-(``TRITON_INTERPRET=0`` keeps :mod:`attn_course` from selecting the interpreter.)
+(``TRITON_INTERPRET=0``: without a GPU, Triton would otherwise be put in interpreter mode, and a
+process has one mode, see :mod:`attn_course.flash.triton_mode`.) :func:`compile_tma_forward`
+compiles the tensor-descriptor forward the same way, through :func:`compile_case`.
 
 The result's ``metadata.shared`` is the shared memory a program needs, in bytes.
 """
@@ -29,15 +31,18 @@ _TENSORS = ("Q", "K", "V", "Out", "dOut", "dQ", "dK", "dV")   # in the input dty
 _STATISTICS = ("LSE", "Delta", "PartialOut", "PartialLSE")     # float32
 _MERGE = "decode_merge"                                         # flash-decoding's second kernel
 _MERGE_KERNEL = "attention_decode_merge_kernel"
+_TMA = "forward_tma"                                            # the forward over tensor descriptors
+_TMA_KERNEL = "attention_forward_tma_kernel"
 
 
 class Case(NamedTuple):
     """One compilation: a kernel in one configuration, for one GPU.
 
     Attributes:
-        kernel: a key of :data:`~attn_course.flash.triton_attention.KERNEL_NAMES`, or
-            ``"decode_merge"``.
-        config: index into :func:`~attn_course.flash.triton_attention.kernel_configs` (0 for the merge).
+        kernel: a key of :data:`~attn_course.flash.configs.KERNEL_NAMES`, ``"decode_merge"`` or
+            ``"forward_tma"``.
+        config: index into :func:`~attn_course.flash.configs.kernel_configs` (0 for the merge and
+            the TMA forward, whose configuration is :func:`~attn_course.flash.tma_attention.tma_forward_config`).
         head_dim, dtype, causal, capability: the specialisation and the target (80 or 90).
         block_m: the decode kernel's rows per program (one of ``DECODE_BLOCK_M``), else the config's.
         splits: the merge kernel's ``SPLITS`` (else 0).
@@ -60,7 +65,8 @@ class Case(NamedTuple):
                 f"sm_{self.capability}")
 
 
-def _signature(kernel_function, pointer_type: str) -> tuple[dict[str, str], dict[str, int], dict]:
+def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = True
+               ) -> tuple[dict[str, str], dict[str, int], dict]:
     """Triton's type string for each kernel parameter, specialised as the JIT specialises a
     launch on contiguous, 16-byte-aligned tensors.
 
@@ -71,6 +77,8 @@ def _signature(kernel_function, pointer_type: str) -> tuple[dict[str, str], dict
     instead of one scalar load per element. So here the last-dimension strides are the constant
     1 and the pointers and other strides divisible by 16, as with contiguous ``[B, H, N, d]``
     tensors of ``d`` in 16…128; the sizes (``n_q``, ``n_k``, ...) stay plain ``i32``.
+    ``aligned_strides=False`` leaves the strides plain ``i32`` too (the TMA forward: its
+    descriptors carry the strides, and it has no last-dimension strides).
 
     Returns:
         ``(signature, extra constants, attributes)`` for :class:`triton.compiler.ASTSource`.
@@ -89,7 +97,8 @@ def _signature(kernel_function, pointer_type: str) -> tuple[dict[str, str], dict
             attributes[(index,)] = [["tt.divisibility", 16]]
         elif name.startswith("stride_"):
             signature[name] = "i32"
-            attributes[(index,)] = [["tt.divisibility", 16]]
+            if aligned_strides:
+                attributes[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name == "scale" else "i32"
     return signature, constants, attributes
@@ -107,27 +116,36 @@ def compile_case(case: Case):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from attn_course.flash import kernels
-    from attn_course.flash.triton_attention import KERNEL_NAMES, kernel_configs, runs_in_interpreter
+    from attn_course.flash.configs import KERNEL_NAMES, kernel_configs
+    from attn_course.flash.launch import kernel_function as defined
+    from attn_course.flash.launch import runs_in_interpreter
+    from attn_course.flash.tma_attention import tma_forward_config
 
     if runs_in_interpreter():
         raise RuntimeError("compile_kernel: Triton is in interpreter mode; run with TRITON_INTERPRET=0")
     if case.dtype not in _TRITON_DTYPE:
         raise ValueError(f"compile_kernel: dtype must be one of {sorted(_TRITON_DTYPE)}, got {case.dtype!r}")
     if case.kernel == _MERGE:
-        kernel_function = getattr(kernels, _MERGE_KERNEL)
+        kernel_function = defined(_MERGE_KERNEL)
         constants = {"HEAD_DIM": case.head_dim, "SPLITS": case.splits}
         options = {"num_warps": 4, "num_stages": 1}
+    elif case.kernel == _TMA:
+        config = tma_forward_config(case.head_dim)
+        kernel_function = defined(_TMA_KERNEL)
+        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"],
+                     "CAUSAL": case.causal}
+        options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     elif case.kernel in KERNEL_NAMES:
         config = kernel_configs(case.kernel, case.head_dim)[case.config]
-        kernel_function = getattr(kernels, KERNEL_NAMES[case.kernel])
+        kernel_function = defined(KERNEL_NAMES[case.kernel])
         block_m = case.block_m if case.kernel == "decode" else config.block_m
         constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": block_m, "BLOCK_N": config.block_n, "CAUSAL": case.causal}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     else:
-        raise ValueError(f"compile_kernel: kernel must be one of {sorted([*KERNEL_NAMES, _MERGE])}, "
+        raise ValueError(f"compile_kernel: kernel must be one of {sorted([*KERNEL_NAMES, _MERGE, _TMA])}, "
                          f"got {case.kernel!r}")
-    signature, strides, attributes = _signature(kernel_function, _TRITON_DTYPE[case.dtype])
+    signature, strides, attributes = _signature(kernel_function, _TRITON_DTYPE[case.dtype],
+                                                aligned_strides=case.kernel != _TMA)
     source = ASTSource(fn=kernel_function, signature=signature, constexprs={**constants, **strides}, attrs=attributes)
     return triton.compile(source, target=GPUTarget("cuda", case.capability, 32), options=options)
 
@@ -137,18 +155,39 @@ def compile_kernel(kernel: str, head_dim: int, dtype: str, causal: bool, capabil
 
     Args:
         kernel: ``"forward"``, ``"backward_dkdv"``, ``"backward_dq"`` or ``"decode"``.
-        head_dim: one of :data:`~attn_course.flash.triton_attention.SUPPORTED_HEAD_DIMS`.
+        head_dim: one of :data:`~attn_course.flash.configs.SUPPORTED_HEAD_DIMS`.
         dtype: ``"float16"`` or ``"bfloat16"``.
         causal: the ``CAUSAL`` specialisation.
         capability: 80 (A100) or 90 (H100/H200).
-        config: index into :func:`~attn_course.flash.triton_attention.kernel_configs`.
+        config: index into :func:`~attn_course.flash.configs.kernel_configs`.
 
     Raises:
         RuntimeError: Triton is in interpreter mode (set ``TRITON_INTERPRET=0``).
     """
-    from attn_course.flash.triton_attention import DECODE_BLOCK_M
+    from attn_course.flash.configs import DECODE_BLOCK_M
 
     return compile_case(Case(kernel, config, head_dim, dtype, causal, capability, block_m=DECODE_BLOCK_M[0]))
+
+
+def compile_tma_forward(head_dim: int, dtype: str, causal: bool, *, capability: int = 90):
+    """Compile the tensor-descriptor forward (:mod:`attn_course.flash.kernels_tma`) for
+    ``sm_<capability>`` in its tested configuration
+    (:func:`~attn_course.flash.tma_attention.tma_forward_config`), without a GPU.
+
+    Args:
+        head_dim: 16, 32, 64 or 128.
+        dtype: ``"float16"`` or ``"bfloat16"``.
+        causal: the ``CAUSAL`` specialisation.
+        capability: CUDA compute capability times ten; 90 (H100/H200) is the one TMA is for.
+
+    Returns:
+        Triton's compiled kernel: ``.asm["ptx"]`` the PTX, ``.metadata.shared`` shared memory in bytes.
+
+    Raises:
+        RuntimeError: Triton is in interpreter mode (run with ``TRITON_INTERPRET=0``).
+        ValueError: an unsupported head dimension or dtype.
+    """
+    return compile_case(Case(_TMA, 0, head_dim, dtype, causal, capability))
 
 
 def all_cases() -> list[Case]:
@@ -159,14 +198,14 @@ def all_cases() -> list[Case]:
     nor the shared memory, both being 2-byte types, only the conversions); the decode kernel at
     each of its row widths; the merge kernel at the smallest and largest ``SPLITS``.
     """
-    from attn_course.flash.triton_attention import (
+    from attn_course.flash.configs import (
         DECODE_BLOCK_M,
         DECODE_MAX_SPLITS,
         KERNEL_NAMES,
         SUPPORTED_HEAD_DIMS,
-        decode_merge_width,
         kernel_configs,
     )
+    from attn_course.flash.decode import decode_merge_width
 
     cases = []
     for kernel, head_dim, causal, capability in itertools.product(

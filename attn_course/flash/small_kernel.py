@@ -10,7 +10,8 @@ Its signature is fixed::
 
 with ``Q [N_Q, HEAD_DIM]``, ``K``, ``V [n_k, HEAD_DIM]`` and ``Out [N_Q, HEAD_DIM]`` contiguous
 float32. :func:`launch_small_attention` checks the inputs, allocates the output and launches one
-program, on the GPU or, without one, in Triton's interpreter.
+program, on the GPU or, without one, in Triton's interpreter (a kernel defined before that mode
+was chosen is re-defined in it: :func:`~attn_course.flash.triton_mode.runnable`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 import torch
 
 from attn_course import _validate
+from attn_course.flash.triton_mode import runnable
 
 __all__ = ["launch_small_attention"]
 
@@ -68,5 +70,5 @@ def launch_small_attention(kernel: object, q: torch.Tensor, k: torch.Tensor, v: 
                          f"{_validate.shape_str(k)} and {_validate.shape_str(v)}")
     q, k, v = (t.to(torch.float32).contiguous() for t in (q, k, v))
     out = torch.empty_like(q)                                               # [N_Q, d]
-    kernel[(1,)](q, k, v, out, k.shape[0], 1.0 / math.sqrt(d), N_Q=n_q, HEAD_DIM=d, BLOCK_N=block_n)
+    runnable(kernel)[(1,)](q, k, v, out, k.shape[0], 1.0 / math.sqrt(d), N_Q=n_q, HEAD_DIM=d, BLOCK_N=block_n)
     return out

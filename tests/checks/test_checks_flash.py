@@ -7,12 +7,16 @@ import math
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
-import attn_course  # noqa: F401  (chooses Triton's interpreter without a GPU, before Triton is imported)
-from attn_course.checks import CheckFailed
-from attn_course.checks.flash import (
+from attn_course.flash import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()     # as chapter 06's first cell: before Triton is imported, the cells' kernels too
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from attn_course.checks import CheckFailed  # noqa: E402
+from attn_course.checks.flash import (  # noqa: E402
     check_attention_backward,
     check_causal_tile_counts,
     check_merge_partial_attention,
@@ -20,7 +24,7 @@ from attn_course.checks.flash import (
     check_streaming_attention,
 )
 
-from support.planted.planted_06 import PLANTED, SOLUTIONS, kernel_with
+from support.planted.planted_06 import PLANTED, SOLUTIONS, kernel_with  # noqa: E402
 
 CHECKS = {
     "merge_partial_attention": check_merge_partial_attention,

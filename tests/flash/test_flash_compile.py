@@ -5,8 +5,8 @@ shapes, dtypes or shared-memory limits; the real compiler does. This needs no GP
 are :func:`~attn_course.flash.aot.essential_cases`: every kernel path for every head dim,
 causal flag and GPU, and every autotuning candidate at least once
 (``python -m attn_course.flash.aot --all`` compiles the full product).
-Triton fixes its mode at import, so compilation runs in subprocesses with
-``TRITON_INTERPRET=0``, two shards in parallel. The compiling tests are marked slow.
+A process has one Triton mode (:mod:`attn_course.flash.triton_mode`), so compilation runs in
+subprocesses with ``TRITON_INTERPRET=0``, two shards in parallel. The compiling tests are marked slow.
 """
 
 import os
@@ -48,7 +48,7 @@ def test_every_configuration_compiles_for_sm80_and_sm90(compile_report):
     for case in cases:
         assert any(line.startswith(f"{case.name}:") for line in compile_report), case.name
     # Every candidate configuration of every kernel is among them, for both GPUs.
-    from attn_course.flash.triton_attention import CONFIGS
+    from attn_course.flash.configs import CONFIGS
     for (kernel, head_dim), candidates in CONFIGS.items():
         for index in range(len(candidates)):
             for capability in SHARED_MEMORY_LIMIT:
@@ -81,7 +81,7 @@ def test_shared_memory_fits_each_gpu(compile_report):
 
 def test_compile_kernel_refuses_interpreter_mode():
     from attn_course.flash import aot
-    from attn_course.flash.triton_attention import runs_in_interpreter
+    from attn_course.flash.launch import runs_in_interpreter
 
     if not runs_in_interpreter():
         pytest.skip("Triton is in GPU mode in this process")

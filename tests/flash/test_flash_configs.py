@@ -47,7 +47,8 @@ def with_config(kernel, config):
             grads = attention_backward(grad_out, *ctx.saved_tensors, causal=ctx.causal, **backward_configs)
             return *grads, None
 
-    def run(q, k, v, *, causal):
+    def run(q, k, v, *, causal, scale=None):
+        assert scale is None            # the kernels' default 1 / sqrt(d), as the reference's
         return Attention.apply(q, k, v, causal)
     return run
 
@@ -71,11 +72,11 @@ def test_the_autotuned_launch_runs(kernel):
     # On a GPU the launcher wraps each kernel in triton.autotune over its candidates. The
     # interpreter cannot time candidates, but with a head dim that has one candidate the same
     # wrapper runs without timing: this checks its key names and the grid it is given.
-    from attn_course.flash import triton_attention
+    from attn_course.flash import launch
 
     q, k, v, _ = random_inputs(1, 2, 1, 3 if kernel == "decode" else 70, 90, 16, torch.float32, seed=3)
     assert len(kernel_configs(kernel, 16)) == 1
-    tuned = triton_attention._autotuned_kernel(triton_attention.load_kernels(), kernel, 16)
+    tuned = launch.autotuned_kernel(kernel, 16)
     expected, expected_lse = attention_forward(q, k, v, causal=True)
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
     strides = (*q.stride(), *k.stride(), *v.stride())

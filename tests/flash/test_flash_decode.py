@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from attn_course.flash import triton_attention  # noqa: E402
+from attn_course.flash.accuracy import plain_attention  # noqa: E402
 from attn_course.flash.triton_attention import (  # noqa: E402
     DECODE_MAX_QUERIES,
     attention_decode_forward,
@@ -21,14 +22,15 @@ from attn_course.flash.triton_attention import (  # noqa: E402
     kernel_configs,
 )
 
-from support.flash_rule import DEVICE, DTYPES, assert_flash_rule, random_inputs, reference  # noqa: E402
+from support.flash_rule import DEVICE, DTYPES, assert_flash_rule, random_inputs  # noqa: E402
 
 
 def decode_kernel(num_splits):
     """``(output, lse)`` by flash-decoding with ``num_splits`` splits, differentiable output."""
-    def run(q, k, v, *, causal):
-        out = decode_attention(q, k, v, causal=causal, num_splits=num_splits)
-        _, lse = attention_decode_forward(q.detach(), k.detach(), v.detach(), causal=causal, num_splits=num_splits)
+    def run(q, k, v, *, causal, scale=None):
+        out = decode_attention(q, k, v, causal=causal, scale=scale, num_splits=num_splits)
+        _, lse = attention_decode_forward(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale,
+                                          num_splits=num_splits)
         return out, lse
     return run
 
@@ -65,7 +67,7 @@ def test_caches_shorter_than_a_split_block(n_q, n_k):
 def test_every_head_dim_and_many_rows_per_group(head_dim):
     # 16 query heads on one key/value head, 4 queries: 64 rows per program (the wider BLOCK_M).
     q, k, v, _ = random_inputs(1, 16, 1, 4, 260, head_dim, torch.float32, seed=head_dim)
-    expected, expected_lse = reference(*(t.double() for t in (q, k, v)), causal=True)
+    expected, expected_lse = plain_attention(*(t.double() for t in (q, k, v)), causal=True)
     out, lse = attention_decode_forward(q, k, v, causal=True, num_splits=2)
     assert (out.double() - expected).abs().max() < 1e-5
     assert (lse.double() - expected_lse).abs().max() < 1e-5

@@ -9,8 +9,8 @@ multiples, grouped- and multi-query heads, bottom-right causal with ``N_q < N_k`
 With a Hopper GPU the same tests run there, in float16 and bfloat16, with the tested config.
 
 That the GPU code really uses TMA and ``wgmma`` is checked by compiling for sm_90 ahead of time
-(marked slow; no GPU needed), in a subprocess with ``TRITON_INTERPRET=0`` because Triton fixes
-its mode at import.
+(marked slow; no GPU needed), in a subprocess with ``TRITON_INTERPRET=0`` because a process has
+one Triton mode (:mod:`attn_course.flash.triton_mode`).
 """
 
 import contextvars
@@ -24,13 +24,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from attn_course.flash.kernels_tma import (  # noqa: E402
+from attn_course.flash.tma_attention import (  # noqa: E402
     attention_forward_tma,
     tma_forward_config,
     tma_forward_supported,
 )
 
 from support.flash_rule import assert_flash_rule as shared_flash_rule  # noqa: E402
+from support.flash_rule import random_inputs as inputs_and_grad  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -44,31 +45,30 @@ def launch_options(head_dim):
 
 
 def random_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, *, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    shapes = [(batch, heads, n_q, head_dim), (batch, kv_heads, n_k, head_dim), (batch, kv_heads, n_k, head_dim)]
-    return [torch.randn(shape, generator=generator, dtype=torch.float64).to(DEVICE, dtype) for shape in shapes]
+    """``q``, ``k``, ``v``: a forward kernel needs no ``grad_out``."""
+    return inputs_and_grad(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, seed=seed)[:3]
 
 
-def run_tma(q, k, v, *, causal, out=None):
+def run_tma(q, k, v, *, causal, out=None, scale=None):
     """The kernel's output and LSE, into buffers pre-filled with NaN (so an unwritten element shows)."""
     if ON_GPU and not tma_forward_supported(q, k, v, out):
         pytest.skip("the TMA forward needs a Hopper GPU (capability 9.x) and a Triton with tensor descriptors")
     out = torch.full_like(q, float("nan")) if out is None else out.fill_(float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
-    return attention_forward_tma(q, k, v, out, lse, causal=causal, **launch_options(q.shape[-1]))
+    return attention_forward_tma(q, k, v, out, lse, causal=causal, scale=scale, **launch_options(q.shape[-1]))
 
 
-def tma_kernel(q, k, v, *, causal):
+def tma_kernel(q, k, v, *, causal, scale=None):
     """:func:`run_tma`, refusing any element it left unwritten (still NaN)."""
-    out, lse = run_tma(q, k, v, causal=causal)
+    out, lse = run_tma(q, k, v, causal=causal, scale=scale)
     for quantity, value in (("output", out), ("lse", lse)):
         assert torch.isfinite(value).all(), f"{quantity}: the kernel left elements unwritten (NaN)"
     return out, lse
 
 
 def assert_flash_rule(q, k, v, *, causal):
-    # The rule and its float64 reference are tests/support/flash_rule.py's; a forward kernel needs no dO.
-    shared_flash_rule(q, k, v, torch.zeros_like(q), causal=causal, kernel=tma_kernel, gradients=False)
+    # The one rule and its float64 reference (attn_course.flash.accuracy); a forward kernel needs no dO.
+    shared_flash_rule(q, k, v, None, causal=causal, kernel=tma_kernel, gradients=False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -144,7 +144,7 @@ def test_layouts_tma_cannot_read_are_refused_by_name():
 def test_clear_errors_for_buffers_shapes_and_options():
     q, k, v = random_inputs(1, 4, 3, 8, 8, 16, torch.float16)
     out, lse = buffers(q)
-    with pytest.raises(ValueError, match=r"\(H % H_kv == 0\), got q \[1, 4, 8, 16\], k \[1, 3, 8, 16\]"):
+    with pytest.raises(ValueError, match=r"H % H_kv == 0, got q \[1, 4, 8, 16\], k \[1, 3, 8, 16\]"):
         attention_forward_tma(q, k, v, out, lse)
     q, k, v = random_inputs(1, 2, 2, 9, 8, 16, torch.float16)
     out, lse = buffers(q)
@@ -165,7 +165,7 @@ def test_clear_errors_for_buffers_shapes_and_options():
 
 
 def test_supported_only_on_hopper_with_layouts_tma_can_read():
-    from attn_course.flash.kernels_tma import has_device_tensor_descriptors
+    from attn_course.flash.tma_attention import has_device_tensor_descriptors
 
     q, k, v = random_inputs(1, 2, 2, 8, 8, 16, DTYPES[0])
     hopper = ON_GPU and torch.cuda.get_device_capability()[0] == 9 and has_device_tensor_descriptors()
@@ -181,7 +181,7 @@ def test_allocator_is_installed_only_when_none_is_set():
     import triton
     from triton.runtime import _allocation
 
-    from attn_course.flash import kernels_tma
+    from attn_course.flash import tma_attention
 
     def current():
         allocator = _allocation._allocator
@@ -191,10 +191,10 @@ def test_allocator_is_installed_only_when_none_is_set():
         raise AssertionError
 
     def scenario():
-        kernels_tma._ensure_allocator()
+        tma_attention._ensure_allocator()
         installed = current()
         triton.set_allocator(users_own)
-        kernels_tma._ensure_allocator()
+        tma_attention._ensure_allocator()
         return installed, current()
 
     if not hasattr(_allocation._allocator, "get"):
@@ -202,7 +202,7 @@ def test_allocator_is_installed_only_when_none_is_set():
     # A fresh context starts with Triton's default (raising) allocator and keeps ours from leaking.
     fresh = contextvars.Context()
     installed, kept = fresh.run(scenario)
-    assert installed is kernels_tma._scratch_allocator
+    assert installed is tma_attention._scratch_allocator
     assert kept is users_own
 
 
@@ -215,7 +215,7 @@ AOT_CASES = [(head_dim, dtype, causal) for head_dim in (64, 128) for dtype in ("
              for causal in (False, True)]
 COMPILE_SCRIPT = """
 import json, re, sys, time
-from attn_course.flash.kernels_tma import compile_tma_forward
+from attn_course.flash.aot import compile_tma_forward
 for head_dim, dtype, causal in json.loads(sys.argv[1]):
     start = time.perf_counter()
     compiled = compile_tma_forward(head_dim, dtype, causal)
@@ -249,9 +249,10 @@ def test_sm90_build_moves_tiles_by_tma_and_multiplies_with_wgmma(sm90_report, he
 
 
 def test_compile_refuses_interpreter_mode():
-    from attn_course.flash.kernels_tma import _runs_in_interpreter, compile_tma_forward
+    from attn_course.flash.aot import compile_tma_forward
+    from attn_course.flash.launch import runs_in_interpreter
 
-    if not _runs_in_interpreter():
+    if not runs_in_interpreter():
         pytest.skip("Triton is in GPU mode in this process")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
         compile_tma_forward(64, "float16", False)
@@ -260,13 +261,13 @@ def test_compile_refuses_interpreter_mode():
 def test_attention_forward_takes_the_tma_path_only_where_supported():
     # attention_forward(tma=None) picks the descriptor kernel by itself where it is supported;
     # tma=True insists (an error elsewhere, e.g. in the interpreter), tma=False never uses it.
-    from attn_course.flash import kernels_tma
+    from attn_course.flash import tma_attention
     from attn_course.flash.triton_attention import attention_forward
 
     generator = torch.Generator().manual_seed(12)
     q, k, v = (torch.randn(1, 2, 70, 64, generator=generator).to(DEVICE, DTYPES[0]) for _ in range(3))
     pointer_out, pointer_lse = attention_forward(q, k, v, causal=True, tma=False)
-    if kernels_tma.tma_forward_supported(q, k, v):
+    if tma_attention.tma_forward_supported(q, k, v):
         tma_out, tma_lse = attention_forward(q, k, v, causal=True, tma=True)
         torch.testing.assert_close(tma_out, pointer_out, atol=2e-3, rtol=0)
         torch.testing.assert_close(tma_lse, pointer_lse, atol=1e-4, rtol=0)

@@ -12,65 +12,44 @@ import torch
 
 pytest.importorskip("triton")
 
-from attn_course.flash import triton_attention  # noqa: E402
-from attn_course.flash.accuracy import flash_rule  # noqa: E402
+from attn_course.flash import launch, triton_attention  # noqa: E402
 from attn_course.flash.triton_attention import attention_backward, attention_forward, flash_attention  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# On a GPU: half precisions. In the interpreter, bfloat16 tl.dot is unsupported: float16 and float32.
-DTYPES = (torch.float16, torch.bfloat16) if DEVICE == "cuda" else (torch.float16, torch.float32)
-
-
-def flash_with_lse(q, k, v, *, causal, scale):
-    """The autograd wrapper's output, and the forward kernel's log-sum-exp for the same inputs."""
-    out = flash_attention(q, k, v, causal=causal, scale=scale)
-    _, lse = attention_forward(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
-    return out, lse
+from support.flash_rule import DEVICE, DTYPES, assert_flash_rule  # noqa: E402
+from support.flash_rule import random_inputs as grouped_inputs  # noqa: E402
 
 
 def random_inputs(batch, heads, n_q, n_k, head_dim, dtype, *, seed=0, logit_scale=1.0):
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, heads, n_q, head_dim, generator=generator, dtype=torch.float64) * logit_scale
-    k = torch.randn(batch, heads, n_k, head_dim, generator=generator, dtype=torch.float64)
-    v = torch.randn(batch, heads, n_k, head_dim, generator=generator, dtype=torch.float64)
-    grad_out = torch.randn(batch, heads, n_q, head_dim, generator=generator, dtype=torch.float64)
-    return [t.to(DEVICE, dtype) for t in (q, k, v, grad_out)]
-
-
-def assert_flash_rule(q, k, v, grad_out, causal):
-    checks = flash_rule(flash_with_lse, q, k, v, grad_out, causal=causal)
-    assert [check.quantity for check in checks] == ["output", "lse", "dq", "dk", "dv"]
-    for check in checks:
-        plain = f"plain {q.dtype} {check.plain_error:.2e}"
-        assert check.passed, f"{check.quantity}: kernel error {check.error:.2e}, {plain}"
+    """Multi-head inputs (as many key/value heads as query heads)."""
+    return grouped_inputs(batch, heads, heads, n_q, n_k, head_dim, dtype, seed=seed, logit_scale=logit_scale)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length", [1, 17, 200])
 def test_matches_float64_by_the_flash_rule(length, causal, dtype):
-    assert_flash_rule(*random_inputs(2, 3, length, length, 64, dtype), causal)
+    assert_flash_rule(*random_inputs(2, 3, length, length, 64, dtype), causal=causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_long_sequence(causal):
     # 1030: 17 key tiles, the last one with only 6 real keys.
-    assert_flash_rule(*random_inputs(1, 1, 1030, 1030, 64, DTYPES[0], seed=1), causal)
+    assert_flash_rule(*random_inputs(1, 1, 1030, 1030, 64, DTYPES[0], seed=1), causal=causal)
 
 
 @pytest.mark.parametrize("n_q, n_k", [(17, 200), (130, 5)])
 def test_queries_and_keys_of_different_lengths(n_q, n_k):
-    assert_flash_rule(*random_inputs(1, 2, n_q, n_k, 32, DTYPES[0], seed=2), False)
+    assert_flash_rule(*random_inputs(1, 2, n_q, n_k, 32, DTYPES[0], seed=2), causal=False)
 
 
 @pytest.mark.parametrize("head_dim", triton_attention.SUPPORTED_HEAD_DIMS)
 def test_every_supported_head_dim(head_dim):
-    assert_flash_rule(*random_inputs(1, 2, 70, 70, head_dim, DTYPES[0], seed=3), True)
+    assert_flash_rule(*random_inputs(1, 2, 70, 70, head_dim, DTYPES[0], seed=3), causal=True)
 
 
 def test_logits_scaled_by_50_stay_exact():
     # Very peaked softmax: exp would overflow without the running maximum.
-    assert_flash_rule(*random_inputs(1, 2, 150, 150, 64, DTYPES[0], seed=4, logit_scale=50.0), False)
+    assert_flash_rule(*random_inputs(1, 2, 150, 150, 64, DTYPES[0], seed=4, logit_scale=50.0), causal=False)
 
 
 def test_non_contiguous_inputs_and_gradient():
@@ -81,7 +60,7 @@ def test_non_contiguous_inputs_and_gradient():
 
     q, k, v, grad_out = map(strided, (q, k, v, grad_out))
     assert not q.is_contiguous() and not grad_out.is_contiguous()
-    assert_flash_rule(q, k, v, grad_out, True)
+    assert_flash_rule(q, k, v, grad_out, causal=True)
 
 
 def test_every_element_is_written():
@@ -109,7 +88,7 @@ def test_matches_sdpa_and_returns_a_tensor_with_a_graph():
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter note is for machines without a GPU")
 def test_interpreter_note_is_printed_once(monkeypatch, capsys):
-    monkeypatch.setattr(triton_attention, "_interpreter_note_shown", False)
+    monkeypatch.setattr(launch, "_interpreter_note_shown", False)
     q = torch.randn(1, 1, 4, 16)
     flash_attention(q, q, q)
     flash_attention(q, q, q)

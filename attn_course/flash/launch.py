@@ -1,0 +1,216 @@
+"""What every FlashAttention kernel launcher shares: the kernels in the right mode, one input check,
+the output buffers, the configuration check, and the launch itself (autotuned on a GPU).
+
+The launchers are :mod:`~attn_course.flash.triton_attention` (forward, backward),
+:mod:`~attn_course.flash.decode` (flash-decoding) and :mod:`~attn_course.flash.tma_attention`
+(the forward over tensor descriptors). They all call :func:`check_kernel_inputs`, so every
+kernel refuses the same inputs with the same words.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from attn_course import _validate
+from attn_course.flash.configs import (
+    CONFIGS,
+    GPU_DTYPES,
+    INTERPRETER_DTYPES,
+    KERNEL_MODULES,
+    KERNEL_NAMES,
+    SUPPORTED_HEAD_DIMS,
+    KernelConfig,
+    kernel_config,
+    kernel_configs,
+)
+from attn_course.flash.triton_mode import define_kernels, is_interpreted
+
+__all__ = ["autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs", "kernel_function", "launch",
+           "output_buffers", "runs_in_interpreter"]
+
+_interpreter_note_shown = False
+_autotuned: dict[tuple[str, int], object] = {}
+
+
+def kernel_function(name: str):
+    """The ``@triton.jit`` function ``name`` (a key of :data:`~attn_course.flash.configs.KERNEL_MODULES`),
+    defined in this process's mode (see :func:`~attn_course.flash.triton_mode.define_kernels`).
+
+    Raises:
+        ValueError: an unknown kernel.
+        ImportError: Triton is not installed.
+        RuntimeError: Triton was imported in a mode that cannot run here.
+    """
+    if name not in KERNEL_MODULES:
+        raise ValueError(f"kernel_function: name must be one of {sorted(KERNEL_MODULES)}, got {name!r}")
+    return getattr(define_kernels(KERNEL_MODULES[name]), name)
+
+
+def runs_in_interpreter() -> bool:
+    """Whether the kernels run in Triton's interpreter: without a CUDA GPU (unless
+    ``TRITON_INTERPRET=0``), or with ``TRITON_INTERPRET=1``."""
+    return is_interpreted(kernel_function("attention_forward_kernel"))
+
+
+def check_kernel_inputs(where: str, q, k, v, causal, scale) -> float:
+    """Validate the inputs of any FlashAttention kernel; return the softmax scale.
+
+    Grouped-query ``k``/``v`` and bottom-right causal with ``N_q < N_k`` are allowed here (the
+    course's eager attention check refuses both). Without a GPU the kernels run in Triton's
+    interpreter, which takes float16 and float32 CPU tensors; on a GPU, float16 and bfloat16
+    CUDA tensors. The first call says once, on stderr, that the interpreter is in use.
+
+    Args:
+        where: the public function's name, for the messages.
+        q: ``[B, H, N_q, d]``; k, v: ``[B, H_kv, N_k, d]`` with ``H % H_kv == 0``.
+        causal: a bool; with it, ``N_q <= N_k``.
+        scale: None (``1 / sqrt(d)``) or a positive finite number.
+
+    Returns:
+        The scale, a float.
+
+    Raises:
+        TypeError: non-tensors, a non-bool ``causal``, a dtype the kernels' mode does not take.
+        ValueError: shapes that do not fit, ``d`` not in 16, 32, 64, 128, empty inputs, a bad scale.
+        RuntimeError: CPU tensors while the kernels are compiled for a GPU.
+    """
+    _validate.four_d(where, q=q, k=k, v=v)
+    _validate.boolean(where, "causal", causal)
+    if k.shape != v.shape:
+        raise ValueError(f"{where}: v must have k's shape [B, H_kv, N_k, d] (d_v = d in this kernel), got k "
+                         f"{_validate.shape_str(k)}, v {_validate.shape_str(v)}")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{where}: expected q [B, H, N_q, d] and k, v [B, H_kv, N_k, d] with the same B and d, "
+                         f"got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"{where}: the number of query heads H must be a multiple of the key/value heads "
+                         f"H_kv (grouped-query attention), expected q [B, H, N_q, d] and k [B, H_kv, N_k, d] "
+                         f"with H % H_kv == 0, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"{where}: causal needs N_q <= N_k (the queries are the last N_q of the N_k "
+                         f"positions, bottom-right aligned), got N_q={q.shape[2]}, N_k={k.shape[2]}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
+    interpreted = runs_in_interpreter()
+    allowed = INTERPRETER_DTYPES if interpreted else GPU_DTYPES
+    if q.dtype not in allowed:
+        place = "in Triton's interpreter" if interpreted else "on a CUDA GPU"
+        bfloat16_in_interpreter = interpreted and q.dtype == torch.bfloat16
+        why = " (the interpreter's tl.dot cannot compute in bfloat16)" if bfloat16_in_interpreter else ""
+        raise TypeError(f"{where}: dtype must be one of {[str(d) for d in allowed]} {place}, got {q.dtype}{why}")
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{where}: head dimension d must be one of {SUPPORTED_HEAD_DIMS}, got {q.shape[-1]}")
+    if min(q.shape[:3]) == 0 or k.shape[2] == 0:
+        raise ValueError(f"{where}: B, H, N_q and N_k must be at least 1, got q {_validate.shape_str(q)}, "
+                         f"k {_validate.shape_str(k)}")
+    if not interpreted and not q.is_cuda:
+        raise RuntimeError(
+            f"{where}: got {q.device} tensors, but the Triton kernels are compiled for a GPU (TRITON_INTERPRET=0, "
+            "or a CUDA GPU is present). Move the tensors to CUDA, or start Python with TRITON_INTERPRET=1 to run "
+            "the kernels in Triton's interpreter.")
+    _note_interpreter(interpreted)
+    return scale
+
+
+def _note_interpreter(interpreted: bool) -> None:
+    global _interpreter_note_shown
+    if interpreted and not _interpreter_note_shown:
+        _interpreter_note_shown = True
+        print("attn_course.flash: no CUDA GPU, so the Triton kernels run in Triton's interpreter (the same "
+              "kernel code, executed tile by tile with NumPy: exact but slow; keep N small).", file=sys.stderr)
+
+
+def output_buffers(where: str, q: torch.Tensor, out=None, lse=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's ``out [B, H, N_q, d]`` and ``lse [B, H, N_q]``: allocated when None, checked when given.
+
+    Raises:
+        TypeError: a buffer that is not a tensor.
+        ValueError: ``out`` not shaped, typed and placed like ``q``; ``lse`` not contiguous float32 ``[B, H, N_q]``.
+    """
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if lse is None:
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    _validate.tensor(where, "out", out)
+    _validate.tensor(where, "lse", lse)
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"{where}: out must be shaped like q {_validate.shape_str(q)}, got {_validate.shape_str(out)} "
+                         f"(and be {q.dtype} on {q.device}, got {out.dtype} on {out.device})")
+    if lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous() or lse.device != q.device:
+        raise ValueError(f"{where}: lse must be contiguous float32 [B, H, N_q] = {list(q.shape[:3])} on {q.device}, "
+                         f"got {_validate.shape_str(lse)} {lse.dtype} on {lse.device}")
+    return out, lse
+
+
+def check_config(where: str, name: str, config: object, kernel: str, head_dim: int) -> KernelConfig | None:
+    """``config`` must be None (autotune on a GPU, the default in the interpreter) or one of
+    :func:`~attn_course.flash.configs.kernel_configs` ``(kernel, head_dim)``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if config is None:
+        return None
+    candidates = kernel_configs(kernel, head_dim)
+    if not isinstance(config, KernelConfig) or config not in candidates:
+        raise ValueError(f"{where}: {name} must be None or one of kernel_configs({kernel!r}, {head_dim}) "
+                         f"(the configurations compiled and checked ahead of time), got {config!r}")
+    return config
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive integers."""
+    return -(-a // b)
+
+
+def autotuned_kernel(kernel: str, head_dim: int):
+    """On a GPU: ``kernel`` wrapped in ``triton.autotune`` over its candidates, built once.
+
+    The autotuner times every candidate on the first call for each key (lengths, group size,
+    causality; Triton adds the tensors' dtypes) and reuses the winner afterwards. Decode
+    configurations tune only ``BLOCK_N``: its ``BLOCK_M`` follows from the rows.
+    """
+    if (kernel, head_dim) not in _autotuned:
+        import triton
+
+        def sizes(c):
+            return {"BLOCK_N": c.block_n} if kernel == "decode" else {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}
+
+        configs = [triton.Config(sizes(c), num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in CONFIGS[kernel, head_dim]]
+        function = kernel_function(KERNEL_NAMES[kernel])
+        _autotuned[kernel, head_dim] = triton.autotune(configs=configs, key=["n_q", "n_k", "num_kv_groups", "CAUSAL"])(
+            function)
+    return _autotuned[kernel, head_dim]
+
+
+def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, causal: bool,
+           config: KernelConfig | None = None, extra_grid: int = 1, **constants) -> None:
+    """Launch ``kernel`` over ``(cdiv(grid_rows, tile), batch_heads, extra_grid)`` programs.
+
+    The tile along ``grid_rows`` is ``BLOCK_N`` for the dK/dV kernel (it owns keys), ``BLOCK_M``
+    otherwise; the decode kernel's grid rows are its splits (tile 1). A given ``config``, or the
+    interpreter, fixes the configuration; otherwise the autotuner picks it.
+    """
+    def tile(meta):
+        if kernel == "decode":
+            return 1
+        return meta["BLOCK_N"] if kernel == "backward_dkdv" else meta["BLOCK_M"]
+
+    if config is None and runs_in_interpreter():
+        config = kernel_config(kernel, head_dim)
+    if config is not None:
+        sizes = {"BLOCK_N": config.block_n} if kernel == "decode" else {"BLOCK_M": config.block_m,
+                                                                       "BLOCK_N": config.block_n}
+        grid = (cdiv(grid_rows, tile(sizes)), batch_heads, extra_grid)
+        kernel_function(KERNEL_NAMES[kernel])[grid](
+            *args, HEAD_DIM=head_dim, CAUSAL=causal, **sizes, **constants,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+    else:
+        def grid(meta):
+            return (cdiv(grid_rows, tile(meta)), batch_heads, extra_grid)
+
+        autotuned_kernel(kernel, head_dim)[grid](*args, HEAD_DIM=head_dim, CAUSAL=causal, **constants)
