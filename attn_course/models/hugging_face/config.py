@@ -45,6 +45,7 @@ class HuggingFaceConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], *, source: str = "config") -> HuggingFaceConfig:
+        """Check and read the parsed ``config.json``; each subclass says how."""
         raise NotImplementedError(f"{cls.__name__}.from_dict")
 
     @classmethod
