@@ -196,7 +196,8 @@ class KVCache:
             TypeError, ValueError: inputs that are not 4-D floating tensors of one dtype and
                 device, or that do not match what the cache already holds.
         """
-        check_new_entries("KVCache.append", keys, values, like=None if self._keys is None else (self._keys, self._values))
+        held = None if self._keys is None else (self._keys, self._values)
+        check_new_entries("KVCache.append", keys, values, like=held)
         needed = self.length + keys.shape[2]
         if needed > self.capacity:
             self._grow(needed, keys, values)

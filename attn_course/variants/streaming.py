@@ -25,12 +25,14 @@ def streaming_losses(model: nn.Module, ids: torch.Tensor, caches: list[KVCache])
     Step ``t`` runs ``model(ids[:, t:t+1], kv_caches=caches)`` and scores token ``t + 1`` with the
     logits it returns, so token ``t + 1`` is predicted from what the caches still hold: every
     earlier token with :class:`~attn_course.core.kv_cache.KVCache` s (the same losses as one forward
-    over the whole text), the sinks and the window with :class:`~attn_course.variants.attention_sinks.SinkKVCache` s. The model runs in
-    eval mode (restored afterwards) and without gradients.
+    over the whole text), the sinks and the window with
+    :class:`~attn_course.variants.attention_sinks.SinkKVCache` s. The model runs in eval mode (restored
+    afterwards) and without gradients.
 
     A :class:`~attn_course.models.llama.LlamaForCausalLM` without a sliding window refuses caches that
     forget keys its attention would read; give it ``config.sliding_window = sinks + window``, which
-    masks nothing while decoding one token at a time with a :class:`~attn_course.variants.attention_sinks.SinkKVCache` (the cache returns
+    masks nothing while decoding one token at a time with a
+    :class:`~attn_course.variants.attention_sinks.SinkKVCache` (the cache returns
     exactly ``sinks + window`` keys).
 
     Args:
