@@ -72,8 +72,9 @@ def first_from(lengths: list[int], values: list[float]) -> tuple[int | None, flo
         if every ratio is; else the grid N and where ``log ratio`` crosses 0, linear in ``log N``.
 
     Example:
-        >>> first_from([100, 400], [2.0, 0.5])
-        (400, 200.0)
+        >>> n, crossing = first_from([100, 400], [2.0, 0.5])
+        >>> n, round(crossing)
+        (400, 200)
     """
     index = len(values)
     while index > 0 and values[index - 1] < 1:
