@@ -108,3 +108,19 @@ def test_naive_attention_peak_grows_four_fold_when_n_doubles():
 def test_non_callable_fn_raises_type_error(fn):
     with pytest.raises(TypeError, match="peak_memory: fn must be callable"):
         peak_memory(fn)
+
+
+def test_available_memory_bytes_reads_the_free_ram_and_refuses_other_devices(monkeypatch):
+    import os
+
+    from attn_course.measure.memory import available_memory_bytes
+
+    pages = {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": 1000}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    assert available_memory_bytes() == available_memory_bytes("cpu") == 4096 * 1000
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (123, 456))     # free, total
+    assert available_memory_bytes("cuda") == 123
+    with pytest.raises(ValueError, match=r"^available_memory_bytes: device must be 'cpu' or 'cuda', got 'meta'"):
+        available_memory_bytes("meta")
+    with pytest.raises(TypeError, match=r"^available_memory_bytes: device must be a str or torch.device, got int"):
+        available_memory_bytes(0)
