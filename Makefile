@@ -59,17 +59,23 @@ lint: venv
 # committed one; round-off in "max difference" lines is normalised (see the .cfg file).
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/course/nbval_sanitize.cfg
 
-# The quick loop while editing (under 2 minutes on 2 cores): everything but the tests
-# marked slow (browser, otter grading, Triton's compiler, the real BERT).
+# pytest-xdist: one worker per core. --dist loadfile keeps each file on one worker: a chapter's
+# cells share one kernel and run in order, and a test file's module fixtures are built once.
+# (Session fixtures, e.g. conftest.py's `dist`, are built once per worker that needs them.)
+XDIST := -n auto --dist loadfile
+
+# The quick loop while editing (under 2 minutes on 2 cores): the tests and the docstrings'
+# Examples (pyproject.toml's testpaths), but those marked slow (browser, otter grading, Triton's
+# compiler, the real BERT).
 unit: venv
-	$(BIN)/python -m pytest -m "not slow" tests
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 notebooks: venv
-	$(BIN)/python -m pytest $(NBVAL_FLAGS) notebooks
+	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) notebooks
 
-# What CI runs (.ci/run): lint, every test, slow ones included, and every chapter.
+# What CI runs (.ci/run): lint, every test and Example, slow ones included, and every chapter.
 test: lint venv
-	$(BIN)/python -m pytest $(NBVAL_FLAGS) tests notebooks
+	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) tests attn_course attn_course_grading notebooks
 
 # Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/, then grading, each
 # notebook in a bubblewrap sandbox (TRUSTED=1: without one, for trusted submissions only;

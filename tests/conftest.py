@@ -1,8 +1,10 @@
 """Shared test setup: Triton's interpreter without a GPU, a headless matplotlib, repeatable hypothesis runs, one
 summary line for the browser and sandbox tests when they skip, and the assignments built once."""
 
+import fcntl
 import os
 import pathlib
+import shutil
 import sys
 
 import matplotlib
@@ -34,14 +36,28 @@ HAS_OTTER = (pathlib.Path(sys.executable).parent / "otter").exists()
 
 
 @pytest.fixture(scope="session")
-def dist(tmp_path_factory) -> pathlib.Path:
-    """Every chapter's student notebook and autograder (tools/assign.py), built once per run."""
+def dist(tmp_path_factory, request) -> pathlib.Path:
+    """Every chapter's student notebook and autograder (tools/assign.py), built once per run.
+
+    Under pytest-xdist a session fixture runs once per worker: so the first worker that needs it
+    builds it in the run's shared temporary folder, under a lock, and the others wait and reuse it
+    (the tests only read it)."""
     from helpers import run_tool
 
     if not HAS_OTTER:
         pytest.skip("otter-grader is not installed")
-    out = tmp_path_factory.mktemp("dist")
-    run_tool("tools/assign.py", "--no-run-tests", "--out", str(out))
+    if not hasattr(request.config, "workerinput"):                  # one process: its own folder
+        out = tmp_path_factory.mktemp("dist")
+        run_tool("tools/assign.py", "--no-run-tests", "--out", str(out))
+        return out
+    shared = tmp_path_factory.getbasetemp().parent                   # the same for every worker of this run
+    out, built = shared / "dist", shared / "dist.built"
+    with open(shared / "dist.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                             # released when the file closes
+        if not built.exists():
+            shutil.rmtree(out, ignore_errors=True)                   # a worker that failed half-way
+            run_tool("tools/assign.py", "--no-run-tests", "--out", str(out))
+            built.touch()
     return out
 
 

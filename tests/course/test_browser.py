@@ -489,6 +489,7 @@ def outcome_counts(completed: subprocess.CompletedProcess) -> dict[str, int]:
     return {word: int(number) for number, word in re.findall(r"(\d+) (\w+)", summary.split(" in ")[0])}
 
 
+@pytest.mark.slow   # two pytest runs of their own, each importing torch
 def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
     """End to end, fixtures included: nothing may try to launch a browser that is not there."""
     missing = str(tmp_path / "no-chromium")
