@@ -43,6 +43,7 @@ def decode_kernel(num_splits):
     (5, 384, 3),       # three splits of exactly 128 keys
     (16, 300, 2),      # the most queries; causal: the last 15 keys are masked for some rows
 ])
+@pytest.mark.slow
 def test_matches_float64_by_the_flash_rule(n_q, n_k, num_splits, heads, kv_heads, causal, dtype):
     inputs = random_inputs(1, heads, kv_heads, n_q, n_k, 16, dtype, seed=n_q)
     assert_flash_rule(*inputs, causal=causal, kernel=decode_kernel(num_splits), gradients=False)

@@ -24,6 +24,7 @@ def random_inputs(batch, heads, n_q, n_k, head_dim, dtype, *, seed=0, logit_scal
     return grouped_inputs(batch, heads, heads, n_q, n_k, head_dim, dtype, seed=seed, logit_scale=logit_scale)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length", [1, 17, 200])
@@ -31,6 +32,7 @@ def test_matches_float64_by_the_flash_rule(length, causal, dtype):
     assert_flash_rule(*random_inputs(2, 3, length, length, 64, dtype), causal=causal)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_long_sequence(causal):
     # 1030: 17 key tiles, the last one with only 6 real keys.

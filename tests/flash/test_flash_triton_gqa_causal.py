@@ -20,6 +20,7 @@ BLOCK_M = kernel_config("forward", 32).block_m     # 128: query tile of the forw
 BLOCK_N = kernel_config("forward", 32).block_n     # 64: key tile (and both backward tiles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (3, 1)], ids=["gqa", "mqa"])
@@ -36,6 +37,7 @@ def test_grouped_and_multi_query_heads(length, heads, kv_heads, causal, dtype):
     (70, 3 * BLOCK_N),            # partial query tile, full key tiles
     (BLOCK_M + 3, BLOCK_M + 3),   # equal lengths, one tile plus a bit
 ])
+@pytest.mark.slow
 def test_bottom_right_causal_with_fewer_queries_than_keys(n_q, n_k, dtype):
     assert_flash_rule(*random_inputs(1, 2, 2, n_q, n_k, 32, dtype, seed=1), causal=True)
 

@@ -29,6 +29,7 @@ def run_without_triton_interpret(code: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_imports_change_no_environment_variable_and_import_no_triton():
     out = run_without_triton_interpret("""
         import os, sys
@@ -41,6 +42,7 @@ def test_imports_change_no_environment_variable_and_import_no_triton():
     assert out.split() == ["True", "False"]
 
 
+@pytest.mark.slow
 def test_flash_attention_runs_in_the_interpreter_with_nothing_set():
     out = run_without_triton_interpret("""
         import os
@@ -62,6 +64,7 @@ def test_flash_attention_runs_in_the_interpreter_with_nothing_set():
     assert out.split() == ["True", "True", "True"]
 
 
+@pytest.mark.slow
 def test_a_notebook_kernel_runs_after_the_explicit_call():
     out = run_without_triton_interpret("""
         import os
@@ -85,6 +88,7 @@ def test_a_notebook_kernel_runs_after_the_explicit_call():
     assert out.split() == ["True", "True", "True"]
 
 
+@pytest.mark.slow
 def test_triton_imported_first_in_gpu_mode_is_refused_with_what_to_do():
     out = run_without_triton_interpret("""
         import triton, torch

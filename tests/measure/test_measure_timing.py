@@ -29,6 +29,7 @@ def test_package_and_chapter_imports_stay_where_the_chapters_import_them():
     from attn_course.measure.variants import cache_bytes_rows, crossover_from_rows, measure_variants  # noqa: F401
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", ["import attn_course.measure.flash", "import benchmarks.flash_gpu",
                                   "import benchmarks.selfcheck", "import attn_course.measure.variants",
                                   "import attn_course.measure.distributed",
@@ -83,6 +84,7 @@ def test_a_budget_adds_samples_from_blocked_autorange_for_fast_calls(monkeypatch
     assert timing.best_time(lambda: None, 2, budget_s=0.01) == 0.01 and len(asked) == 1   # spent: no more
 
 
+@pytest.mark.slow
 def test_a_budget_with_a_setup_adds_single_calls_until_it_is_spent():
     calls = []
     timing.best_time(lambda argument: calls.append(argument), 1, setup=lambda: "x", budget_s=0.02)

@@ -111,6 +111,7 @@ def test_an_untrained_model_has_no_specialised_head(probe):
 # --- training --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_training_drives_the_loss_far_below_chance(trained):
     _, losses = trained[0]
     assert losses.shape == (400,)
@@ -118,6 +119,7 @@ def test_training_drives_the_loss_far_below_chance(trained):
     assert losses[-20:].mean().item() < 0.05 * CHANCE
 
 
+@pytest.mark.slow
 def test_the_trained_model_answers_both_questions(trained, probe):
     model, _ = trained[0]
     tokens, targets = probe
@@ -128,6 +130,7 @@ def test_the_trained_model_answers_both_questions(trained, probe):
     assert not model.training
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_each_head_learns_a_different_relation(trained, probe, seed):
     model, _ = trained[seed]
@@ -191,6 +194,7 @@ def compared():
     return compare_head_counts([0, 1], steps=60, final_window=5)
 
 
+@pytest.mark.slow
 def test_compare_head_counts_repeats_the_single_runs(compared):
     assert [(run.seed, run.num_heads) for run in compared] == [(0, 1), (0, 2), (1, 1), (1, 2)]
     probe, _ = make_two_relation_data(512, seed=1)
@@ -206,6 +210,7 @@ def test_compare_head_counts_repeats_the_single_runs(compared):
         assert run.previous.shape == (run.num_heads,)
 
 
+@pytest.mark.slow
 def test_compare_head_counts_is_deterministic_and_leaves_the_random_state_alone(compared):
     torch.manual_seed(321)
     state = torch.random.get_rng_state()
@@ -214,6 +219,7 @@ def test_compare_head_counts_is_deterministic_and_leaves_the_random_state_alone(
     assert [torch.equal(a.losses, b.losses) for a, b in zip(again, compared[2:])] == [True, True]
 
 
+@pytest.mark.slow
 def test_two_heads_get_below_the_threshold_sooner_than_one(compared):
     by_run = {(run.seed, run.num_heads): run for run in compared}
     for seed in (0, 1):

@@ -261,9 +261,9 @@ def train_two_relation_model(
             positive finite number.
 
     Example:
-        >>> model, losses = train_two_relation_model(steps=400, seed=0)
-        >>> bool(losses[-20:].mean() < 0.01)
-        True
+        >>> model, losses = train_two_relation_model(steps=30, seed=0)   # 400 steps learn both relations
+        >>> losses.shape, bool(losses[-5:].mean() < losses[:5].mean())
+        (torch.Size([30]), True)
     """
     where = "train_two_relation_model"
     steps = _validate.integer(where, "steps", steps, minimum=1)
