@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer
-from attn_course.models.bert.mlm import IGNORE_INDEX
+from attn_course.models.bert.masking import IGNORE_INDEX
 
 __all__ = ["check_mlm_loss", "check_attention_weight_count", "check_head_most_on"]
 

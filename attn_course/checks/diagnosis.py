@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = ["ATOL", "CheckFailed", "call_answer", "call_student", "same", "first_difference", "check_shape", "diagnose",
-           "check_close", "show_diagnosis_only"]
+           "check_close", "show_diagnosis_only",
+           "call_raw", "returned_tensors", "crash_message", "sentence_list"]
 
 ATOL = 1e-5
 
@@ -186,3 +187,46 @@ def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer
         )
         raise CheckFailed(message + (f" Hint: {hint}" if hint else ""))
     return True
+
+
+# --- reading what a student's function returned (the multi-head checks) -----------------------------
+
+
+def call_raw(where: str, fn: Callable, *args) -> object:
+    """Call the student's function with :func:`call_student`'s crash handling, keep the raw result."""
+    results = []
+
+    def keep(*inner):
+        results.append(fn(*inner))
+        return torch.zeros(())
+
+    call_student(where, keep, *args)
+    return results[0]
+
+
+def returned_tensors(result: object, count: int, names: str) -> tuple[torch.Tensor, ...]:
+    """Insist on a tuple of ``count`` tensors; say what came back otherwise."""
+    if result is Ellipsis or result is None:
+        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    if not isinstance(result, (tuple, list)) or len(result) != count:
+        raise CheckFailed(f"Your function should return {count} tensors, ({names}), but it returned "
+                          f"{type(result).__name__}" + (f" of length {len(result)}" if isinstance(result, (tuple, list))
+                                                        else "") + ".")
+    for name, item in zip(names.split(", "), result):
+        if not isinstance(item, torch.Tensor):
+            raise CheckFailed(f"Your {name} should be a torch.Tensor, but it is a {type(item).__name__}.")
+    return tuple(result)
+
+
+def crash_message(failed: CheckFailed) -> str | None:
+    """What a crash in the student's function raised ("raised TypeError: ..."), or None if it did not crash."""
+    text = str(failed)
+    if not text.startswith("Your function raised"):
+        return None
+    return text[len("Your function "):].split(". It was called")[0]
+
+
+def sentence_list(messages: list[str]) -> str:
+    if len(messages) == 1:
+        return messages[0]
+    return f"{len(messages)} mistakes: " + " ".join(f"({i}) {m}" for i, m in enumerate(messages, start=1))

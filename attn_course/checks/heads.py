@@ -1,5 +1,5 @@
-"""Checks for the multi-head exercises: splitting into heads (also from one fused projection),
-multi-head attention from raw weights, grouped-query attention, and mean-pooling key/value heads."""
+"""Checks for the multi-head exercises: splitting into heads (also from one fused projection) and
+multi-head attention from raw weights (grouped-query heads: :mod:`attn_course.checks.grouped_heads`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import (
+    CheckFailed,
+    call_raw,
+    call_student,
+    check_shape,
+    crash_message,
+    diagnose,
+    returned_tensors,
+    same,
+    sentence_list,
+)
 
-__all__ = ["check_split_heads", "check_split_fused_qkv", "check_multi_head_attention",
-           "check_grouped_query_attention", "check_mean_pooled_kv_heads"]
+__all__ = ["check_split_heads", "check_split_fused_qkv", "check_multi_head_attention"]
 
 
 VIEW_WITHOUT_TRANSPOSE = (
@@ -47,47 +56,6 @@ def check_split_heads(split_fn: Callable[[torch.Tensor, int], torch.Tensor]) -> 
     return True
 
 
-# --- helpers shared by the checks below ------------------------------------------------------------
-
-
-def _call_raw(where: str, fn: Callable, *args) -> object:
-    """Call the student's function with :func:`call_student`'s crash handling, keep the raw result."""
-    results = []
-
-    def keep(*inner):
-        results.append(fn(*inner))
-        return torch.zeros(())
-
-    call_student(where, keep, *args)
-    return results[0]
-
-
-def _tensors(result: object, count: int, names: str) -> tuple[torch.Tensor, ...]:
-    """Insist on a tuple of ``count`` tensors; say what came back otherwise."""
-    if result is Ellipsis or result is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
-    if not isinstance(result, (tuple, list)) or len(result) != count:
-        raise CheckFailed(f"Your function should return {count} tensors, ({names}), but it returned "
-                          f"{type(result).__name__}" + (f" of length {len(result)}" if isinstance(result, (tuple, list))
-                                                        else "") + ".")
-    for name, item in zip(names.split(", "), result):
-        if not isinstance(item, torch.Tensor):
-            raise CheckFailed(f"Your {name} should be a torch.Tensor, but it is a {type(item).__name__}.")
-    return tuple(result)
-
-
-def _crashed(failed: CheckFailed) -> str | None:
-    """What a crash in the student's function raised ("raised TypeError: ..."), or None if it did not crash."""
-    text = str(failed)
-    if not text.startswith("Your function raised"):
-        return None
-    return text[len("Your function "):].split(". It was called")[0]
-
-
-def _sentence_list(messages: list[str]) -> str:
-    if len(messages) == 1:
-        return messages[0]
-    return f"{len(messages)} mistakes: " + " ".join(f"({i}) {m}" for i, m in enumerate(messages, start=1))
 
 
 # --- splitting a fused projection into query, key and value heads ----------------------------------
@@ -148,10 +116,10 @@ def check_split_fused_qkv(split_fn: Callable) -> bool:
                  "kv_width": kv_heads * d}
         grouped = kv_heads != heads
         try:
-            got = _tensors(_call_raw(where, split_fn, qkv.clone(), heads, kv_heads), 3, "q, k, v")
+            got = returned_tensors(call_raw(where, split_fn, qkv.clone(), heads, kv_heads), 3, "q, k, v")
         except CheckFailed as failed:
-            if grouped and _crashed(failed):
-                raise CheckFailed(EQUAL_PARTS.format(problem=f"width {width}, it {_crashed(failed)}", **facts)) \
+            if grouped and crash_message(failed):
+                raise CheckFailed(EQUAL_PARTS.format(problem=f"width {width}, it {crash_message(failed)}", **facts)) \
                     from failed.__cause__
             raise
         if grouped and any(g.shape != e.shape for g, e in zip(got, expected)):
@@ -244,7 +212,7 @@ def _mha_mistakes(x, w_q, w_k, w_v, w_o, heads) -> list[tuple[str, torch.Tensor]
                     wrong = _mha_variant(x, w_q, w_k, w_v, w_o, heads, scale=scale, softmax_dim=softmax_dim, **flags)
                     found.append((all_messages, wrong))
     found.sort(key=lambda item: len(item[0]))
-    return [(_sentence_list(messages), wrong) for messages, wrong in found]
+    return [(sentence_list(messages), wrong) for messages, wrong in found]
 
 
 def check_multi_head_attention(attention_fn: Callable) -> bool:
@@ -287,165 +255,4 @@ def check_multi_head_attention(attention_fn: Callable) -> bool:
     if not same(got, expected):
         diagnose(got, expected, _mha_mistakes(x, w_q, w_k, w_v, w_o, heads), ("batch", "token", "feature"),
                  "Your output")
-    return True
-
-
-# --- grouped-query attention ------------------------------------------------------------------------
-
-GQA_TILED = (
-    "Query head h used key/value head h % H_kv: copying the key/value heads with .repeat tiles them "
-    "(0, 1, 0, 1, ...). Consecutive query heads form a group: head h uses key/value head h // G, "
-    "the order repeat_interleave(G, dim=1) gives."
-)
-GQA_FIRST_ONLY = "Every query head used key/value head 0; query head h must use key/value head h // G."
-GQA_FAILS_GROUPED = (
-    "Your function works when H_kv = H, but with H = {heads} query heads and H_kv = {kv_heads} "
-    "key/value heads it {problem}. Each key/value head serves G = H / H_kv = {groups} consecutive query "
-    "heads: repeat it G times along the head axis (repeat_interleave), or view the queries as "
-    "[B, H_kv, G, N, d]."
-)
-GQA_SCALES = {
-    "none": "You forgot the scaling: divide the scores by √d (here √{d}) before the softmax.",
-    "by_d": "You divide the scores by d = {d}; divide by its square root, √d.",
-}
-GQA_SOFTMAX_OVER_QUERIES = "Your softmax runs over the queries (dim=-2); use dim=-1, over the keys."
-
-
-def _gqa_reference(q, k, v, kv_index, scale, softmax_dim=-1):
-    """Attention where query head h uses key/value head ``kv_index[h]``, float64."""
-    k, v = k[:, kv_index].double(), v[:, kv_index].double()                 # [B, H, N, d]
-    weights = torch.softmax(q.double() @ k.transpose(-2, -1) * scale, dim=softmax_dim)
-    return (weights @ v).to(q.dtype)
-
-
-def check_grouped_query_attention(attention_fn: Callable) -> bool:
-    """Check ``fn(q [B, H, N, d], k [B, H_kv, N, d], v [B, H_kv, N, d]) -> [B, H, N, d]``.
-
-    Query head ``h`` must attend with key/value head ``h // G``, ``G = H / H_kv``; the reference
-    is ``F.scaled_dot_product_attention(..., enable_gqa=True)``. Tried with ``H_kv = H``
-    (ordinary multi-head), then ``H = 6, H_kv = 2`` (G = 3) and ``H = 4, H_kv = 1`` (multi-query).
-
-    Returns:
-        ``True`` when correct.
-
-    Raises:
-        CheckFailed: naming tiled key/value heads (``h % H_kv``), one key/value head for all,
-            a function that only works for ``H_kv = H``, a wrong scaling or softmax axis, or the
-            first entry that differs.
-
-    Example:
-        >>> import torch.nn.functional as F
-        >>> check_grouped_query_attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-        True
-    """
-    where = "check_grouped_query_attention"
-    batch, tokens, d = 2, 5, 8
-    for heads, kv_heads in [(3, 3), (6, 2), (4, 1)]:
-        q = torch.randn(batch, heads, tokens, d)                          # [B, H, N, d]
-        k = torch.randn(batch, kv_heads, tokens, d)                       # [B, H_kv, N, d]
-        v = torch.randn(batch, kv_heads, tokens, d)                       # [B, H_kv, N, d]
-        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        groups = heads // kv_heads
-        facts = {"heads": heads, "kv_heads": kv_heads, "groups": groups, "d": d}
-        try:
-            got = call_student(where, attention_fn, q.clone(), k.clone(), v.clone())
-        except CheckFailed as failed:
-            if groups > 1 and _crashed(failed):
-                raise CheckFailed(GQA_FAILS_GROUPED.format(problem=_crashed(failed), **facts)) from failed.__cause__
-            raise
-        if groups > 1 and got.shape != expected.shape:
-            raise CheckFailed(GQA_FAILS_GROUPED.format(
-                problem=f"returns shape {list(got.shape)} instead of [B, H, N, d] = {list(expected.shape)}", **facts))
-        check_shape(got, expected, "Your output")
-        if same(got, expected):
-            continue
-        heads_index = torch.arange(heads)
-        orders = [(None, heads_index // groups)]
-        if groups > 1:
-            orders += [(GQA_TILED, heads_index % kv_heads)]
-        if kv_heads > 1:
-            orders += [(GQA_FIRST_ONLY, torch.zeros(heads, dtype=torch.long))]
-        scales = [(None, 1 / math.sqrt(d)), (GQA_SCALES["none"], 1.0), (GQA_SCALES["by_d"], 1 / d)]
-        mistakes = []
-        for order_message, kv_index in orders:
-            for scale_message, scale in scales:
-                for softmax_dim in (-1, -2):
-                    messages = [m.format(**facts) for m in (order_message, scale_message) if m]
-                    messages += [GQA_SOFTMAX_OVER_QUERIES] if softmax_dim == -2 else []
-                    if messages:
-                        mistakes.append((messages, _gqa_reference(q, k, v, kv_index, scale, softmax_dim)))
-        mistakes.sort(key=lambda item: len(item[0]))
-        diagnose(got, expected, [(_sentence_list(m), wrong) for m, wrong in mistakes],
-                 ("batch", "head", "query", "feature"), f"Your output (H = {heads}, H_kv = {kv_heads})")
-    return True
-
-
-# --- converting a multi-head checkpoint: mean-pooling key/value heads ----------------------------
-
-POOL_STRIDED = (
-    "You pooled heads h, h + H_kv, h + 2·H_kv, ... together (a view as [G, H_kv, d, ...]). A group is G "
-    "consecutive heads, g·G ... g·G + G - 1, the query heads that share key/value head g: view the rows "
-    "as [H_kv, G, d, ...] and average over G."
-)
-POOL_FIRST_HEAD = (
-    "You kept the first head of each group instead of averaging the group. Ainslie et al. (2023) tried "
-    "that too and found mean-pooling works better: it keeps something of every head."
-)
-POOL_SUM = "You summed the G heads of each group; average them (divide by G = {groups})."
-POOL_FAILS_ON_BIAS = (
-    "Your function works on a weight [H·d, E] but on a bias [H·d] it {problem}. Pool along the first "
-    "dimension only, whatever follows it: e.g. unflatten dim 0 into (H_kv, G, d)."
-)
-
-
-def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
-    """Check ``fn(w [H·d, ...], num_heads, num_kv_heads) -> [H_kv·d, ...]``: each key/value head of a
-    grouped-query layer as the mean of its group's heads in a multi-head layer.
-
-    Group ``g`` is heads ``g·G … g·G + G - 1`` (``G = H / H_kv``), head ``h`` being rows
-    ``h·d … h·d + d - 1`` of ``w`` (``nn.Linear``'s ``[out, in]`` layout). Tried on weights
-    ``[H·d, E]`` for ``(H, H_kv) = (6, 2), (4, 4), (4, 1)``, and on a bias ``[H·d]``.
-
-    Returns:
-        ``True`` when correct.
-
-    Raises:
-        CheckFailed: naming strided groups, the first head kept, a sum instead of a mean, an
-            average over the wrong axis, a function that fails on a 1-D bias, or the first entry
-            that differs.
-
-    Example:
-        >>> def pool(w, num_heads, num_kv_heads):
-        ...     return w.unflatten(0, (num_kv_heads, num_heads // num_kv_heads, -1)).mean(dim=1).flatten(0, 1)
-        >>> check_mean_pooled_kv_heads(pool)
-        True
-    """
-    where = "check_mean_pooled_kv_heads"
-    d, width = 4, 10
-    cases = [(6, 2, (width,)), (4, 4, (width,)), (4, 1, (width,)), (6, 3, ())]
-    for heads, kv_heads, rest in cases:
-        groups = heads // kv_heads
-        w = torch.randn(heads * d, *rest)                                   # [H·d, E] or [H·d]
-        by_head = w.unflatten(0, (kv_heads, groups, d))                     # [H_kv, G, d, ...]
-        expected = by_head.mean(dim=1).flatten(0, 1)                        # [H_kv·d, ...]
-        try:
-            got = call_student(where, pool_fn, w.clone(), heads, kv_heads)
-        except CheckFailed as failed:
-            if not rest and _crashed(failed):
-                raise CheckFailed(POOL_FAILS_ON_BIAS.format(problem=_crashed(failed))) from failed.__cause__
-            raise
-        what = f"Your pooled {'bias' if not rest else 'weight'} (H = {heads}, H_kv = {kv_heads})"
-        if got.shape != expected.shape:
-            if not rest:
-                raise CheckFailed(POOL_FAILS_ON_BIAS.format(
-                    problem=f"returns shape {list(got.shape)} instead of [H_kv·d] = {list(expected.shape)}"))
-            check_shape(got, expected, what)
-        if same(got, expected):
-            continue
-        mistakes = [
-            (POOL_STRIDED, w.unflatten(0, (groups, kv_heads, d)).mean(dim=0).flatten(0, 1)),
-            (POOL_FIRST_HEAD, by_head[:, 0].flatten(0, 1)),
-            (POOL_SUM.format(groups=groups), by_head.sum(dim=1).flatten(0, 1)),
-        ]
-        diagnose(got, expected, mistakes, ("row", "column")[: expected.dim()], what)
     return True

@@ -9,12 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from attn_course.checks.diagnosis import CheckFailed
-from attn_course.checks.heads import (
-    check_grouped_query_attention,
-    check_mean_pooled_kv_heads,
-    check_multi_head_attention,
-    check_split_fused_qkv,
-)
+from attn_course.checks.grouped_heads import check_grouped_query_attention, check_mean_pooled_kv_heads
+from attn_course.checks.heads import check_multi_head_attention, check_split_fused_qkv
 
 # --- right answers, written without the package ------------------------------------------------
 
