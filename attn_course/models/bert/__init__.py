@@ -33,7 +33,7 @@ from attn_course.models.bert.config import BertConfig
 from attn_course.models.bert.evaluation import masked_word_accuracy, top_predictions
 from attn_course.models.bert.loading import REQUIRED_FILES, load_pretrained
 from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_loss
-from attn_course.models.bert.mlm import IGNORE_INDEX, MaskedTokens, mask_tokens
+from attn_course.models.bert.masking import IGNORE_INDEX, MaskedTokens, mask_tokens
 from attn_course.models.bert.model import BertEmbeddings, BertModel, BertOutput
 from attn_course.models.bert.pretraining import PretrainingConfig, pretrain_mlm
 from attn_course.models.bert.tokenizer import BatchEncoding, BertTokenizer

@@ -15,7 +15,7 @@ from torch import nn
 
 from attn_course import _validate
 from attn_course.models.bert.config import BertConfig
-from attn_course.models.bert.mlm import IGNORE_INDEX
+from attn_course.models.bert.masking import IGNORE_INDEX
 from attn_course.models.bert.model import BertModel
 
 __all__ = ["MaskedLanguageModel", "masked_lm_loss"]

@@ -40,7 +40,7 @@ from attn_course.data.tokenizers import SPECIAL_TOKENS, WordVocabulary, pad_batc
 from attn_course.models.bert.config import BertConfig
 from attn_course.models.bert.evaluation import MaskedWordAccuracy, masked_word_accuracy, top_predictions
 from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_loss
-from attn_course.models.bert.mlm import mask_tokens
+from attn_course.models.bert.masking import mask_tokens
 from attn_course.models.training import BestWeights, clipped_step
 
 __all__ = [
