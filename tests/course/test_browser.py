@@ -469,11 +469,13 @@ def test_a_file_that_is_not_executable_is_no_chromium(monkeypatch, tmp_path):
 
 
 def start_browser_tests(**environment) -> subprocess.Popen:
-    """This file's browser tests (the slow ones) in a pytest of their own."""
+    """This file's browser tests (the slow ones) in a pytest of their own: all but the test that
+    calls this, which would otherwise start itself again, two at a time, without end."""
     env = {key: value for key, value in os.environ.items() if key not in ("CI", "PYTEST_ADDOPTS")}
     env.update(environment)
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest", __file__, "-m", "slow", "-q", "-rsE", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", __file__, "-m", "slow", "-k", f"not {SPAWNING_TEST}", "-q", "-rsE",
+         "-p", "no:cacheprovider"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -516,3 +518,7 @@ def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
     assert counts.pop("errors") == browser_tests and set(counts) <= {"deselected"}, report
     assert f"browser tests cannot run in CI: no Chromium at {missing}" in report
     assert "executable doesn't exist" not in report
+
+
+#: The test that starts the browser tests in pytests of their own, left out of those runs.
+SPAWNING_TEST = test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail.__name__
