@@ -101,9 +101,10 @@ def _package_folder(name: str) -> pathlib.Path:
 
 
 def readable_roots() -> list[pathlib.Path]:
-    """The folders a submission reads: the Python installation, this environment, the package."""
+    """The folders a submission reads: the Python installation, this environment, the course's
+    package and the grader's (whose ``in_sandbox`` runs the notebook), each folder alone."""
     roots = {pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix).resolve(),
-             _package_folder("attn_course")}
+             _package_folder("attn_course"), _package_folder("attn_course_grading")}
     # An interpreter symlinked from elsewhere (pyenv, conda) lives where its link points.
     roots.add(pathlib.Path(os.path.realpath(sys.executable)).parent.parent)
     # Drop any folder inside another: bubblewrap mounts each once.
@@ -158,6 +159,9 @@ def environment(limits: Limits) -> dict[str, str]:
         "LANG": "C.UTF-8", "TMPDIR": "/tmp", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/scratch/.matplotlib",
         "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
         "TRITON_CACHE_DIR": "/scratch/.triton", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1",
+        # No GPU is visible, so a kernel can run only in Triton's interpreter: chosen before any cell
+        # imports Triton, whether or not the notebook calls attn_course.flash.use_interpreter_without_gpu().
+        "TRITON_INTERPRET": "1",
     }
 
 

@@ -70,5 +70,8 @@ def launch_small_attention(kernel: object, q: torch.Tensor, k: torch.Tensor, v: 
                          f"{_validate.shape_str(k)} and {_validate.shape_str(v)}")
     q, k, v = (t.to(torch.float32).contiguous() for t in (q, k, v))
     out = torch.empty_like(q)                                               # [N_Q, d]
-    runnable(kernel)[(1,)](q, k, v, out, k.shape[0], 1.0 / math.sqrt(d), N_Q=n_q, HEAD_DIM=d, BLOCK_N=block_n)
+    # A stand-in for a kernel that runs in another process (the grader's proxy of a student's
+    # kernel, whose ``fn`` is None) is launched as it is: that process has chosen its own mode.
+    launchable = kernel if kernel.fn is None else runnable(kernel)
+    launchable[(1,)](q, k, v, out, k.shape[0], 1.0 / math.sqrt(d), N_Q=n_q, HEAD_DIM=d, BLOCK_N=block_n)
     return out

@@ -114,6 +114,7 @@ def test_the_sandbox_sees_the_environment_and_package_but_not_the_checkout_or_ho
     command = sandbox.sandbox_command(["python"], sandbox.Limits())
     bound = {command[i + 1] for i, option in enumerate(command) if option in ("--ro-bind", "--bind")}
     assert str(ROOT / "attn_course") in bound and str(pathlib.Path(sys.prefix).resolve()) in bound
+    assert str(ROOT / "attn_course_grading") in bound    # its in_sandbox runs the notebook
     assert "--bind" not in command                        # nothing of the host is writable
     for hidden in (ROOT, ROOT / "notebooks", ROOT / "dist", pathlib.Path.home(), pathlib.Path("/")):
         assert str(hidden) not in bound
@@ -374,9 +375,10 @@ def test_an_answer_that_hangs_when_called_is_stopped(hostile_class):
 def test_nothing_outside_the_sandbox_can_be_read(hostile_class):
     printed = run_of(hostile_class, "reads_others")["output_start"]
     found = ast.literal_eval(printed.split("FOUND ", 1)[1].splitlines()[0])
-    # The checkout's folder exists inside only as the place where the environment and the package
-    # are mounted: it holds those two and nothing else (no notebooks/, no dist/, no tests/).
-    mounted = {name for name in (".venv", "attn_course") if (ROOT / name).exists()}
+    # The checkout's folder exists inside only as the place where the environment and the two packages
+    # are mounted: it holds those and nothing else (no notebooks/, no dist/, no
+    # tests/; the grader's package holds no answers, which live only in dist/autograder).
+    mounted = {name for name in (".venv", "attn_course", "attn_course_grading") if (ROOT / name).exists()}
     assert set(found.pop(str(ROOT))) <= mounted
     assert found and all(value in ("FileNotFoundError", "PermissionError") for value in found.values()), found
     assert score(hostile_class, "reads_others") == HONEST
