@@ -28,7 +28,7 @@ from attn_course import _validate
 from attn_course.core.attention import self_attention
 from attn_course.flash.tiled import tiled_attention
 from attn_course.measure.memory import available_memory_bytes, peak_memory
-from attn_course.measure.rows import check_rows
+from attn_course.measure.rows import check_rows, pyplot_for
 from attn_course.measure.timing import best_time, timed
 
 __all__ = ["CpuRow", "TrainingRow", "attention_flops", "cpu_rows", "plot_rows", "print_flash",
@@ -290,14 +290,7 @@ def plot_rows(rows: Sequence[CpuRow], path: str | os.PathLike, *, title: str) ->
     """
     where = "plot_rows"
     rows = check_rows(where, rows, (CpuRow,))
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{where}: path must be a str or path, got {type(path).__name__}")
-    if not isinstance(title, str):
-        raise TypeError(f"{where}: title must be a str, got {type(title).__name__}")
-    import matplotlib  # here, not at the top: a bare GPU image may lack it, and the CSV suffices
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    path, plt = pyplot_for(where, path, title)
 
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for method in dict.fromkeys(r.method for r in rows):

@@ -8,7 +8,9 @@ import os
 import pathlib
 from collections.abc import Sequence
 
-__all__ = ["check_rows", "write_csv"]
+from attn_course import _validate
+
+__all__ = ["check_rows", "pyplot_for", "write_csv"]
 
 
 def check_rows(where: str, rows: object, kinds: tuple[type, ...] | None = None) -> list:
@@ -79,3 +81,25 @@ def write_csv(rows: Sequence[object], path: str | os.PathLike) -> pathlib.Path:
         writer.writeheader()
         writer.writerows(dataclasses.asdict(row) for row in rows)
     return path
+
+
+def pyplot_for(where: str, path: object, title: object):
+    """Check a plot's ``path`` and ``title``; return the path and ``matplotlib.pyplot`` drawing
+    off screen (the Agg backend, unless one was chosen already).
+
+    The plotting functions of :mod:`attn_course.measure` call this, so that matplotlib is
+    imported only when a figure is asked for: a bare GPU image may lack it, and the CSVs suffice.
+
+    Raises:
+        TypeError: ``path`` not a str or path, ``title`` not a str.
+        ImportError: matplotlib is not installed.
+    """
+    path = _validate.path(where, "path", path)
+    if not isinstance(title, str):
+        raise TypeError(f"{where}: title must be a str, got {type(title).__name__}")
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return path, plt

@@ -49,3 +49,14 @@ def test_check_rows_names_its_caller_and_the_kinds_it_accepts():
         check_rows("here", "rows")
     with pytest.raises(TypeError, match=r"^here: rows\[0\] must be a dataclass instance, got type"):
         check_rows("here", [dataclasses.make_dataclass("Row", ["n"])])
+
+
+def test_a_plot_names_a_bad_path_or_title_before_importing_matplotlib(tmp_path):
+    from attn_course.measure.rows import pyplot_for
+
+    with pytest.raises(TypeError, match=r"^plot_x: path must be a str or pathlib.Path, got int"):
+        pyplot_for("plot_x", 3, title="t")
+    with pytest.raises(TypeError, match=r"^plot_x: title must be a str, got NoneType"):
+        pyplot_for("plot_x", tmp_path / "x.png", title=None)
+    path, plt = pyplot_for("plot_x", str(tmp_path / "x.png"), title="t")
+    assert path == tmp_path / "x.png" and callable(plt.subplots)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from attn_course import _validate
 from attn_course.measure.distributed.measurements import MemoryRow, TimeRow, TrafficRow
-from attn_course.measure.rows import check_rows
+from attn_course.measure.rows import check_rows, pyplot_for
 
 __all__ = ["plot_distributed", "print_memory", "print_time", "print_traffic"]
 
@@ -74,13 +73,7 @@ def plot_distributed(traffic: Sequence[TrafficRow], memory: Sequence[MemoryRow],
     traffic = check_rows(where, traffic, (TrafficRow,))
     memory = check_rows(where, memory, (MemoryRow,))
     timing = check_rows(where, timing, (TimeRow,))
-    path = _validate.path(where, "path", path)
-    if not isinstance(title, str):
-        raise TypeError(f"{where}: title must be a str, got {type(title).__name__}")
-    import matplotlib  # here, not at the top: the CSVs suffice where matplotlib is missing
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    path, plt = pyplot_for(where, path, title)
 
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     methods = list(dict.fromkeys(r.method for r in traffic + memory + timing))

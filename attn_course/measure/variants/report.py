@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from attn_course.measure.rows import check_rows
+from attn_course.measure.rows import check_rows, pyplot_for
 from attn_course.measure.variants.names import VariantRow
 
 __all__ = ["plot_variants", "print_variants"]
@@ -45,14 +45,7 @@ def plot_variants(rows: Sequence[VariantRow], path: str | os.PathLike, *, title:
     """
     where = "plot_variants"
     rows = check_rows(where, rows, (VariantRow,))
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{where}: path must be a str or path, got {type(path).__name__}")
-    if not isinstance(title, str):
-        raise TypeError(f"{where}: title must be a str, got {type(title).__name__}")
-    import matplotlib  # here, not at the top: the CSV suffices where matplotlib is missing
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    path, plt = pyplot_for(where, path, title)
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     prefill = [r for r in rows if r.mode == "prefill"]
