@@ -223,8 +223,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
     The arguments are :func:`eager_attention`'s; SDPA never forms the weights (``need_weights``
     blocks it). Its own ``is_causal`` aligns the first query with the first key, so the
-    bottom-right causal mask is passed as a mask. A query whose every key is masked gets NaN
-    from SDPA where :func:`eager_attention` gives zeros.
+    bottom-right causal mask is passed as a mask. A query whose every key is masked gets a zero
+    output, as from :func:`eager_attention` (SDPA's CPU path zeroes such rows with its
+    ``_safe_softmax`` since PyTorch 2.5; earlier releases gave NaN).
 
     Returns:
         ``(output [B, H, N_q, d], None)``.
@@ -234,6 +235,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         >>> torch.allclose(sdpa_attention(q, q, q, is_causal=True)[0], eager_attention(q, q, q, is_causal=True)[0],
         ...                atol=1e-6)
         True
+        >>> nothing_allowed = torch.zeros(3, 3, dtype=torch.bool)
+        >>> sdpa_attention(q, q, q, nothing_allowed)[0].abs().max().item()
+        0.0
     """
     if is_causal:
         mask = restrict_mask(mask, causal_mask(q.shape[2], k.shape[2], device=q.device))   # bottom-right
