@@ -97,7 +97,7 @@ def test_model_shapes_and_causal_weights():
     logits, weights = model(tokens)
     assert logits.shape == (3, 4, 2, 5)
     assert weights.shape == (3, 2, 4, 4)
-    assert torch.allclose(weights.sum(dim=-1), torch.ones(3, 2, 4))
+    assert torch.allclose(weights.sum(dim=-1), torch.ones(3, 2, 4, dtype=weights.dtype))
     assert (weights.triu(diagonal=1) == 0).all()                        # no looking ahead
 
 
@@ -245,6 +245,9 @@ def test_two_heads_get_below_the_threshold_sooner_than_one(compared):
         (lambda: rotating_position_code(0, 8), ValueError, "seq_len"),
         (lambda: TwoRelationConfig(embed_dim=30, num_heads=4), ValueError, "embed_dim"),
         (lambda: TwoRelationConfig(vocab_size=True), TypeError, "vocab_size"),
+        (lambda: TwoRelationConfig(dtype=torch.int64), TypeError, "dtype"),
+        (lambda: TwoRelationConfig(dtype="float64"), TypeError, "dtype"),
+        (lambda: rotating_position_code(4, 4, dtype=torch.int32), TypeError, "dtype"),
         (lambda: TwoRelationModel(config="small"), TypeError, "config"),
         (lambda: train_two_relation_model(steps=0), ValueError, "steps"),
         (lambda: train_two_relation_model(seed=-2), ValueError, "seed"),
@@ -286,3 +289,42 @@ def test_model_rejects_bad_tokens(tokens, error, words):
     model = TwoRelationModel()
     with pytest.raises(error, match=words):
         model(tokens)
+
+
+def test_the_model_is_built_in_its_config_dtype_from_the_same_initial_numbers():
+    wide, narrow = (TwoRelationModel(TwoRelationConfig(dtype=dtype)) for dtype in (torch.float64, torch.float32))
+    assert {p.dtype for p in wide.parameters()} == {torch.float64} and wide.positions.dtype == torch.float64
+    assert {p.dtype for p in narrow.parameters()} == {torch.float32}
+    torch.manual_seed(3)
+    first = TwoRelationModel(TwoRelationConfig(dtype=torch.float64))
+    torch.manual_seed(3)
+    second = TwoRelationModel(TwoRelationConfig(dtype=torch.float32))
+    for a, b in zip(first.parameters(), second.parameters()):
+        assert torch.equal(a, b.double())                # the float32 draws, widened exactly
+
+
+ONE_HEAD_LOSSES = """
+import sys
+from attn_course.teaching.experiments.two_relations import TwoRelationConfig, train_two_relation_model
+_, losses = train_two_relation_model(400, 0, config=TwoRelationConfig(num_heads=1))
+print([f"{losses[step]:.2e}" for step in (0, 25, 50, 100, 200, 399)])   # as chapter 03 prints them
+"""
+
+
+@pytest.mark.slow   # three interpreters, each training 400 steps
+def test_float64_training_prints_the_same_numbers_whatever_the_cpu_kernels():
+    """Chapter 03 prints the chaotic one-head run's losses to three digits: in float64 they must
+    not depend on which vector kernels (AVX2 or the machine's widest) or which BLAS code path the
+    CPU takes. (In float32 they did: the loss at step 100 was 0.058 on one path, 0.083 on another.)"""
+    import os
+    import subprocess
+    import sys
+
+    runs = {}
+    for name, extra in {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+                        "compatible blas": {"MKL_CBWR": "COMPATIBLE"}}.items():
+        done = subprocess.run([sys.executable, "-c", ONE_HEAD_LOSSES], env={**os.environ, **extra},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        runs[name] = done.stdout
+    assert runs["avx2"] == runs["native"] and runs["compatible blas"] == runs["native"]
