@@ -72,8 +72,9 @@ class AllToAll(torch.autograd.Function):
     An all-to-all only moves elements (a permutation across ranks), so its gradient is the
     inverse move: the all-to-all with ``scatter_dim`` and ``gather_dim`` exchanged.
 
-    Example (on every rank of a group of ``P``):
-        >>> y = AllToAll.apply(x, 1, 2, None)      # x [B, H, N/P, d] -> y [B, H/P, N, d]  # doctest: +SKIP
+    Example (on every rank of a group of ``P``; not run as a doctest, which has no group)::
+
+            y = AllToAll.apply(x, 1, 2, None)      # x [B, H, N/P, d] -> y [B, H/P, N, d]
     """
 
     @staticmethod
@@ -150,9 +151,11 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
             by ``P`` (each rank needs whole heads).
         RuntimeError: no process group.
 
-    Example (on each of ``P`` ranks, inside :func:`~attn_course.distributed.launch.launch`):
-        >>> q_local = shard(q, rank, P)                                  # [B, H, N/P, d]  # doctest: +SKIP
-        >>> out_local = ulysses_attention(q_local, k_local, v_local, causal=True)  # doctest: +SKIP
+    Example (on each of ``P`` ranks, inside :func:`~attn_course.distributed.launch.launch`; not run
+    as a doctest, which has no group)::
+
+            q_local = shard(q, rank, P)                                  # [B, H, N/P, d]
+            out_local = ulysses_attention(q_local, k_local, v_local, causal=True)
     """
     where = "ulysses_attention"
     _validate.attention_inputs(where, q, k, v, causal=causal)

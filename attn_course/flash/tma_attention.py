@@ -204,11 +204,12 @@ def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: flo
             read (the message names the tensor), bad block sizes or launch options.
         RuntimeError: CPU tensors while Triton is in GPU mode.
 
-    Example:
-        >>> q = k = v = torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16)  # doctest: +SKIP
-        >>> out, lse = torch.empty_like(q), torch.empty(1, 2, 100, device="cuda")  # doctest: +SKIP
-        >>> if tma_forward_supported(q, k, v, out):  # a Hopper GPU  # doctest: +SKIP
-        ...     _ = attention_forward_tma(q, k, v, out, lse, causal=True, **tma_forward_config(64))
+    Example (on a Hopper GPU; not run as a doctest)::
+
+            q = k = v = torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16)
+            out, lse = torch.empty_like(q), torch.empty(1, 2, 100, device="cuda")
+            if tma_forward_supported(q, k, v, out):  # a Hopper GPU
+                _ = attention_forward_tma(q, k, v, out, lse, causal=True, **tma_forward_config(64))
     """
     where = "attention_forward_tma"
     scale = _check_tma_inputs(where, q, k, v, out, lse, causal, scale)

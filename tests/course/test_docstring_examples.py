@@ -38,3 +38,13 @@ def test_every_example_shown_is_one_doctest_runs(name):
     found = sum(len(test.examples) for test in doctest.DocTestFinder().find(module, name))
     shown = sum(line.lstrip().startswith(">>> ") for line in pathlib.Path(module.__file__).read_text().splitlines())
     assert found == shown, f"{name} shows {shown} '>>> ' lines but doctest finds {found} examples"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_example_is_skipped_whole(name):
+    """pytest reports a docstring whose every example is ``+SKIP`` as a skipped test, and in CI
+    nothing may skip: an example that cannot run here is shown as a literal block instead."""
+    module = importlib.import_module(name)
+    skipped = [test.name for test in doctest.DocTestFinder().find(module, name)
+               if test.examples and all(example.options.get(doctest.SKIP) for example in test.examples)]
+    assert not skipped, f"every example of {skipped} is +SKIP: show it as a literal block (Example::)"

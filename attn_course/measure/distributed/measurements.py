@@ -160,10 +160,10 @@ def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_p
         TypeError, ValueError: sizes that are not positive ints, an unknown method, or a (``P``,
             ``N``, ``H``) a method cannot run (named).
 
-    Example:
-        >>> rows = measure_traffic((2,), n=8, n_per_rank=4, heads=2, head_dim=4)   # doctest: +SKIP
-        >>> all(row.matches for row in rows)                                       # doctest: +SKIP
-        True
+    Example (it starts processes, so it is not run as a doctest; tests/measure run it)::
+
+            rows = measure_traffic((2,), n=8, n_per_rank=4, heads=2, head_dim=4)
+            all(row.matches for row in rows)          # True
     """
     tasks = _traffic_tasks("measure_traffic", world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal)
     timeout = _validate.positive_finite("measure_traffic", "timeout", timeout)
@@ -213,8 +213,9 @@ def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequenc
     Raises:
         TypeError, ValueError: as :func:`measure_traffic`.
 
-    Example:
-        >>> rows = measure_rank_memory((1, 2), (16, 32), heads=2, head_dim=4)       # doctest: +SKIP
+    Example (it starts processes, so it is not run as a doctest; tests/measure run it)::
+
+            rows = measure_rank_memory((1, 2), (16, 32), heads=2, head_dim=4)
     """
     tasks = _memory_tasks("measure_rank_memory", world_sizes, lengths, batch, heads, head_dim, methods, causal)
     timeout = _validate.positive_finite("measure_rank_memory", "timeout", timeout)
@@ -272,8 +273,9 @@ def measure_time(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 1024, batch
     Raises:
         TypeError, ValueError: as :func:`measure_traffic`, or ``repeats`` below 1.
 
-    Example:
-        >>> rows = measure_time((1, 2), n=32, heads=2, head_dim=4, repeats=1)       # doctest: +SKIP
+    Example (it starts processes, so it is not run as a doctest; tests/measure run it)::
+
+            rows = measure_time((1, 2), n=32, heads=2, head_dim=4, repeats=1)
     """
     tasks = _time_tasks("measure_time", world_sizes, n, batch, heads, head_dim, methods, causal, repeats)
     timeout = _validate.positive_finite("measure_time", "timeout", timeout)
