@@ -145,11 +145,20 @@ class Assignment:
         with self._lock:
             if self._environment is None:
                 namespace: dict = {"__name__": f"__{self.name}_grader__"}
-                with contextlib.redirect_stdout(io.StringIO()):
-                    exec(compile(self.imports, f"<{self.name} imports>", "exec"), namespace)
-                    for index, source in enumerate(self.context):
-                        code = TransformerManager().transform_cell(source)
-                        exec(compile(code, f"<{self.name} context cell {index}>", "exec"), namespace)
+                dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        exec(compile(self.imports, f"<{self.name} imports>", "exec"), namespace)
+                        for index, source in enumerate(self.context):
+                            code = TransformerManager().transform_cell(source)
+                            exec(compile(code, f"<{self.name} context cell {index}>", "exec"), namespace)
+                finally:
+                    # A context cell may set what is global to this process (chapter 01's first cell
+                    # sets torch's print options): every chapter's tests run with torch's defaults,
+                    # so that one chapter's settings never reach another's tests or diagnoses.
+                    torch.set_printoptions(profile="default")
+                    torch.set_default_dtype(dtype)
+                    torch.set_grad_enabled(grad)
                 self._environment = namespace
             return {name: _own_copy(value) for name, value in self._environment.items()}
 

@@ -24,6 +24,7 @@ sets before the first cell runs and which no later code can raise.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import resource
@@ -38,6 +39,12 @@ from attn_course_grading import wire
 #: Cells that belong to otter's self-checks, not to the student's work: the grader does the checking.
 OTTER_CELL = re.compile(r"(# Initialize Otter\n)?import otter\ngrader = otter\.Notebook\([^\n]*\)"
                         r"|grader\.(check|check_all|export)\([^\n]*\)")
+
+
+#: The exit status that says a cell reached the process limit (``os.fork`` failed with EAGAIN).
+#: The grader's watch of the process count samples ten times a second and may miss a fork bomb
+#: that reaches the limit and collapses between two looks; this program stops at once instead.
+PROCESS_LIMIT_EXIT = 75
 
 
 class CellTimedOut(BaseException):
@@ -116,6 +123,8 @@ def run_cells(cells: list[str], cell_seconds: float) -> tuple[dict, list[dict]]:
             signal.setitimer(signal.ITIMER_REAL, 0)
         leave_if_forked()
         error = result and (result.error_in_exec or result.error_before_exec)
+        if isinstance(error, BlockingIOError) and error.errno == errno.EAGAIN:
+            os._exit(PROCESS_LIMIT_EXIT)       # a fork refused at the limit: a fork bomb
         if error is not None:
             events.append({"cell": index, "error": f"{type(error).__name__}: {str(error)[:300]}"})
         sys.stdout.flush()

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from attn_course_grading import sandbox, wire
+from attn_course_grading import in_sandbox, sandbox, wire
 
 #: Exceptions from the student's code that come back as themselves; any other comes back as a
 #: :class:`SubmissionError` subclass of the same name.
@@ -231,6 +231,8 @@ class Submission:
             code = self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "its process stopped answering"
+        if code == in_sandbox.PROCESS_LIMIT_EXIT:
+            return f"it reached its limit of {self.limits.processes} processes and threads"
         if code < 0:
             names = {9: "SIGKILL", 24: "SIGXCPU (the CPU time limit)", 11: "SIGSEGV"}
             return f"its process was killed by signal {names.get(-code, -code)}"

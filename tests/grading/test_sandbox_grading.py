@@ -439,6 +439,9 @@ def test_what_one_submission_changes_in_the_chapters_context_never_reaches_the_n
     first["sentence"].embeddings.mul_(0)                         # as a call's in-place change would
     assert second["sentence"].embeddings.abs().sum() > 0
     assert first["torch"] is second["torch"]                     # modules are shared, not copied
+    # Chapter 01's first cell sets torch's print options; the grader's process keeps its own.
+    assert "set_printoptions(precision=3" in "".join(assignment.context)
+    assert str(torch.tensor([0.5])) == "tensor([0.5000])"
 
 
 # --- the proxies: a check calls the student's function as if it were its own ------------------
