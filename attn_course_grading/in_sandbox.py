@@ -34,6 +34,7 @@ import sys
 
 import torch
 
+from attn_course.checks.forbidden import Forbidden, watch_calls
 from attn_course_grading import wire
 
 #: Cells that belong to otter's self-checks, not to the student's work: the grader does the checking.
@@ -141,8 +142,10 @@ def answer(namespace: dict, request: dict) -> dict:
         return {"value": target}
     args, kwargs = request.get("args", []), request.get("kwargs", {})
     before = [_version(arg) for arg in args]
+    rules = [Forbidden(str(name), str(why)) for name, why in request.get("forbid") or []]
+    seen: list = []
     try:
-        with torch.set_grad_enabled(bool(request.get("grad", True))):
+        with torch.set_grad_enabled(bool(request.get("grad", True))), watch_calls(rules) as seen:
             if request.get("index") is not None:
                 target = target[request["index"]]
             value = target(*args, **kwargs)
@@ -150,6 +153,8 @@ def answer(namespace: dict, request: dict) -> dict:
     except wire.NotData as error:
         return {"error": {"type": "TypeError", "message": f"it returned {error}"}}
     except BaseException as error:  # noqa: BLE001 - the student's exception, whatever it is, goes back as data
+        if rules and seen:              # a forbidden call came first: that is what the check reports
+            return {"value": None, "after": [], "forbidden": [[called, rule.name] for called, rule in seen]}
         return {"error": {"type": type(error).__name__, "message": str(error)[:2000]}}
     if request.get("index") is not None:
         # A kernel writes its outputs through pointers, which no version counter sees: send back
@@ -157,7 +162,7 @@ def answer(namespace: dict, request: dict) -> dict:
         after = [arg if isinstance(arg, torch.Tensor) else None for arg in args]
     else:
         after = [_changed(arg, version) for arg, version in zip(args, before)]
-    return {"value": value, "after": after}
+    return {"value": value, "after": after, "forbidden": [[called, rule.name] for called, rule in seen]}
 
 
 def _version(value: object) -> object:

@@ -355,6 +355,25 @@ class RemoteFunction:
                 wire.update_in_place(original, after)
         return reply.get("value")
 
+    def call_watching(self, rules: list, *args):
+        """Call it under the exercise's rules of what it may not call, watched in the sandbox
+        (:func:`attn_course.checks.forbidden.watch_calls`, where the answer runs).
+
+        Returns:
+            ``(value, seen)``: what it returned, and ``(what was called, the rule)`` for each
+            forbidden call, as :func:`~attn_course.checks.forbidden.watch_calls` records them.
+        """
+        reply = self._submission.request({"call": self.__name__, "index": self._index, "args": list(args),
+                                          "kwargs": {}, "grad": torch.is_grad_enabled(),
+                                          "forbid": [[rule.name, rule.why] for rule in rules]})
+        for original, after in zip(args, reply.get("after") or []):
+            if after is not None:
+                wire.update_in_place(original, after)
+        by_name = {rule.name: rule for rule in rules}
+        seen = [(str(called), by_name[name]) for called, name in reply.get("forbidden") or []
+                if isinstance(called, str) and name in by_name]
+        return reply.get("value"), seen
+
     def __repr__(self) -> str:
         return f"<the submission's {self.__name__}>"
 

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.forbidden import Forbidden
 from attn_course.checks.softmax import diagnose_non_finite
 from attn_course.core.attention import self_attention
 
@@ -248,6 +249,17 @@ def _compare_masked(where: str, got: torch.Tensor, expected: torch.Tensor, q, k,
     diagnose(got, expected, [], ("batch", "head", "query", "feature"), "Your output")
 
 
+#: What chapter 02's attention exercises may not call: the course's attention and PyTorch's.
+ATTENTION_RULES = (
+    Forbidden("attn_course.core.attention.self_attention", "the exercise is to write attention, not to call ours"),
+    Forbidden("attn_course.core.attention.scaled_dot_product", "the exercise is to write attention, not to call ours"),
+    Forbidden("attn_course.core.attention.classic_self_attention",
+              "the exercise is to write attention, not to call ours"),
+    Forbidden("torch.nn.functional.scaled_dot_product_attention",
+              "the exercise is to write attention from the formula, not to call PyTorch's"),
+)
+
+
 def check_masked_attention(attention_fn: Callable) -> bool:
     """Check ``fn(q, k, v, mask=None)`` returning scaled dot-product attention's output.
 
@@ -265,13 +277,16 @@ def check_masked_attention(attention_fn: Callable) -> bool:
         CheckFailed: naming NaN or uniform weights on the fully masked query, the classic
             mistakes (no scaling, √d_k missing or squared, √d_model, an inverted mask, a mask
             applied after the softmax, a softmax over the queries) alone or together, an
-            overflow, or the first entry that differs.
+            overflow, a call that :data:`ATTENTION_RULES` forbid, or the first entry that differs.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> check_masked_attention(lambda q, k, v, mask=None: self_attention(q, k, v, mask))
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_masked_attention: your answer calls self_attention, ...
     """
     where = "check_masked_attention"
+    attention_fn = watched(where, attention_fn, ATTENTION_RULES)
     q, k, v, mask = attention_inputs(batched=True)
     mask[4] = False                                                   # query 4 sees nothing
     try:
@@ -305,13 +320,17 @@ def check_fixed_attention(attention_fn: Callable) -> bool:
 
     Raises:
         CheckFailed: naming each mistake that remains (√d_model instead of √d_k, a mask
-            applied after the softmax, and the other classic ones), or the first difference.
+            applied after the softmax, and the other classic ones), a call that
+            :data:`ATTENTION_RULES` forbid, or the first difference.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> check_fixed_attention(lambda q, k, v, mask: self_attention(q, k, v, mask))
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_fixed_attention: your answer calls self_attention, ...
     """
     where = "check_fixed_attention"
+    attention_fn = watched(where, attention_fn, ATTENTION_RULES)
     q, k, v, mask = attention_inputs(batched=True)
     got = call_student(where, attention_fn, q, k, v, mask.clone())
     _compare_masked(where, got, self_attention(q, k, v, mask)[0], q, k, v, mask)

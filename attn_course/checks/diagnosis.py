@@ -11,9 +11,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["ATOL", "CheckFailed", "call_answer", "call_student", "same", "first_difference", "check_shape", "diagnose",
-           "check_close", "show_diagnosis_only",
-           "call_raw", "returned_tensors", "crash_message", "sentence_list"]
+from attn_course.checks.forbidden import Forbidden, violation, watch_calls
+
+__all__ = [
+    "ATOL", "CheckFailed", "call_answer", "call_student", "watched", "same",
+    "first_difference", "check_shape", "diagnose", "check_close", "show_diagnosis_only", "call_raw",
+    "returned_tensors", "crash_message", "sentence_list",
+]
 
 ATOL = 1e-5
 
@@ -56,28 +60,66 @@ def show_diagnosis_only(shell: object = None) -> bool:
     return True
 
 
-def call_answer(where: str, fn: Callable, *args, described: str | None = None) -> object:
+def call_answer(where: str, fn: Callable, *args, described: str | None = None,
+                forbidden: Sequence[Forbidden] = ()) -> object:
     """Call the student's function and return whatever it returns, but never crash the check.
 
     A crash in the student's code becomes a :class:`CheckFailed` that names the exception and how
     the function was called (``described``, or the shapes of the arguments); ``...`` or None
-    becomes "returns nothing yet".
+    becomes "returns nothing yet". With ``forbidden`` (:class:`~attn_course.checks.forbidden.Forbidden`
+    rules), a call of what the exercise forbids fails the check, named, whatever the answer
+    returned. An answer that runs elsewhere (the grader's proxy of a submission's function,
+    which has ``call_watching``) is watched where it runs, under the same rules.
+
+    Example:
+        >>> rules = [Forbidden("torch.softmax", "write it from exp and sum")]
+        >>> call_answer("check_softmax", lambda x: torch.softmax(x, 0), torch.zeros(2), forbidden=rules)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_softmax: your answer calls torch.softmax, which this ...
     """
     if not callable(fn):
         raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
+    seen: list = []
     try:
-        result = fn(*args)
+        watched_elsewhere = getattr(fn, "call_watching", None)
+        if forbidden and watched_elsewhere is not None:
+            result, seen = watched_elsewhere(list(forbidden), *args)
+        else:
+            with watch_calls(forbidden) as seen:
+                result = fn(*args)
     except CheckFailed:
         raise
     except Exception as error:  # the student's code crashed: say where, keep the cause
+        if violation(where, seen):             # a forbidden call came first: that is the mistake
+            raise CheckFailed(violation(where, seen)) from error
         if described is None:
             described = ", ".join(f"a tensor of shape {list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
                                   for a in args)
         raise CheckFailed(f"Your function raised {type(error).__name__}: {error}. It was called with {described}.") \
             from error
+    if violation(where, seen):
+        raise CheckFailed(violation(where, seen))
     if result is Ellipsis or result is None:
         raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
     return result
+
+
+def watched(where: str, fn: Callable, forbidden: Sequence[Forbidden]) -> Callable:
+    """``fn`` as a check calls it under an exercise's rules: every call goes through
+    :func:`call_answer` with ``forbidden``, so a forbidden call fails the check, named, at the
+    first call that makes it.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
+
+    def answer(*args):
+        return call_answer(where, fn, *args, forbidden=forbidden)
+
+    return answer
 
 
 def call_student(where: str, fn: Callable, *args) -> torch.Tensor:

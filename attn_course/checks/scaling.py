@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.forbidden import AUTOGRAD, RANDOM, Forbidden
 
 __all__ = ["check_score_std_prediction", "check_query_gradient", "SCORE_STD_CASES"]
 
@@ -65,6 +66,13 @@ def measured_score_std(d_k: int, std_q: float, std_k: float, *, n_pairs: int = 2
     return torch.cat(dots).std().item()
 
 
+#: What chapter 02's prediction may not do: measure instead of predicting.
+PREDICTION_RULES = (Forbidden(RANDOM, "a prediction follows from d_k, std_q and std_k alone: it must not draw "
+                                      "random numbers (that would be measuring, not predicting)"),)
+#: What chapter 02's backward pass by hand may not call.
+GRADIENT_RULES = (Forbidden(AUTOGRAD, "the exercise is to derive the gradient by hand, without autograd"),)
+
+
 def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, seed: int = 0,
                                rtol: float = 0.05) -> bool:
     """Check ``fn(d_k, std_q, std_k)``: the predicted standard deviation of ``q·k``.
@@ -97,10 +105,13 @@ def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, s
     predictions = []
     for d_k, std_q, std_k in cases:
         state = torch.random.get_rng_state()
-        value = call_answer(where, predict_fn, d_k, std_q, std_k,
-                            described=f"predicted_score_std({d_k}, {std_q:.3g}, {std_k:.3g})")
-        if not torch.equal(state, torch.random.get_rng_state()):
-            torch.random.set_rng_state(state)
+        try:
+            value = call_answer(where, predict_fn, d_k, std_q, std_k, forbidden=PREDICTION_RULES,
+                                described=f"predicted_score_std({d_k}, {std_q:.3g}, {std_k:.3g})")
+        finally:
+            drew = not torch.equal(state, torch.random.get_rng_state())
+            torch.random.set_rng_state(state)            # the caller's generator, as it was
+        if drew:                                         # (the watch names any call it saw first)
             raise CheckFailed(RANDOM_PREDICTION)
         predictions.append(_as_number(where, value, d_k))
     measured = [measured_score_std(d_k, std_q, std_k, seed=seed + i) for i, (d_k, std_q, std_k) in enumerate(cases)]
@@ -196,6 +207,7 @@ def check_query_gradient(gradient_fn: Callable) -> bool:
         True
     """
     where = "check_query_gradient"
+    gradient_fn = watched(where, gradient_fn, GRADIENT_RULES)
     for batch, n_q, n_k, d_k in (((2, 3), 5, 7, 16), ((), 4, 6, 9)):
         q, k = torch.randn(*batch, n_q, d_k) * 2, torch.randn(*batch, n_k, d_k) * 2
         upstream = torch.randn(*batch, n_q, n_k)

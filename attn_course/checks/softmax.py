@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.forbidden import Forbidden
 
 __all__ = ["check_softmax", "large_scores", "diagnose_non_finite", "WRONG_DIM", "OVERFLOW", "GLOBAL_SHIFT",
            "NON_FINITE"]
@@ -72,6 +73,14 @@ def diagnose_non_finite(got: torch.Tensor, scores: torch.Tensor) -> None:
     raise CheckFailed(NON_FINITE.format(row=list(row), big=finite.abs().max().item()))
 
 
+#: What chapter 02's softmax exercise may not call: the exercise is to write it.
+SOFTMAX_RULES = (
+    Forbidden("torch.softmax", "the exercise is to write softmax yourself, from exp, max and sum"),
+    Forbidden("attn_course.core.attention.softmax_with_empty_rows",
+              "the exercise is to write softmax yourself, not to call the course's"),
+)
+
+
 def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     """Check a softmax over the last dimension, including numerical stability.
 
@@ -85,14 +94,18 @@ def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         ``True`` when correct.
 
     Raises:
-        CheckFailed: with a diagnosis (wrong dimension; overflow of a plain exp; one maximum
-            subtracted for the whole tensor, so rows underflow and give 0/0; shape; first
-            difference).
+        CheckFailed: with a diagnosis (a call of ``torch.softmax``, ``F.softmax`` or
+            ``Tensor.softmax``, which :data:`SOFTMAX_RULES` forbid; wrong dimension; overflow
+            of a plain exp; one maximum subtracted for the whole tensor, so rows underflow and
+            give 0/0; shape; first difference).
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> check_softmax(lambda scores: torch.softmax(scores, dim=-1))
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_softmax: your answer calls torch.softmax, which this ...
     """
+    softmax_fn = watched("check_softmax", softmax_fn, SOFTMAX_RULES)
     scores = torch.randn(2, 3, 6) * 3                                   # [B, N_q, N_k]
     expected = torch.softmax(scores, dim=-1)
     got = call_student("check_softmax", softmax_fn, scores.clone())

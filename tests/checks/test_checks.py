@@ -120,7 +120,7 @@ def causal_with(mask_of):
 
 PLANTED = {
     "softmax over the wrong dimension": (
-        lambda: check_softmax(lambda s: torch.softmax(s, dim=0)),
+        lambda: check_softmax(lambda s: (e := (s - s.amax(0, keepdim=True)).exp()) / e.sum(0, keepdim=True)),
         "normalises over the wrong dimension",
     ),
     "unstable softmax": (
@@ -238,8 +238,8 @@ def test_check_close_passes_and_fails_with_the_hint():
 
 def test_checks_use_fresh_inputs_each_time():
     seen = []
-    check_softmax(lambda s: seen.append(s.clone()) or torch.softmax(s, dim=-1))
-    check_softmax(lambda s: seen.append(s.clone()) or torch.softmax(s, dim=-1))
+    check_softmax(lambda s: seen.append(s.clone()) or loop_softmax(s))
+    check_softmax(lambda s: seen.append(s.clone()) or loop_softmax(s))
     assert not torch.equal(seen[0], seen[2])
 
 
@@ -267,7 +267,7 @@ def split_by_chunks(x, heads):
 EXPORTED_CHECKS = {
     "check_softmax": (
         lambda check: check(loop_softmax),
-        lambda check: check(lambda s: torch.softmax(s, dim=0)),
+        lambda check: check(lambda s: (e := (s - s.amax(0, keepdim=True)).exp()) / e.sum(0, keepdim=True)),
         "normalises over the wrong dimension",
     ),
     "check_attention": (

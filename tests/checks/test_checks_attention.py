@@ -10,13 +10,23 @@ import torch.nn.functional as F
 
 from attn_course.checks.attention import check_attention, check_fixed_attention, check_masked_attention
 from attn_course.checks.diagnosis import CheckFailed
+from attn_course.core.attention import scaled_dot_product, self_attention
 
 # --- right answers, written independently of the package -----------------------------------
 
 
 def sdpa_attention(q, k, v, mask=None):
-    """PyTorch's own attention: from 2.5 it gives a fully masked row zeros."""
+    """PyTorch's own attention: from 2.5 it gives a fully masked row zeros (a forbidden answer)."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def matrix_attention(q, k, v, mask=None):
+    """The formula, by hand: a fully masked row's weights are set to zero."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ v
 
 
 def loop_attention(q, k, v, mask=None):
@@ -36,13 +46,13 @@ def loop_attention(q, k, v, mask=None):
 
 
 def test_right_masked_attention_passes():
-    assert check_masked_attention(sdpa_attention) is True
+    assert check_masked_attention(matrix_attention) is True
     assert check_masked_attention(loop_attention) is True
-    assert check_masked_attention(lambda q, k, v, mask=None: (sdpa_attention(q, k, v, mask), None)) is True
+    assert check_masked_attention(lambda q, k, v, mask=None: (matrix_attention(q, k, v, mask), None)) is True
 
 
 def test_right_fixed_attention_passes():
-    assert check_fixed_attention(sdpa_attention) is True
+    assert check_fixed_attention(matrix_attention) is True
     assert check_fixed_attention(lambda q, k, v, mask: (loop_attention(q, k, v, mask), "weights")) is True
 
 
@@ -69,7 +79,7 @@ def student(scale_of=lambda q: 1 / math.sqrt(q.shape[-1]), mode="right", fill=-m
 
 
 def no_mask_argument(q, k, v, mask):
-    return sdpa_attention(q, k, v, mask)
+    return matrix_attention(q, k, v, mask)
 
 
 def plain_exp_attention(q, k, v, mask=None):
@@ -106,9 +116,20 @@ def test_each_masked_attention_mistake_is_named(mistake):
     assert phrase in str(raised.value)
 
 
+@pytest.mark.parametrize("check", [check_masked_attention, check_fixed_attention])
+@pytest.mark.parametrize("shortcut, called", [
+    (sdpa_attention, "F.scaled_dot_product_attention"),
+    (lambda q, k, v, mask=None: self_attention(q, k, v, mask), "self_attention"),
+    (lambda q, k, v, mask=None: scaled_dot_product(q, k, v, mask), "scaled_dot_product"),
+])
+def test_calling_an_existing_attention_is_told_it_is_forbidden(check, shortcut, called):
+    with pytest.raises(CheckFailed, match=f"your answer calls {called}, which this exercise forbids"):
+        check(shortcut)
+
+
 def test_a_wrong_empty_row_of_another_kind_is_pointed_at():
     def ones_on_empty_rows(q, k, v, mask=None):
-        output = sdpa_attention(q, k, v, mask).clone()
+        output = matrix_attention(q, k, v, mask).clone()
         if mask is not None:
             output[..., (~mask).all(dim=-1), :] = 1.0
         return output

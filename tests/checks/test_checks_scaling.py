@@ -31,6 +31,11 @@ def measure(d_k, std_q, std_k):
     return (torch.randn(2000, d_k) * std_q * torch.randn(2000, d_k) * std_k).sum(-1).std()
 
 
+def measure_with(generator, d_k, std_q, std_k):
+    pairs = torch.randn(2, 2000, d_k, generator=generator)
+    return (pairs[0] * std_q * pairs[1] * std_k).sum(-1).std()
+
+
 PREDICTIONS = {
     "a constant": (lambda d_k, std_q, std_k: torch.tensor(8.0), "whatever d_k"),
     "the variance": (lambda d_k, std_q, std_k: d_k * std_q**2 * std_k**2, "the variance of q·k"),
@@ -38,7 +43,10 @@ PREDICTIONS = {
     "grows as d_k": (lambda d_k, std_q, std_k: d_k * std_q * std_k, "grows in proportion to d_k"),
     "squared stds": (lambda d_k, std_q, std_k: math.sqrt(d_k) * std_q**2 * std_k**2, "σ_q² σ_k²"),
     "added variances": (lambda d_k, std_q, std_k: math.sqrt(d_k * (std_q**2 + std_k**2)), "variances multiply"),
-    "measured, not predicted": (measure, "draws random numbers"),
+    "measured, not predicted": (measure, "your answer calls torch.randn, which this exercise forbids"),
+    "measured with a generator of its own": (
+        lambda d_k, std_q, std_k: measure_with(torch.Generator().manual_seed(0), d_k, std_q, std_k),
+        "must not draw random numbers"),
     "a list": (lambda d_k, std_q, std_k: [1.0], "should be a number"),
     "a vector": (lambda d_k, std_q, std_k: torch.ones(3), "a tensor of shape [3]"),
     "untouched": (lambda d_k, std_q, std_k: ..., "returns nothing yet"),
@@ -105,6 +113,14 @@ def student_gradient(factor=lambda d_k: 1 / math.sqrt(d_k), through="right"):
     return gradient
 
 
+def autograd_switched_on(q, k, upstream):
+    with torch.enable_grad():
+        q = q.clone().requires_grad_()
+        a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+        (grad,) = torch.autograd.grad(a, q, upstream)
+    return grad
+
+
 GRADIENTS = {
     "no 1/√d_k on the way back": (student_gradient(factor=lambda d_k: 1.0), "times too large"),
     "1/√d_k twice": (student_gradient(factor=lambda d_k: 1 / d_k), "times too small"),
@@ -113,7 +129,8 @@ GRADIENTS = {
     "diagonal and no scale": (student_gradient(factor=lambda d_k: 1.0, through="diagonal"), "Two mistakes"),
     "gradient for k": (lambda q, k, g: torch.softmax(q @ k.mT, -1).mT @ q, "shape of k"),
     "uses autograd": (lambda q, k, g: torch.autograd.grad(torch.softmax(q @ k.mT, -1).sum(), q)[0],
-                      "raised RuntimeError"),
+                      "calls torch.autograd.grad, which this exercise forbids"),
+    "switches autograd back on": (autograd_switched_on, "which this exercise forbids: the exercise is to derive"),
     "hard-coded √16": (lambda q, k, g: student_gradient()(q, k, g) * math.sqrt(q.shape[-1]) / 4, "differs"),
 }
 
@@ -127,11 +144,11 @@ def test_each_gradient_mistake_is_named(mistake):
 
 
 def test_autograd_inside_the_students_function_does_not_help():
-    """The check switches autograd off, so an answer that only calls autograd fails."""
+    """The check switches autograd off and forbids it: an answer that only calls autograd is told so."""
     def only_autograd(q, k, upstream):
         weights = torch.softmax(q.requires_grad_() @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
         return torch.autograd.grad((weights * upstream).sum(), q)[0]
 
-    with pytest.raises(CheckFailed, match="raised RuntimeError"):
+    with pytest.raises(CheckFailed, match="calls Tensor.requires_grad_, which this exercise forbids"):
         check_query_gradient(only_autograd)
     assert torch.is_grad_enabled()

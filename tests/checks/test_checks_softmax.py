@@ -38,11 +38,18 @@ def row_mean(scores):
 
 def test_a_right_softmax_passes():
     assert check_softmax(loop_softmax) is True
-    assert check_softmax(lambda s: torch.softmax(s, dim=-1)) is True
+
+
+@pytest.mark.parametrize("shortcut", [lambda s: torch.softmax(s, dim=-1), lambda s: s.softmax(-1),
+                                      lambda s: torch.nn.functional.log_softmax(s, -1).exp()])
+def test_a_softmax_that_calls_torchs_is_told_it_is_forbidden(shortcut):
+    with pytest.raises(CheckFailed, match="softmax, which this exercise forbids: the exercise is to write softmax"):
+        check_softmax(shortcut)
 
 
 MISTAKES = {
-    "wrong dimension": (lambda s: torch.softmax(s, dim=0), "normalises over the wrong dimension"),
+    "wrong dimension": (lambda s: (e := (s - s.amax(dim=0, keepdim=True)).exp()) / e.sum(dim=0, keepdim=True),
+                        "normalises over the wrong dimension"),
     "stable, but normalised over the batch": (
         lambda s: (e := (s - s.amax(dim=-1, keepdim=True)).exp()) / e.sum(dim=0, keepdim=True),
         "sums to 1 along dimension 0",
@@ -51,7 +58,7 @@ MISTAKES = {
     "one maximum for the whole tensor": (global_max, "one maximum for the whole tensor"),
     "shifted by the row mean": (row_mean, "overflow"),
     "nan": (lambda s: torch.full_like(s, math.nan), "NaN"),
-    "wrong shape": (lambda s: torch.softmax(s, dim=-1)[..., :-1], "has shape"),
+    "wrong shape": (lambda s: loop_softmax(s)[..., :-1], "has shape"),
 }
 
 

@@ -469,6 +469,13 @@ def doubles_in_place(x):
 def grad_mode(x):
     return torch.is_grad_enabled(), x.requires_grad
 
+def softmax_with_torch(x):
+    return x.softmax(-1)
+
+def softmax_by_hand(x):
+    exp = (x - x.max(-1, keepdim=True).values).exp()
+    return exp / exp.sum(-1, keepdim=True)
+
 def sleeps(seconds):
     time.sleep(seconds)
     return seconds
@@ -483,7 +490,7 @@ def proxied():
 
     sandboxed = sandbox_installed()
     names = ["raises_value_error", "raises_its_own", "returns_a_function", "doubles_in_place", "grad_mode",
-             "answer", "undefined"]
+             "answer", "undefined", "softmax_with_torch", "softmax_by_hand"]
     with Submission([PROXIED], names, sandbox.Limits(), sandboxed=sandboxed) as submission:
         yield submission, submission.answer_values()
 
@@ -518,6 +525,24 @@ def test_in_place_changes_and_grad_mode_are_the_callers(proxied):
     with torch.no_grad():
         assert answers["grad_mode"](torch.ones(1, requires_grad=True)) == (False, True)
     assert answers["grad_mode"](torch.ones(1)) == (True, False)
+
+
+@pytest.mark.slow
+def test_a_forbidden_call_is_seen_in_the_sandbox_and_named_as_in_the_notebook(proxied):
+    from attn_course.checks.diagnosis import CheckFailed, call_answer
+    from attn_course.checks.forbidden import Forbidden
+
+    _, answers = proxied
+    rules = [Forbidden("torch.softmax", "write it from exp and sum")]
+    x = torch.randn(2, 5)
+    with pytest.raises(CheckFailed) as remote:
+        call_answer("check_softmax", answers["softmax_with_torch"], x, forbidden=rules)
+    with pytest.raises(CheckFailed) as local:
+        call_answer("check_softmax", lambda t: t.softmax(-1), x, forbidden=rules)
+    assert str(remote.value) == str(local.value)
+    assert "calls Tensor.softmax, which this exercise forbids: write it from exp and sum" in str(remote.value)
+    assert torch.allclose(call_answer("check_softmax", answers["softmax_by_hand"], x, forbidden=rules),
+                          x.softmax(-1))
 
 
 @pytest.mark.slow

@@ -135,4 +135,43 @@ PLANTED = {
             "plain average of all the values",
         ),
     },
+    "alan": {  # shortcuts: each answer calls what its exercise forbids
+        "stable_softmax": (
+            "def stable_softmax(scores):\n"
+            "    return torch.softmax(scores, dim=-1)\n",
+            "q1_stable_softmax",
+            "your answer calls torch.softmax, which this exercise forbids",
+        ),
+        "my_attention": (
+            "def my_attention(q, k, v, mask=None):\n"
+            "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n",
+            "q2_attention_from_scratch",
+            "your answer calls F.scaled_dot_product_attention, which this exercise forbids",
+        ),
+        "predicted_score_std": (
+            "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+            "    generator = torch.Generator().manual_seed(0)\n"
+            "    q = torch.randn(20000, d_k, generator=generator) * std_q\n"
+            "    k = torch.randn(20000, d_k, generator=generator) * std_k\n"
+            "    return (q * k).sum(-1).std().item()\n",
+            "q3_predict_score_size",
+            "must not draw random numbers",
+        ),
+        "fixed_attention": (
+            "def fixed_attention(q, k, v, mask):\n"
+            "    return self_attention(q, k, v, mask)\n",
+            "q4_find_the_bug",
+            "your answer calls self_attention, which this exercise forbids",
+        ),
+        "query_gradient": (
+            "def query_gradient(q, k, upstream):\n"
+            "    with torch.enable_grad():\n"
+            "        q = q.detach().requires_grad_()\n"
+            "        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+            "        (grad,) = torch.autograd.grad(weights, q, upstream)\n"
+            "    return grad\n",
+            "q5_query_gradient",
+            "which this exercise forbids: the exercise is to derive the gradient by hand",
+        ),
+    },
 }

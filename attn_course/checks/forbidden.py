@@ -1,0 +1,227 @@
+"""What an exercise's answer may not call, and the guard that sees it call it anyway.
+
+An exercise that asks for softmax "by hand" is not answered by ``torch.softmax``, nor one that
+asks for the gradient by hand by ``torch.autograd``. Each such rule is a :class:`Forbidden`:
+a name the student reads in the statement and a reason. :func:`watch_calls` runs the answer
+under a ``torch.overrides.TorchFunctionMode``, which sees every PyTorch function and tensor
+method called inside it, and a profile hook (``sys.setprofile``), which sees the course's own
+Python functions and the random numbers of Python's and NumPy's generators;
+:func:`~attn_course.checks.diagnosis.call_answer` (``forbidden=``) fails the check with
+:func:`violation`'s message, naming the first forbidden call and why the exercise forbids it.
+
+The rules are data (names, not function objects), so that the grader can send them into the
+sandbox where a submission's answer runs, and the verdict there is the one a student's check
+cell gives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import random
+import sys
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["AUTOGRAD", "RANDOM", "Forbidden", "violation", "watch_calls"]
+
+#: The special name of a rule against deriving a gradient with autograd.
+AUTOGRAD = "autograd"
+#: The special name of a rule against random numbers, from any generator.
+RANDOM = "random numbers"
+
+# What one rule stands for: the same operation under its other spellings.
+_SPELLINGS = {
+    "torch.softmax": ("torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax",
+                      "torch.special.softmax", "torch.nn.functional.log_softmax", "torch.log_softmax",
+                      "torch.Tensor.log_softmax"),
+    "torch.nn.functional.scaled_dot_product_attention": ("torch.nn.functional.scaled_dot_product_attention",),
+    "torch.nn.functional.rms_norm": ("torch.nn.functional.rms_norm",),
+    "torch.nn.functional.layer_norm": ("torch.nn.functional.layer_norm",),
+}
+_AUTOGRAD_CALLS = ("torch.autograd.grad", "torch.autograd.backward", "torch.Tensor.backward",
+                   "torch.Tensor.requires_grad_", "torch.autograd.functional.jacobian",
+                   "torch.autograd.functional.vjp")
+_AUTOGRAD_PYTHON = ("torch.func.grad", "torch.func.vjp", "torch.func.jacrev", "torch.func.jacfwd",
+                    "torch.autograd.grad_mode.enable_grad.__enter__",
+                    "torch.autograd.grad_mode.set_grad_enabled.__init__")
+_RANDOM_CALLS = ("torch.rand", "torch.randn", "torch.randint", "torch.randperm", "torch.rand_like",
+                 "torch.randn_like", "torch.randint_like", "torch.normal", "torch.bernoulli", "torch.multinomial",
+                 "torch.poisson", "torch.Tensor.uniform_", "torch.Tensor.normal_", "torch.Tensor.random_",
+                 "torch.Tensor.bernoulli_", "torch.Tensor.exponential_", "torch.Tensor.geometric_",
+                 "torch.Tensor.cauchy_", "torch.Tensor.log_normal_", "torch.nn.functional.dropout")
+
+
+@dataclasses.dataclass(frozen=True)
+class Forbidden:
+    """One thing an answer may not call.
+
+    Attributes:
+        name: a dotted name (``"torch.softmax"``, ``"attn_course.core.attention.self_attention"``),
+            or :data:`AUTOGRAD`, or :data:`RANDOM`. A PyTorch function stands for its other
+            spellings too (``torch.softmax`` for ``F.softmax`` and ``x.softmax``).
+        why: why the exercise forbids it, in the words of its statement.
+    """
+
+    name: str
+    why: str
+
+    def __post_init__(self) -> None:
+        for field in ("name", "why"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"Forbidden: {field} must be a non-empty str, got {value!r}")
+
+
+def _resolve(dotted: str) -> object | None:
+    """The object a dotted name names (None where it does not exist in this PyTorch)."""
+    parts = dotted.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[split:]:
+                value = getattr(value, attribute)
+        except AttributeError:
+            return None
+        return value
+    return None
+
+
+def _targets(rules: Sequence[Forbidden]) -> tuple[dict[object, Forbidden], dict[object, Forbidden], bool]:
+    """(torch functions -> rule, Python code objects -> rule, whether random generators are watched)."""
+    torch_functions: dict[object, Forbidden] = {}
+    python_code: dict[object, Forbidden] = {}
+    watch_random = False
+    for rule in rules:
+        if rule.name == AUTOGRAD:
+            torch_names, python_names = _AUTOGRAD_CALLS, _AUTOGRAD_PYTHON
+        elif rule.name == RANDOM:
+            torch_names, python_names, watch_random = _RANDOM_CALLS, (), True
+        elif rule.name.startswith("torch."):
+            torch_names, python_names = _SPELLINGS.get(rule.name, (rule.name,)), ()
+        else:
+            torch_names, python_names = (), (rule.name,)
+        for name in torch_names:
+            found = _resolve(name)
+            if found is not None:
+                torch_functions.setdefault(found, rule)
+        for name in python_names:
+            found = _resolve(name)
+            code = getattr(getattr(found, "__func__", found), "__code__", None)
+            if code is None:
+                if found is None and not name.startswith("torch."):
+                    raise ValueError(f"Forbidden: no function {name!r} to watch")
+                continue
+            python_code.setdefault(code, rule)
+    return torch_functions, python_code, watch_random
+
+
+class _TorchCalls(TorchFunctionMode):
+    """Records the forbidden PyTorch functions and tensor methods called inside it."""
+
+    def __init__(self, targets: dict[object, Forbidden], seen: list[tuple[str, Forbidden]]):
+        super().__init__()
+        self.targets, self.seen = targets, seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        rule = self.targets.get(func)
+        if rule is not None:
+            self.seen.append((_display_name(func), rule))
+        return func(*args, **(kwargs or {}))
+
+
+def _display_name(func: object) -> str:
+    owner = getattr(func, "__objclass__", None)       # a tensor method's class (Tensor or its C base)
+    if (isinstance(owner, type) and issubclass(torch.Tensor, owner)) or \
+            getattr(func, "__qualname__", "").startswith("Tensor."):
+        return f"Tensor.{func.__name__}"
+    module = getattr(func, "__module__", None) or "torch"
+    module = {"torch.nn.functional": "F", "torch._C._nn": "F", "torch._C._special": "torch.special"}.get(module, module)
+    return f"{module}.{getattr(func, '__name__', func)}"
+
+
+def _is_random_generator_call(function: object) -> bool:
+    owner = getattr(function, "__self__", None)
+    if isinstance(owner, random.Random) or owner is random:
+        return True
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(owner, (numpy.random.Generator, numpy.random.RandomState)):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidden]]]:
+    """Record every call of what ``rules`` forbid, made inside the block.
+
+    Yields:
+        A list that fills with ``(what was called, the rule)`` pairs, in the order of the calls.
+
+    Raises:
+        TypeError: ``rules`` not a sequence of :class:`Forbidden`.
+        ValueError: a rule names a course function that does not exist.
+
+    Example:
+        >>> rules = [Forbidden("torch.softmax", "the exercise is to write softmax")]
+        >>> with watch_calls(rules) as seen:
+        ...     _ = torch.tensor([1.0, 2.0]).softmax(dim=0)
+        >>> [called for called, _ in seen]
+        ['Tensor.softmax']
+    """
+    if isinstance(rules, (str, bytes)) or not all(isinstance(rule, Forbidden) for rule in rules):
+        raise TypeError(f"watch_calls: rules must be a sequence of Forbidden, got {rules!r}")
+    if not rules:                      # nothing to watch: no mode, no hook, nothing slowed down
+        yield []
+        return
+    torch_functions, python_code, watch_random = _targets(rules)
+    random_rule = next((rule for rule in rules if rule.name == RANDOM), None)
+    seen: list[tuple[str, Forbidden]] = []
+
+    def profile(frame, event, argument):
+        if event == "call":
+            rule = python_code.get(frame.f_code)
+            if rule is not None:
+                seen.append((frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname")
+                             else frame.f_code.co_name, rule))
+        elif event == "c_call" and watch_random and _is_random_generator_call(argument):
+            seen.append((f"{type(argument.__self__).__module__}.{argument.__name__}", random_rule))
+
+    # NumPy's generators are compiled (Cython), out of the profile hook's sight: its global one is
+    # read before and after instead. A NumPy Generator object of the answer's own is not seen.
+    numpy = sys.modules.get("numpy") if watch_random else None
+    numpy_state = _numpy_global_state(numpy)
+    previous = sys.getprofile()
+    sys.setprofile(profile if python_code or watch_random else previous)
+    try:
+        with _TorchCalls(torch_functions, seen):
+            yield seen
+    finally:
+        sys.setprofile(previous)
+        if numpy is not None and _numpy_global_state(numpy) != numpy_state:
+            seen.append(("numpy.random (its global generator)", random_rule))
+
+
+def _numpy_global_state(numpy) -> tuple | None:
+    if numpy is None:
+        return None
+    name, keys, position, *_ = numpy.random.get_state()
+    return name, keys.tobytes(), position
+
+
+def violation(where: str, seen: Sequence[tuple[str, Forbidden]]) -> str | None:
+    """The diagnosis of the first forbidden call in ``seen`` (from :func:`watch_calls`), or None.
+
+    Example:
+        >>> violation("check_softmax", [("torch.softmax", Forbidden("torch.softmax", "write it from exp and sum"))])
+        'check_softmax: your answer calls torch.softmax, which this exercise forbids: write it from exp and sum'
+    """
+    if not seen:
+        return None
+    called, rule = seen[0]
+    return f"{where}: your answer calls {called}, which this exercise forbids: {rule.why}"
