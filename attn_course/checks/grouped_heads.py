@@ -16,7 +16,9 @@ from attn_course.checks.diagnosis import (
     diagnose,
     same,
     sentence_list,
+    watched,
 )
+from attn_course.checks.forbidden import Forbidden
 
 __all__ = ["check_grouped_query_attention", "check_mean_pooled_kv_heads"]
 
@@ -55,6 +57,15 @@ def _gqa_reference(q, k, v, kv_index, scale, softmax_dim=-1):
     return (weights @ v).to(q.dtype)
 
 
+#: What chapter 03's grouped-query exercise may not call: attention that shares the heads for it.
+GROUPED_RULES = (
+    Forbidden("torch.nn.functional.scaled_dot_product_attention",
+              "the exercise is to share the key/value heads yourself (SDPA's enable_gqa would do it for you)"),
+    Forbidden("attn_course.core.backends.eager_attention", "the exercise is to share the key/value heads yourself"),
+    Forbidden("attn_course.core.backends.sdpa_attention", "the exercise is to share the key/value heads yourself"),
+)
+
+
 def check_grouped_query_attention(attention_fn: Callable) -> bool:
     """Check ``fn(q [B, H, N, d], k [B, H_kv, N, d], v [B, H_kv, N, d]) -> [B, H, N, d]``.
 
@@ -70,12 +81,15 @@ def check_grouped_query_attention(attention_fn: Callable) -> bool:
             a function that only works for ``H_kv = H``, a wrong scaling or softmax axis, or the
             first entry that differs.
 
-    Example:
+    Example (a shortcut, and what it is told):
         >>> import torch.nn.functional as F
         >>> check_grouped_query_attention(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_grouped_query_attention: your answer calls F.scaled_...
     """
     where = "check_grouped_query_attention"
+    attention_fn = watched(where, attention_fn, GROUPED_RULES)
     batch, tokens, d = 2, 5, 8
     for heads, kv_heads in [(3, 3), (6, 2), (4, 1)]:
         q = torch.randn(batch, heads, tokens, d)                          # [B, H, N, d]
@@ -158,11 +172,13 @@ def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
             average over the wrong axis, a function that fails on a 1-D bias, or the first entry
             that differs.
 
-    Example:
-        >>> def pool(w, num_heads, num_kv_heads):
-        ...     return w.unflatten(0, (num_kv_heads, num_heads // num_kv_heads, -1)).mean(dim=1).flatten(0, 1)
-        >>> check_mean_pooled_kv_heads(pool)
-        True
+    Example (a wrong answer, which keeps the first heads instead of averaging each group):
+        >>> def first_heads(w, num_heads, num_kv_heads):
+        ...     return w[: num_kv_heads * w.shape[0] // num_heads]
+        >>> check_mean_pooled_kv_heads(first_heads)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your pooled weight (H = 6, H_kv = 2) differs from the ...
     """
     where = "check_mean_pooled_kv_heads"
     d, width = 4, 10

@@ -18,7 +18,9 @@ from attn_course.checks.diagnosis import (
     returned_tensors,
     same,
     sentence_list,
+    watched,
 )
+from attn_course.checks.forbidden import Forbidden
 
 __all__ = ["check_split_heads", "check_split_fused_qkv", "check_multi_head_attention"]
 
@@ -80,6 +82,19 @@ KEYS_VALUES_SWAPPED = (
 )
 
 
+#: What chapter 03's fused-projection exercise may not call: it asks for the split itself.
+SPLIT_RULES = (Forbidden("attn_course.core.multihead.split_heads", "the exercise is to split the heads yourself"),)
+#: What chapter 03's find-the-bug exercise may not call: a multi-head layer that is already right.
+MULTI_HEAD_RULES = (
+    Forbidden("attn_course.core.multihead.MultiHeadAttention.forward",
+              "the exercise is to fix the classmate's code, not to run the course's layer"),
+    Forbidden("torch.nn.modules.activation.MultiheadAttention.forward",
+              "the exercise is to fix the classmate's code, not to run PyTorch's layer"),
+    Forbidden("torch.nn.functional.multi_head_attention_forward",
+              "the exercise is to fix the classmate's code, not to run PyTorch's layer"),
+)
+
+
 def check_split_fused_qkv(split_fn: Callable) -> bool:
     """Check ``fn(qkv [B, N, (H + 2·H_kv)·d], num_heads, num_kv_heads) -> (q, k, v)``.
 
@@ -96,15 +111,14 @@ def check_split_fused_qkv(split_fn: Callable) -> bool:
             transpose or without moving the head axis, swapped keys and values, or the first
             entry that differs.
 
-    Example:
-        >>> def split(qkv, num_heads, num_kv_heads):
-        ...     d = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)
-        ...     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-        ...     return tuple(t.unflatten(-1, (-1, d)).transpose(1, 2) for t in (q, k, v))
-        >>> check_split_fused_qkv(split)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_split_fused_qkv(lambda qkv, num_heads, num_kv_heads: qkv.chunk(3, dim=-1))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your q has shape [2, 5, 12] but should have shape [2, 4, 5, 3].
     """
     where = "check_split_fused_qkv"
+    split_fn = watched(where, split_fn, SPLIT_RULES)
     batch, tokens, d = 2, 5, 3
     for heads, kv_heads in [(4, 4), (6, 2), (4, 1)]:
         width = (heads + 2 * kv_heads) * d
@@ -231,7 +245,7 @@ def check_multi_head_attention(attention_fn: Callable) -> bool:
     Raises:
         CheckFailed: naming the mistakes the answer shows, or the first entry that differs.
 
-    Example:
+    Example (a shortcut, and what it is told):
         >>> from attn_course.core.multihead import MultiHeadAttention
         >>> def ours(x, w_q, w_k, w_v, w_o, num_heads):
         ...     layer = MultiHeadAttention(x.shape[-1], num_heads, bias=False)
@@ -239,9 +253,12 @@ def check_multi_head_attention(attention_fn: Callable) -> bool:
         ...         linear.weight.data.copy_(w)
         ...     return layer(x)[0]
         >>> check_multi_head_attention(ours)
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_multi_head_attention: your answer calls MultiHeadAttention...
     """
     where = "check_multi_head_attention"
+    attention_fn = watched(where, attention_fn, MULTI_HEAD_RULES)
     batch, tokens, width, heads = 2, 5, 16, 4
     x = torch.randn(batch, tokens, width)                                 # [B, N, E]
     w_q, w_k, w_v, w_o = (torch.randn(width, width) / math.sqrt(width) for _ in range(4))   # [out, in]

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student
+from attn_course.checks.diagnosis import CheckFailed, call_student, watched
+from attn_course.checks.forbidden import Forbidden
 from attn_course.core.kv_cache import KVCache
 
 __all__ = ["check_kv_cache_bytes", "filled_cache"]
@@ -83,6 +84,13 @@ def _answer(fn: Callable, args: tuple) -> tuple[float, float]:
     return _number(result[0], "stored byte count"), _number(result[1], "allocated byte count")
 
 
+_PREDICT = "a prediction follows from the rule alone: build no cache and no tensor to measure"
+#: What chapter 03's cache-size prediction may not do: build what it predicts.
+KV_BYTES_RULES = (Forbidden("attn_course.core.kv_cache.KVCache.__init__", _PREDICT),
+                  *(Forbidden(f"torch.{name}", _PREDICT)
+                    for name in ("empty", "zeros", "ones", "full", "randn", "rand")))
+
+
 def check_kv_cache_bytes(bytes_fn: Callable) -> bool:
     """Check ``fn(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens) -> (stored, allocated)``.
 
@@ -100,16 +108,17 @@ def check_kv_cache_bytes(bytes_fn: Callable) -> bool:
             dtype, the two numbers swapped, no room allocated ahead, a power-of-two capacity, a
             capacity doubled without need; else the case and the number that is wrong.
 
-    Example:
+    Example (a wrong answer, which forgets that the cache allocates ahead):
         >>> def predict(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):
         ...     per_token = 2 * batch * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
-        ...     capacity = prompt_tokens
-        ...     while capacity < prompt_tokens + new_tokens:
-        ...         capacity *= 2
-        ...     return per_token * (prompt_tokens + new_tokens), per_token * capacity
+        ...     stored = per_token * (prompt_tokens + new_tokens)
+        ...     return stored, stored
         >>> check_kv_cache_bytes(predict)
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your allocated bytes equal the stored bytes, but the cache ...
     """
+    bytes_fn = watched("check_kv_cache_bytes", bytes_fn, KV_BYTES_RULES)
     cases = [(2, 4, 16, torch.float16, 10, 0), (1, 2, 8, torch.bfloat16, 5, 7), (3, 1, 4, torch.float32, 3, 14),
              (1, 8, 64, torch.float32, 6, 6), (2, 2, 32, torch.float16, 12, 1)]
     for batch, kv_heads, d, dtype, prompt, new in cases:

@@ -130,4 +130,41 @@ PLANTED = {
             "merge the heads without a transpose",
         ),
     },
+    "alan": {  # shortcuts: each answer calls what its exercise forbids
+        "split_fused_qkv": (
+            "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+            "    d = qkv.shape[-1] // (num_heads + 2 * num_kv_heads)\n"
+            "    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)\n"
+            "    return split_heads(q, num_heads), split_heads(k, num_kv_heads), split_heads(v, num_kv_heads)\n",
+            "q1_split_fused_qkv",
+            "your answer calls split_heads, which this exercise forbids",
+        ),
+        "kv_cache_bytes": (
+            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+            "    cache = KVCache()\n"
+            "    shape = (batch, num_kv_heads, prompt_tokens, head_dim)\n"
+            "    cache.append(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))\n"
+            "    for _ in range(new_tokens):\n"
+            "        step = (batch, num_kv_heads, 1, head_dim)\n"
+            "        cache.append(torch.zeros(step, dtype=dtype), torch.zeros(step, dtype=dtype))\n"
+            "    return 0, cache.memory_bytes\n",
+            "q2_predict_kv_cache",
+            "which this exercise forbids: a prediction follows from the rule alone",
+        ),
+        "fixed_multi_head_attention": (
+            "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+            "    layer = MultiHeadAttention(x.shape[-1], num_heads, bias=False)\n"
+            "    for linear, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj), (w_q, w_k, w_v, w_o)):\n"
+            "        linear.weight.data.copy_(w)\n"
+            "    return layer(x)[0]\n",
+            "q3_find_the_bug",
+            "your answer calls MultiHeadAttention.forward, which this exercise forbids",
+        ),
+        "grouped_query_attention": (
+            "def grouped_query_attention(q, k, v):\n"
+            "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)\n",
+            "q4_grouped_query",
+            "your answer calls F.scaled_dot_product_attention, which this exercise forbids",
+        ),
+    },
 }
