@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.forbidden import Forbidden
 from attn_course.variants.kv_cache_size import mla_cache_elements
 
 __all__ = ["check_rms_norm", "check_swiglu", "check_latent_cache_bytes", "check_sink_eviction"]
@@ -44,6 +45,15 @@ def _rms_cases() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
     ]
 
 
+_WITH_TENSOR_OPERATIONS = "the exercise is to write RMSNorm with plain tensor operations"
+#: What chapter 08's RMSNorm exercise may not call: RMSNorm itself, the course's or PyTorch's.
+RMS_NORM_RULES = (
+    Forbidden("torch.nn.functional.rms_norm", _WITH_TENSOR_OPERATIONS),
+    Forbidden("torch.nn.modules.normalization.RMSNorm.forward", _WITH_TENSOR_OPERATIONS),
+    Forbidden("attn_course.core.norms.RMSNorm.forward", _WITH_TENSOR_OPERATIONS),
+)
+
+
 def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
     """Check ``fn(x [..., E], weight [E], eps) -> [..., E]``: RMSNorm, ``x / sqrt(mean(x²) + eps) · weight``.
 
@@ -59,10 +69,13 @@ def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.
             root, the vector's length used instead of its RMS, the wrong axis, the weight missing or
             added, or the first entry that differs.
 
-    Example:
-        >>> check_rms_norm(lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_rms_norm(lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You add eps after the square root, x / (sqrt(mean(x²)) + eps). ...
     """
+    norm_fn = watched("check_rms_norm", norm_fn, RMS_NORM_RULES)
     for x, weight, eps in _rms_cases():
         got = call_student("check_rms_norm", norm_fn, x.clone(), weight.clone(), eps)
         wide, w = x.double(), weight.double()

@@ -44,11 +44,12 @@ def rms_with_hugging_face(x, weight, eps):
     return norm(x)
 
 
-def test_rms_norm_check_accepts_the_course_module_hugging_face_and_the_formula():
-    assert check_rms_norm(rms_with_module)
-    pytest.importorskip("transformers")
-    assert check_rms_norm(rms_with_hugging_face)
+def test_rms_norm_check_accepts_the_formula_and_hugging_face_and_refuses_the_course_module():
     assert check_rms_norm(lambda x, w, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
+    with pytest.raises(CheckFailed, match="calls RMSNorm.forward, which this exercise forbids"):
+        check_rms_norm(rms_with_module)                  # the exercise's answer may not be the module
+    pytest.importorskip("transformers")
+    assert check_rms_norm(rms_with_hugging_face)         # an independent RMSNorm agrees with the check
 
 
 @pytest.mark.parametrize(

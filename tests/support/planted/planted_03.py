@@ -154,7 +154,8 @@ PLANTED = {
         "fixed_multi_head_attention": (
             "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
             "    layer = MultiHeadAttention(x.shape[-1], num_heads, bias=False)\n"
-            "    for linear, w in zip((layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj), (w_q, w_k, w_v, w_o)):\n"
+            "    layers = (layer.q_proj, layer.k_proj, layer.v_proj, layer.out_proj)\n"
+            "    for linear, w in zip(layers, (w_q, w_k, w_v, w_o)):\n"
             "        linear.weight.data.copy_(w)\n"
             "    return layer(x)[0]\n",
             "q3_find_the_bug",

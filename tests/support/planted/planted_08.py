@@ -56,4 +56,14 @@ PLANTED = {
             "holds some tokens twice",
         ),
     },
+    "alan": {  # shortcuts: the answer calls what its exercise forbids
+        "rms_norm": (
+            "def rms_norm(x, weight, eps):\n"
+            "    norm = RMSNorm(x.shape[-1], eps=eps)\n"
+            "    norm.weight.data.copy_(weight)\n"
+            "    return norm(x)\n",
+            "q1_rms_norm",
+            "your answer calls RMSNorm.forward, which this exercise forbids",
+        ),
+    },
 }
