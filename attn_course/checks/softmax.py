@@ -13,6 +13,8 @@ __all__ = ["check_softmax", "large_scores", "diagnose_non_finite", "WRONG_DIM", 
            "NON_FINITE"]
 
 
+IGNORES_INPUT = ("Your softmax returns {value:.4g} everywhere, whatever the scores: it ignores its input. "
+                 "Each weight must come from its scores: exp of the score, divided by the row's sum of exps.")
 WRONG_DIM = ("Your softmax normalises over the wrong dimension: {detail} The weights of each query "
              "(each row, the last dimension) must sum to 1; use dim=-1.")
 OVERFLOW = ("Your softmax overflows on large scores: exp({big:.0f}) is inf in float32 (so is the exp of "
@@ -111,6 +113,8 @@ def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     got = call_student("check_softmax", softmax_fn, scores.clone())
     check_shape(got, expected, "Your softmax's output")
     if not same(got, expected):
+        if got.numel() and torch.all(got == got.flatten()[0]):
+            raise CheckFailed(IGNORES_INPUT.format(value=got.flatten()[0].item()))
         row_sums = got.sum(dim=-1)
         rows_sum_to_one = torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-4)
         for dim in (0, 1):

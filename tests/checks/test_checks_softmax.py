@@ -59,6 +59,8 @@ MISTAKES = {
     "shifted by the row mean": (row_mean, "overflow"),
     "nan": (lambda s: torch.full_like(s, math.nan), "NaN"),
     "wrong shape": (lambda s: loop_softmax(s)[..., :-1], "has shape"),
+    "a constant that sums to 1 over the batch": (lambda s: torch.full_like(s, 0.5), "it ignores its input"),
+    "uniform weights": (lambda s: torch.full_like(s, 1 / s.shape[-1]), "it ignores its input"),
 }
 
 
