@@ -87,7 +87,8 @@ def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     """Check a softmax over the last dimension, including numerical stability.
 
     The function is called on fresh scores ``[2, 3, 6]`` of ordinary size, then on scores in
-    the thousands (:func:`large_scores`), whose true softmax is perfectly finite.
+    the thousands (:func:`large_scores`), whose true softmax is perfectly finite, then on one
+    row of scores ``[7]`` (the statement promises any shape, one dimension included).
 
     Args:
         softmax_fn: maps scores ``[..., N]`` to weights ``[..., N]``.
@@ -131,4 +132,9 @@ def check_softmax(softmax_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     if not same(got_large, torch.softmax(large, dim=-1)):
         diagnose(got_large, torch.softmax(large, dim=-1), [], ("batch", "row", "column"),
                  "Your softmax on large scores")
+    single = torch.randn(7) * 3                                         # [N]: one dimension, as promised
+    got_single = call_student("check_softmax", softmax_fn, single.clone())
+    check_shape(got_single, single, "Your softmax's output for one row of scores [7]")
+    if not same(got_single, torch.softmax(single, dim=-1)):
+        diagnose(got_single, torch.softmax(single, dim=-1), [], ("column",), "Your softmax of one row [7]")
     return True

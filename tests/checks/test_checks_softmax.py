@@ -61,6 +61,9 @@ MISTAKES = {
     "wrong shape": (lambda s: loop_softmax(s)[..., :-1], "has shape"),
     "a constant that sums to 1 over the batch": (lambda s: torch.full_like(s, 0.5), "it ignores its input"),
     "uniform weights": (lambda s: torch.full_like(s, 1 / s.shape[-1]), "it ignores its input"),
+    "rows taken as dimension 1": (
+        lambda s: (e := (s - s.amax(dim=-1, keepdim=True)).exp()) / e.sum(dim=2 if s.dim() == 3 else 1, keepdim=True),
+        "It was called with a tensor of shape [7]"),
 }
 
 
