@@ -91,15 +91,17 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
     except CheckFailed:
         raise
     except Exception as error:  # the student's code crashed: say where, keep the cause
-        if violation(where, seen):             # a forbidden call came first: that is the mistake
-            raise CheckFailed(violation(where, seen)) from error
+        forbidden_call = violation(where, seen)
+        if forbidden_call:                     # a forbidden call came first: that is the mistake
+            raise CheckFailed(forbidden_call) from error
         if described is None:
             described = ", ".join(f"a tensor of shape {list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
                                   for a in args)
         raise CheckFailed(f"Your function raised {type(error).__name__}: {error}. It was called with {described}.") \
             from error
-    if violation(where, seen):
-        raise CheckFailed(violation(where, seen))
+    forbidden_call = violation(where, seen)
+    if forbidden_call:
+        raise CheckFailed(forbidden_call)
     if result is Ellipsis or result is None:
         raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
     return result
