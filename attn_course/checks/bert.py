@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer
+from attn_course.checks.diagnosis import CheckFailed, call_answer, watched
+from attn_course.checks.forbidden import Forbidden
 from attn_course.models.bert.masking import IGNORE_INDEX
 
 __all__ = ["check_mlm_loss", "check_attention_weight_count", "check_head_most_on"]
@@ -55,6 +56,13 @@ def _as_number(result: object) -> float:
     return float(result)
 
 
+#: What chapter 07's find-the-bug exercise may not call: the course's own loss.
+MLM_LOSS_RULES = (
+    Forbidden("attn_course.models.bert.masked_lm.masked_lm_loss",
+              "the statement asks you not to call masked_lm_loss: fix the classmate's loss"),
+)
+
+
 def check_mlm_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
     """Check ``fn(logits [B, N, V], labels [B, N]) -> scalar``: the MLM loss on chosen positions only.
 
@@ -72,11 +80,14 @@ def check_mlm_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     Raises:
         CheckFailed: naming the mistake, or the expected and the returned value.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> import torch.nn.functional as F
-        >>> check_mlm_loss(lambda logits, labels: F.cross_entropy(logits.flatten(0, 1), labels.flatten()))
-        True
+        >>> check_mlm_loss(lambda logits, labels: F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten()))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your loss averages over every position, the unchosen ones too ...
     """
+    loss_fn = watched("check_mlm_loss", loss_fn, MLM_LOSS_RULES)
     generator = torch.Generator().manual_seed(7)
     for _ in range(2):
         logits, labels = _inputs(generator)
@@ -133,9 +144,11 @@ def check_attention_weight_count(count_fn: Callable[[int], object]) -> bool:
         CheckFailed: naming a missing factor (layers, heads), a linear count, the special tokens
             counted twice, the diagonal left out, or the value expected.
 
-    Example:
-        >>> check_attention_weight_count(lambda n: 6 * 12 * n * n)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_attention_weight_count(lambda n: 12 * n * n)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your count is one layer's worth: 12 heads × n². The model has 6 ...
     """
     for n in (10, 23, 1):
         result = call_answer("check_attention_weight_count", count_fn, n, described=f"n_tokens={n}")
@@ -182,6 +195,15 @@ def _maps() -> tuple[torch.Tensor, ...]:
     return tuple(maps)                        # rows need not sum to 1 here: the row mistake shows
 
 
+#: What chapter 07's head exercise may not call: the course's own head finders.
+HEAD_RULES = (
+    Forbidden("attn_course.models.bert.analysis.strongest_head",
+              "the exercise is to find the head yourself, from the attention maps"),
+    Forbidden("attn_course.models.bert.analysis.attention_share",
+              "the exercise is to find the head yourself, from the attention maps"),
+)
+
+
 def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object]) -> bool:
     """Check ``fn(attentions, key) -> (layer, head)``: the head giving ``key`` most attention (query mean).
 
@@ -195,13 +217,14 @@ def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object
     Raises:
         CheckFailed: naming the mistake, or the head expected.
 
-    Example:
-        >>> def best(attentions, key):
-        ...     on_key = torch.stack([a[0, :, :, key].mean(-1) for a in attentions])   # [L, H]
-        ...     return divmod(int(on_key.argmax()), on_key.shape[1])
-        >>> check_head_most_on(best)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> from attn_course.models.bert.analysis import strongest_head
+        >>> check_head_most_on(lambda attentions, key: tuple(strongest_head(attentions, 0, key))[:2])
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_head_most_on: your answer calls strongest_head, which this ...
     """
+    head_fn = watched("check_head_most_on", head_fn, HEAD_RULES)
     maps, key = _maps(), 4
     result = call_answer("check_head_most_on", head_fn, tuple(m.clone() for m in maps), key,
                          described="3 layers of [1, 4, 6, 6] maps and key=4")

@@ -14,7 +14,17 @@ import torch
 
 from attn_course._threads import one_thread
 from attn_course.checks.attention import attention_inputs
-from attn_course.checks.diagnosis import ATOL, CheckFailed, call_answer, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import (
+    ATOL,
+    CheckFailed,
+    call_answer,
+    call_student,
+    check_shape,
+    diagnose,
+    same,
+    watched,
+)
+from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import causal_mask
@@ -82,6 +92,19 @@ MASK_INVERTED = ("Your mask is inverted: True must mean 'may attend' (the past a
                  "False the future.")
 
 
+#: What chapter 04's mask exercise may not call: the masks the course already builds.
+CAUSAL_MASK_RULES = (
+    Forbidden("attn_course.core.masks.causal_mask",
+              "the exercise is to build the causal mask yourself"),
+    Forbidden("attn_course.variants.masks.sliding_window_mask",
+              "the exercise is to build the causal mask yourself"),
+    Forbidden("attn_course.variants.masks.attention_sink_mask",
+              "the exercise is to build the causal mask yourself"),
+    Forbidden("torch.nn.modules.transformer.Transformer.generate_square_subsequent_mask",
+              "the exercise is to build the causal mask yourself"),
+)
+
+
 def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
                       sizes: Sequence[tuple[int, int]] = ((4, 4), (2, 5), (1, 6), (3, 7))) -> bool:
     """Check ``fn(n_q, n_k) -> [n_q, n_k]`` boolean causal mask for the last ``n_q`` of ``n_k`` positions.
@@ -97,10 +120,13 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
         CheckFailed: naming a non-boolean mask, a wrong shape, a top-left alignment, a hidden
             diagonal, an inverted mask, or the first entry that differs.
 
-    Example:
-        >>> check_causal_mask(lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q))
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_causal_mask(lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril())
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your mask is aligned to the top-left: query 0 sees only key 0, as ...
     """
+    mask_fn = watched("check_causal_mask", mask_fn, CAUSAL_MASK_RULES)
     for n_q, n_k in sizes:
         got = call_answer("check_causal_mask", mask_fn, n_q, n_k, described=f"n_q={n_q}, n_k={n_k}")
         if not isinstance(got, torch.Tensor):
@@ -158,9 +184,11 @@ def check_positions_without_cache(count_fn: Callable[[int, int], int],
             prompt, the prompt counted once, the count with a cache, every step counted
             full, or the case that is wrong.
 
-    Example:
-        >>> check_positions_without_cache(lambda P, T: T * P + T * (T - 1) // 2)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_positions_without_cache(lambda P, T: T * P)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your count for P=16, T=100 is 1600; it should be 6550. The step ...
     """
     for prompt, new in cases:
         got = call_answer("check_positions_without_cache", count_fn, prompt, new, described=f"P={prompt}, T={new}")
@@ -218,6 +246,14 @@ def _reference_decode(model: TinyLanguageModel, new_ids: torch.Tensor, caches: l
     return model.head(model.final_norm(x))                                      # [B, N_new, V]
 
 
+#: What chapter 04's find-the-bug exercise may not call: the model's own forward, which decodes right.
+DECODE_RULES = (
+    Forbidden("attn_course.models.tiny_language_model.TinyLanguageModel.forward",
+              "the exercise is to fix the classmate's function, not to call the model's forward, "
+              "which gets the positions right"),
+)
+
+
 def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[int] = (4, 1, 1, 2, 1)) -> bool:
     """Check ``fn(model, new_ids, caches) -> logits``: a cached forward pass of a ``TinyLanguageModel``.
 
@@ -238,10 +274,13 @@ def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[
         CheckFailed: naming positions that restart at 0, positions one too far, a function that
             ignores the cache, a wrong shape, or the first position that differs.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> check_decode_logits(lambda model, new_ids, caches: model(new_ids, kv_caches=caches))
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_decode_logits: your answer calls TinyLanguageModel.forward, ...
     """
+    decode_fn = watched("check_decode_logits", decode_fn, DECODE_RULES)
     model, ids = _decode_model(seed)
     ids = ids[:, :sum(chunks)]
     # What each known mistake would give, chunk by chunk: (its caches, where its positions start).
@@ -334,13 +373,11 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, chunks: Seq
             wrong order or not kept, a top-left mask, no mask, attention to the new keys only,
             no scaling, or the first token whose output differs.
 
-    Example:
-        >>> def step(q, k, v, past_keys, past_values):
-        ...     keys, values = torch.cat([past_keys, k], dim=-2), torch.cat([past_values, v], dim=-2)
-        ...     mask = causal_mask(q.shape[-2], keys.shape[-2])
-        ...     return self_attention(q, keys, values, mask)[0], keys, values
-        >>> check_cached_attention_step(step)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_cached_attention_step(lambda q, k, v, past_keys, past_values: (self_attention(q, k, v)[0], k, v))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your keys after 3 cached and 1 new tokens has shape [2, 2, 1, 8]; ...
     """
     generator = torch.Generator().manual_seed(seed)
     batch, heads, n, d = 2, 2, sum(chunks), 8

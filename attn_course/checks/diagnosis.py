@@ -80,6 +80,8 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
     """
     if not callable(fn):
         raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
+    if isinstance(fn, _Watched):               # called by a check that takes its own ``described``
+        fn, forbidden = fn.fn, (*forbidden, *fn.forbidden)
     seen: list = []
     try:
         watched_elsewhere = getattr(fn, "call_watching", None)
@@ -107,21 +109,28 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
     return result
 
 
+class _Watched:
+    """An answer and the rules it is called under (what :func:`watched` returns)."""
+
+    def __init__(self, where: str, fn: Callable, forbidden: Sequence[Forbidden]):
+        self.where, self.fn, self.forbidden = where, fn, tuple(forbidden)
+
+    def __call__(self, *args):
+        return call_answer(self.where, self.fn, *args, forbidden=self.forbidden)
+
+
 def watched(where: str, fn: Callable, forbidden: Sequence[Forbidden]) -> Callable:
     """``fn`` as a check calls it under an exercise's rules: every call goes through
     :func:`call_answer` with ``forbidden``, so a forbidden call fails the check, named, at the
-    first call that makes it.
+    first call that makes it. Passed to :func:`call_answer` itself, it is called there, under
+    those rules and with the ``described`` of that call.
 
     Raises:
         TypeError: ``fn`` is not callable.
     """
     if not callable(fn):
         raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
-
-    def answer(*args):
-        return call_answer(where, fn, *args, forbidden=forbidden)
-
-    return answer
+    return _Watched(where, fn, forbidden)
 
 
 def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
@@ -204,8 +213,6 @@ def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer
 
     Example:
         >>> expected = torch.tensor([0.5, 0.5])
-        >>> check_close(torch.tensor([0.5, 0.5]), expected)
-        True
         >>> check_close(torch.tensor([1.0, 1.0]), expected, mistakes=[("You forgot to normalise.", torch.ones(2))])
         Traceback (most recent call last):
         ...

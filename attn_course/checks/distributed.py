@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_answer, check_shape, diagnose, same, watched
+from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
 from attn_course.distributed.layout import token_positions
 
@@ -47,6 +48,23 @@ OWN_SHARD_ONLY = ("Rank r only has its own tokens for its heads: it must also re
                   "those heads, and join them along the sequence.")
 
 
+#: What chapter 09's first exercise may not call: the course's Ulysses and all-to-all.
+ALL_TO_ALL_RULES = (
+    Forbidden("attn_course.distributed.ulysses.sequence_to_heads",
+              "the exercise is to do the all-to-all by hand"),
+    Forbidden("attn_course.distributed.ulysses.heads_to_sequence",
+              "the exercise is to do the all-to-all by hand"),
+    Forbidden("attn_course.distributed.ulysses.AllToAll",
+              "the exercise is to do the all-to-all by hand"),
+    Forbidden("attn_course.distributed.communication.all_to_all",
+              "the exercise is to do the all-to-all by hand"),
+    Forbidden("attn_course.distributed.layout.shard",
+              "the exercise is to do the all-to-all by hand"),
+    Forbidden("attn_course.distributed.layout.unshard",
+              "the exercise is to do the all-to-all by hand"),
+)
+
+
 def check_all_to_all_by_hand(all_to_all_fn: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> bool:
     """Check ``fn(shards) -> parts``: what Ulysses' first all-to-all leaves on each rank.
 
@@ -61,13 +79,13 @@ def check_all_to_all_by_hand(all_to_all_fn: Callable[[list[torch.Tensor]], list[
         CheckFailed: naming no swap at all, interleaved heads, tokens out of order, only the rank's
             own tokens, or the first entry that differs.
 
-    Example:
-        >>> def by_hand(shards):
-        ...     full, h = torch.cat(shards, dim=2), shards[0].shape[1] // len(shards)
-        ...     return [full[:, r * h:(r + 1) * h] for r in range(len(shards))]
-        >>> check_all_to_all_by_hand(by_hand)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_all_to_all_by_hand(lambda shards: shards)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Each rank still holds a slice of the sequence: after the ...
     """
+    all_to_all_fn = watched("check_all_to_all_by_hand", all_to_all_fn, ALL_TO_ALL_RULES)
     generator = torch.Generator().manual_seed(91)
     for world_size, heads, n in [(2, 4, 6), (3, 6, 9)]:
         full = torch.randn(2, heads, n, 3, generator=generator)                 # [B, H, N, d]
@@ -117,6 +135,17 @@ def _shard_bytes(case: dict) -> int:
         * case["bytes_per_element"]
 
 
+#: What chapter 09's prediction may not call: the course's traffic counts.
+BYTES_RULES = (
+    Forbidden("attn_course.distributed.ulysses.ulysses_bytes",
+              "the exercise is to work out the bytes yourself"),
+    Forbidden("attn_course.distributed.communication.count_traffic",
+              "the exercise is to work out the bytes yourself"),
+    Forbidden("attn_course.distributed.communication.Traffic",
+              "the exercise is to work out the bytes yourself"),
+)
+
+
 def check_bytes_sent_per_rank(bytes_fn: Callable[..., int]) -> bool:
     """Check ``fn(method, batch, heads, n, head_dim, world_size, bytes_per_element) -> int``: the bytes one
     rank sends in one attention forward pass, for ``method`` ``"ring"`` or ``"ulysses"``.
@@ -134,14 +163,15 @@ def check_bytes_sent_per_rank(bytes_fn: Callable[..., int]) -> bool:
             two all-to-alls instead of four, a rank that keeps nothing, bits for bytes, or the first case
             that differs.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> def sent(method, batch, heads, n, head_dim, world_size, bytes_per_element):
-        ...     shard = batch * heads * (n // world_size) * head_dim * bytes_per_element
-        ...     p = world_size
-        ...     return 2 * (p - 1) * shard if method == "ring" else 4 * (p - 1) * shard // p
+        ...     return 2 * world_size * batch * heads * (n // world_size) * head_dim * bytes_per_element
         >>> check_bytes_sent_per_rank(sent)
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You counted P transfers of K and V for the ring; a rank passes its ...
     """
+    bytes_fn = watched("check_bytes_sent_per_rank", bytes_fn, BYTES_RULES)
     for case in BYTES_CASES:
         shard, p = _shard_bytes(case), case["world_size"]
         for method in ("ring", "ulysses"):
@@ -205,6 +235,21 @@ def _ring_mistakes(q_blocks, k_blocks, v_blocks) -> dict[str, list[torch.Tensor]
     return variants
 
 
+#: What chapter 09's find-the-bug exercise may not call: the course's merge and ring, or attention over all keys.
+RING_RULES = (
+    Forbidden("attn_course.flash.tiled.merge_attention_outputs",
+              "the exercise is to fix the classmate's merge, not to call the course's"),
+    Forbidden("attn_course.flash.tiled.merge_softmax_blocks",
+              "the exercise is to fix the classmate's merge, not to call the course's"),
+    Forbidden("attn_course.distributed.ring.ring_attention",
+              "the exercise is to fix the classmate's ring, not to call the course's"),
+    Forbidden("attn_course.distributed.ring.ring_attention_on_rank",
+              "the exercise is to fix the classmate's ring, not to call the course's"),
+    Forbidden("attn_course.distributed.ring.RingAttentionFunction",
+              "the exercise is to fix the classmate's ring, not to call the course's"),
+)
+
+
 def check_ring_by_hand(ring_fn: Callable[..., list[torch.Tensor]]) -> bool:
     """Check ``fn(q_blocks, k_blocks, v_blocks) -> outputs``: non-causal ring attention simulated in one
     process. Rank ``r`` holds ``q_blocks[r] [B, n, d]`` and, at step ``s``, the K/V block ``(r - s) mod P``;
@@ -220,22 +265,17 @@ def check_ring_by_hand(ring_fn: Callable[..., list[torch.Tensor]]) -> bool:
         CheckFailed: naming an accumulated output that is not rescaled, a plain sum or mean of the blocks,
             a log-sum-exp that is not updated, or the first entry that differs.
 
-    Example:
-        >>> from attn_course.flash.tiled import merge_attention_outputs
+    Example (a wrong answer, and what it is told):
         >>> def ring(qs, ks, vs):
-        ...     outputs = []
-        ...     for r, q in enumerate(qs):
-        ...         out = lse = None
-        ...         for s in range(len(qs)):
-        ...             j = (r - s) % len(qs)
-        ...             scores = q @ ks[j].transpose(-2, -1) / q.shape[-1] ** 0.5
-        ...             o, l = torch.softmax(scores, -1) @ vs[j], torch.logsumexp(scores, -1)
-        ...             out, lse = (o, l) if out is None else merge_attention_outputs(out, lse, o, l)
-        ...         outputs.append(out)
-        ...     return outputs
+        ...     def blocks(q):
+        ...         return [torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ v for k, v in zip(ks, vs)]
+        ...     return [sum(blocks(q)) / len(ks) for q in qs]
         >>> check_ring_by_hand(ring)
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You average the blocks' outputs. A block whose scores are larger ...
     """
+    ring_fn = watched("check_ring_by_hand", ring_fn, RING_RULES)
     generator = torch.Generator().manual_seed(93)
     for world_size, n, d in [(3, 4, 8), (4, 3, 4)]:
         q, k, v = (3 * torch.randn(2, world_size * n, d, generator=generator) for _ in range(3))   # [B, N, d]
@@ -268,6 +308,21 @@ def _work(world_size: int, n: int, layout: str, *, plus: int = 1) -> list[int]:
     return [int((token_positions(r, world_size, n, layout) + plus).sum()) for r in range(world_size)]
 
 
+#: What chapter 09's work exercise may not call: the course's layouts and counts.
+CAUSAL_WORK_RULES = (
+    Forbidden("attn_course.distributed.layout.token_positions",
+              "the exercise is to work out which tokens each rank holds yourself"),
+    Forbidden("attn_course.distributed.layout.shard",
+              "the exercise is to work out which tokens each rank holds yourself"),
+    Forbidden("attn_course.distributed.ring.ring_work",
+              "the exercise is to count the work yourself"),
+    Forbidden("attn_course.distributed.ring.count_ring_work",
+              "the exercise is to count the work yourself"),
+    Forbidden("attn_course.distributed.ring.RingWork",
+              "the exercise is to count the work yourself"),
+)
+
+
 def check_causal_work(work_fn: Callable[[int, int, str], list[int]]) -> bool:
     """Check ``fn(world_size, n, layout) -> [pairs on rank 0, ..., rank P - 1]``: how many (query, key) pairs
     with ``key <= query`` each rank's queries have under a causal mask, with the tokens laid out
@@ -283,11 +338,13 @@ def check_causal_work(work_fn: Callable[[int, int, str], list[int]]) -> bool:
         CheckFailed: naming non-causal counts, an off-by-one, the two layouts swapped, or the first case that
             differs.
 
-    Example:
-        >>> check_causal_work(lambda p, n, layout: [int((token_positions(r, p, n, layout) + 1).sum())
-        ...                                          for r in range(p)])
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_causal_work(lambda p, n, layout: [n // p * n] * p)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your counts are the same for every layout and rank, N/P · N: that ...
     """
+    work_fn = watched("check_causal_work", work_fn, CAUSAL_WORK_RULES)
     for world_size in (2, 3, 4):
         n = 8 * world_size
         for layout in ("contiguous", "zigzag"):

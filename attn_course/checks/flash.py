@@ -21,7 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close
+from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, watched
+from attn_course.checks.forbidden import Forbidden
 
 __all__ = ["check_merge_partial_attention", "check_causal_tile_counts", "check_streaming_attention",
            "check_rescale_kernel", "check_attention_backward"]
@@ -44,6 +45,15 @@ def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
 
 
+#: What chapter 06's merge exercise may not call: the merges the course already has.
+MERGE_RULES = (
+    Forbidden("attn_course.flash.tiled.merge_attention_outputs",
+              "the exercise is to write the merge yourself"),
+    Forbidden("attn_course.flash.tiled.merge_softmax_blocks",
+              "the exercise is to write the merge yourself"),
+)
+
+
 # --- 1. merging two partial attentions --------------------------------------------------------
 
 def check_merge_partial_attention(merge: Callable) -> bool:
@@ -58,14 +68,14 @@ def check_merge_partial_attention(merge: Callable) -> bool:
         CheckFailed: naming the mistake (outputs averaged, weights not normalised, the merged
             log-sum-exp taken as a max or a sum, ``exp`` overflowing), else what differs.
 
-    Example:
-        >>> def merge(out_a, lse_a, out_b, lse_b):
-        ...     lse = torch.logaddexp(lse_a, lse_b)
-        ...     w_a, w_b = torch.exp(lse_a - lse), torch.exp(lse_b - lse)
-        ...     return w_a[..., None] * out_a + w_b[..., None] * out_b, lse
-        >>> check_merge_partial_attention(merge)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_merge_partial_attention(
+        ...     lambda out_a, lse_a, out_b, lse_b: ((out_a + out_b) / 2, torch.maximum(lse_a, lse_b)))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your merged lse is the larger of lse_a and lse_b: the two sums of ...
     """
+    merge = watched("check_merge_partial_attention", merge, MERGE_RULES)
     generator = torch.Generator().manual_seed(60)
     for logit_scale, split in ((1.0, 5), (4.0, 17), (60.0, 9)):
         q = torch.randn(2, 3, 6, 8, generator=generator, dtype=torch.float64) * logit_scale
@@ -129,6 +139,19 @@ def _diagonal_only(n, block_q, block_k):
     return _walk_tiles(n, block_q, block_k)[0], math.ceil(n / block_q)
 
 
+#: What chapter 06's tile prediction may not call: the code that walks or counts the tiles.
+TILE_COUNT_RULES = (
+    Forbidden("attn_course.flash.tiled.tiled_attention",
+              "the statement asks you not to call tiled_attention: count the tiles yourself"),
+    Forbidden("attn_course.teaching.flash_diagrams.tile_counts",
+              "the exercise is to count the tiles yourself"),
+    Forbidden("attn_course.teaching.flash_diagrams.tile_kinds",
+              "the exercise is to count the tiles yourself"),
+    Forbidden("attn_course.teaching.flash_diagrams.tile_schedule",
+              "the exercise is to count the tiles yourself"),
+)
+
+
 def check_causal_tile_counts(counts: Callable) -> bool:
     """Check ``counts(n, block_q, block_k) -> (computed, masked)`` for causal ``tiled_attention``.
 
@@ -140,18 +163,13 @@ def check_causal_tile_counts(counts: Callable) -> bool:
         CheckFailed: naming the mistake (tiles taken square, the partial last tile forgotten, only
             the diagonal tiles counted as masked, the two numbers swapped), else the case that is wrong.
 
-    Example:
-        >>> def counts(n, block_q, block_k):
-        ...     computed = masked = 0
-        ...     for q_start in range(0, n, block_q):
-        ...         q_end = min(q_start + block_q, n)
-        ...         for k_start in range(0, q_end, block_k):
-        ...             computed += 1
-        ...             masked += min(k_start + block_k, n) - 1 > q_start
-        ...     return computed, masked
-        >>> check_causal_tile_counts(counts)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_causal_tile_counts(lambda n, block_q, block_k: (n // block_q * (n // block_q + 1) // 2, n // block_q))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You forgot the last, partial query tile: with n = 300 and block_q ...
     """
+    counts = watched("check_causal_tile_counts", counts, TILE_COUNT_RULES)
     cases = [(512, 64, 64), (300, 64, 64), (256, 128, 64), (1000, 128, 64), (200, 32, 128), (100, 64, 32)]
     wrong_ways = [
         ("You used block_q for the key tiles too: with block_q = {bq} and block_k = {bk} the key tiles are "
@@ -220,6 +238,25 @@ def _stream_mistakes(q, k, v, block, *, kernel=False):
             for message, options in mistakes]
 
 
+#: What chapter 06's find-the-bug exercise may not call: attention over all keys at once, or the course's tiles.
+STREAMING_RULES = (
+    Forbidden("torch.softmax",
+              "the exercise is to fix the streaming loop; a softmax over all the keys at once is not streaming"),
+    Forbidden("torch.nn.functional.scaled_dot_product_attention",
+              "the exercise is to fix the streaming loop, not to compute attention another way"),
+    Forbidden("attn_course.core.attention.self_attention",
+              "the exercise is to fix the streaming loop, not to compute attention another way"),
+    Forbidden("attn_course.core.attention.scaled_dot_product",
+              "the exercise is to fix the streaming loop, not to compute attention another way"),
+    Forbidden("attn_course.flash.tiled.tiled_attention",
+              "the exercise is to fix the classmate's loop, not to call the course's"),
+    Forbidden("attn_course.flash.tiled.online_softmax",
+              "the exercise is to fix the classmate's loop, not to call the course's"),
+    Forbidden("attn_course.flash.tiled.merge_softmax_blocks",
+              "the exercise is to fix the classmate's loop, not to call the course's"),
+)
+
+
 def check_streaming_attention(attention: Callable) -> bool:
     """Check ``attention(q, k, v, block) -> [N_q, d_v]``, the online-softmax loop, against SDPA.
 
@@ -230,12 +267,13 @@ def check_streaming_attention(attention: Callable) -> bool:
         CheckFailed: naming the mistake (accumulated output or running sum not rescaled, running
             maximum not updated), else the first entry that differs.
 
-    Example:
-        >>> from attn_course.flash import tiled_attention
-        >>> check_streaming_attention(lambda q, k, v, block: tiled_attention(
-        ...     q[None, None], k[None, None], v[None, None], block_q=len(q), block_k=block)[0, 0])
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_streaming_attention(lambda q, k, v, block: torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1) @ v)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_streaming_attention: your answer calls torch.softmax, which ...
     """
+    attention = watched("check_streaming_attention", attention, STREAMING_RULES)
     generator = torch.Generator().manual_seed(62)
     for n_q, n_k, d, d_v, block in ((6, 12, 8, 8, 2), (9, 30, 16, 5, 7), (4, 10, 8, 3, 10)):
         q = torch.randn(n_q, d, generator=generator)
@@ -281,6 +319,17 @@ def check_rescale_kernel(kernel: object) -> bool:
     return True
 
 
+#: What chapter 06's backward exercise may not call: autograd, or the course's backward.
+BACKWARD_RULES = (
+    Forbidden("autograd",
+              "the exercise is to derive the gradients by hand, from the log-sum-exp"),
+    Forbidden("attn_course.flash.tiled_backward.tiled_attention_backward",
+              "the exercise is to write the backward pass yourself"),
+    Forbidden("attn_course.flash.tiled.TiledAttentionFunction",
+              "the exercise is to write the backward pass yourself"),
+)
+
+
 # --- 5. the backward pass from the output and the log-sum-exp ---------------------------------
 
 def check_attention_backward(backward: Callable) -> bool:
@@ -293,16 +342,16 @@ def check_attention_backward(backward: Callable) -> bool:
         CheckFailed: naming the mistake (Δ left out, Δ as rowsum(dP), P without the log-sum-exp,
             the scale left out of dQ and dK), else what differs.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> def backward(q, k, v, out, lse, grad_out):
-        ...     scale = q.shape[-1] ** -0.5
-        ...     p = torch.exp(q @ k.T * scale - lse[:, None])
-        ...     grad_p = grad_out @ v.T
-        ...     grad_s = p * (grad_p - (grad_out * out).sum(-1, keepdim=True))
-        ...     return scale * grad_s @ k, scale * grad_s.T @ q, p.T @ grad_out
+        ...     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        ...     return torch.autograd.grad(torch.softmax(q @ k.T / q.shape[-1] ** 0.5, -1) @ v, (q, k, v), grad_out)
         >>> check_attention_backward(backward)
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_attention_backward: your answer calls Tensor.requires_grad_, ...
     """
+    backward = watched("check_attention_backward", backward, BACKWARD_RULES)
     generator = torch.Generator().manual_seed(66)
     for n_q, n_k, d, d_v in ((5, 7, 8, 4), (12, 9, 16, 16)):
         q, k, v, grad_out = (torch.randn(*shape, generator=generator, dtype=torch.float64)

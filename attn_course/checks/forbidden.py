@@ -62,7 +62,8 @@ class Forbidden:
     Attributes:
         name: a dotted name (``"torch.softmax"``, ``"attn_course.core.attention.self_attention"``),
             or :data:`AUTOGRAD`, or :data:`RANDOM`. A PyTorch function stands for its other
-            spellings too (``torch.softmax`` for ``F.softmax`` and ``x.softmax``).
+            spellings too (``torch.softmax`` for ``F.softmax`` and ``x.softmax``); a class stands
+            for every method it defines.
         why: why the exercise forbids it, in the words of its statement.
     """
 
@@ -93,10 +94,11 @@ def _resolve(dotted: str) -> object | None:
     return None
 
 
-def _targets(rules: Sequence[Forbidden]) -> tuple[dict[object, Forbidden], dict[object, Forbidden], bool]:
-    """(torch functions -> rule, Python code objects -> rule, whether random generators are watched)."""
+def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, bool]:
+    """(torch functions -> rule, Python code objects -> (the name shown, rule), whether random
+    generators are watched)."""
     torch_functions: dict[object, Forbidden] = {}
-    python_code: dict[object, Forbidden] = {}
+    python_code: dict[object, tuple[str, Forbidden]] = {}
     watch_random = False
     for rule in rules:
         if rule.name == AUTOGRAD:
@@ -113,13 +115,22 @@ def _targets(rules: Sequence[Forbidden]) -> tuple[dict[object, Forbidden], dict[
                 torch_functions.setdefault(found, rule)
         for name in python_names:
             found = _resolve(name)
-            code = getattr(getattr(found, "__func__", found), "__code__", None)
-            if code is None:
-                if found is None and not name.startswith("torch."):
-                    raise ValueError(f"Forbidden: no function {name!r} to watch")
-                continue
-            python_code.setdefault(code, rule)
+            if found is None and not name.startswith("torch."):
+                raise ValueError(f"Forbidden: no function {name!r} to watch")
+            for shown, code in _code_of(found):
+                python_code.setdefault(code, (shown, rule))
     return torch_functions, python_code, watch_random
+
+
+def _code_of(found: object) -> list[tuple[str, object]]:
+    """(the name a message shows, code object) of what a rule watches: a function, or every method
+    a class defines itself (a class stands for all it does, whatever method the answer reaches it by)."""
+    if isinstance(found, type):
+        members = [(name, getattr(member, "fget", member)) for name, member in vars(found).items()
+                   if not isinstance(member, type)]
+        return [(f"{found.__name__}.{name}", code) for name, member in members for _, code in _code_of(member)]
+    code = getattr(getattr(found, "__func__", found), "__code__", None)
+    return [(getattr(found, "__qualname__", code.co_name), code)] if code is not None else []
 
 
 class _TorchCalls(TorchFunctionMode):
@@ -185,10 +196,9 @@ def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidde
 
     def profile(frame, event, argument):
         if event == "call":
-            rule = python_code.get(frame.f_code)
-            if rule is not None:
-                seen.append((frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname")
-                             else frame.f_code.co_name, rule))
+            found = python_code.get(frame.f_code)
+            if found is not None:
+                seen.append(found)
         elif event == "c_call" and watch_random and _is_random_generator_call(argument):
             seen.append((f"{type(argument.__self__).__module__}.{argument.__name__}", random_rule))
 

@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
 
 __all__ = [
@@ -114,6 +115,21 @@ def embedding_inputs(n: int = 6, e: int = 10, d_k: int = 4, d_v: int = 3):
     return x, w_q, w_k, w_v
 
 
+#: What chapter 01's first exercise may not call: attention that is already written.
+ATTENTION_FROM_EMBEDDINGS_RULES = (
+    Forbidden("attn_course.core.attention.self_attention",
+              "the exercise is to compute attention from its formula"),
+    Forbidden("attn_course.core.attention.scaled_dot_product",
+              "the exercise is to compute attention from its formula"),
+    Forbidden("torch.nn.functional.scaled_dot_product_attention",
+              "the exercise is to compute attention from its formula"),
+    Forbidden("torch.nn.functional.multi_head_attention_forward",
+              "the exercise is to compute attention from its formula"),
+    Forbidden("attn_course.core.multihead.MultiHeadAttention",
+              "the exercise is to compute attention from its formula"),
+)
+
+
 def check_attention_from_embeddings(attention_fn: Callable) -> bool:
     """Check ``fn(x, w_q, w_k, w_v) -> (output, weights)``: self-attention from token embeddings.
 
@@ -137,14 +153,15 @@ def check_attention_from_embeddings(attention_fn: Callable) -> bool:
             instead of the values, values mixed with the scores or with the transposed
             weights), else the first entry that differs.
 
-    Example:
-        >>> def attention_from_embeddings(x, w_q, w_k, w_v):
-        ...     q, k, v = x @ w_q, x @ w_k, x @ w_v
-        ...     weights = torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1)
-        ...     return weights @ v, weights
-        >>> check_attention_from_embeddings(attention_from_embeddings)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> import torch.nn.functional as F
+        >>> check_attention_from_embeddings(
+        ...     lambda x, w_q, w_k, w_v: F.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_attention_from_embeddings: your answer calls ...
     """
+    attention_fn = watched("check_attention_from_embeddings", attention_fn, ATTENTION_FROM_EMBEDDINGS_RULES)
     where = "check_attention_from_embeddings"
     _require_callable(where, attention_fn)
     x, w_q, w_k, w_v = embedding_inputs()
@@ -194,6 +211,19 @@ def check_attention_from_embeddings(attention_fn: Callable) -> bool:
     return True
 
 
+#: What chapter 01's prediction may not call: the statement asks for it without computing any attention.
+IDENTICAL_KEYS_RULES = (
+    Forbidden("torch.softmax",
+              "the prediction is to be worked out, without computing any attention"),
+    Forbidden("attn_course.core.attention.self_attention",
+              "the prediction is to be worked out, without computing any attention"),
+    Forbidden("attn_course.core.attention.scaled_dot_product",
+              "the prediction is to be worked out, without computing any attention"),
+    Forbidden("torch.nn.functional.scaled_dot_product_attention",
+              "the prediction is to be worked out, without computing any attention"),
+)
+
+
 # --- exercise: identical keys -----------------------------------------------------------------
 
 def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -> bool:
@@ -214,10 +244,13 @@ def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -
         CheckFailed: naming the mistake (an integer dtype, a single number, weights that do not
             sum to 1, all the weight on one key, unequal weights), else the first entry that differs.
 
-    Example:
-        >>> check_identical_keys_prediction(lambda n: torch.full((n,), 1.0 / n))
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_identical_keys_prediction(lambda n: torch.softmax(torch.zeros(n), dim=-1))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_identical_keys_prediction: your answer calls torch.softmax, ...
     """
+    predict_fn = watched("check_identical_keys_prediction", predict_fn, IDENTICAL_KEYS_RULES)
     where = "check_identical_keys_prediction"
     _require_callable(where, predict_fn)
     generator = _generator()
@@ -243,6 +276,17 @@ def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -
     return True
 
 
+#: What chapter 01's find-the-bug exercise may not call: an attention map that is already right.
+ATTENTION_MAP_RULES = (
+    Forbidden("attn_course.core.attention.self_attention",
+              "the exercise is to fix the classmate's map, not to call the course's attention"),
+    Forbidden("attn_course.core.attention.scaled_dot_product",
+              "the exercise is to fix the classmate's map, not to call the course's attention"),
+    Forbidden("attn_course.core.attention.classic_self_attention",
+              "the exercise is to fix the classmate's map, not to call the course's attention"),
+)
+
+
 # --- exercise: the map, rows and columns ---------------------------------------------------
 
 def check_attention_map(map_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
@@ -265,10 +309,13 @@ def check_attention_map(map_fn: Callable[[torch.Tensor, torch.Tensor], torch.Ten
             a softmax over the queries, no scaling, a scaling by d_k or by the number of keys),
             else the first entry that differs.
 
-    Example:
-        >>> check_attention_map(lambda q, k: torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1))
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_attention_map(lambda q, k: torch.softmax(k @ q.T / q.shape[-1] ** 0.5, dim=-1))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your map has shape [7, 5] = [N_k, N_q]: one row per key. The check ...
     """
+    map_fn = watched("check_attention_map", map_fn, ATTENTION_MAP_RULES)
     where = "check_attention_map"
     _require_callable(where, map_fn)
     generator = _generator()
@@ -318,9 +365,11 @@ def check_rescaled_weights(rescale_fn: Callable[[torch.Tensor, float], torch.Ten
             not normalised, rows that do not sum to 1, a normalisation over the wrong dimension),
             else the first entry that differs.
 
-    Example:
-        >>> check_rescaled_weights(lambda w, c: torch.softmax(c * torch.log(w), dim=-1))
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_rescaled_weights(lambda w, c: w ** c)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Close: your weights are proportional to the right ones, but row 0 ...
     """
     where = "check_rescaled_weights"
     _require_callable(where, rescale_fn)

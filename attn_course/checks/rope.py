@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
 from attn_course.positions.rope import Llama3Scaling, RotaryEmbedding
 
@@ -54,6 +55,13 @@ def _positions_variants(mask: torch.Tensor) -> tuple[torch.Tensor, list[tuple[st
     return expected, mistakes
 
 
+#: What chapter 05's first exercise may not call: the Llama model's own positions from a padding mask.
+LEFT_PADDED_RULES = (
+    Forbidden("attn_course.models.llama.block.positions_from_attention_mask",
+              "the exercise is to work out the positions from the mask yourself"),
+)
+
+
 def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     """Check ``fn(attention_mask [B, N]) -> positions [B, N]`` for a left-padded batch.
 
@@ -68,10 +76,13 @@ def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Ten
         CheckFailed: naming shared positions ``0 .. N-1``, positions that start at 1 or count down,
             non-integer positions, or the first real token that differs.
 
-    Example:
-        >>> check_left_padded_positions(lambda mask: (mask.cumsum(-1) - 1).clamp(min=0))
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_left_padded_positions(lambda mask: torch.arange(mask.shape[-1]).expand(mask.shape))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You gave every row the positions 0 .. N-1 of the padded batch, so ...
     """
+    positions_fn = watched("check_left_padded_positions", positions_fn, LEFT_PADDED_RULES)
     for mask in _left_padded_masks():
         got = call_student("check_left_padded_positions", positions_fn, mask.clone())
         expected, mistakes = _positions_variants(mask)
@@ -136,10 +147,12 @@ def check_pairs_slower_than_context(count_fn: Callable[[int, float, int], int]) 
         CheckFailed: naming a missing 2π, a feature index for a pair index, the fast pairs counted
             instead of the slow ones, features counted instead of pairs, or the first case that differs.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> check_pairs_slower_than_context(
-        ...     lambda d, base, context: sum(2 * math.pi * base ** (2 * i / d) > context for i in range(d // 2)))
-        True
+        ...     lambda d, base, context: sum(base ** (2 * i / d) > context for i in range(d // 2)))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You compared 1/θ_i = base^(2i/d) with the context, but a full turn ...
     """
     got, expected = [], []
     for d, base, context in SLOWER_CASES:
@@ -298,6 +311,13 @@ def _llama3_variant(theta: torch.Tensor, factor: float, context: int, low: float
     return torch.where((wavelength >= context / high) & (wavelength <= context / low), mixed, out)
 
 
+#: What chapter 05's Llama 3 exercise may not call: the scaling it asks for.
+LLAMA3_RULES = (
+    Forbidden("attn_course.positions.rope_scaling.Llama3Scaling",
+              "the exercise is to write Llama 3's rule yourself, without Llama3Scaling"),
+)
+
+
 def check_llama3_frequencies(frequencies_fn: Callable) -> bool:
     """Check ``fn(theta [d/2], factor, context, low, high) -> [d/2]``: LLaMA 3.1's scaled frequencies.
 
@@ -313,6 +333,7 @@ def check_llama3_frequencies(frequencies_fn: Callable) -> bool:
         CheckFailed: naming a blend linear in the wavelength, a reversed mix, every pair or the fast
             pairs slowed, a multiplication by the factor, or the first pair that differs.
     """
+    frequencies_fn = watched("check_llama3_frequencies", frequencies_fn, LLAMA3_RULES)
     for d, base, factor, context, low, high in LLAMA3_CASES:
         theta = RotaryEmbedding(d, base=base).frequencies()                    # [d/2], float64
         expected = RotaryEmbedding(d, base=base, scaling=Llama3Scaling(factor, context, low, high)).frequencies()

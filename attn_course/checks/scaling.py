@@ -95,9 +95,11 @@ def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, s
         CheckFailed: naming a constant, the variance instead of the standard deviation, stds
             ignored, squared or added, growth as d_k, random numbers, or the first case off.
 
-    Example:
-        >>> check_score_std_prediction(lambda d_k, std_q, std_k: (d_k * std_q**2 * std_k**2) ** 0.5)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_score_std_prediction(lambda d_k, std_q, std_k: d_k * std_q**2 * std_k**2)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You predicted the variance of q·k (d_k σ_q² σ_k²); the exercise ...
     """
     where = "check_score_std_prediction"
     if not callable(predict_fn):
@@ -150,6 +152,10 @@ SCALED_TWICE = ("Your gradient is √d_k = {sqrt_d_k:g} times too small: you div
 DIAGONAL_ONLY = ("You used only the diagonal of the softmax Jacobian, as if a_i depended on s_i alone (a ⊙ g). "
                  "Each weight also depends on every other score of its row through the normalisation: "
                  "J = diag(a) - a aᵀ, so J·g subtracts a term from each row.")
+SIGMOID_DERIVATIVE = ("You multiplied g by a(1 - a), each weight's derivative with respect to its own score, as "
+                      "for a sigmoid: that is only the diagonal of the softmax Jacobian. Each weight also "
+                      "depends on every other score of its row: ∂a_i/∂s_j = a_i(δ_ij - a_j), so J·g = "
+                      "a ⊙ (g - Σ_j a_j g_j), one sum per row.")
 SUM_OVER_QUERIES = ("In the term that J = diag(a) - a aᵀ subtracts, your sum runs over the queries (dim=-2). "
                     "Each row (one query) has its own softmax: sum a ⊙ g over that row's keys, dim=-1.")
 GRADIENT_FOR_K = ("Your result has the shape of k. The gradient with respect to q is ∂L/∂scores (one row per "
@@ -172,6 +178,7 @@ def _gradient_mistakes(q, k, upstream) -> list[tuple[str, torch.Tensor]]:
     facts = {"sqrt_d_k": sqrt_d_k}
     found = []
     for through, message in ((right, None), (weights * upstream, DIAGONAL_ONLY),
+                             (weights * (1 - weights) * upstream, SIGMOID_DERIVATIVE),
                              (weights * (upstream - (weights * upstream).sum(-2, keepdim=True)), SUM_OVER_QUERIES)):
         for factor, scale_message in ((1 / sqrt_d_k, None), (1.0, NO_SCALE_ON_THE_WAY_BACK),
                                       (1 / sqrt_d_k**2, SCALED_TWICE)):
@@ -199,12 +206,14 @@ def check_query_gradient(gradient_fn: Callable) -> bool:
         CheckFailed: naming a missing or doubled ``1/√d_k``, a Jacobian reduced to its diagonal,
             a sum over the wrong dimension, the shape of ``k``, or the first entry that differs.
 
-    Example:
+    Example (a wrong answer, and what it is told):
         >>> def gradient(q, k, upstream):
         ...     a = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
-        ...     return a * (upstream - (a * upstream).sum(-1, keepdim=True)) @ k / q.shape[-1] ** 0.5
+        ...     return a * (1 - a) * upstream @ k / q.shape[-1] ** 0.5
         >>> check_query_gradient(gradient)
-        True
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You multiplied g by a(1 - a), each weight's derivative with ...
     """
     where = "check_query_gradient"
     gradient_fn = watched(where, gradient_fn, GRADIENT_RULES)

@@ -109,9 +109,22 @@ SIGMOID_NOT_SILU = ("You gate with sigmoid(x W_gate^T): that is the original GLU
                     "z · sigmoid(z), as its gate.")
 NO_GATE = ("There is no gate: you apply SiLU to one projection and never multiply by the other. SwiGLU "
            "multiplies silu(x W_gate^T) by x W_up^T, element by element.")
+PLAIN_LINEAR = ("Your feed-forward is a plain linear map: x W_gate^T W_down^T (or through W_up) has no "
+                "nonlinearity, so two matrices in a row are one matrix and the block adds nothing a single "
+                "linear layer could not. SwiGLU is (SiLU(x W_gate^T) ⊙ x W_up^T) W_down^T: a SiLU on the gate, "
+                "times the up projection.")
+PRODUCT_WITHOUT_SILU = ("You multiply the two projections but apply no SiLU: (x W_gate^T ⊙ x W_up^T) W_down^T is a "
+                        "bilinear GLU. SwiGLU puts SiLU on the gate projection before the product.")
 SILU_AFTER_PRODUCT = ("You apply SiLU to the product of both projections; only the gate projection goes "
                       "through SiLU: silu(x W_gate^T) ⊙ (x W_up^T).")
 NO_DOWN = "You stop before the down projection: the hidden [..., F] vector goes back to E features by W_down."
+
+
+#: What chapter 08's feed-forward exercise may not call: the Llama model's own.
+SWIGLU_RULES = (
+    Forbidden("attn_course.models.llama.feed_forward.SwiGLU",
+              "the exercise is to write SwiGLU yourself"),
+)
 
 
 def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
@@ -126,12 +139,16 @@ def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
 
     Raises:
         CheckFailed: naming gate and up swapped, GELU / ReLU / sigmoid instead of SiLU, no gate, SiLU
-            after the product, a missing down projection, or the first entry that differs.
+            after the product, no SiLU at all, a plain linear map, a missing down projection, or the
+            first entry that differs.
 
-    Example:
-        >>> check_swiglu(lambda x, g, u, d: (F.silu(x @ g.T) * (x @ u.T)) @ d.T)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_swiglu(lambda x, w_gate, w_up, w_down: x @ w_gate.T @ w_down.T)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your feed-forward is a plain linear map: x W_gate^T W_down^T (or ...
     """
+    ffn_fn = watched("check_swiglu", ffn_fn, SWIGLU_RULES)
     generator = torch.Generator().manual_seed(82)
     for batch, embed, hidden in [((2, 3), 8, 12), ((5,), 6, 16)]:
         x = torch.randn(*batch, embed, generator=generator)
@@ -155,6 +172,10 @@ def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
             (NO_GATE, F.silu(gate) @ d.T),
             (NO_GATE, F.silu(up) @ d.T),
             (SILU_AFTER_PRODUCT, F.silu(gate * up) @ d.T),
+            (PLAIN_LINEAR, gate @ d.T),
+            (PLAIN_LINEAR, up @ d.T),
+            (PLAIN_LINEAR, (gate + up) @ d.T),
+            (PRODUCT_WITHOUT_SILU, (gate * up) @ d.T),
         ]
         diagnose(got, expected, mistakes, ("", "token", "feature")[-x.dim():], "Your output")
     return True
@@ -192,6 +213,17 @@ def _case_text(case: dict) -> str:
     return ", ".join(f"{name}={value}" for name, value in case.items())
 
 
+#: What chapter 08's prediction may not call: the course's cache sizes.
+LATENT_CACHE_RULES = (
+    Forbidden("attn_course.variants.kv_cache_size.mla_cache_elements",
+              "the exercise is to work out the size yourself"),
+    Forbidden("attn_course.variants.kv_cache_size.cache_size_from_config",
+              "the exercise is to work out the size yourself"),
+    Forbidden("attn_course.variants.kv_cache_size.CacheSize",
+              "the exercise is to work out the size yourself"),
+)
+
+
 def check_latent_cache_bytes(size_fn: Callable[[dict], int]) -> bool:
     """Check ``fn(config) -> int``: the bytes a multi-head latent attention model caches per token, all
     layers together. ``config`` holds ``num_hidden_layers``, ``num_attention_heads``, ``kv_lora_rank``,
@@ -208,11 +240,14 @@ def check_latent_cache_bytes(size_fn: Callable[[dict], int]) -> bool:
         CheckFailed: naming a rotary key per head, two latents, no rotary key, full keys and values,
             one layer only, elements or bits instead of bytes, or the first configuration that differs.
 
-    Example:
-        >>> check_latent_cache_bytes(lambda c: c["num_hidden_layers"] * (c["kv_lora_rank"] + c["qk_rope_head_dim"])
-        ...                          * c["bytes_per_element"])
-        True
+    Example (a wrong answer, and what it is told):
+        >>> from attn_course.variants.kv_cache_size import cache_size_from_config
+        >>> check_latent_cache_bytes(lambda config: cache_size_from_config(config))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: check_latent_cache_bytes: your answer calls ...
     """
+    size_fn = watched("check_latent_cache_bytes", size_fn, LATENT_CACHE_RULES)
     for case in LATENT_CASES:
         got = call_answer("check_latent_cache_bytes", size_fn, dict(case), described=f"config={{{_case_text(case)}}}")
         if got is Ellipsis or got is None:
@@ -271,6 +306,15 @@ def _positions_kept(kept: torch.Tensor, keys: torch.Tensor) -> list[int] | None:
     return found
 
 
+#: What chapter 08's find-the-bug exercise may not call: the course's sink cache.
+SINK_RULES = (
+    Forbidden("attn_course.variants.attention_sinks.SinkKVCache",
+              "the exercise is to fix the classmate's eviction, not to run the course's cache"),
+    Forbidden("attn_course.variants.attention_sinks.CachePositions",
+              "the exercise is to fix the classmate's eviction, not to run the course's cache"),
+)
+
+
 def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> bool:
     """Check ``fn(keys [B, H, N, d], values [B, H, N, d_v], sinks, recent) -> (keys, values)``: what a
     cache with attention sinks keeps of ``N`` tokens: all of them while ``N <= sinks + recent``, else the
@@ -285,14 +329,13 @@ def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor
         CheckFailed: naming evicted sinks, tokens kept twice, sinks put after the recent tokens, one
             recent token too few, values that do not follow the keys, or the positions that differ.
 
-    Example:
-        >>> def evict(k, v, sinks, recent):
-        ...     n = k.shape[2]
-        ...     keep = list(range(n)) if n <= sinks + recent else [*range(sinks), *range(n - recent, n)]
-        ...     return k[:, :, keep], v[:, :, keep]
-        >>> check_sink_eviction(evict)
-        True
+    Example (a wrong answer, and what it is told):
+        >>> check_sink_eviction(lambda k, v, sinks, recent: (k[:, :, -recent:], v[:, :, -recent:]))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: For N = 20, sinks = 4, recent = 6 the cache should hold the tokens ...
     """
+    evict_fn = watched("check_sink_eviction", evict_fn, SINK_RULES)
     generator = torch.Generator().manual_seed(84)
     for n, sinks, recent in [(20, 4, 6), (7, 4, 6), (10, 4, 6), (11, 2, 3), (9, 0, 5)]:
         keys = torch.randn(2, 3, n, 4, generator=generator)

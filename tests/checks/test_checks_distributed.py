@@ -138,8 +138,28 @@ def test_ring_mistakes_get_their_hint(fn, fragment):
 
 # --- causal work ----------------------------------------------------------------------------------------------
 
+def held(rank, world_size, n, layout):
+    """The positions a rank holds, written out here: one block each, or zig-zag chunks r and 2P-1-r."""
+    if layout == "contiguous":
+        size = n // world_size
+        return list(range(rank * size, (rank + 1) * size))
+    size = n // (2 * world_size)
+    return [*range(rank * size, (rank + 1) * size), *range((2 * world_size - 1 - rank) * size, (2 * world_size - rank) * size)]
+
+
 def work(world_size, n, layout):
-    return [int((token_positions(r, world_size, n, layout) + 1).sum()) for r in range(world_size)]
+    return [sum(position + 1 for position in held(r, world_size, n, layout)) for r in range(world_size)]
+
+
+def test_the_layouts_written_out_are_the_course_layouts():
+    for p, n in [(2, 16), (4, 32)]:
+        for layout in ("contiguous", "zigzag"):
+            assert [token_positions(r, p, n, layout).tolist() for r in range(p)] == [held(r, p, n, layout) for r in range(p)]
+
+
+def test_the_course_layout_is_refused_by_name():
+    assert "calls token_positions, which this exercise forbids" in hint(
+        check_causal_work, lambda p, n, layout: [int((token_positions(r, p, n, layout) + 1).sum()) for r in range(p)])
 
 
 def test_causal_work_solution_passes_and_shows_the_imbalance():
@@ -153,7 +173,7 @@ def test_causal_work_solution_passes_and_shows_the_imbalance():
     "fn, fragment",
     [
         (lambda p, n, layout: [n // p * n] * p, "attention without a mask"),
-        (lambda p, n, layout: [int(token_positions(r, p, n, layout).sum()) for r in range(p)], "p + 1 keys"),
+        (lambda p, n, layout: [sum(held(r, p, n, layout)) for r in range(p)], "p + 1 keys"),
         (lambda p, n, layout: work(p, n, "zigzag" if layout == "contiguous" else "contiguous"), "other layout"),
         (lambda p, n, layout: [1] * p, "expected"),
         (lambda p, n, layout: [1], "one per rank"),

@@ -58,12 +58,25 @@ def test_planted_mistake_gets_its_hint(student, name):
     assert hint in str(failure.value)
 
 
-def test_streaming_solution_passes():
-    def fixed(q, k, v, block):
-        out = torch.zeros(q.shape[0], v.shape[1])
-        weights = torch.softmax(q @ k.T / math.sqrt(q.shape[1]), -1)
-        return out + weights @ v
+def test_streaming_solution_passes_and_a_softmax_over_all_keys_is_refused():
+    def fixed(q, k, v, block):                  # the statement's loop, its accumulator rescaled
+        row_max = torch.full((q.shape[0],), float("-inf"))
+        row_sum, acc = torch.zeros(q.shape[0]), torch.zeros(q.shape[0], v.shape[1])
+        for start in range(0, k.shape[0], block):
+            scores = q @ k[start:start + block].T / math.sqrt(q.shape[1])
+            new_max = torch.maximum(row_max, scores.amax(dim=1))
+            correction, weights = torch.exp(row_max - new_max), torch.exp(scores - new_max[:, None])
+            row_sum = row_sum * correction + weights.sum(dim=1)
+            acc = acc * correction[:, None] + weights @ v[start:start + block]
+            row_max = new_max
+        return acc / row_sum[:, None]
+
+    def not_streaming(q, k, v, block):
+        return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), -1) @ v
+
     assert check_streaming_attention(fixed)
+    with pytest.raises(CheckFailed, match="calls torch.softmax, which this exercise forbids"):
+        check_streaming_attention(not_streaming)
 
 
 @pytest.mark.parametrize("name", [name for name in CHECKS if name != "small_attention_kernel"])

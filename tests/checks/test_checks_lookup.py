@@ -17,7 +17,14 @@ from attn_course.checks.lookup import (
 )
 
 # --- exercise 1: attention from embeddings ----------------------------------------------------
-# Right answers written independently of the package: PyTorch's SDPA, float64 loops.
+# Right answers written independently of the package: the formula with torch.softmax, float64
+# loops. PyTorch's SDPA is what the exercise forbids.
+
+
+def formula_from_embeddings(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v, weights
 
 
 def sdpa_from_embeddings(x, w_q, w_k, w_v):
@@ -37,13 +44,18 @@ def loop_from_embeddings(x, w_q, w_k, w_v):
     return weights @ v, weights
 
 
-@pytest.mark.parametrize("answer", [sdpa_from_embeddings, loop_from_embeddings])
+@pytest.mark.parametrize("answer", [formula_from_embeddings, loop_from_embeddings])
 def test_correct_attention_from_embeddings_passes(answer):
     assert check_attention_from_embeddings(answer) is True
 
 
+def test_attention_already_written_is_refused_by_name():
+    with pytest.raises(CheckFailed, match="calls F.scaled_dot_product_attention, which this exercise forbids"):
+        check_attention_from_embeddings(sdpa_from_embeddings)
+
+
 def test_a_list_of_output_and_weights_is_accepted():
-    assert check_attention_from_embeddings(lambda *args: list(sdpa_from_embeddings(*args))) is True
+    assert check_attention_from_embeddings(lambda *args: list(formula_from_embeddings(*args))) is True
 
 
 def weights_with(scores_fn, dim=-1):
@@ -93,9 +105,9 @@ def test_each_mistake_in_the_output_is_named(answer, message):
 
 def test_a_single_tensor_is_asked_to_become_the_pair():
     with pytest.raises(CheckFailed, match=r"returns one tensor of shape \[6, 3\]; return the pair"):
-        check_attention_from_embeddings(lambda *args: sdpa_from_embeddings(*args)[0])
+        check_attention_from_embeddings(lambda *args: formula_from_embeddings(*args)[0])
     with pytest.raises(CheckFailed, match="tuple of 3 items"):
-        check_attention_from_embeddings(lambda *args: (*sdpa_from_embeddings(*args), None))
+        check_attention_from_embeddings(lambda *args: (*formula_from_embeddings(*args), None))
 
 
 def test_an_unfinished_or_crashing_answer_is_told_so():
@@ -107,7 +119,7 @@ def test_an_unfinished_or_crashing_answer_is_told_so():
 
 def test_an_unknown_mistake_points_at_the_first_differing_weight():
     def off(x, w_q, w_k, w_v):
-        output, weights = sdpa_from_embeddings(x, w_q, w_k, w_v)
+        output, weights = formula_from_embeddings(x, w_q, w_k, w_v)
         weights = weights.clone()
         weights[2, 3] += 0.1
         return output, weights
@@ -219,7 +231,7 @@ def test_checks_reject_anything_but_a_function(check):
 
 
 @pytest.mark.parametrize("check, answer", [
-    (check_attention_from_embeddings, sdpa_from_embeddings),
+    (check_attention_from_embeddings, formula_from_embeddings),
     (check_identical_keys_prediction, lambda n: torch.ones(n) / n),
     (check_attention_map, sdpa_map),
     (check_rescaled_weights, powers),

@@ -95,8 +95,9 @@ def swiglu_with_hugging_face(x, w_gate, w_up, w_down):
     return mlp(x)
 
 
-def test_swiglu_check_accepts_the_course_module_and_hugging_face():
-    assert check_swiglu(swiglu_with_module)
+def test_swiglu_check_refuses_the_course_module_and_accepts_hugging_face():
+    with pytest.raises(CheckFailed, match=r"calls SwiGLU\.\w+, which this exercise forbids"):
+        check_swiglu(swiglu_with_module)
     pytest.importorskip("transformers")
     assert check_swiglu(swiglu_with_hugging_face)
 

@@ -28,6 +28,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from helpers import run_tool, sandbox_installed
+from support.exercises import assign_tool, chapter_namespace, exception_test_source, public_tests
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -98,14 +99,6 @@ def student_code(student: nbformat.NotebookNode) -> list[list[str]]:
     for source in student.metadata.get("otter", {}).get("tests", {}).values():
         units += [statements(case["code"]) for case in cases_of_test_file(source)[1]]
     return units
-
-
-def assign_tool():
-    """tools/assign.py as a module (tools/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
 
 
 def as_graded(body: str) -> list[str]:
@@ -434,38 +427,6 @@ def test_a_planted_mistake_costs_only_its_own_question(graded):
 # otter class above holds one planted student of three chapters; this test is where *every* planted mistake is
 # matched with its hint quickly: each one runs, as the student's cell, in a namespace holding the
 # chapter's imports, followed by the question's public tests exactly as otter runs them.
-
-def chapter_namespace(master: pathlib.Path) -> dict:
-    """A namespace holding what the chapter imports: every top-level import of its code cells."""
-    imports = []
-    for cell in nbformat.read(master, as_version=4).cells:
-        if cell.cell_type == "code" and cell.source.strip():
-            body = ast.parse(TransformerManager().transform_cell(cell.source)).body
-            imports += [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    namespace: dict = {"__name__": "__chapter__"}
-    exec(compile(ast.Module(body=imports, type_ignores=[]), f"<{master.stem} imports>", "exec"), namespace)
-    return namespace
-
-
-def public_tests(master: pathlib.Path) -> dict[str, list[str]]:
-    """{question: the sources of its public (not ``# HIDDEN``) test cells}, from a master notebook."""
-    found: dict[str, list[str]] = {}
-    question, in_tests = None, False
-    for cell in nbformat.read(master, as_version=4).cells:
-        first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
-        if cell.cell_type == "raw":
-            if first == "# BEGIN QUESTION":
-                question = re.search(r"name:\s*(\S+)", cell.source).group(1)
-            in_tests = {"# BEGIN TESTS": True, "# END TESTS": False}.get(first, in_tests)
-        elif cell.cell_type == "code" and in_tests and first and not first.startswith("# HIDDEN"):
-            found.setdefault(question, []).append(cell.source)
-    return found
-
-
-def exception_test_source(source: str) -> str:
-    tool = assign_tool()
-    return tool.exception_test(source, "public_test")
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize(

@@ -1,0 +1,98 @@
+"""A chapter's exercises read from its master notebook, and run as otter runs them, without otter.
+
+Shared by the grading tests (planted mistakes, untouched answers) and the checks' tests (no
+docstring example answers an exercise).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pathlib
+import re
+
+import nbformat
+from IPython.core.inputtransformer2 import TransformerManager
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def chapter_namespace(master: pathlib.Path) -> dict:
+    """A namespace holding what the chapter imports: every top-level import of its code cells."""
+    imports = []
+    for cell in nbformat.read(master, as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.strip():
+            body = ast.parse(TransformerManager().transform_cell(cell.source)).body
+            imports += [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    namespace: dict = {"__name__": "__chapter__"}
+    exec(compile(ast.Module(body=imports, type_ignores=[]), f"<{master.stem} imports>", "exec"), namespace)
+    return namespace
+
+
+def question_tests(master: pathlib.Path, *, hidden: bool = False) -> dict[str, list[str]]:
+    """{question: the sources of its test cells}, from a master notebook: the public ones, and
+    with ``hidden`` the ``# HIDDEN`` ones too (without that line)."""
+    found: dict[str, list[str]] = {}
+    question, in_tests = None, False
+    for cell in nbformat.read(master, as_version=4).cells:
+        first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+        if cell.cell_type == "raw":
+            if first == "# BEGIN QUESTION":
+                question = re.search(r"name:\s*(\S+)", cell.source).group(1)
+            in_tests = {"# BEGIN TESTS": True, "# END TESTS": False}.get(first, in_tests)
+        elif cell.cell_type == "code" and in_tests and first:
+            if not first.startswith("# HIDDEN"):
+                found.setdefault(question, []).append(cell.source)
+            elif hidden:
+                found.setdefault(question, []).append(cell.source.split("\n", 1)[1])
+    return found
+
+
+def public_tests(master: pathlib.Path) -> dict[str, list[str]]:
+    """{question: the sources of its public (not ``# HIDDEN``) test cells}, from a master notebook."""
+    return question_tests(master)
+
+
+def answer_names(master: pathlib.Path) -> dict[str, list[str]]:
+    """{question: the names its solution cells define (functions and values)}."""
+    found: dict[str, list[str]] = {}
+    question, in_solution = None, False
+    for cell in nbformat.read(master, as_version=4).cells:
+        first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+        if cell.cell_type == "raw":
+            if first == "# BEGIN QUESTION":
+                question = re.search(r"name:\s*(\S+)", cell.source).group(1)
+            in_solution = {"# BEGIN SOLUTION": True, "# END SOLUTION": False}.get(first, in_solution)
+        elif cell.cell_type == "code" and question and "# BEGIN SOLUTION" in cell.source:
+            body = ast.parse(TransformerManager().transform_cell(cell.source)).body
+            for node in body:
+                if isinstance(node, ast.FunctionDef):
+                    found.setdefault(question, []).append(node.name)
+                elif isinstance(node, ast.Assign):
+                    found.setdefault(question, []).extend(t.id for t in node.targets if isinstance(t, ast.Name))
+    return found
+
+
+def assign_tool():
+    """tools/assign.py as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def exception_test_source(source: str) -> str:
+    """One test cell as otter runs it (tools/assign.py's exception-based test and its call)."""
+    return assign_tool().exception_test(source, "public_test")
+
+
+def failures(tests: list[str], namespace: dict, question: str) -> list[str]:
+    """Run ``tests`` in ``namespace`` as otter would; the message of each that fails."""
+    messages = []
+    for source in tests:
+        try:
+            exec(compile(exception_test_source(source), f"<{question} test>", "exec"), namespace)
+        except Exception as error:   # noqa: BLE001 - otter counts any exception as a failed test
+            messages.append(f"{type(error).__name__}: {error}")
+    return messages
