@@ -21,6 +21,9 @@ __all__ = ["check_attention", "check_attention_weights", "check_masked_attention
 
 NO_SCALING = ("You forgot the scaling: your result equals softmax(Q Kᵀ) V. Divide the scores by "
               "√d_k (here √{d_k} = {sqrt_d_k:g}) before the softmax.")
+SCALED_BY_SQRT_D_V = ("You divided the scores by √d_v = {sqrt_d_v:g}, the size of the values, instead of by "
+                      "√d_k = {sqrt_d_k:g}, the size of the queries and keys. The scaling keeps the dot product "
+                      "q·k, a sum of d_k terms, at unit variance; the values never enter the scores.")
 SCALED_BY_D_K = ("You divided the scores by d_k = {d_k}; divide by its square root, √d_k = {sqrt_d_k:g}.")
 SCALED_BY_D_MODEL = ("You scaled by √d_model = √{d_model} (all {heads} heads together) instead of the "
                      "head dimension: divide by √d_k = √{d_k}, where d_k = q.shape[-1] is one head's size.")
@@ -121,6 +124,21 @@ def check_attention(
     return True
 
 
+RENORMALISED_AFTER_MASK = (
+    "Your output is NaN on large scores in {count} rows, each a query whose largest score belongs to a key "
+    "it may not attend to: you took the softmax over all the keys, zeroed the blocked weights and divided by "
+    "the sum of the rest. On paper that is the same; in float32 the softmax's weights are relative to the "
+    "largest score of the row, so when a blocked key's score is far above every allowed one, all the allowed "
+    "weights underflow to 0 and the division is 0/0. Mask the scores before the softmax (fill the blocked ones "
+    "with -inf): then the maximum it subtracts is the largest allowed score.")
+
+
+def _renormalised_bad_rows(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[..., N_q]``: the rows where softmax, then × mask, then ÷ row sum gives NaN (float32)."""
+    kept = torch.softmax(scores.float(), dim=-1) * mask
+    return ~torch.isfinite(kept / kept.sum(dim=-1, keepdim=True)).all(dim=-1)
+
+
 def check_large_scores(where: str, attention_fn: Callable, q, k, v, mask) -> None:
     """Call the student's attention on scores in the thousands; name an overflow or underflow.
 
@@ -132,6 +150,10 @@ def check_large_scores(where: str, attention_fn: Callable, q, k, v, mask) -> Non
     got = call_student(where, attention_fn, *args)
     scores = large_q @ large_k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # [..., N_q, N_k]
     if mask is not None:
+        bad = ~torch.isfinite(got).all(dim=-1)
+        renormalised = _renormalised_bad_rows(scores, mask)
+        if bad.any() and renormalised.any() and not (bad & ~renormalised).any():
+            raise CheckFailed(RENORMALISED_AFTER_MASK.format(count=int(bad.sum())))
         scores = scores.masked_fill(~mask, float("-inf"))
     diagnose_non_finite(got, scores)
     expected, _ = self_attention(*args)
@@ -198,8 +220,11 @@ def _known_mistakes(q, k, v, mask) -> list[tuple[str, torch.Tensor]]:
     """(message, output) for every combination of the classic mistakes, one or two at a time."""
     d_k = q.shape[-1]
     heads = q.shape[-3] if q.dim() >= 4 else 1
-    facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "d_model": heads * d_k, "heads": heads}
+    d_v = v.shape[-1]
+    facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "d_model": heads * d_k, "heads": heads, "sqrt_d_v": math.sqrt(d_v)}
     scalings = [(None, 1 / math.sqrt(d_k)), (NO_SCALING, 1.0), (SCALED_BY_D_K, 1.0 / d_k)]
+    if d_v != d_k:
+        scalings.append((SCALED_BY_SQRT_D_V, 1.0 / math.sqrt(d_v)))
     if heads > 1:
         scalings.append((SCALED_BY_D_MODEL, 1.0 / math.sqrt(heads * d_k)))
     masking = [(None, "right")]
@@ -257,7 +282,16 @@ ATTENTION_RULES = (
               "the exercise is to write attention, not to call ours"),
     Forbidden("torch.nn.functional.scaled_dot_product_attention",
               "the exercise is to write attention from the formula, not to call PyTorch's"),
+    Forbidden("attn_course.core.attention.softmax_with_empty_rows",
+              "the exercise is to handle the masked rows yourself, not to call the course's helper"),
 )
+
+#: A fill that float16 cannot hold (chapter 02, section 4): masked_fill raises before any softmax.
+FILL_TOO_LARGE_FOR_FLOAT16 = (
+    "In float16 your function raised: {error}. You fill the blocked scores with a number float16 cannot "
+    "store (its largest is 65504, so -1e9 overflows), as the tutorials' version of section 4 does. Fill "
+    "them with float('-inf'): every dtype holds it, and exp(-inf) = 0 is exactly the weight a blocked key "
+    "must get.")
 
 
 def check_masked_attention(attention_fn: Callable) -> bool:
@@ -312,15 +346,17 @@ def check_fixed_attention(attention_fn: Callable) -> bool:
 
     The function is called on ``q [2, 3, 5, 16]``, ``k [2, 3, 7, 16]``, ``v [2, 3, 7, 8]``
     with a boolean mask ``[5, 7]`` (``True`` = may attend) in which every query may attend
-    to at least one key, then on scores in the thousands. ``(output, weights)`` is
-    accepted.
+    to at least one key, then on scores in the thousands, then in float16 (the heads of a
+    layer under autocast), where a fill of ``-1e9`` cannot be stored. ``(output, weights)``
+    is accepted.
 
     Returns:
         ``True`` when correct.
 
     Raises:
         CheckFailed: naming each mistake that remains (√d_model instead of √d_k, a mask
-            applied after the softmax, and the other classic ones), a call that
+            applied after the softmax, and the other classic ones), a fill too large for
+            float16, a call that
             :data:`ATTENTION_RULES` forbid, or the first difference.
 
     Example (a wrong answer, and what it is told):
@@ -335,4 +371,16 @@ def check_fixed_attention(attention_fn: Callable) -> bool:
     got = call_student(where, attention_fn, q, k, v, mask.clone())
     _compare_masked(where, got, self_attention(q, k, v, mask)[0], q, k, v, mask)
     check_large_scores(where, attention_fn, q, k, v, mask)
+    # The heads of a layer under autocast arrive in float16 (section 4 of chapter 02).
+    half = [t.half() for t in (q, k, v)]
+    try:
+        got = call_student(where, attention_fn, *half, mask.clone())
+    except CheckFailed as failure:
+        if "without overflow" in str(failure):
+            raise CheckFailed(FILL_TOO_LARGE_FOR_FLOAT16.format(error=str(failure.__cause__))) from None
+        raise
+    got, expected = got.float(), self_attention(*half, mask)[0].float()
+    check_shape(got, expected, "Your output in float16")
+    if not torch.allclose(got, expected, rtol=2e-3, atol=2e-3):     # float16 keeps 3 digits
+        diagnose(got, expected, [], ("batch", "head", "query", "feature"), "Your output in float16")
     return True

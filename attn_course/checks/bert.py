@@ -6,11 +6,11 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
 from attn_course.checks.forbidden import Forbidden
 from attn_course.models.bert.masking import IGNORE_INDEX
 
-__all__ = ["check_mlm_loss", "check_attention_weight_count", "check_head_most_on"]
+__all__ = ["check_mlm_loss", "check_attention_weight_count", "check_head_most_on", "check_masked_mean"]
 
 ALL_POSITIONS = (
     "Your loss averages over every position, the unchosen ones too (their label -100 turned into a "
@@ -254,3 +254,55 @@ def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object
             raise CheckFailed(message)
     raise CheckFailed(f"Your (layer, head) is {got}, but the head whose attention on key {key}, averaged over the "
                       f"queries, is largest is {expected}.")
+
+
+# --- chapter 07, exercise 1: the average of the real tokens -------------------------------------
+
+#: What chapter 07's mean-pooling exercise may not call: the course's own pooling.
+MEAN_POOL_RULES = (
+    Forbidden("attn_course.models.bert.analysis.mean_pool",
+              "the statement asks you not to call mean_pool: average the real tokens yourself"),
+)
+
+DIVIDED_BY_N = ("Your averages leave the padding out of the sum but still divide by N, every position of the "
+                "batch: a sequence with padding comes out too small (by its share of real tokens). Divide "
+                "each sequence's sum by its own number of real tokens, the sum of its mask.")
+PADDING_COUNTED = ("Your averages count the padding: they are the plain mean over all N positions. Multiply "
+                   "the vectors by the mask before summing, and divide by the number of real tokens.")
+
+
+def check_masked_mean(mean_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
+    """Check ``fn(hidden [B, N, E], attention_mask [B, N]) -> [B, E]``, the average of the real tokens.
+
+    Called with a mask of integers, then of booleans; one sequence is whole, one has two
+    padding positions and one is a single token. The expected averages are taken by slicing
+    each sequence to its real tokens, in float64.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming a call of ``mean_pool`` (:data:`MEAN_POOL_RULES`), the padding
+            counted, a sum divided by N, a wrong shape, or the first entry that differs.
+
+    Example (a wrong answer, and what it is told):
+        >>> check_masked_mean(lambda hidden, attention_mask: hidden.mean(dim=1))
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your averages count the padding: they are the plain mean ...
+    """
+    mean_fn = watched("check_masked_mean", mean_fn, MEAN_POOL_RULES)
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, 6, 4, generator=generator, dtype=torch.float64)        # [B, N, E]
+    lengths = (6, 4, 1)
+    mask = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])                 # [B, N]
+    expected = torch.stack([hidden[b, :n].mean(dim=0) for b, n in enumerate(lengths)])   # [B, E]
+    for given in (mask, mask.bool()):
+        got = call_student("check_masked_mean", mean_fn, hidden.clone(), given.clone())
+        check_shape(got, expected, "Your averages")
+        if same(got.double(), expected):
+            continue
+        summed = (hidden * mask[..., None]).sum(dim=1)                                  # [B, E]
+        diagnose(got.double(), expected, [(PADDING_COUNTED, hidden.mean(dim=1)), (DIVIDED_BY_N, summed / 6)],
+                 ("sequence", "feature"), "Your averages")
+    return True

@@ -141,6 +141,10 @@ POOL_STRIDED = (
 )
 
 
+POOL_FIRST_HEADS = ("You kept the first H_kv = {kv_heads} heads of the layer (rows 0 to {rows}) and dropped the "
+                    "other {dropped}: the groups after the first lose everything they had learned. Each key/value "
+                    "head stands for its whole group: average the G = {groups} heads of group g, heads g·G to "
+                    "g·G + G - 1.")
 POOL_FIRST_HEAD = (
     "You kept the first head of each group instead of averaging the group. Ainslie et al. (2023) tried "
     "that too and found mean-pooling works better: it keeps something of every head."
@@ -168,7 +172,8 @@ def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
         ``True`` when correct.
 
     Raises:
-        CheckFailed: naming strided groups, the first head kept, a sum instead of a mean, an
+        CheckFailed: naming strided groups, the first head of each group kept, the first H_kv
+            heads of the layer kept, a sum instead of a mean, an
             average over the wrong axis, a function that fails on a 1-D bias, or the first entry
             that differs.
 
@@ -178,7 +183,7 @@ def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
         >>> check_mean_pooled_kv_heads(first_heads)
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: Your pooled weight (H = 6, H_kv = 2) differs from the ...
+        attn_course.checks.diagnosis.CheckFailed: You kept the first H_kv = 2 heads of the layer (rows 0 to 7) and ...
     """
     where = "check_mean_pooled_kv_heads"
     d, width = 4, 10
@@ -205,6 +210,8 @@ def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
         mistakes = [
             (POOL_STRIDED, w.unflatten(0, (groups, kv_heads, d)).mean(dim=0).flatten(0, 1)),
             (POOL_FIRST_HEAD, by_head[:, 0].flatten(0, 1)),
+            (POOL_FIRST_HEADS.format(kv_heads=kv_heads, rows=kv_heads * d - 1, dropped=heads - kv_heads, groups=groups),
+             w[: kv_heads * d]),
             (POOL_SUM.format(groups=groups), by_head.sum(dim=1).flatten(0, 1)),
         ]
         diagnose(got, expected, mistakes, ("row", "column")[: expected.dim()], what)

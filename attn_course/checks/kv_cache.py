@@ -52,7 +52,7 @@ def filled_cache(batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype, p
     cache = KVCache()
     block = torch.zeros(batch, kv_heads, prompt, head_dim, dtype=dtype)   # [B, H_kv, N, d]
     cache.append(block, block)
-    one = block[:, :, :1]                                                 # [B, H_kv, 1, d]
+    one = torch.zeros(batch, kv_heads, 1, head_dim, dtype=dtype)          # [B, H_kv, 1, d]
     for _ in range(new):
         cache.append(one, one)
     return cache
@@ -98,7 +98,9 @@ def check_kv_cache_bytes(bytes_fn: Callable) -> bool:
     ``max_length``) after a prompt of ``prompt_tokens`` tokens appended at once and
     ``new_tokens`` appended one at a time: ``stored`` is the bytes of the ``len(cache)``
     cached tokens' keys and values, ``allocated`` is ``cache.memory_bytes``. Several sizes and
-    dtypes (float16, bfloat16, float32) are tried, with and without new tokens.
+    dtypes (float16, bfloat16, float32) are tried, with and without new tokens, always with a
+    prompt of at least one token (as the statement says: a prompt holds at least its first token, and
+    a capacity doubled from an empty prompt's 0 would stay 0 in the natural loop).
 
     Returns:
         ``True`` when every prediction is right.

@@ -286,6 +286,9 @@ EVICTS_SINKS = ("Your cache keeps the last sinks + recent tokens, so once the te
                 "and the `recent` newest after them.")
 DUPLICATES = ("While the text is still short (N < sinks + recent) your cache holds some tokens twice: the first "
               "`sinks` and the last `recent` overlap. Until the cache is full, keep every token once.")
+NEGATIVE_ZERO_SLICE = ("With recent = 0 your cache keeps the sinks and then every token again: x[:, :, -recent:] "
+                       "is x[:, :, -0:], and -0 is 0, so the slice is the whole sequence, not an empty one. "
+                       "Slice the recent tokens from n - recent: x[:, :, n - recent:] is empty when recent = 0.")
 SINKS_LAST = ("You keep the right tokens in the wrong order: the sinks go first, then the recent tokens, oldest to "
               "newest, because their order in the cache is their position (StreamingLLM numbers positions inside "
               "the cache).")
@@ -326,7 +329,8 @@ def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor
         ``True`` when correct.
 
     Raises:
-        CheckFailed: naming evicted sinks, tokens kept twice, sinks put after the recent tokens, one
+        CheckFailed: naming evicted sinks, tokens kept twice, a ``-recent:`` slice that keeps
+            everything when ``recent = 0``, sinks put after the recent tokens, one
             recent token too few, values that do not follow the keys, or the positions that differ.
 
     Example (a wrong answer, and what it is told):
@@ -337,7 +341,8 @@ def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor
     """
     evict_fn = watched("check_sink_eviction", evict_fn, SINK_RULES)
     generator = torch.Generator().manual_seed(84)
-    for n, sinks, recent in [(20, 4, 6), (7, 4, 6), (10, 4, 6), (11, 2, 3), (9, 0, 5)]:
+    # Longer and shorter than the cache, no sinks, and no recent tokens (a `-recent:` slice keeps all).
+    for n, sinks, recent in [(20, 4, 6), (7, 4, 6), (10, 4, 6), (11, 2, 3), (9, 0, 5), (3, 0, 5), (12, 3, 0)]:
         keys = torch.randn(2, 3, n, 4, generator=generator)
         values = torch.randn(2, 3, n, 5, generator=generator)
         result = call_answer("check_sink_eviction", evict_fn, keys.clone(), values.clone(), sinks, recent,
@@ -359,6 +364,8 @@ def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor
                     raise CheckFailed(EVICTS_SINKS)
                 if n < sinks + recent and kept == [*range(min(sinks, n)), *range(max(0, n - recent), n)]:
                     raise CheckFailed(DUPLICATES)
+                if recent == 0 and kept == [*range(sinks), *range(n)]:
+                    raise CheckFailed(NEGATIVE_ZERO_SLICE)
                 if sorted(kept) == keep:
                     raise CheckFailed(SINKS_LAST)
                 if kept == [*range(sinks), *range(n - recent + 1, n)]:

@@ -198,6 +198,8 @@ class KVCache:
         """
         held = None if self._keys is None else (self._keys, self._values)
         check_new_entries("KVCache.append", keys, values, like=held)
+        if held is None and keys.shape[2] == 0:
+            return keys, values               # no token yet: nothing to allocate (the first one sizes it)
         needed = self.length + keys.shape[2]
         if needed > self.capacity:
             self._grow(needed, keys, values)

@@ -24,6 +24,7 @@ from attn_course.checks.bert import (
     WRONG_UNFLATTEN,
     check_attention_weight_count,
     check_head_most_on,
+    check_masked_mean,
     check_mlm_loss,
 )
 from attn_course.checks.diagnosis import CheckFailed
@@ -87,19 +88,18 @@ def test_other_answers_say_what_was_expected_crashes_and_shapes_are_explained():
 
 def test_planted_mistakes_of_chapter_07_get_their_hint():
     checks = {"fixed_mlm_loss": check_mlm_loss, "predicted_weight_count": check_attention_weight_count,
-              "head_most_on": check_head_most_on}
+              "head_most_on": check_head_most_on, "masked_mean": check_masked_mean}
     tried = 0
     for functions in PLANTED.values():
         for name, (code, _, hint) in functions.items():
-            if name not in checks:
-                continue                                     # masked_mean is checked with check_close
+            assert name in checks, name
             namespace = {"torch": torch, "F": F}
             exec(code, namespace)
             with pytest.raises(CheckFailed) as failed:
                 checks[name](namespace[name])
             assert hint in str(failed.value)
             tried += 1
-    assert tried == 4
+    assert tried == sum(len(functions) for functions in PLANTED.values())
 
 
 # --- exercise 2: the attention-weight count --------------------------------------------------------

@@ -363,3 +363,14 @@ def test_a_cache_from_a_module_with_other_head_counts_is_rejected():
     attention(2)(randn(1, 3, E), kv_cache=cache)
     with pytest.raises(ValueError, match=r"^KVCache\.append: .*do not match the cache"):
         attention(4)(randn(1, 1, E), kv_cache=cache)
+
+
+def test_an_empty_first_append_allocates_nothing_and_the_next_token_sizes_the_buffer():
+    cache = KVCache()
+    empty = torch.zeros(1, 2, 0, 4)
+    keys, values = cache.append(empty, empty)
+    assert keys.shape == (1, 2, 0, 4) and len(cache) == 0 and cache.memory_bytes == 0
+    one = torch.ones(1, 2, 1, 4)
+    for _ in range(5):
+        cache.append(one, one)
+    assert (len(cache), cache.capacity) == (5, 8)          # room for 1, then doubled: 2, 4, 8

@@ -94,3 +94,28 @@ PLANTED = {
         ),
     },
 }
+
+# Shortcuts the statements forbid: each is refused by name.
+PLANTED["zoe"] = {
+    "attention_from_embeddings": (
+        "def attention_from_embeddings(x, w_q, w_k, w_v):\n"
+        "    import torch.nn.functional as F\n"
+        "    q, k, v = x @ w_q, x @ w_k, x @ w_v\n"
+        "    return F.scaled_dot_product_attention(q, k, v), torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1)\n",
+        "q1_attention_from_embeddings",
+        "calls F.scaled_dot_product_attention, which this exercise forbids",
+    ),
+    "weights_for_identical_keys": (
+        "def weights_for_identical_keys(n):\n"
+        "    return torch.softmax(torch.zeros(n), dim=-1)\n",
+        "q2_identical_keys",
+        "calls torch.softmax, which this exercise forbids",
+    ),
+    "fixed_attention_map": (
+        "def fixed_attention_map(queries, keys):\n"
+        "    from attn_course import self_attention\n"
+        "    return self_attention(queries, keys, keys)[1]\n",
+        "q3_find_the_bug",
+        "calls self_attention, which this exercise forbids",
+    ),
+}

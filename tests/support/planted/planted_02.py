@@ -175,3 +175,51 @@ PLANTED = {
         ),
     },
 }
+
+# Mistakes with recognisers of their own.
+PLANTED["bea"] = {
+    "my_attention": (                     # the values' size for the keys'
+        "def my_attention(q, k, v, mask=None):\n"
+        "    scores = q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1])\n"
+        "    if mask is not None:\n"
+        "        scores = scores.masked_fill(~mask, float('-inf'))\n"
+        "    return torch.nan_to_num(torch.softmax(scores, dim=-1)) @ v\n",
+        "q2_attention_from_scratch",
+        "You divided the scores by √d_v",
+    ),
+    "fixed_attention": (                  # renormalised after the mask: NaN when a blocked key is the row's max
+        "def fixed_attention(q, k, v, mask):\n"
+        "    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) * mask\n"
+        "    return weights / weights.sum(dim=-1, keepdim=True) @ v\n",
+        "q4_find_the_bug",
+        "zeroed the blocked weights and divided by the sum of the rest",
+    ),
+    "query_gradient": (                   # the sigmoid's derivative
+        "def query_gradient(q, k, upstream):\n"
+        "    a = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+        "    return a * (1 - a) * upstream @ k / math.sqrt(q.shape[-1])\n",
+        "q5_query_gradient",
+        "as for a sigmoid",
+    ),
+}
+
+# Shortcuts: the course's helper from section 1's listing, and the tutorials' -1e9 of section 4.
+PLANTED["zoe"] = {
+    "my_attention": (
+        "def my_attention(q, k, v, mask=None):\n"
+        "    from attn_course.core.attention import softmax_with_empty_rows\n"
+        "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+        "    if mask is not None:\n"
+        "        scores = scores.masked_fill(~mask, float('-inf'))\n"
+        "    return softmax_with_empty_rows(scores) @ v\n",
+        "q2_attention_from_scratch",
+        "calls softmax_with_empty_rows, which this exercise forbids",
+    ),
+    "fixed_attention": (
+        "def fixed_attention(q, k, v, mask):\n"
+        "    scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(mask == 0, -1e9)\n"
+        "    return torch.softmax(scores, dim=-1) @ v\n",
+        "q4_find_the_bug",
+        "float16 cannot store",
+    ),
+}

@@ -169,3 +169,12 @@ PLANTED = {
         ),
     },
 }
+
+PLANTED["bea"] = {
+    "mean_pool_kv_heads": (               # the first H_kv heads of the layer, not each group's mean
+        "def mean_pool_kv_heads(w, num_heads, num_kv_heads):\n"
+        "    return w[: num_kv_heads * w.shape[0] // num_heads]\n",
+        "q5_mean_pool_kv_heads",
+        "You kept the first H_kv",
+    ),
+}

@@ -85,3 +85,20 @@ PLANTED = {
         ),
     },
 }
+
+# Shortcuts the statements forbid: each is refused by name.
+PLANTED["zoe"] = {
+    "my_causal_mask": (
+        "def my_causal_mask(n_q, n_k):\n"
+        "    from attn_course import causal_mask\n"
+        "    return causal_mask(n_q, n_k)\n",
+        "q1_causal_mask",
+        "calls causal_mask, which this exercise forbids",
+    ),
+    "fixed_decode_logits": (
+        "def fixed_decode_logits(model, new_ids, caches):\n"
+        "    return model(new_ids, kv_caches=caches)\n",
+        "q3_find_the_bug",
+        "calls TinyLanguageModel.forward, which this exercise forbids",
+    ),
+}

@@ -119,3 +119,21 @@ PLANTED = {
         ),
     },
 }
+
+# Shortcuts the statements forbid: each is refused by name.
+PLANTED["zoe"] = {
+    "left_padded_positions": (
+        "def left_padded_positions(mask):\n"
+        "    from attn_course.models.llama.block import positions_from_attention_mask\n"
+        "    return positions_from_attention_mask(mask)\n",
+        "q1_left_padded_positions",
+        "calls positions_from_attention_mask, which this exercise forbids",
+    ),
+    "llama3_frequencies": (
+        "def llama3_frequencies(theta, factor, context, low, high):\n"
+        "    from attn_course.positions.rope_scaling import Llama3Scaling\n"
+        "    return Llama3Scaling(factor, context, low, high).frequencies(theta)\n",
+        "q5_llama3_frequencies",
+        "calls Llama3Scaling.__init__, which this exercise forbids",
+    ),
+}

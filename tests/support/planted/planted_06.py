@@ -152,3 +152,37 @@ SOLUTIONS = {
         "    return scale * grad_s @ k, scale * grad_s.T @ q, p.T @ grad_out\n"
     ),
 }
+
+# Shortcuts the statements forbid: each is refused by name.
+PLANTED["zoe"] = {
+    "merge_partial_attention": (
+        "def merge_partial_attention(out_a, lse_a, out_b, lse_b):\n"
+        "    from attn_course.flash.tiled import merge_attention_outputs\n"
+        "    return merge_attention_outputs(out_a, lse_a, out_b, lse_b)\n",
+        "q1_merge_partial",
+        "calls merge_attention_outputs, which this exercise forbids",
+    ),
+    "causal_tile_counts": (
+        "def causal_tile_counts(n, block_q, block_k):\n"
+        "    from attn_course.teaching.flash_diagrams import tile_counts\n"
+        "    counts = tile_counts(n, n, block_q, block_k, causal=True)\n"
+        "    return counts['computed'], counts['masked']\n",
+        "q2_predict_tiles",
+        "calls tile_counts, which this exercise forbids",
+    ),
+    "fixed_streaming_attention": (        # not streaming at all
+        "def fixed_streaming_attention(q, k, v, block):\n"
+        "    return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), dim=-1) @ v\n",
+        "q3_find_the_bug_rescale",
+        "calls torch.softmax, which this exercise forbids",
+    ),
+    "attention_backward": (
+        "def attention_backward(q, k, v, out, lse, grad_out):\n"
+        "    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))\n"
+        "    with torch.enable_grad():\n"
+        "        o = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ v\n"
+        "    return torch.autograd.grad(o, (q, k, v), grad_out)\n",
+        "q5_backward_from_lse",
+        "which this exercise forbids: the exercise is to derive the gradients by hand",
+    ),
+}

@@ -12,7 +12,7 @@ PLANTED = {
             "def masked_mean(hidden, attention_mask):\n"
             "    return hidden.mean(dim=1)\n",
             "q1_mean_pooling",
-            "padding must not count",
+            "count the padding",
         ),
         "fixed_mlm_loss": (                       # the classmate's code, handed in as it was
             "def fixed_mlm_loss(logits, labels):\n"
@@ -46,4 +46,31 @@ PLANTED = {
             "a sequence with one blank weighs as much",
         ),
     },
+}
+
+PLANTED["bea"] = {
+    "masked_mean": (                      # padding left out of the sum, but still in the count
+        "def masked_mean(hidden, attention_mask):\n"
+        "    return (hidden * attention_mask[..., None]).sum(dim=1) / hidden.shape[1]\n",
+        "q1_mean_pooling",
+        "still divide by N",
+    ),
+}
+
+# Shortcuts the statements forbid: each is refused by name.
+PLANTED["zoe"] = {
+    "masked_mean": (
+        "def masked_mean(hidden, attention_mask):\n"
+        "    from attn_course.models.bert.analysis import mean_pool\n"
+        "    return mean_pool(hidden, attention_mask)\n",
+        "q1_mean_pooling",
+        "calls mean_pool, which this exercise forbids",
+    ),
+    "fixed_mlm_loss": (
+        "def fixed_mlm_loss(logits, labels):\n"
+        "    from attn_course.models.bert.masked_lm import masked_lm_loss\n"
+        "    return masked_lm_loss(logits, labels)\n",
+        "q3_find_the_bug_mlm_loss",
+        "calls masked_lm_loss, which this exercise forbids",
+    ),
 }

@@ -67,3 +67,31 @@ PLANTED = {
         ),
     },
 }
+
+PLANTED["bea"] = {
+    "swiglu": (                           # no nonlinearity at all
+        "def swiglu(x, w_gate, w_up, w_down):\n"
+        "    return x @ w_gate.T @ w_down.T\n",
+        "q2_swiglu",
+        "plain linear map",
+    ),
+    "fixed_evict": (                      # right, except that -0: is the whole sequence
+        "def fixed_evict(keys, values, sinks, recent):\n"
+        "    if keys.shape[2] <= sinks + recent:\n"
+        "        return keys, values\n"
+        "    return (torch.cat((keys[:, :, :sinks], keys[:, :, -recent:]), 2),\n"
+        "            torch.cat((values[:, :, :sinks], values[:, :, -recent:]), 2))\n",
+        "q4_find_the_bug_sink_cache",
+        "-0 is 0",
+    ),
+}
+
+PLANTED["zoe"] = {
+    "latent_cache_bytes": (
+        "def latent_cache_bytes(config):\n"
+        "    from attn_course.variants.kv_cache_size import cache_size_from_config\n"
+        "    return cache_size_from_config(config)\n",
+        "q3_predict_latent_cache",
+        "calls cache_size_from_config, which this exercise forbids",
+    ),
+}

@@ -66,3 +66,36 @@ PLANTED = {
         ),
     },
 }
+
+# Shortcuts the statements forbid: each is refused by name.
+PLANTED["zoe"] = {
+    "bytes_sent_per_rank": (
+        "def bytes_sent_per_rank(method, batch, heads, n, head_dim, world_size, bytes_per_element):\n"
+        "    from attn_course.distributed.ulysses import ulysses_bytes\n"
+        "    return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=bytes_per_element)\n",
+        "q2_predict_bytes",
+        "calls ulysses_bytes, which this exercise forbids",
+    ),
+    "fixed_ring_attention": (
+        "def fixed_ring_attention(q_blocks, k_blocks, v_blocks):\n"
+        "    from attn_course.flash.tiled import merge_attention_outputs\n"
+        "    outputs = []\n"
+        "    for q in q_blocks:\n"
+        "        out = lse = None\n"
+        "        for k, v in zip(k_blocks, v_blocks):\n"
+        "            scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5\n"
+        "            o, l = torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)\n"
+        "            out, lse = (o, l) if out is None else merge_attention_outputs(out, lse, o, l)\n"
+        "        outputs.append(out)\n"
+        "    return outputs\n",
+        "q3_find_the_bug_ring_merge",
+        "calls merge_attention_outputs, which this exercise forbids",
+    ),
+    "causal_work": (
+        "def causal_work(world_size, n, layout):\n"
+        "    from attn_course.distributed.layout import token_positions\n"
+        "    return [int((token_positions(r, world_size, n, layout) + 1).sum()) for r in range(world_size)]\n",
+        "q4_causal_work",
+        "calls token_positions, which this exercise forbids",
+    ),
+}
