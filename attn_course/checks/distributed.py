@@ -308,21 +308,6 @@ def _work(world_size: int, n: int, layout: str, *, plus: int = 1) -> list[int]:
     return [int((token_positions(r, world_size, n, layout) + plus).sum()) for r in range(world_size)]
 
 
-#: What chapter 09's work exercise may not call: the course's layouts and counts.
-CAUSAL_WORK_RULES = (
-    Forbidden("attn_course.distributed.layout.token_positions",
-              "the exercise is to work out which tokens each rank holds yourself"),
-    Forbidden("attn_course.distributed.layout.shard",
-              "the exercise is to work out which tokens each rank holds yourself"),
-    Forbidden("attn_course.distributed.ring.ring_work",
-              "the exercise is to count the work yourself"),
-    Forbidden("attn_course.distributed.ring.count_ring_work",
-              "the exercise is to count the work yourself"),
-    Forbidden("attn_course.distributed.ring.RingWork",
-              "the exercise is to count the work yourself"),
-)
-
-
 def check_causal_work(work_fn: Callable[[int, int, str], list[int]]) -> bool:
     """Check ``fn(world_size, n, layout) -> [pairs on rank 0, ..., rank P - 1]``: how many (query, key) pairs
     with ``key <= query`` each rank's queries have under a causal mask, with the tokens laid out
@@ -344,7 +329,6 @@ def check_causal_work(work_fn: Callable[[int, int, str], list[int]]) -> bool:
         ...
         attn_course.checks.diagnosis.CheckFailed: Your counts are the same for every layout and rank, N/P · N: that ...
     """
-    work_fn = watched("check_causal_work", work_fn, CAUSAL_WORK_RULES)
     for world_size in (2, 3, 4):
         n = 8 * world_size
         for layout in ("contiguous", "zigzag"):

@@ -144,7 +144,8 @@ def held(rank, world_size, n, layout):
         size = n // world_size
         return list(range(rank * size, (rank + 1) * size))
     size = n // (2 * world_size)
-    return [*range(rank * size, (rank + 1) * size), *range((2 * world_size - 1 - rank) * size, (2 * world_size - rank) * size)]
+    mirror = 2 * world_size - 1 - rank
+    return [*range(rank * size, (rank + 1) * size), *range(mirror * size, (mirror + 1) * size)]
 
 
 def work(world_size, n, layout):
@@ -154,12 +155,8 @@ def work(world_size, n, layout):
 def test_the_layouts_written_out_are_the_course_layouts():
     for p, n in [(2, 16), (4, 32)]:
         for layout in ("contiguous", "zigzag"):
-            assert [token_positions(r, p, n, layout).tolist() for r in range(p)] == [held(r, p, n, layout) for r in range(p)]
-
-
-def test_the_course_layout_is_refused_by_name():
-    assert "calls token_positions, which this exercise forbids" in hint(
-        check_causal_work, lambda p, n, layout: [int((token_positions(r, p, n, layout) + 1).sum()) for r in range(p)])
+            course = [token_positions(r, p, n, layout).tolist() for r in range(p)]
+            assert course == [held(r, p, n, layout) for r in range(p)]
 
 
 def test_causal_work_solution_passes_and_shows_the_imbalance():

@@ -26,6 +26,7 @@ import nbformat
 import pytest
 
 import attn_course.checks
+
 from support.exercises import CHAPTERS, answer_names, chapter_namespace, failures, question_tests
 
 PARSER = doctest.DocTestParser()

@@ -91,11 +91,4 @@ PLANTED["zoe"] = {
         "q3_find_the_bug_ring_merge",
         "calls merge_attention_outputs, which this exercise forbids",
     ),
-    "causal_work": (
-        "def causal_work(world_size, n, layout):\n"
-        "    from attn_course.distributed.layout import token_positions\n"
-        "    return [int((token_positions(r, world_size, n, layout) + 1).sum()) for r in range(world_size)]\n",
-        "q4_causal_work",
-        "calls token_positions, which this exercise forbids",
-    ),
 }
