@@ -150,11 +150,11 @@ def answer(namespace: dict, request: dict) -> dict:
                 target = target[request["index"]]
             value = target(*args, **kwargs)
         wire.encode(value)                    # data, or the error below
-    except wire.NotData as error:
-        return {"error": {"type": "TypeError", "message": f"it returned {error}"}}
     except BaseException as error:  # noqa: BLE001 - the student's exception, whatever it is, goes back as data
         if rules and seen:              # a forbidden call came first: that is what the check reports
             return {"value": None, "after": [], "forbidden": [[called, rule.name] for called, rule in seen]}
+        if isinstance(error, wire.NotData):
+            return {"error": {"type": "TypeError", "message": f"it returned {error}"}}
         return {"error": {"type": type(error).__name__, "message": str(error)[:2000]}}
     if request.get("index") is not None:
         # A kernel writes its outputs through pointers, which no version counter sees: send back

@@ -570,3 +570,46 @@ def test_all_calls_together_get_the_notebooks_time():
         assert sleeps(2.5) == 2.5                         # within its 3 s...
         with pytest.raises(SubmissionStopped, match="ran past 4 s in all"):
             sleeps(2.5)                                   # ...but 5 s in all, past --seconds
+
+
+# --- every forbidden shortcut: the same verdict in the notebook and through the sandbox ---------
+
+def shortcut_cases():
+    """(chapter, function, planted code, question, hint) of every planted shortcut (students
+    alan and zoe), each refused by name."""
+    from support.planted import PLANTED_BY_CHAPTER
+
+    return [pytest.param(chapter, name, *entry, id=f"{chapter[:2]}-{student}-{name}")
+            for chapter, students in PLANTED_BY_CHAPTER.items() for student in ("alan", "zoe")
+            for name, entry in students.get(student, {}).items() if "forbids" in entry[2]]
+
+
+def imports_source(master: pathlib.Path) -> str:
+    """The chapter's top-level imports, as one cell of source."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    nodes = []
+    for cell in nbformat.read(master, as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.strip():
+            nodes += [node for node in ast.parse(TransformerManager().transform_cell(cell.source)).body
+                      if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return "\n".join(ast.unparse(node) for node in nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter, name, code, question, hint", shortcut_cases())
+def test_a_forbidden_shortcut_gets_one_verdict_in_the_notebook_and_under_make_grade(chapter, name, code, question,
+                                                                                      hint):
+    from attn_course_grading.remote import Submission
+    from support.exercises import chapter_namespace, failures, public_tests
+
+    master = ROOT / "notebooks" / f"{chapter}.ipynb"
+    tests = public_tests(master)[question]
+    local = chapter_namespace(master)
+    exec(compile(code, f"<planted {name}>", "exec"), local)
+    in_notebook = failures(tests, local, question)
+    with Submission([imports_source(master), code], [name], sandbox.Limits(), sandboxed=sandbox_installed()) as run:
+        remote = dict(chapter_namespace(master), **run.answer_values())
+        under_grading = failures(tests, remote, question)
+    assert any(hint in message for message in in_notebook), in_notebook
+    assert under_grading == in_notebook
