@@ -186,9 +186,14 @@ def test_an_all_masked_side_leaves_the_other_side_unchanged_without_nan():
     assert (out == 0).all() and (lse == float("-inf")).all()
 
 
-def test_merge_attention_outputs_passes_chapter_06s_check():
-    from attn_course.checks.flash import check_merge_partial_attention
-    assert check_merge_partial_attention(merge_attention_outputs)
+def test_merge_attention_outputs_passes_chapter_06s_check_which_forbids_it(monkeypatch):
+    import attn_course.checks.flash as flash_checks
+    from attn_course.checks import CheckFailed
+
+    with pytest.raises(CheckFailed, match="calls merge_attention_outputs, which this exercise forbids"):
+        flash_checks.check_merge_partial_attention(merge_attention_outputs)
+    monkeypatch.setattr(flash_checks, "MERGE_RULES", ())          # the numbers alone: right
+    assert flash_checks.check_merge_partial_attention(merge_attention_outputs)
 
 
 @pytest.mark.parametrize(

@@ -601,6 +601,7 @@ def imports_source(master: pathlib.Path) -> str:
 def test_a_forbidden_shortcut_gets_one_verdict_in_the_notebook_and_under_make_grade(chapter, name, code, question,
                                                                                       hint):
     from attn_course_grading.remote import Submission
+
     from support.exercises import chapter_namespace, failures, public_tests
 
     master = ROOT / "notebooks" / f"{chapter}.ipynb"
