@@ -16,6 +16,7 @@ defines, so an answer copied under another name is caught too.
 from __future__ import annotations
 
 import doctest
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -69,6 +70,16 @@ def candidates(before: dict, after: dict) -> list[object]:
            [value for value in added if not callable(value) and not inspect.ismodule(value)]
 
 
+@functools.cache
+def example_candidates(master, module_name: str, where: str, docstring: str) -> tuple:
+    """What one docstring's Example defines when run in a chapter's namespace (run once per
+    chapter: the exercises of a chapter share their check modules)."""
+    namespace = chapter_namespace(master)
+    before = dict(namespace)
+    example_namespace(docstring, namespace, f"<{module_name}.{where} Example>")
+    return tuple(candidates(before, namespace))
+
+
 def answers_pass(namespace: dict, names: list[str], tests: list[str], question: str, value: object) -> str | None:
     """The name under which ``value`` passes every test of ``question``, or None."""
     for name in names:
@@ -99,10 +110,7 @@ def test_no_check_docstring_example_answers_the_exercise(master, question, tests
     passing = []
     for module in used:
         for where, docstring in documented(module):
-            namespace = chapter_namespace(master)
-            before = dict(namespace)
-            example_namespace(docstring, namespace, f"<{module.__name__}.{where} Example>")
-            for value in candidates(before, namespace):
+            for value in example_candidates(master, module.__name__, where, docstring):
                 name = answers_pass(chapter_namespace(master), names, tests, question, value)
                 if name:
                     passing.append(f"{module.__name__}.{where}: {getattr(value, '__name__', value)!r} as {name}")

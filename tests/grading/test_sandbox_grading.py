@@ -596,12 +596,36 @@ def imports_source(master: pathlib.Path) -> str:
     return "\n".join(ast.unparse(node) for node in nodes)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("chapter, name, code, question, hint", shortcut_cases())
-def test_a_forbidden_shortcut_gets_one_verdict_in_the_notebook_and_under_make_grade(chapter, name, code, question,
-                                                                                      hint):
+@pytest.fixture(scope="module")
+def shortcut_submissions():
+    """{chapter: the answer proxies of one sandboxed submission holding all its planted shortcuts}:
+    one sandbox per chapter, each shortcut kept under its own alias (two students may plant the
+    same function)."""
     from attn_course_grading.remote import Submission
 
+    opened, proxies = [], {}
+    try:
+        for chapter in sorted({case.values[0] for case in shortcut_cases()}):
+            cases = [case.values for case in shortcut_cases() if case.values[0] == chapter]
+            cells = [imports_source(ROOT / "notebooks" / f"{chapter}.ipynb")]
+            for index, (_, name, code, _, _) in enumerate(cases):
+                cells += [code, f"shortcut_{index} = {name}"]
+            submission = Submission(cells, [f"shortcut_{index}" for index in range(len(cases))], sandbox.Limits(),
+                                    sandboxed=sandbox_installed())
+            opened.append(submission)
+            values = submission.answer_values()
+            proxies[chapter] = {(name, code): values[f"shortcut_{index}"]
+                                for index, (_, name, code, _, _) in enumerate(cases)}
+        yield proxies
+    finally:
+        for submission in opened:
+            submission.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter, name, code, question, hint", shortcut_cases())
+def test_a_forbidden_shortcut_gets_one_verdict_in_the_notebook_and_under_make_grade(shortcut_submissions, chapter,
+                                                                                      name, code, question, hint):
     from support.exercises import chapter_namespace, failures, public_tests
 
     master = ROOT / "notebooks" / f"{chapter}.ipynb"
@@ -609,8 +633,7 @@ def test_a_forbidden_shortcut_gets_one_verdict_in_the_notebook_and_under_make_gr
     local = chapter_namespace(master)
     exec(compile(code, f"<planted {name}>", "exec"), local)
     in_notebook = failures(tests, local, question)
-    with Submission([imports_source(master), code], [name], sandbox.Limits(), sandboxed=sandbox_installed()) as run:
-        remote = dict(chapter_namespace(master), **run.answer_values())
-        under_grading = failures(tests, remote, question)
+    remote = dict(chapter_namespace(master), **{name: shortcut_submissions[chapter][(name, code)]})
+    under_grading = failures(tests, remote, question)
     assert any(hint in message for message in in_notebook), in_notebook
     assert under_grading == in_notebook

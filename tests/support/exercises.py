@@ -7,6 +7,7 @@ docstring example answers an exercise).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import pathlib
 import re
@@ -74,8 +75,9 @@ def answer_names(master: pathlib.Path) -> dict[str, list[str]]:
     return found
 
 
+@functools.cache
 def assign_tool():
-    """tools/assign.py as a module (tools/ is not a package)."""
+    """tools/assign.py as a module (tools/ is not a package), loaded once."""
     spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
