@@ -69,7 +69,8 @@ def forward_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
         correction = tl.exp2(row_max - new_max)          # exp(m_old - m_new); 0 on the first tile
         probabilities = tl.exp2(scores - new_max[:, None])                    # [BLOCK_M, BLOCK_N]
         row_sum = row_sum * correction + tl.sum(probabilities, 1)
-        # acc · correction + P V in one instruction: the product accumulates into acc.
+        # The rescaling acc · correction is separate FP32 work; only the addition of P V folds into
+        # the matrix multiply, which accumulates into the tensor it is given.
         acc = tl.dot(probabilities.to(v.dtype), v, acc * correction[:, None])
         row_max = new_max
     return acc, row_max, row_sum
