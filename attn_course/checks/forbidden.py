@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["AUTOGRAD", "RANDOM", "Forbidden", "violation", "watch_calls"]
+__all__ = ["AUTOGRAD", "RANDOM", "Forbidden", "forbid", "violation", "watch_calls"]
 
 #: The special name of a rule against deriving a gradient with autograd.
 AUTOGRAD = "autograd"
@@ -75,6 +75,16 @@ class Forbidden:
             value = getattr(self, field)
             if not isinstance(value, str) or not value:
                 raise TypeError(f"Forbidden: {field} must be a non-empty str, got {value!r}")
+
+
+def forbid(why: str, *names: str) -> tuple[Forbidden, ...]:
+    """One :class:`Forbidden` per name, all for the same reason (an exercise's rules, usually).
+
+    Example:
+        >>> [rule.name for rule in forbid("write it yourself", "torch.softmax", "torch.nn.functional.rms_norm")]
+        ['torch.softmax', 'torch.nn.functional.rms_norm']
+    """
+    return tuple(Forbidden(name, why) for name in names)
 
 
 def _resolve(dotted: str) -> object | None:

@@ -23,7 +23,8 @@ from collections.abc import Callable
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
-from attn_course.checks.forbidden import Forbidden
+from attn_course.checks.forbidden import forbid
+from attn_course.checks.rescaled_weights import check_rescaled_weights  # chapter 01's fourth, re-exported
 from attn_course.core.attention import self_attention
 
 __all__ = [
@@ -73,20 +74,6 @@ ONE_KEY_WINS = ("Your prediction puts all the weight on one key. When all the ke
                 "what makes one of them win? Compare the scores q · k_j of one query.")
 UNEQUAL = ("Your weights for n = {n} sum to 1 but are not all equal. Compare the scores q · k_j of one "
            "query when every k_j is the same vector.")
-UNCHANGED = ("Your weights did not change, but multiplying the scores by c = {factor:.3g} does change "
-             "them ({what}). Write one weight as exp(s_j) / Σ_k exp(s_k) and see what c · s_j does "
-             "to each term.")
-WEIGHTS_AS_SCORES = ("You put the weights through a softmax as if they were the scores. They are not: "
-                     "a weight is exp(s_j) / Σ_k exp(s_k). What does that tell you about s_j?")
-WRONG_WAY = ("Your weights moved the wrong way: multiplying the scores by c = {factor:.3g} {should}, and "
-             "yours {did}. Check whether c ends up multiplying or dividing.")
-NEARLY = "Close: your weights are proportional to the right ones, but row 0 sums to {total:.4g}, not 1."
-ROWS_NOT_ONE = ("Your new weights do not sum to 1 along the last dimension (row 0 sums to {total:.4g}); "
-                "whatever the factor, they are one softmax over the keys.")
-WRONG_DIM = ("Your new weights sum to 1 along dimension 0, not along the last one: each row (the last "
-             "dimension, the keys) is its own softmax.")
-
-
 def _generator() -> torch.Generator:
     return torch.Generator().manual_seed(2024)
 
@@ -116,17 +103,13 @@ def embedding_inputs(n: int = 6, e: int = 10, d_k: int = 4, d_v: int = 3):
 
 
 #: What chapter 01's first exercise may not call: attention that is already written.
-ATTENTION_FROM_EMBEDDINGS_RULES = (
-    Forbidden("attn_course.core.attention.self_attention",
-              "the exercise is to compute attention from its formula"),
-    Forbidden("attn_course.core.attention.scaled_dot_product",
-              "the exercise is to compute attention from its formula"),
-    Forbidden("torch.nn.functional.scaled_dot_product_attention",
-              "the exercise is to compute attention from its formula"),
-    Forbidden("torch.nn.functional.multi_head_attention_forward",
-              "the exercise is to compute attention from its formula"),
-    Forbidden("attn_course.core.multihead.MultiHeadAttention",
-              "the exercise is to compute attention from its formula"),
+ATTENTION_FROM_EMBEDDINGS_RULES = forbid(
+    "the exercise is to compute attention from its formula",
+    "attn_course.core.attention.self_attention",
+    "attn_course.core.attention.scaled_dot_product",
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch.nn.functional.multi_head_attention_forward",
+    "attn_course.core.multihead.MultiHeadAttention",
 )
 
 
@@ -163,7 +146,6 @@ def check_attention_from_embeddings(attention_fn: Callable) -> bool:
     """
     attention_fn = watched("check_attention_from_embeddings", attention_fn, ATTENTION_FROM_EMBEDDINGS_RULES)
     where = "check_attention_from_embeddings"
-    _require_callable(where, attention_fn)
     x, w_q, w_k, w_v = embedding_inputs()
     q, k, v = x @ w_q, x @ w_k, x @ w_v
     expected_output, expected_weights = self_attention(q, k, v)
@@ -212,15 +194,12 @@ def check_attention_from_embeddings(attention_fn: Callable) -> bool:
 
 
 #: What chapter 01's prediction may not call: the statement asks for it without computing any attention.
-IDENTICAL_KEYS_RULES = (
-    Forbidden("torch.softmax",
-              "the prediction is to be worked out, without computing any attention"),
-    Forbidden("attn_course.core.attention.self_attention",
-              "the prediction is to be worked out, without computing any attention"),
-    Forbidden("attn_course.core.attention.scaled_dot_product",
-              "the prediction is to be worked out, without computing any attention"),
-    Forbidden("torch.nn.functional.scaled_dot_product_attention",
-              "the prediction is to be worked out, without computing any attention"),
+IDENTICAL_KEYS_RULES = forbid(
+    "the prediction is to be worked out, without computing any attention",
+    "torch.softmax",
+    "attn_course.core.attention.self_attention",
+    "attn_course.core.attention.scaled_dot_product",
+    "torch.nn.functional.scaled_dot_product_attention",
 )
 
 
@@ -252,7 +231,6 @@ def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -
     """
     predict_fn = watched("check_identical_keys_prediction", predict_fn, IDENTICAL_KEYS_RULES)
     where = "check_identical_keys_prediction"
-    _require_callable(where, predict_fn)
     generator = _generator()
     for n in (1, 4, 7):
         query = torch.randn(1, 8, generator=generator)                           # [1, d_k]
@@ -277,13 +255,11 @@ def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -
 
 
 #: What chapter 01's find-the-bug exercise may not call: an attention map that is already right.
-ATTENTION_MAP_RULES = (
-    Forbidden("attn_course.core.attention.self_attention",
-              "the exercise is to fix the classmate's map, not to call the course's attention"),
-    Forbidden("attn_course.core.attention.scaled_dot_product",
-              "the exercise is to fix the classmate's map, not to call the course's attention"),
-    Forbidden("attn_course.core.attention.classic_self_attention",
-              "the exercise is to fix the classmate's map, not to call the course's attention"),
+ATTENTION_MAP_RULES = forbid(
+    "the exercise is to fix the classmate's map, not to call the course's attention",
+    "attn_course.core.attention.self_attention",
+    "attn_course.core.attention.scaled_dot_product",
+    "attn_course.core.attention.classic_self_attention",
 )
 
 
@@ -317,7 +293,6 @@ def check_attention_map(map_fn: Callable[[torch.Tensor, torch.Tensor], torch.Ten
     """
     map_fn = watched("check_attention_map", map_fn, ATTENTION_MAP_RULES)
     where = "check_attention_map"
-    _require_callable(where, map_fn)
     generator = _generator()
     queries = torch.randn(5, 16, generator=generator)                          # [N_q, d_k]
     keys = torch.randn(7, 16, generator=generator)                             # [N_k, d_k]
@@ -342,76 +317,3 @@ def check_attention_map(map_fn: Callable[[torch.Tensor, torch.Tensor], torch.Ten
     return True
 
 
-# --- exercise: what a factor on the scores does to the weights --------------------------------
-
-def check_rescaled_weights(rescale_fn: Callable[[torch.Tensor, float], torch.Tensor]) -> bool:
-    """Check ``fn(weights, factor) -> [..., N]``: softmax weights after the scores are multiplied by ``factor``.
-
-    ``weights`` are float32 softmax outputs over the last dimension (shapes ``[3, 6]`` and
-    ``[6]``), and ``factor`` a positive Python float (2.0, 8/√6 and 0.5). The answer must equal
-    ``softmax(factor · s)`` for the scores ``s`` the weights came from, which the function does
-    not see; any floating dtype, to 1e-5 (absolute) and 1e-4 (relative).
-
-    Args:
-        rescale_fn: the student's function.
-
-    Returns:
-        ``True`` when correct for every shape and factor.
-
-    Raises:
-        TypeError: ``rescale_fn`` is not callable.
-        CheckFailed: naming the mistake (the weights returned unchanged, the weights put through a
-            softmax as if they were scores, the factor applied the wrong way, the right weights
-            not normalised, rows that do not sum to 1, a normalisation over the wrong dimension),
-            else the first entry that differs.
-
-    Example (a wrong answer, and what it is told):
-        >>> check_rescaled_weights(lambda w, c: w ** c)
-        Traceback (most recent call last):
-        ...
-        attn_course.checks.diagnosis.CheckFailed: Close: your weights are proportional to the right ones, but row 0 ...
-    """
-    where = "check_rescaled_weights"
-    _require_callable(where, rescale_fn)
-    generator = _generator()
-    for shape in ((3, 6), (6,)):
-        scores = torch.randn(*shape, generator=generator, dtype=torch.float64) * 1.5     # [..., N]
-        weights = torch.softmax(scores, dim=-1).float()                                  # [..., N]
-        for factor in (2.0, 8 / math.sqrt(6), 0.5):
-            expected = torch.softmax(factor * scores, dim=-1)                           # [..., N]
-            got = call_student(where, rescale_fn, weights.clone(), factor)
-            if not got.is_floating_point():
-                raise CheckFailed(NOT_FLOATING.format(what="result", dtype=got.dtype))
-            check_shape(got, expected, "Your new weights")
-            if not same(got, expected):
-                _diagnose_rescaled(got, expected, weights.double(), factor)
-    return True
-
-
-def _diagnose_rescaled(got: torch.Tensor, expected: torch.Tensor, weights: torch.Tensor, factor: float) -> None:
-    sharper = factor > 1
-    change = "sharpens them: the largest weight grows" if sharper else "flattens them: the largest weight shrinks"
-    powered = weights ** factor                                                           # [..., N]
-    inverse = weights ** (1 / factor)
-    mistakes = [
-        (UNCHANGED.format(factor=factor, what=change), weights),
-        (WEIGHTS_AS_SCORES, torch.softmax(weights * factor, dim=-1)),
-        (WEIGHTS_AS_SCORES, torch.softmax(weights, dim=-1)),
-        (WRONG_WAY.format(factor=factor, should="sharpens the weights" if sharper else "flattens the weights",
-                          did="got flatter" if sharper else "got sharper"),
-         inverse / inverse.sum(dim=-1, keepdim=True)),
-    ]
-    if got.dim() > 1:
-        mistakes.append((WRONG_DIM, powered / powered.sum(dim=0, keepdim=True)))
-    finite = torch.nan_to_num(got.double(), nan=0.0)
-    for message, wrong in mistakes:
-        if same(finite, wrong):
-            raise CheckFailed(message)
-    row = finite.reshape(-1, finite.shape[-1])[0]
-    total = float(row.sum())
-    if not math.isclose(total, 1.0, abs_tol=1e-4):
-        ratio = finite / expected                                                          # [..., N]
-        proportional = torch.allclose(ratio, ratio[..., :1].expand_as(ratio), rtol=1e-4)
-        raise CheckFailed((NEARLY if proportional else ROWS_NOT_ONE).format(total=total))
-    axes = ("row", "key")[-got.dim():]
-    diagnose(got, expected, [], axes, "Your new weights")

@@ -28,7 +28,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from helpers import run_tool, sandbox_installed
-from support.exercises import assign_tool, chapter_namespace, exception_test_source, public_tests
+from support.exercises import assign_tool, chapter_namespace, exception_test_source, failures, public_tests
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -438,12 +438,7 @@ def test_planted_mistake_fails_its_public_check_with_the_hint(student, chapter, 
     namespace = chapter_namespace(ROOT / "notebooks" / f"{chapter}.ipynb")
     exec(compile(code, f"<{student}'s {name}>", "exec"), namespace)
     tests = public_tests(ROOT / "notebooks" / f"{chapter}.ipynb")[question]
-    messages = []
-    for source in tests:
-        try:
-            exec(compile(exception_test_source(source), f"<{question} public test>", "exec"), namespace)
-        except Exception as error:   # noqa: BLE001 - otter counts any exception as a failed test
-            messages.append(f"{type(error).__name__}: {error}")
+    messages = failures(tests, namespace, question)
     assert messages, f"{student}'s planted {name} passes the public tests of {question}"
     assert any(hint in message for message in messages), messages
 

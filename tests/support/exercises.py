@@ -31,10 +31,9 @@ def chapter_namespace(master: pathlib.Path) -> dict:
     return namespace
 
 
-def question_tests(master: pathlib.Path, *, hidden: bool = False) -> dict[str, list[str]]:
-    """{question: the sources of its test cells}, from a master notebook: the public ones, and
-    with ``hidden`` the ``# HIDDEN`` ones too (without that line)."""
-    found: dict[str, list[str]] = {}
+def code_cells_by_question(master: pathlib.Path):
+    """Each code cell of a master notebook with its first line, its question (None before the
+    first) and whether it sits between ``# BEGIN TESTS`` and ``# END TESTS``."""
     question, in_tests = None, False
     for cell in nbformat.read(master, as_version=4).cells:
         first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
@@ -42,11 +41,19 @@ def question_tests(master: pathlib.Path, *, hidden: bool = False) -> dict[str, l
             if first == "# BEGIN QUESTION":
                 question = re.search(r"name:\s*(\S+)", cell.source).group(1)
             in_tests = {"# BEGIN TESTS": True, "# END TESTS": False}.get(first, in_tests)
-        elif cell.cell_type == "code" and in_tests and first:
-            if not first.startswith("# HIDDEN"):
-                found.setdefault(question, []).append(cell.source)
-            elif hidden:
-                found.setdefault(question, []).append(cell.source.split("\n", 1)[1])
+        elif cell.cell_type == "code":
+            yield cell, first, question, in_tests
+
+
+def question_tests(master: pathlib.Path, *, hidden: bool = False) -> dict[str, list[str]]:
+    """{question: the sources of its test cells}, from a master notebook: the public ones, and
+    with ``hidden`` the ``# HIDDEN`` ones too (without that line)."""
+    found: dict[str, list[str]] = {}
+    for cell, first, question, in_tests in code_cells_by_question(master):
+        if in_tests and first and not first.startswith("# HIDDEN"):
+            found.setdefault(question, []).append(cell.source)
+        elif in_tests and first and hidden:
+            found.setdefault(question, []).append(cell.source.split("\n", 1)[1])
     return found
 
 
@@ -58,16 +65,9 @@ def public_tests(master: pathlib.Path) -> dict[str, list[str]]:
 def answer_names(master: pathlib.Path) -> dict[str, list[str]]:
     """{question: the names its solution cells define (functions and values)}."""
     found: dict[str, list[str]] = {}
-    question, in_solution = None, False
-    for cell in nbformat.read(master, as_version=4).cells:
-        first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
-        if cell.cell_type == "raw":
-            if first == "# BEGIN QUESTION":
-                question = re.search(r"name:\s*(\S+)", cell.source).group(1)
-            in_solution = {"# BEGIN SOLUTION": True, "# END SOLUTION": False}.get(first, in_solution)
-        elif cell.cell_type == "code" and question and "# BEGIN SOLUTION" in cell.source:
-            body = ast.parse(TransformerManager().transform_cell(cell.source)).body
-            for node in body:
+    for cell, _, question, _ in code_cells_by_question(master):
+        if question and "# BEGIN SOLUTION" in cell.source:
+            for node in ast.parse(TransformerManager().transform_cell(cell.source)).body:
                 if isinstance(node, ast.FunctionDef):
                     found.setdefault(question, []).append(node.name)
                 elif isinstance(node, ast.Assign):
