@@ -23,7 +23,7 @@ The three roles of attention are then:
 
 So a score ``q_i · k_j`` is "how much of what token *i* wants does token *j* offer".
 
-Finally the six features are *lifted* into ``d_k`` dimensions (64 by default) by a fixed
+Finally the six features are *lifted* into ``d_k`` dimensions (64 by default; at 6, the identity) by a fixed
 matrix ``L [6, d_k]`` with orthonormal rows (``L Lᵀ = I``): ``Q = X W_Q L``, ``K = X L``,
 ``V = X L``. The lift only makes the vectors look like a real model's (dense, 64 wide);
 it changes no score, since ``Q Kᵀ = X W_Q L Lᵀ Xᵀ = X W_Q Xᵀ`` whatever ``d_k`` is. So
@@ -154,7 +154,11 @@ def bank_sentence(d_k: int = 64, *, dtype: torch.dtype = torch.float32) -> ToySe
         TypeError: ``d_k`` not an int, or ``dtype`` not floating.
         ValueError: ``d_k`` below 6.
 
+    At ``d_k = 6`` the lift is the identity: the keys and values are the features themselves.
+
     Example:
+        >>> bank_sentence(6).keys[bank_sentence().index("river")]   # thing, nature: a noun of nature
+        tensor([1., 1., 0., 0., 0., 0.])
         >>> sentence = bank_sentence()
         >>> scores = sentence.queries @ sentence.keys.T / 8
         >>> sentence.tokens[int(scores[sentence.index("bank")].argmax())]
@@ -166,8 +170,10 @@ def bank_sentence(d_k: int = 64, *, dtype: torch.dtype = torch.float32) -> ToySe
     generator = torch.Generator().manual_seed(0)
     gaussian = torch.randn(d_k, d_k, generator=generator, dtype=torch.float64)
     orthogonal, _ = torch.linalg.qr(gaussian)                      # [d_k, d_k]
-    lift = orthogonal[:, : len(FEATURES)].T.contiguous()           # [F, d_k]
     identity = torch.eye(len(FEATURES), dtype=torch.float64)
+    # At d_k = 6 there is nothing to lift into: the vectors are the features themselves, so that
+    # chapter 01 can read every key and value as named features.
+    lift = identity if d_k == len(FEATURES) else orthogonal[:, : len(FEATURES)].T.contiguous()  # [F, d_k]
     return ToySentence(
         tokens=TOKENS,
         feature_names=FEATURES,

@@ -40,6 +40,16 @@ def test_lift_rows_are_orthonormal(d_k):
     torch.testing.assert_close(lift @ lift.T, torch.eye(len(FEATURES), dtype=torch.float64))
 
 
+def test_at_d_k_6_keys_and_values_are_the_features_unrotated():
+    # Chapter 01 reads the keys and values as named features: no rotation may hide them.
+    sentence = bank_sentence(6)
+    assert torch.equal(sentence.keys, sentence.embeddings)
+    assert torch.equal(sentence.values, sentence.embeddings)
+    wants = torch.tensor([[0, 3, 3, 1, 0.5, 0], [0, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
+                          [3, 1, 0, 0, 0, 0], [2, 0, 0, 0, 0.5, 0], [1, 1, 1, 1, 1, 0]])
+    assert torch.equal(sentence.queries, sentence.embeddings @ wants * 8)
+
+
 def test_shapes_and_d_k():
     sentence = bank_sentence()
     assert sentence.d_k == 64

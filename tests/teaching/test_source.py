@@ -60,3 +60,27 @@ def test_shows_a_triton_kernel_with_its_decorator():
     loop = repr(show_source(kernels.forward_key_tiles))        # the key loop the kernel calls, twice
     assert "@triton.jit" in loop and "def forward_key_tiles(" in loop and "tl.dot(q, k_t)" in loop
     assert "def attention_forward_kernel(" not in loop
+
+
+def test_without_docstrings_every_other_line_stays_verbatim_and_in_order():
+    full = repr(show_source(ToySentence)).splitlines()[1:]
+    bare = repr(show_source(ToySentence, docstring=False)).splitlines()[1:]
+    assert '"""' not in "\n".join(bare)
+    assert "    def index(self, token: str) -> int:" in bare
+    # what is left is the full listing with the docstring lines removed, nothing rewritten
+    remaining = iter(full)
+    assert all(any(line == other for other in remaining) for line in bare)
+    assert len(bare) < len(full) - 10
+
+
+def test_without_docstrings_keeps_a_string_that_is_not_a_docstring():
+    def function():
+        x = 1
+        "a string after a statement is not a docstring"
+        return x
+    assert "not a docstring" in repr(show_source(function, docstring=False))
+
+
+def test_docstring_must_be_a_bool():
+    with pytest.raises(TypeError, match="docstring must be True or False, got 'no'"):
+        show_source(self_attention, docstring="no")
