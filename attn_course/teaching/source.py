@@ -37,20 +37,48 @@ def _without_docstrings(code: str) -> str:
     return "".join(line for number, line in enumerate(lines, start=1) if number not in drop)
 
 
-def show_source(obj: object, *, docstring: bool = True) -> _Source:
+def _excerpt(code: str, start: str | None, stop: str | None, title: str) -> str:
+    """The lines of ``code`` from the first holding ``start`` to before the next holding ``stop``, dedented."""
+    lines = code.splitlines(keepends=True)
+    first = 0
+    if start is not None:
+        found = [i for i, line in enumerate(lines) if start in line]
+        if not found:
+            raise ValueError(f"show_source: start={start!r} is on no line of {title}")
+        first = found[0]
+    last = len(lines)
+    if stop is not None:
+        found = [i for i, line in enumerate(lines) if i > first and stop in line]
+        if not found:
+            raise ValueError(f"show_source: stop={stop!r} is on no line of {title} after start")
+        last = found[0]
+    return textwrap.dedent("".join(lines[first:last]))
+
+
+def show_source(obj: object, *, docstring: bool = True, start: str | None = None,
+                stop: str | None = None) -> _Source:
     """Return the source of a function, class or module for display in a notebook.
+
+    With ``start`` and/or ``stop`` only an excerpt is shown, dedented: from the first line that
+    contains ``start`` up to, not including, the first later line that contains ``stop`` (or to
+    the end). That shows a function's algorithm, its loop, without its signature and input checks.
 
     Args:
         obj: a function, class, method or module from any importable module, or a Triton
             kernel (``@triton.jit``, compiled or interpreted).
         docstring: ``False`` leaves out the docstrings (of ``obj`` and of anything defined in
             it), so that a listing shows the code alone.
+        start: text on the excerpt's first line; ``None`` starts at the top.
+        stop: text on the line after the excerpt's last; ``None`` runs to the end.
 
     Returns:
-        An object that Jupyter shows as highlighted code; ``repr`` gives plain text.
+        An object that Jupyter shows as highlighted code; ``repr`` gives plain text. An
+        excerpt's title ends with ``(excerpt)``.
 
     Raises:
-        TypeError: ``obj`` has no Python source (a builtin, a number, ...).
+        TypeError: ``obj`` has no Python source (a builtin, a number, ...), or ``start`` or
+            ``stop`` is not a string.
+        ValueError: ``start`` or ``stop`` is on no line of the source.
 
     Example:
         >>> from attn_course import self_attention
@@ -59,7 +87,13 @@ def show_source(obj: object, *, docstring: bool = True) -> _Source:
         >>> from attn_course.core.attention import scaled_dot_product
         >>> len(repr(show_source(scaled_dot_product, docstring=False)).splitlines()) < 30
         True
+        >>> from attn_course.flash import online_softmax
+        >>> print(repr(show_source(online_softmax, start="for ", stop="return")).splitlines()[:2])
+        ['# attn_course.flash.tiled.online_softmax (excerpt)', 'for start in range(0, scores.shape[-1], block_size):']
     """
+    for argument, value in (("start", start), ("stop", stop)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"show_source: {argument} must be a string or None, got {type(value).__name__}")
     if type(obj).__module__.startswith("triton.") and inspect.isfunction(getattr(obj, "fn", None)):
         obj = obj.fn   # a Triton kernel wraps the Python function it was defined from
     try:
@@ -76,4 +110,6 @@ def show_source(obj: object, *, docstring: bool = True) -> _Source:
     module = getattr(inspect.getmodule(obj), "__name__", "?")
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
     title = f"{module}.{name}" if name and name != module else module
+    if start is not None or stop is not None:
+        return _Source(_excerpt(code, start, stop, title), f"{title} (excerpt)")
     return _Source(code, title)

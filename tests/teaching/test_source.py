@@ -84,3 +84,23 @@ def test_without_docstrings_keeps_a_string_that_is_not_a_docstring():
 def test_docstring_must_be_a_bool():
     with pytest.raises(TypeError, match="docstring must be True or False, got 'no'"):
         show_source(self_attention, docstring="no")
+
+
+def test_an_excerpt_starts_and_stops_at_the_lines_named():
+    from attn_course.flash.tiled import online_softmax
+
+    text = repr(show_source(online_softmax, start="for start in range", stop="return torch.exp"))
+    title, _, code = text.partition("\n")
+    assert title == "# attn_course.flash.tiled.online_softmax (excerpt)"
+    assert code.startswith("for start in range(")                          # dedented to column 0
+    assert "_validate" not in code and "return torch.exp" not in code       # no input checks, stop excluded
+    assert "merge_softmax_blocks(" in code
+    assert code.replace("\n", "\n    ").strip() in Path(online_softmax.__code__.co_filename).read_text()
+    assert repr(show_source(online_softmax, start="for start in range")).endswith("unsqueeze(-1)\n")
+
+
+@pytest.mark.parametrize("kwargs, error", [({"start": "no such line"}, ValueError),
+                                           ({"stop": "no such line"}, ValueError), ({"start": 3}, TypeError)])
+def test_an_excerpt_that_names_no_line_is_refused(kwargs, error):
+    with pytest.raises(error, match="show_source: (start|stop)"):
+        show_source(self_attention, **kwargs)
