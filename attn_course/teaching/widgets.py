@@ -71,7 +71,8 @@ def _weights_table(tokens: Sequence[str], weights: torch.Tensor) -> str:
 def _bar_chart_png(tokens: Sequence[str], weights: torch.Tensor, highlight: int, title: str) -> bytes:
     figure = Figure(figsize=(7.5, 2.8))
     ax = figure.add_subplot()
-    weight_bars(weights, tokens, ax=ax, highlight=highlight, title=title)
+    label = None if highlight is None else f'"{tokens[highlight]}" itself (the query)'
+    weight_bars(weights, tokens, ax=ax, highlight=highlight, highlight_label=label, title=title)
     figure.tight_layout()
     return figure_png(figure, dpi=80)
 

@@ -169,6 +169,23 @@ def test_explorer_selecting_another_query_shows_that_row():
     assert w.sentence_view.value != view and png(w.chart) != chart
 
 
+def test_explorer_chart_names_the_highlighted_bar_in_a_legend(monkeypatch):
+    import attn_course.teaching.widgets as widgets
+
+    legends = []
+
+    def recording_weight_bars(*args, **kwargs):
+        ax = original(*args, **kwargs)
+        legends.append([text.get_text() for text in ax.get_legend().get_texts()])
+        return ax
+
+    original = widgets.weight_bars
+    monkeypatch.setattr(widgets, "weight_bars", recording_weight_bars)
+    w = query_explorer(TOKENS, MAP, query="b")
+    w.query_selector.value = 2
+    assert legends[0] == ['"b" itself (the query)'] and legends[-1] == ['"c" itself (the query)']
+
+
 def test_explorer_starts_on_a_query_given_by_token():
     assert torch.equal(query_explorer(TOKENS, MAP, query="b").weights, MAP[1])
 
