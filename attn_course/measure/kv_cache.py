@@ -4,13 +4,15 @@ Without a cache, every new token re-runs the model over the whole sequence so fa
 one, each step feeds only the newest token. The speed-up grows with the number of tokens,
 but far more slowly than the number of token positions the cache saves:
 :func:`decode_step_times` times single steps to show why (most of a step's time on a small
-model is a fixed cost per step, whatever the length).
+model is a fixed cost per step, whatever the length), reporting the median of repeated
+timings, which one slow or one lucky call does not move.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -28,6 +30,7 @@ __all__ = [
     "kv_cache_speedup",
     "print_kv_cache",
     "DecodeStepRow",
+    "median_time",
     "decode_step_times",
     "print_decode_steps",
 ]
@@ -184,9 +187,9 @@ class DecodeStepRow:
 
     Attributes:
         length: tokens the step attends to, the new one included.
-        seconds_cached: best time of one step with a cache: the newest token alone, attending
+        seconds_cached: median time of one step with a cache: the newest token alone, attending
             to ``length - 1`` cached keys and values and its own.
-        seconds_uncached: best time of one step without a cache: a pass over all ``length`` tokens.
+        seconds_uncached: median time of one step without a cache: a pass over all ``length`` tokens.
         torch_calls: calls from Python into PyTorch during the cached step (functions, tensor
             methods, and attribute reads such as ``.shape``), counted with a
             ``torch.overrides.TorchFunctionMode``.
@@ -210,6 +213,39 @@ class _CountCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def median_time(fn: Callable[..., object], repeats: int, *,
+                setup: Callable[[], object] | None = None) -> float:
+    """The median time of one call of ``fn``, in seconds, over ``repeats`` calls timed one by one.
+
+    Each call is timed by :func:`~attn_course.measure.timing.best_time` on its own (``fn()``,
+    or ``fn(setup())`` with ``setup`` untimed before every call). The median, not the minimum:
+    a plot of several lengths then shows the typical step, not the luckiest one.
+
+    Args:
+        fn: the call to time.
+        repeats: calls to time, at least 1.
+        setup: called before every timed call, untimed; its result is ``fn``'s argument.
+
+    Returns:
+        The median of the ``repeats`` times, in seconds.
+
+    Raises:
+        TypeError: ``fn`` or ``setup`` not callable, ``repeats`` not an int.
+        ValueError: ``repeats`` below 1.
+
+    Example:
+        >>> calls = []
+        >>> median_time(calls.append, 3, setup=lambda: "fresh") > 0, calls
+        (True, ['fresh', 'fresh', 'fresh'])
+    """
+    if not callable(fn):
+        raise TypeError(f"median_time: fn must be callable, got {type(fn).__name__}")
+    if setup is not None and not callable(setup):
+        raise TypeError(f"median_time: setup must be callable or None, got {type(setup).__name__}")
+    repeats = _validate.integer("median_time", "repeats", repeats, minimum=1)
+    return statistics.median(best_time(fn, 1, setup=setup) for _ in range(repeats))
+
+
 def decode_step_times(
     lengths: Sequence[int] = (16, 64, 256),
     *,
@@ -230,7 +266,7 @@ def decode_step_times(
             step needs one cached token).
         embed_dim: model width, a multiple of 4 (the number of heads).
         num_layers: decoder blocks.
-        repeats: take the best of this many timings.
+        repeats: report the median of this many timings of each step (:func:`median_time`).
         seed: seeds the weights and tokens; ``>= 0``.
 
     Returns:
@@ -274,9 +310,9 @@ def decode_step_times(
                 return caches
 
             # One cached step, on caches filled afresh (untimed) before each call: a step appends to them.
-            cached = best_time(lambda caches, ids=ids: model(ids[:, -1:], kv_caches=caches), repeats,
-                               setup=filled_caches)
-            uncached = best_time(lambda ids=ids: model(ids), repeats)           # one uncached step
+            cached = median_time(lambda caches, ids=ids: model(ids[:, -1:], kv_caches=caches), repeats,
+                                 setup=filled_caches)
+            uncached = median_time(lambda ids=ids: model(ids), repeats)         # one uncached step
             caches, counter = filled_caches(), _CountCalls()
             with counter:
                 step_logits = model(ids[:, -1:], kv_caches=caches)[:, -1]

@@ -134,3 +134,29 @@ def test_print_decode_steps_prints_milliseconds(capsys):
     assert "(ms)" in header and line.split() == ["16", "3.10", "5.20", "698"]
     with pytest.raises(TypeError, match=r"^print_decode_steps: rows\[0\] must be DecodeStepRow, got KvCacheRow"):
         kv_cache.print_decode_steps(tiny_kv_cache(new_tokens=(2,)))
+
+
+def test_median_time_is_the_median_of_single_timed_calls(monkeypatch):
+    """The single calls' times made up, out of order: the result is their median, not their minimum."""
+    times, seen = iter([0.5, 0.1, 0.9, 0.3, 0.7]), []
+
+    def one_call(fn, repeats, *, setup=None):
+        assert repeats == 1                                   # every call timed on its own
+        seen.append(setup())
+        return next(times)
+
+    monkeypatch.setattr(kv_cache, "best_time", one_call)
+    assert kv_cache.median_time(lambda argument: None, 5, setup=lambda: "fresh") == 0.5
+    assert seen == ["fresh"] * 5
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    ((None, 3), TypeError, r"fn must be callable, got NoneType"),
+    ((print, 0), ValueError, r"repeats must be >= 1, got 0"),
+    ((print, 2.0), TypeError, r"repeats must be an int, got float"),
+])
+def test_median_time_rejects_bad_input(arguments, error, message):
+    with pytest.raises(error, match=r"^median_time: " + message):
+        kv_cache.median_time(*arguments)
+    with pytest.raises(TypeError, match=r"^median_time: setup must be callable or None, got int"):
+        kv_cache.median_time(print, 1, setup=3)
