@@ -10,6 +10,8 @@ The counts here are for one (batch, head) pair and a given bytes-per-number:
   K and V, but those tiles run at about the same time and one head's K and V (``2 · N · d``
   numbers, 1 MiB at N = 4096, d = 64 in float16) fit in the L2 cache (50 MB on an H100) many times
   over, so the re-reads are served by L2, not HBM.
+* :func:`fused_forward_bytes`: the same kernel's HBM bytes *without* the L2 assumption, K and V
+  read once per tile of ``block_q`` queries (what the kernel's loads ask for).
 * :func:`training_traffic`: forward plus backward HBM traffic of the three ways of the
   FlashAttention papers: plain attention, FlashAttention-1's loop order (key tiles outside; Q, O,
   dO, dQ re-read for every key tile) and FlashAttention-2's (query tiles outside).
@@ -26,7 +28,7 @@ from typing import NamedTuple
 from attn_course import _validate
 
 __all__ = ["Gpu", "GPUS", "H100_EXP_FLOPS", "Step", "naive_forward_steps", "fused_forward_step",
-           "training_traffic", "step_time"]
+           "fused_forward_bytes", "training_traffic", "step_time"]
 
 
 class Gpu(NamedTuple):
@@ -125,6 +127,36 @@ def fused_forward_step(n: int, d: int, *, bytes_per_number: int = 2) -> Step:
     """
     n, d, size = _sizes("fused_forward_step", n, d, bytes_per_number)
     return Step("fused (FlashAttention)", 4 * n * n * d + 5 * n * n, 4 * n * d * size + 4 * n)
+
+
+def fused_forward_bytes(n: int, d: int, block_q: int, *, bytes_per_number: int = 2) -> int:
+    """HBM bytes of the fused forward kernel for one head when every query tile reads K and V from HBM.
+
+    One program per tile of ``block_q`` queries, ``ceil(N / block_q)`` of them: each reads its
+    tile of Q and all of K and V, and writes its tile of O and one float32 log-sum-exp per row.
+    So Q and O cross HBM once, K and V ``ceil(N / block_q)`` times:
+    ``(2 N d + 2 N d · ceil(N / block_q)) · bytes_per_number + 4 N``. :func:`fused_forward_step`
+    counts K and V once instead (L2 serves the re-reads).
+
+    Args:
+        n, d: sequence length (queries and keys) and head dimension.
+        block_q: queries per tile (per program).
+        bytes_per_number: 2 for float16/bfloat16.
+
+    Returns:
+        The bytes, an int.
+
+    Raises:
+        TypeError, ValueError: a size that is not an int ``>= 1``.
+
+    Example:
+        >>> fused_forward_bytes(4096, 64, 128) / 2**20     # 32 query tiles, each reading K and V: 1 MiB
+        33.015625
+    """
+    n, d, size = _sizes("fused_forward_bytes", n, d, bytes_per_number)
+    block_q = _validate.integer("fused_forward_bytes", "block_q", block_q, minimum=1)
+    query_tiles = math.ceil(n / block_q)
+    return (2 * n * d + 2 * n * d * query_tiles) * size + 4 * n   # Q, O once; K, V per tile; the LSE
 
 
 def training_traffic(batch: int, heads: int, n: int, d: int, *, bytes_per_number: int = 2,

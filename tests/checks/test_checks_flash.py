@@ -18,20 +18,23 @@ import triton.language as tl  # noqa: E402
 from attn_course.checks import CheckFailed  # noqa: E402
 from attn_course.checks.flash import (  # noqa: E402
     check_attention_backward,
-    check_causal_tile_counts,
+    check_forward_hbm_bytes,
     check_merge_partial_attention,
     check_rescale_kernel,
     check_streaming_attention,
+    check_window_tile_counts,
 )
+from attn_course.checks.flash_kernel import TAU, lazy_rescaling  # noqa: E402
 
-from support.planted.planted_06 import PLANTED, SOLUTIONS, kernel_with  # noqa: E402
+from support.planted.planted_06 import ALWAYS, PLANTED, SOLUTIONS, UPDATE, kernel_with  # noqa: E402
 
 CHECKS = {
     "merge_partial_attention": check_merge_partial_attention,
-    "causal_tile_counts": check_causal_tile_counts,
+    "window_tile_counts": check_window_tile_counts,
     "fixed_streaming_attention": check_streaming_attention,
     "small_attention_kernel": check_rescale_kernel,
     "attention_backward": check_attention_backward,
+    "forward_hbm_bytes": check_forward_hbm_bytes,
 }
 
 
@@ -100,16 +103,71 @@ def test_a_crashing_answer_names_the_exception():
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda n, bq, bk: 3, "should return two ints"),
-    (lambda n, bq, bk: ("a", "b"), "should return two ints"),
+    (lambda n, bq, bk, w: 3, "should return two ints"),
+    (lambda n, bq, bk, w: ("a", "b"), "should return two ints"),
 ])
 def test_tile_counts_of_the_wrong_kind_are_named(wrong, message):
     with pytest.raises(CheckFailed, match=message):
-        check_causal_tile_counts(wrong)
+        check_window_tile_counts(wrong)
 
 
 def test_tile_counts_swapped_are_named():
     from support.planted.planted_06 import SOLUTIONS as solutions
-    right = define(solutions["causal_tile_counts"], "causal_tile_counts")
+    right = define(solutions["window_tile_counts"], "window_tile_counts")
     with pytest.raises(CheckFailed, match=r"returned \(masked, computed\)"):
-        check_causal_tile_counts(lambda *args: right(*args)[::-1])
+        check_window_tile_counts(lambda *args: right(*args)[::-1])
+
+
+def _window_counts_by_entries(n, block_q, block_k, window):
+    """The counts from every (query, key) pair, in plain Python: an independent reference."""
+    computed = masked = 0
+    for q_start in range(0, n, block_q):
+        for k_start in range(0, n, block_k):
+            seen = [q - window < k <= q for q in range(q_start, min(q_start + block_q, n))
+                    for k in range(k_start, min(k_start + block_k, n))]
+            computed += any(seen)
+            masked += any(seen) and not all(seen)
+    return computed, masked
+
+
+@pytest.mark.parametrize("n, block_q, block_k, window", [(300, 64, 64, 100), (200, 32, 128, 50), (64, 64, 64, 64),
+                                                         (100, 16, 48, 1)])
+def test_window_solution_agrees_with_every_entry(n, block_q, block_k, window):
+    right = define(SOLUTIONS["window_tile_counts"], "window_tile_counts")
+    assert right(n, block_q, block_k, window) == _window_counts_by_entries(n, block_q, block_k, window)
+
+
+def test_window_counts_of_a_hand_worked_case():
+    # n = 8, tiles of 4, window 2: query tile 0 sees key tile 0 (masked); query tile 1 sees key 3 from
+    # query 4 (tile (1, 0), masked) and keys 4-7 (tile (1, 1), masked): 3 computed, 3 masked.
+    right = define(SOLUTIONS["window_tile_counts"], "window_tile_counts")
+    assert right(8, 4, 4, 2) == (3, 3)
+    assert right(8, 4, 4, 8) == (3, 2)            # causal: the tile below the diagonal is full
+
+
+def test_lazy_rescaling_matches_attention_and_keeps_the_maximum_within_tau():
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(8, 16, generator=generator), torch.randn(64, 16, generator=generator), torch.randn(64, 4)
+    k[16:] *= 1.5                      # larger scores later, but never by more than TAU
+    out, row_max = lazy_rescaling(q, k, v, 16, TAU)
+    scores = (q.double() @ k.double().T / 4) * 1.4426950408889634           # base 2
+    assert torch.allclose(out, torch.softmax(scores / 1.4426950408889634, -1) @ v.double())
+    true_max = scores.amax(-1)
+    assert (row_max <= true_max).all() and (true_max - row_max <= TAU).all()
+    assert (row_max < true_max).any()                                      # some rescalings were skipped
+
+
+def test_the_chapters_always_rescaling_update_is_named():
+    assert ALWAYS != UPDATE
+    with pytest.raises(CheckFailed, match="raised m_i whenever"):
+        check_rescale_kernel(define(kernel_with(ALWAYS), "small_attention_kernel"))
+
+
+@pytest.mark.parametrize("n, d, block_q, size", [(4096, 64, 128, 2), (300, 64, 128, 4)])
+def test_forward_bytes_solution_agrees_with_a_count_program_by_program(n, d, block_q, size):
+    count = define(SOLUTIONS["forward_hbm_bytes"], "forward_hbm_bytes")
+    by_program = 0
+    for start in range(0, n, block_q):
+        rows = min(block_q, n - start)
+        by_program += rows * d * size + 2 * n * d * size + rows * d * size + 4 * rows   # Q, K and V, O, LSE
+    assert count(n, d, block_q, size) == by_program

@@ -43,3 +43,22 @@ def test_training_traffic_flash1_grows_as_n_squared_and_flash2_as_n():
 def test_bad_arguments_are_named(call, error, message):
     with pytest.raises(error, match="^" + message):
         call()
+
+
+@pytest.mark.parametrize("n, d, block_q, size", [(4096, 64, 128, 2), (1000, 128, 64, 2), (300, 64, 128, 4)])
+def test_fused_forward_bytes_re_reads_k_and_v_once_per_query_tile(n, d, block_q, size):
+    from attn_course.flash.io_model import fused_forward_bytes
+
+    programs = -(-n // block_q)                          # ceil, by hand
+    q_and_o = 2 * n * d * size
+    k_and_v = programs * 2 * n * d * size
+    assert fused_forward_bytes(n, d, block_q, bytes_per_number=size) == q_and_o + k_and_v + 4 * n
+    # one tile holding every query: the L2 model's count (K and V once)
+    assert fused_forward_bytes(n, d, n, bytes_per_number=size) == fused_forward_step(n, d, bytes_per_number=size).bytes
+
+
+def test_fused_forward_bytes_rejects_a_bad_tile():
+    from attn_course.flash.io_model import fused_forward_bytes
+
+    with pytest.raises(ValueError, match="block_q"):
+        fused_forward_bytes(128, 64, 0)
