@@ -1,5 +1,6 @@
 """Check causal attention and cached decoding: no leak of the future, the diagonal kept, the
-queries aligned after the cached keys, positions that continue the cached text.
+queries aligned after the cached keys, positions that continue the cached text, a left-padded
+batch whose padding no query sees.
 
 Chapter 04's exercises: :func:`check_causal_mask`, :func:`check_positions_without_cache`,
 :func:`check_decode_logits` and :func:`check_cached_attention_step`.

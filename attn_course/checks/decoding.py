@@ -1,6 +1,6 @@
 """Check cached decoding: positions that continue the cached text, queries aligned after the
-cached keys (chapter 04's exercises 3 and 4, :func:`check_decode_logits` and
-:func:`check_cached_attention_step`)."""
+cached keys, a left-padded batch whose padding no query sees (chapter 04's exercises 3 and 4,
+:func:`check_decode_logits` and :func:`check_cached_attention_step`)."""
 
 from __future__ import annotations
 
@@ -143,72 +143,158 @@ def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[
 
 
 STEP_RESULT = ("Your function should return three tensors, (output, keys, values), but it returned {what}.")
-STEP_SHAPE = "Your {what} after {past} cached and {new} new tokens has shape {shape}; expected {expected}."
+STEP_SHAPE = "Your {what} after {past} cached and {new} new slots has shape {shape}; expected {expected}."
 KEYS_NEW_FIRST = ("Your keys (or values) put the new tokens before the cached ones: return "
-                  "torch.cat([past_keys, k], dim=-2), so position i of the cache stays token i.")
-KEYS_NOT_KEPT = ("Your keys (or values) are not the cached ones followed by the new ones: return "
-                 "torch.cat([past_keys, k], dim=-2) (and the same for the values).")
-STEP_NO_MASK = ("Your step uses no causal mask: with one new token that is right, but when several new tokens "
-                "arrive together, each sees the ones after it. Mask with causal_mask(n_new, n_past + n_new).")
+                  "torch.cat([past_keys, k], dim=-2): the slots stay in order, the padding on the left.")
+KEYS_NOT_KEPT = ("Your keys (or values) are not the cached slots followed by the new ones, padding included: return "
+                 "torch.cat([past_keys, k], dim=-2) (and the same for the values), and mask the padding instead.")
+STEP_NO_MASK = ("Your step uses no causal mask: with one new token that is right, but when several new slots "
+                "arrive together (the prompts), each sees the ones after it. Combine the padding with "
+                "causal_mask(n_new, n_past + n_new).")
 STEP_NO_SCALING = ("You forgot the scaling: divide the scores by √d (d = q.shape[-1]) before the softmax, as "
                    "full attention does.")
 STEP_IGNORES_PAST = ("Your step attends only to the new keys: the cached keys and values are the whole point. "
                      "Attend to torch.cat([past_keys, k]) and torch.cat([past_values, v]).")
+NO_PADDING_MASK = ("Your step attends to the padding: the slots before a sequence's first token hold numbers that "
+                   "are no token's, and no query may see them. Sequence b's tokens are its last lengths[b] slots; "
+                   "hide the others as keys.")
+PADDED_ON_THE_RIGHT = ("Your padding mask assumes the padding comes after the tokens, as padding_mask does (True for "
+                       "the first lengths[b] slots). This batch is padded on the left: sequence b's tokens are its "
+                       "last lengths[b] slots, so slot j holds a token when j >= N_past + n - lengths[b].")
+ONE_PADDING_FOR_ALL = ("Your padding is the same for every sequence of the batch, as if each had as many tokens as "
+                       "{which}: each sequence has its own, the first N_past + n - lengths[b] slots of sequence b. "
+                       "Build the mask per sequence, [B, 1, N_past + n], from lengths[:, None].")
+MIXED_POSITIONS = ("Your causal mask compares a query's position within its own sequence (counted from its first "
+                   "token, lengths[b] - n + i) with a key's slot in the padded batch. Count both the same way: with "
+                   "left padding, new query i sits in slot N_past + i in every sequence, and may see the keys in "
+                   "the slots up to its own.")
+PADDED_ROWS = ("Your outputs for the tokens are right, but the rows of the padded query slots are {what}, not zeros. "
+               "Hiding the padding as keys is not the whole rule: a padded query may see only padding, so its whole "
+               "row is masked, and such a row must give zeros (section 3), as self_attention returns it; {cause}")
 
 
-def _attention_step(q, k, v, past_k, past_v, *, mask: str = "bottom-right", past: bool = True,
-                    scale: float | None = None):
-    keys, values = torch.cat([past_k, k], dim=-2), torch.cat([past_v, v], dim=-2)
-    attend_keys, attend_values = (keys, values) if past else (k, v)
-    n_q, n_k = q.shape[-2], attend_keys.shape[-2]
-    masks = {"bottom-right": causal_mask(n_q, n_k), "top-left": torch.ones(n_q, n_k, dtype=torch.bool).tril(),
-             "none": None}
-    return self_attention(q, attend_keys, attend_values, masks[mask], scale=scale)[0], keys, values
+def _padded_step(q, k, v, past_k, past_v, lengths, *, causal: str = "bottom-right", padding: str = "left",
+                 past: bool = True, scale: float | None = None):
+    """One cached step over a left-padded batch, or one of the known mistakes (the options)."""
+    keys, values = torch.cat([past_k, k], dim=-2), torch.cat([past_v, v], dim=-2)     # [B, H, N_k, d]
+    batch, n_q, n_k = q.shape[0], q.shape[-2], keys.shape[-2]
+    slot = torch.arange(n_k)                                                       # [N_k]
+    one_length = {"first": lengths[0], "fewest": lengths.min(), "most": lengths.max()}
+    if padding == "left":
+        real = slot >= n_k - lengths[:, None]                                      # [B, N_k]: the last lengths[b]
+    elif padding == "right":
+        real = slot < lengths[:, None]
+    elif padding == "none":
+        real = torch.ones(batch, n_k, dtype=torch.bool)
+    else:
+        real = (slot >= n_k - one_length[padding]).expand(batch, n_k)
+    query_slot = torch.arange(n_q)[:, None] + (n_k - n_q)                         # [N_q, 1]
+    if causal == "bottom-right":
+        allowed = (slot <= query_slot).expand(batch, n_q, n_k)
+    elif causal == "top-left":
+        allowed = (slot <= torch.arange(n_q)[:, None]).expand(batch, n_q, n_k)
+    elif causal == "mixed":                      # query counted from its sequence's first token, key by slot
+        allowed = slot <= (lengths[:, None, None] - n_q + torch.arange(n_q)[:, None])    # [B, N_q, N_k]
+    else:
+        allowed = torch.ones(batch, n_q, n_k, dtype=torch.bool)
+    mask = (allowed & real[:, None, :])[:, None]                                   # [B, 1, N_q, N_k]
+    attend_k, attend_v = (keys, values) if past else (k, v)
+    mask = mask if past else mask[..., -n_q:]
+    return self_attention(q, attend_k, attend_v, mask, scale=scale)[0], keys, values
 
 
-def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, chunks: Sequence[int] = (3, 1, 2, 1, 2)) -> bool:
-    """Check ``fn(q, k, v, past_keys, past_values) -> (output, keys, values)``, one cached decoding step.
+def _padded_batch(seed: int, prompt_lengths: Sequence[int], chunks: Sequence[int]):
+    """Queries, keys and values of a left-padded batch ``[B, H, S, d]``, the padding filled with
+    large random numbers, and the reference: causal attention over each sequence's tokens alone,
+    zeros in the padded rows."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, heads, d = len(prompt_lengths), 2, 8
+    prompt_slots = max(prompt_lengths)
+    slots = prompt_slots + sum(chunks)
+    q, k, v = (torch.randn(batch, heads, slots, d, generator=generator) for _ in range(3))   # [B, H, S, d]
+    expected = torch.zeros(batch, heads, slots, d)
+    for b, length in enumerate(prompt_lengths):
+        pad = prompt_slots - length
+        for t in (q, k, v):                                                        # padding: no token's numbers
+            t[b, :, :pad] = 3 + 4 * torch.randn(heads, pad, d, generator=generator)
+        tokens = slots - pad
+        expected[b, :, pad:] = self_attention(q[b, :, pad:], k[b, :, pad:], v[b, :, pad:], causal_mask(tokens))[0]
+    return q, k, v, expected
 
-    ``q, k, v`` are ``[B, H, N_new, d]`` for the new tokens, ``past_keys``/``past_values``
-    ``[B, H, N_past, d]`` (``N_past`` may be 0). A sequence is fed in ``chunks``, each step given
-    the keys and values the student's previous step returned; the outputs of all steps together
-    must equal causal attention over the whole sequence, token for token.
+
+def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, prompt_lengths: Sequence[int] = (3, 5, 1),
+                                chunks: Sequence[int] = (1, 2, 1)) -> bool:
+    """Check ``fn(q, k, v, past_keys, past_values, lengths) -> (output, keys, values)``: one cached
+    decoding step for a left-padded batch of sequences of different lengths.
+
+    ``q, k, v`` are ``[B, H, n, d]``, the new slots; ``past_keys``/``past_values``
+    ``[B, H, N_past, d]`` the slots before them (``N_past`` may be 0); ``lengths [B]`` how many of
+    the ``N_past + n`` slots of each sequence hold its tokens: the last ``lengths[b]``, the slots
+    before them being padding. First the prompts are fed (``N_past = 0``; the shorter prompts'
+    first slots are padding, filled with large random numbers), then ``chunks`` new tokens per
+    sequence at a time, each step given the keys and values the student's previous step
+    returned. Each token's output must equal causal attention over its own sequence's tokens
+    alone; a padded query slot's output must be zeros.
 
     Args:
         step_fn: the student's function.
-        seed: seeds the random queries, keys and values.
-        chunks: sizes of the pieces fed one after the other.
+        seed: seeds the random queries, keys, values and padding.
+        prompt_lengths: the prompts' lengths (at least 1 each), one per sequence of the batch.
+        chunks: the new tokens per sequence of each later step.
 
     Returns:
-        ``True`` when every step's output and cache are right.
+        ``True`` when every step's output and keys and values are right.
 
     Raises:
-        CheckFailed: naming a result that is not three tensors, a wrong shape, keys in the
-            wrong order or not kept, a top-left mask, no mask, attention to the new keys only,
-            no scaling, or the first token whose output differs.
+        CheckFailed: naming a result that is not three tensors, a wrong shape, keys in the wrong
+            order or not kept; a step that attends to the padding, pads on the right, takes one
+            padding for the whole batch, counts query positions within the sequence but keys by
+            slot, leaves the padded rows not zero (a padding mask on the key side only, without
+            the rule for empty rows), a top-left mask, no causal mask, attention to the new keys
+            only, no scaling; or the first token whose output differs.
 
-    Example (a wrong answer, and what it is told):
-        >>> check_cached_attention_step(lambda q, k, v, past_keys, past_values: (self_attention(q, k, v)[0], k, v))
+    Example (a wrong answer, which ignores the padding, and what it is told):
+        >>> def step(q, k, v, past_keys, past_values, lengths):
+        ...     keys, values = torch.cat([past_keys, k], dim=-2), torch.cat([past_values, v], dim=-2)
+        ...     return self_attention(q, keys, values, causal_mask(q.shape[-2], keys.shape[-2]))[0], keys, values
+        >>> check_cached_attention_step(step)
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: Your keys after 3 cached and 1 new tokens has shape [2, 2, 1, 8]; ...
+        attn_course.checks.diagnosis.CheckFailed: Your step attends to the padding: ...
     """
-    generator = torch.Generator().manual_seed(seed)
-    batch, heads, n, d = 2, 2, sum(chunks), 8
-    q, k, v = (torch.randn(batch, heads, n, d, generator=generator) for _ in range(3))  # [B, H, N, d]
-    expected, _ = self_attention(q, k, v, causal_mask(n))                            # [B, H, N, d]
-    variants = {STEP_NO_MASK: {"mask": "none"}, TOP_LEFT: {"mask": "top-left"}, STEP_IGNORES_PAST: {"past": False},
-                STEP_NO_SCALING: {"scale": 1.0}}
-    outputs = {name: [] for name in ["yours", *variants]}
-    past = {name: (k[..., :0, :], v[..., :0, :]) for name in ["yours", *variants]}
+    prompt_lengths = [int(n) for n in prompt_lengths]
+    if not prompt_lengths or min(prompt_lengths) < 1 or not all(int(c) >= 1 for c in chunks):
+        raise ValueError("check_cached_attention_step: prompt_lengths and chunks must be non-empty ints >= 1, "
+                         f"got {prompt_lengths} and {list(chunks)}")
+    q, k, v, expected = _padded_batch(seed, prompt_lengths, chunks)
+    batch, heads, slots, d = q.shape
+    prompt_slots = max(prompt_lengths)
+    variants = [                                  # (message, the mistake), the first that matches is named
+        (NO_PADDING_MASK, {"padding": "none"}),
+        (PADDED_ON_THE_RIGHT, {"padding": "right"}),
+        *[(ONE_PADDING_FOR_ALL.format(which=which), {"padding": key})
+          for key, which in [("first", "the first one"), ("fewest", "the shortest"), ("most", "the longest")]],
+        (MIXED_POSITIONS, {"causal": "mixed"}),
+        (TOP_LEFT, {"causal": "top-left"}),
+        (TOP_LEFT, {"causal": "top-left", "padding": "none"}),     # scaled_dot_product_attention(is_causal=True)
+        (STEP_NO_MASK, {"causal": "none"}),
+        (STEP_IGNORES_PAST, {"past": False}),
+        (STEP_NO_SCALING, {"scale": 1.0}),
+    ]
+    names = ["yours", *range(len(variants))]
+    outputs = {name: [] for name in names}
+    past = {name: (k[..., :0, :], v[..., :0, :]) for name in names}
+    lengths = torch.tensor(prompt_lengths)                                         # [B]: after the prompts
     start = 0
-    for size in chunks:
-        piece = [t[..., start:start + size, :] for t in (q, k, v)]
+    for step, size in enumerate([prompt_slots, *chunks]):
+        if step:
+            lengths = lengths + size                                               # every sequence's new tokens
+        piece = [t[..., start:start + size, :] for t in (q, k, v)]                 # [B, H, n, d]
         past_k, past_v = past["yours"]
-        described = (f"q, k, v of shape {list(piece[0].shape)} and past_keys, past_values of shape "
-                     f"{list(past_k.shape)}")
+        described = (f"q, k, v of shape {list(piece[0].shape)}, past_keys, past_values of shape "
+                     f"{list(past_k.shape)} and lengths {lengths.tolist()}")
         result = call_answer("check_cached_attention_step", step_fn, *[t.clone() for t in piece], past_k.clone(),
-                       past_v.clone(), described=described)
+                             past_v.clone(), lengths.clone(), described=described)
         if not isinstance(result, (tuple, list)) or len(result) != 3 or not all(
                 isinstance(t, torch.Tensor) for t in result):
             what = (f"a {type(result).__name__} of length {len(result)}" if isinstance(result, (tuple, list))
@@ -228,18 +314,32 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, chunks: Seq
                 raise CheckFailed(KEYS_NOT_KEPT)
         outputs["yours"].append(output)
         past["yours"] = (keys, values)
-        for name, options in variants.items():
-            out, *cache = _attention_step(*piece, *past[name], **options)
+        for name, (_, options) in enumerate(variants):
+            out, *cache = _padded_step(*piece, *past[name], lengths, **options)
             outputs[name].append(out)
             past[name] = tuple(cache)
         start += size
-    got = torch.cat(outputs.pop("yours"), dim=-2)                                    # [B, H, N, d]
+    got = torch.cat(outputs.pop("yours"), dim=-2)                                  # [B, H, S, d]
     if same(got, expected):
         return True
-    for message, pieces in outputs.items():
-        if same(got, torch.cat(pieces, dim=-2)):
+    pads = prompt_slots - torch.tensor(prompt_lengths)                             # [B]
+    real_rows = torch.arange(slots) >= pads[:, None]                               # [B, S]
+
+    def tokens_of(t: torch.Tensor) -> torch.Tensor:                               # the real rows: [tokens, H, d]
+        return t.transpose(1, 2)[real_rows]
+
+    if same(tokens_of(got), tokens_of(expected)):
+        nan = bool(got.isnan().any())
+        raise CheckFailed(PADDED_ROWS.format(
+            what="NaN" if nan else "averages of values",
+            cause=("a softmax over a row of -inf alone gives 0/0." if nan else
+                   "a -1e9 fill makes such a row uniform, an average of the values it should not see.")))
+    finite = torch.nan_to_num(got, nan=0.0)            # an empty row's NaN, from a softmax written by hand
+    for name, (message, _) in enumerate(variants):
+        if same(tokens_of(finite), tokens_of(torch.cat(outputs[name], dim=-2))):
             raise CheckFailed(message)
-    token = int((~torch.isclose(got, expected, atol=ATOL, rtol=1e-4)).nonzero()[0][2])
-    raise CheckFailed(f"Your outputs differ from causal attention over the whole sequence, first at token {token} "
-                      f"(fed in chunks of {list(chunks)}). Each new query attends to every cached key and to the "
-                      "new keys up to its own position, with the usual 1/√d scaling.")
+    b, slot = (int(i) for i in (~torch.isclose(got, expected, atol=ATOL, rtol=1e-4)).any(-1).any(1).nonzero()[0])
+    raise CheckFailed(f"Your outputs differ from causal attention over each sequence alone, first at sequence {b}, "
+                      f"slot {slot} (prompts of {prompt_lengths} tokens left-padded to {prompt_slots} slots, then "
+                      f"{list(chunks)} new tokens per step). Each new query attends to its own sequence's cached "
+                      "tokens and to the new ones up to its own slot, never to padding, with the usual 1/√d scaling.")

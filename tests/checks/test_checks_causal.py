@@ -149,18 +149,38 @@ def test_an_unknown_cached_forward_mistake_says_where_it_first_differs():
 
 # --- check_cached_attention_step ----------------------------------------------------------------
 
-def step_with(*, mask="bottom-right", use_past=True, new_first=False, drop_past=False, scale=None):
-    def step(q, k, v, past_keys, past_values):
+def step_with(*, causal="bottom-right", padding="left", use_past=True, new_first=False, drop_past=False,
+              scale=None, empty_rows="zeros"):
+    """A cached step over a left-padded batch, written from the rule with a softmax by hand; the
+    options plant one mistake each."""
+    def step(q, k, v, past_keys, past_values, lengths):
         keys = torch.cat([k, past_keys] if new_first else [past_keys, k], dim=-2)
         values = torch.cat([v, past_values] if new_first else [past_values, v], dim=-2)
         attend_k, attend_v = (keys, values) if use_past else (k, v)
-        n_q, n_k = q.shape[-2], attend_k.shape[-2]
-        scores = q @ attend_k.transpose(-2, -1) / (scale or math.sqrt(q.shape[-1]))      # [B, H, N_q, N_k]
-        if mask == "bottom-right":
-            allowed = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        output = torch.softmax(scores, dim=-1) @ attend_v
-        if mask == "top-left":
+        n_q, n_all, n_k = q.shape[-2], keys.shape[-2], attend_k.shape[-2]
+        slot = torch.arange(n_all - n_k, n_all)                                         # the attended slots
+        first_token = {"left": n_all - lengths, "none": torch.zeros_like(lengths),
+                       "first": (n_all - lengths[0]).expand(len(lengths)),
+                       "longest": (n_all - lengths.max()).expand(len(lengths)),
+                       "shortest": (n_all - lengths.min()).expand(len(lengths))}
+        real = slot < lengths[:, None] if padding == "right" else slot >= first_token[padding][:, None]   # [B, N_k]
+        query_slot = torch.arange(n_q)[:, None] + (n_all - n_q)                           # [N_q, 1]
+        if causal == "bottom-right":
+            allowed = (slot <= query_slot)[None]
+        elif causal == "within-sequence":          # the query counted from its first token, the key by slot
+            allowed = slot <= (lengths[:, None, None] - n_q + torch.arange(n_q)[:, None])
+        elif causal == "top-left":
+            allowed = (slot <= torch.arange(n_q)[:, None])[None]
+        else:
+            allowed = torch.ones(1, n_q, n_k, dtype=torch.bool)
+        allowed = (allowed & real[:, None, :])[:, None]                                   # [B, 1, N_q, N_k]
+        scores = q @ attend_k.transpose(-2, -1) / (scale or math.sqrt(q.shape[-1]))       # [B, H, N_q, N_k]
+        scores = scores.masked_fill(~allowed, -1e9 if empty_rows == "uniform" else float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if empty_rows == "zeros":
+            weights = weights.nan_to_num(0.0)                                             # a row that sees nothing
+        output = weights @ attend_v
+        if causal == "sdpa":
             output = F.scaled_dot_product_attention(q, attend_k, attend_v, is_causal=True)
         return output, (k if drop_past else keys), (v if drop_past else values)
 
@@ -169,42 +189,73 @@ def step_with(*, mask="bottom-right", use_past=True, new_first=False, drop_past=
 
 def test_a_right_cached_step_passes():
     assert check_cached_attention_step(step_with()) is True
-    assert check_cached_attention_step(step_with(), seed=4, chunks=(1, 4, 1, 1)) is True
-    assert check_cached_attention_step(lambda q, k, v, pk, pv: list(step_with()(q, k, v, pk, pv))) is True
+    assert check_cached_attention_step(step_with(), seed=4, prompt_lengths=(1, 6, 2, 6), chunks=(3, 1)) is True
+    assert check_cached_attention_step(lambda *args: list(step_with()(*args))) is True
 
 
-def test_the_reference_is_causal_attention_over_the_whole_sequence():
-    """Without the check: decoding token by token with a cache reproduces full causal
-    attention (torch's SDPA, is_causal=True, N_q = N_k), so that is what the check demands."""
-    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
-    past_k, past_v, outputs = k[..., :0, :], v[..., :0, :], []
-    for i in range(6):
-        out, past_k, past_v = step_with()(q[..., i:i + 1, :], k[..., i:i + 1, :], v[..., i:i + 1, :], past_k, past_v)
-        outputs.append(out)
-    torch.testing.assert_close(torch.cat(outputs, dim=-2), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+def test_the_reference_is_causal_attention_over_each_sequence_alone():
+    """Without the check: a left-padded batch decoded with the right step, prompts first and then
+    a token at a time, gives each sequence what torch's SDPA (is_causal=True, N_q = N_k) gives on
+    its tokens alone, and zeros in the padded rows; so that is what the check demands."""
+    torch.manual_seed(0)
+    prompts, new = [3, 1], 2
+    q, k, v = (torch.randn(2, 2, 3 + new, 4) for _ in range(3))                        # [B, H, S, d]
+    for t in (q, k, v):
+        t[1, :, :2] = 100.0                                                               # sequence 1's padding
+    lengths = torch.tensor(prompts)
+    output, past_k, past_v = step_with()(q[..., :3, :], k[..., :3, :], v[..., :3, :], k[..., :0, :], v[..., :0, :],
+                                         lengths)
+    outputs = [output]
+    for i in range(3, 3 + new):
+        lengths = lengths + 1
+        output, past_k, past_v = step_with()(q[..., i:i + 1, :], k[..., i:i + 1, :], v[..., i:i + 1, :], past_k,
+                                             past_v, lengths)
+        outputs.append(output)
+    got = torch.cat(outputs, dim=-2)
+    torch.testing.assert_close(got[:1], F.scaled_dot_product_attention(q[:1], k[:1], v[:1], is_causal=True))
+    torch.testing.assert_close(got[1:, :, 2:], F.scaled_dot_product_attention(q[1:, :, 2:], k[1:, :, 2:],
+                                                                              v[1:, :, 2:], is_causal=True))
+    assert torch.equal(got[1, :, :2], torch.zeros(2, 2, 4))
 
 
 @pytest.mark.parametrize("answer, fragment", [
-    (step_with(mask="top-left"), "aligned to the top-left"),
-    (step_with(mask="none"), "uses no causal mask"),
+    (step_with(padding="none"), "attends to the padding"),
+    (step_with(padding="right"), "assumes the padding comes after the tokens"),
+    (step_with(padding="first"), "as many tokens as the first one"),
+    (step_with(padding="longest"), "attends to the padding"),                 # the longest prompt has no padding
+    (step_with(causal="within-sequence"), "position within its own sequence"),
+    (step_with(empty_rows="nan"), "padded query slots are NaN, not zeros"),
+    (step_with(empty_rows="uniform"), "padded query slots are averages of values"),
+    (step_with(causal="sdpa"), "aligned to the top-left"),
+    (step_with(causal="none"), "uses no causal mask"),
     (step_with(use_past=False), "attends only to the new keys"),
     (step_with(new_first=True), "put the new tokens before the cached ones"),
-    (step_with(drop_past=True), "keys after 3 cached and 1 new tokens has shape [2, 2, 1, 8]"),
-    (lambda q, k, v, pk, pv: step_with()(q, k, v, pk, pv)[0], "returned a Tensor"),
-    (lambda q, k, v, pk, pv: step_with()(q, k, v, pk, pv)[:2], "a tuple of length 2"),
+    (step_with(drop_past=True), "keys after 5 cached and 1 new slots has shape [3, 2, 1, 8]"),
+    (lambda *args: step_with()(*args)[0], "returned a Tensor"),
+    (lambda *args: step_with()(*args)[:2], "a tuple of length 2"),
     (step_with(scale=1.0), "forgot the scaling"),
-    (step_with(scale=2 * math.sqrt(8)), "first at token 1"),
+    (step_with(scale=2 * math.sqrt(8)), "first at sequence 0, slot 3"),     # slot 2, its first token, sees itself only
 ])
 def test_each_cached_step_mistake_is_named(answer, fragment):
     fails_with(check_cached_attention_step, answer, fragment)
 
 
+def test_a_padding_taken_from_the_shortest_sequence_is_named():
+    fails_with(lambda answer: check_cached_attention_step(answer, prompt_lengths=(4, 2, 3)),
+               step_with(padding="shortest"), "as many tokens as the shortest")
+
+
 def test_a_cached_step_with_scrambled_keys_is_told_so():
-    def scrambled(q, k, v, past_keys, past_values):
-        output, keys, values = step_with()(q, k, v, past_keys, past_values)
+    def scrambled(*args):
+        output, keys, values = step_with()(*args)
         return output, keys.flip(-2), values
 
-    fails_with(check_cached_attention_step, scrambled, "not the cached ones followed by the new ones")
+    fails_with(check_cached_attention_step, scrambled, "not the cached slots followed by the new ones")
+
+
+def test_the_check_refuses_prompts_without_a_token():
+    with pytest.raises(ValueError, match=r"^check_cached_attention_step: prompt_lengths and chunks"):
+        check_cached_attention_step(step_with(), prompt_lengths=(2, 0))
 
 
 # --- the planted mistakes that test_assignments grades ------------------------------------------

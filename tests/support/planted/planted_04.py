@@ -31,7 +31,7 @@ PLANTED = {
             "positions restart at 0",
         ),
         "cached_attention_step": (
-            "def cached_attention_step(q, k, v, past_keys, past_values):\n"
+            "def cached_attention_step(q, k, v, past_keys, past_values, lengths):\n"
             "    keys = torch.cat([past_keys, k], dim=-2)\n"
             "    values = torch.cat([past_values, v], dim=-2)\n"
             "    output = torch.nn.functional.scaled_dot_product_attention(q, keys, values, is_causal=True)\n"
@@ -66,24 +66,45 @@ PLANTED = {
             "ignores the cache",
         ),
         "cached_attention_step": (
-            "def cached_attention_step(q, k, v, past_keys, past_values):\n"
+            "def cached_attention_step(q, k, v, past_keys, past_values, lengths):\n"
+            "    from attn_course import padding_mask\n"
             "    keys = torch.cat([past_keys, k], dim=-2)\n"
             "    values = torch.cat([past_values, v], dim=-2)\n"
-            "    return self_attention(q, keys, values)[0], keys, values\n",
+            "    mask = causal_mask(q.shape[-2], keys.shape[-2]) & padding_mask(lengths, keys.shape[-2])[:, None]\n"
+            "    return self_attention(q, keys, values, mask)[0], keys, values\n",
             "q4_cached_attention_step",
-            "uses no causal mask",
+            "assumes the padding comes after the tokens",
         ),
     },
     "linus": {
         "cached_attention_step": (
-            "def cached_attention_step(q, k, v, past_keys, past_values):\n"
-            "    keys = torch.cat([k, past_keys], dim=-2)\n"
-            "    values = torch.cat([v, past_values], dim=-2)\n"
-            "    return self_attention(q, keys, values, causal_mask(q.shape[-2], keys.shape[-2]))[0], keys, values\n",
+            "def cached_attention_step(q, k, v, past_keys, past_values, lengths):\n"
+            "    keys = torch.cat([past_keys, k], dim=-2)\n"
+            "    values = torch.cat([past_values, v], dim=-2)\n"
+            "    n_q, n_k = q.shape[-2], keys.shape[-2]\n"
+            "    real = torch.arange(n_k)[None, :] >= n_k - lengths[:, None]\n"
+            "    mask = causal_mask(n_q, n_k) & real[:, None, None, :]\n"
+            "    scores = (q @ keys.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -1e9)\n"
+            "    return torch.softmax(scores, dim=-1) @ values, keys, values\n",
             "q4_cached_attention_step",
-            "put the new tokens before the cached ones",
+            "padded query slots are averages of values, not zeros",
         ),
     },
+}
+
+# A left-padded batch's padding taken from its first sequence for all of them.
+PLANTED["bea"] = {
+    "cached_attention_step": (
+        "def cached_attention_step(q, k, v, past_keys, past_values, lengths):\n"
+        "    keys = torch.cat([past_keys, k], dim=-2)\n"
+        "    values = torch.cat([past_values, v], dim=-2)\n"
+        "    n_q, n_k = q.shape[-2], keys.shape[-2]\n"
+        "    pad = n_k - int(lengths[0])\n"
+        "    mask = causal_mask(n_q, n_k) & (torch.arange(n_k) >= pad)\n"
+        "    return self_attention(q, keys, values, mask)[0], keys, values\n",
+        "q4_cached_attention_step",
+        "the same for every sequence of the batch",
+    ),
 }
 
 # Shortcuts the statements forbid: each is refused by name.
