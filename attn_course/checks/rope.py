@@ -1,8 +1,8 @@
-"""Checks for the rotary-embedding exercises (chapter 05): positions for a left-padded batch, how many
-pairs turn more slowly than a context, the newest token's scores during decoding, and attention with
-RoPE. Each runs the student's function on fresh inputs, compares it with
-:class:`~attn_course.positions.rope.RotaryEmbedding` and :func:`~attn_course.core.attention.self_attention`, and names
-the mistake it recognises."""
+"""Checks for the rotary-embedding exercises (chapter 05): positions for a left-padded batch, the pair
+that makes a given number of turns within a context, the newest token's scores during decoding,
+attention with RoPE, and LLaMA 3.1's frequency scaling. Each runs the student's function on fresh
+inputs, compares it with :class:`~attn_course.positions.rope.RotaryEmbedding` and
+:func:`~attn_course.core.attention.self_attention`, and names the mistake it recognises."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
 from attn_course.positions.rope import Llama3Scaling, RotaryEmbedding
 
-__all__ = ["check_left_padded_positions", "check_pairs_slower_than_context", "check_last_token_scores",
+__all__ = ["check_left_padded_positions", "check_pair_making_turns", "check_last_token_scores",
            "check_rope_attention", "check_llama3_frequencies"]
 
 
@@ -103,76 +103,98 @@ def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Ten
     return True
 
 
-# --- how many pairs turn more slowly than the context ----------------------------------------------
+# --- which pair makes a given number of turns within a context ------------------------------------
 
-NO_TWO_PI = ("You compared 1/θ_i = base^(2i/d) with the context, but a full turn is 2π radians: pair i "
-             "completes one every 2π/θ_i tokens.")
-FEATURE_INDEX = ("You used θ_i = base^(-i/d), as if i counted features. i counts pairs (0 .. d/2 - 1), "
-                 "and pair i turns by base^(-2i/d) radians per token.")
-FASTER_PAIRS = ("You counted the pairs that complete a turn within the context (the fast ones); the question "
-                "asks for those whose wavelength is longer than the context.")
-COUNTED_FEATURES = ("You counted features, not pairs: each pair is two features, and there are d/2 pairs.")
-SLOWER_WRONG = ("Your count is not right for d={d}, base={base:g}, context={context}: expected {expected}, "
-                "got {got}. Pair i completes a full turn every 2π · base^(2i/d) tokens.")
+NO_TWO_PI = ("You solved base^(2i/d) = context / turns, but a full turn is 2π radians: pair i completes one "
+             "every 2π/θ_i = 2π · base^(2i/d) tokens, so it makes context / (2π · base^(2i/d)) turns.")
+FEATURE_INDEX = ("Your index is twice too large: you used θ_i = base^(-i/d), as if i counted features. i counts "
+                 "pairs (0 .. d/2 - 1), and pair i turns by base^(-2i/d) radians per token.")
+TURNS_INVERTED = ("You solved for a wavelength of turns · context tokens. A pair that makes `turns` turns within "
+                  "the context has a wavelength of context / turns: more turns, shorter wavelength, smaller i.")
+ROUNDED = ("Your answer is a whole number, but the pair that makes exactly that many turns usually falls "
+           "between two pairs: return the real number (YaRN rounds the ends of its ramp itself, down and up).")
+MIXED_LOGS = ("Your answer is off by a factor of ln 10 = 2.303: you mixed a base-10 logarithm with a natural "
+              "one. Any logarithm will do, as long as both sides of the equation use the same.")
+SIGN_REVERSED = ("Your answer has the wrong sign: you divided 2π · turns by the context instead of the context by "
+                 "2π · turns. Slower pairs (fewer turns) have larger i.")
+FROM_THE_END = ("You counted from the slowest pair (d/2 - 1 - i, or d/2 - i): i counts from pair 0, the fastest, "
+                "which turns by 1 radian per token.")
+TURNS_WRONG = ("Your pair is not right for d={d}, base={base:g}, context={context}, turns={turns:g}: expected "
+               "{expected:.4f}, got {got}. Pair i makes context / (2π · base^(2i/d)) turns within the context; "
+               "solve that for i.")
 
-SLOWER_CASES = [(128, 10_000.0, 4096), (128, 500_000.0, 8192), (64, 10_000.0, 2048), (16, 100.0, 50),
-                (96, 1_000_000.0, 32_768)]
+#: (d, base, context, turns): LLaMA 3's head at YaRN's two ends, and other heads.
+TURNS_CASES = [(128, 500_000.0, 8192, 32.0), (128, 500_000.0, 8192, 1.0), (64, 10_000.0, 2048, 4.0),
+               (96, 1_000_000.0, 32_768, 2.5), (16, 100.0, 50, 1.0)]
 
 
-def _slow_count(d: int, base: float, context: int, *, two_pi: bool = True, exponent: float = 2.0) -> int:
-    i = torch.arange(d // 2, dtype=torch.float64)
-    wavelength = (2 * math.pi if two_pi else 1.0) * base ** (exponent * i / d)
-    return int((wavelength > context).sum())
+def _pair_from_wavelengths(d: int, base: float, context: int, turns: float) -> float:
+    """The real pair index with wavelength ``context / turns``, read off the module's wavelengths,
+    which grow by the same factor from one pair to the next."""
+    wavelength = RotaryEmbedding(d, base=base).wavelengths()                    # [d/2], float64
+    return math.log(context / turns / wavelength[0].item()) / math.log((wavelength[1] / wavelength[0]).item())
 
 
-def _count(value: object) -> float:
+def _number(value: object) -> float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise CheckFailed(f"Your function should return a number (an int), but it returned {type(value).__name__}.")
+        raise CheckFailed(f"Your function should return a number (a float), but it returned {type(value).__name__}.")
     return float(value)
 
 
-def check_pairs_slower_than_context(count_fn: Callable[[int, float, int], int]) -> bool:
-    """Check ``fn(d, base, context) -> int``: how many of the ``d/2`` pairs have a wavelength
-    ``2π / θ_i`` longer than ``context`` tokens (they never complete a turn within it).
+def check_pair_making_turns(pair_fn: Callable[[int, float, int, float], float]) -> bool:
+    """Check ``fn(d, base, context, turns) -> float``: the (real) pair index ``i`` at which a head's pair
+    makes exactly ``turns`` full turns within ``context`` tokens, ``context / λ_i = turns``.
 
-    The reference counts ``RotaryEmbedding(d, base=base).wavelengths() > context`` for five heads,
-    from ``d = 16, base = 100`` to ``d = 128, base = 500 000``.
+    The reference reads the index off ``RotaryEmbedding(d, base=base).wavelengths()`` (which grow
+    geometrically from pair to pair), for five heads and turn counts, among them LLaMA 3's head
+    (d = 128, base 500 000, L = 8192) at YaRN's 32 and 1 turns.
 
     Returns:
         ``True`` when correct.
 
     Raises:
-        CheckFailed: naming a missing 2π, a feature index for a pair index, the fast pairs counted
-            instead of the slow ones, features counted instead of pairs, or the first case that differs.
+        CheckFailed: naming a missing 2π, a feature index for a pair index, the turns inverted, a
+            rounded index, mixed logarithms, a reversed sign, an index counted from the slow end, or
+            the first case that differs.
 
     Example (a wrong answer, and what it is told):
-        >>> check_pairs_slower_than_context(
-        ...     lambda d, base, context: sum(base ** (2 * i / d) > context for i in range(d // 2)))
+        >>> check_pair_making_turns(lambda d, base, context, turns: d / 2 * math.log(context / turns) / math.log(base))
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: You compared 1/θ_i = base^(2i/d) with the context, but a full turn ...
+        attn_course.checks.diagnosis.CheckFailed: You solved base^(2i/d) = context / turns, but a full turn is 2π ...
     """
     got, expected = [], []
-    for d, base, context in SLOWER_CASES:
-        got.append(_count(call_answer("check_pairs_slower_than_context", count_fn, d, base, context)))
-        expected.append(int((RotaryEmbedding(d, base=base).wavelengths() > context).sum()))
-    if got == expected:
+    for d, base, context, turns in TURNS_CASES:
+        got.append(_number(call_answer("check_pair_making_turns", pair_fn, d, base, context, turns)))
+        expected.append(_pair_from_wavelengths(d, base, context, turns))
+
+    def matches(values: list[float]) -> bool:
+        return all(math.isclose(g, v, rel_tol=1e-6, abs_tol=1e-6) for g, v in zip(got, values))
+
+    if matches(expected):
         return True
+    ln = math.log
     mistakes = [
-        (NO_TWO_PI, [_slow_count(d, b, c, two_pi=False) for d, b, c in SLOWER_CASES]),
-        (FEATURE_INDEX, [_slow_count(d, b, c, exponent=1.0) for d, b, c in SLOWER_CASES]),
-        (FASTER_PAIRS, [d // 2 - e for (d, _, _), e in zip(SLOWER_CASES, expected)]),
-        (COUNTED_FEATURES, [2 * e for e in expected]),
+        (NO_TWO_PI, [d / 2 * ln(c / t) / ln(b) for d, b, c, t in TURNS_CASES]),
+        (FEATURE_INDEX, [2 * e for e in expected]),
+        (TURNS_INVERTED, [d / 2 * ln(c * t / (2 * math.pi)) / ln(b) for d, b, c, t in TURNS_CASES]),
+        (MIXED_LOGS, [e / ln(10) for e in expected]),
+        (MIXED_LOGS, [e * ln(10) for e in expected]),
+        (SIGN_REVERSED, [-e for e in expected]),
+        (FROM_THE_END, [d / 2 - 1 - e for (d, *_), e in zip(TURNS_CASES, expected)]),
+        (FROM_THE_END, [d / 2 - e for (d, *_), e in zip(TURNS_CASES, expected)]),
     ]
     for message, wrong in mistakes:
-        if got == wrong:
+        if matches(wrong):
             raise CheckFailed(message)
-    index = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e)
-    d, base, context = SLOWER_CASES[index]
-    raise CheckFailed(SLOWER_WRONG.format(d=d, base=base, context=context, expected=expected[index],
-                                          got=f"{got[index]:g}"))
+    if all(g == round(g) for g in got) and all(abs(g - e) <= 1 for g, e in zip(got, expected)):
+        raise CheckFailed(ROUNDED)
+    index = next(i for i, (g, e) in enumerate(zip(got, expected)) if not math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-6))
+    d, base, context, turns = TURNS_CASES[index]
+    raise CheckFailed(TURNS_WRONG.format(d=d, base=base, context=context, turns=turns, expected=expected[index],
+                                         got=f"{got[index]:.4f}"))
 
 
 # --- the newest token's scores during decoding ---------------------------------------------------

@@ -12,7 +12,7 @@ from attn_course.checks.rope import (
     check_last_token_scores,
     check_left_padded_positions,
     check_llama3_frequencies,
-    check_pairs_slower_than_context,
+    check_pair_making_turns,
     check_rope_attention,
 )
 from attn_course.core.attention import self_attention
@@ -56,35 +56,60 @@ def test_left_padded_positions_mistakes_get_their_hint(fn, fragment):
     assert fragment in hint(check_left_padded_positions, fn)
 
 
-# --- pairs slower than the context ---------------------------------------------------------------
+# --- the pair that makes a given number of turns ----------------------------------------------------
 
-def slower_solution(d, base, context):
-    return sum(2 * math.pi * base ** (2 * i / d) > context for i in range(d // 2))
+def turns_solution(d, base, context, turns):
+    return d / 2 * math.log(context / (2 * math.pi * turns)) / math.log(base)
 
 
-def test_pairs_slower_than_context_solutions_pass():
-    assert check_pairs_slower_than_context(slower_solution)
-    # Solved for i instead of counted: the first slow pair is ceil(d/2 · log(context / 2π) / log base).
-    assert check_pairs_slower_than_context(
-        lambda d, base, context: d // 2 - math.floor(d / 2 * math.log(context / (2 * math.pi)) / math.log(base)) - 1)
-    assert check_pairs_slower_than_context(lambda d, base, context: torch.tensor(slower_solution(d, base, context)))
+def test_pair_making_turns_solutions_pass():
+    assert check_pair_making_turns(turns_solution)
+    # Another logarithm, on both sides, and a tensor answer are fine.
+    assert check_pair_making_turns(
+        lambda d, base, context, turns: d / 2 * math.log10(context / (2 * math.pi * turns)) / math.log10(base))
+    assert check_pair_making_turns(lambda *args: torch.tensor(turns_solution(*args), dtype=torch.float64))
+
+
+def test_pair_making_turns_reference_agrees_with_hugging_face_yarn():
+    # HF's YaRN keeps the pairs up to floor(i at beta_fast turns) and interpolates those from
+    # ceil(i at beta_slow turns): the counts of kept and fully slowed pairs give both ends.
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for d, base, context in [(128, 500_000.0, 8192), (64, 10_000.0, 2048)]:
+        config = LlamaConfig(hidden_size=2 * d, num_attention_heads=2, head_dim=d, max_position_embeddings=8 * context,
+                             rope_parameters={"rope_type": "yarn", "rope_theta": base, "factor": 8.0,
+                                              "original_max_position_embeddings": context})
+        theirs, _ = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+        ratio = RotaryEmbedding(d, base=base).frequencies() / theirs.double()       # [d/2]: 1 kept, 8 slowed
+        kept, slowed = int((ratio < 1 + 1e-5).sum()), int((ratio > 8 - 1e-4).sum())
+        assert kept == math.floor(turns_solution(d, base, context, 32.0)) + 1
+        assert slowed == d // 2 - math.ceil(turns_solution(d, base, context, 1.0))
 
 
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (lambda d, base, context: sum(base ** (2 * i / d) > context for i in range(d // 2)), "a full turn is 2π"),
-        (lambda d, base, context: sum(2 * math.pi * base ** (i / d) > context for i in range(d // 2)),
+        (lambda d, base, context, turns: d / 2 * math.log(context / turns) / math.log(base), "a full turn is 2π"),
+        (lambda d, base, context, turns: d * math.log(context / (2 * math.pi * turns)) / math.log(base),
          "as if i counted features"),
-        (lambda d, base, context: d // 2 - slower_solution(d, base, context), "the fast ones"),
-        (lambda d, base, context: 2 * slower_solution(d, base, context), "counted features, not pairs"),
-        (lambda d, base, context: slower_solution(d, base, context) + 1,
-         "d=128, base=10000, context=4096: expected 18, got 19"),
-        (lambda d, base, context: "many", "should return a number"),
+        (lambda d, base, context, turns: d / 2 * math.log(context * turns / (2 * math.pi)) / math.log(base),
+         "a wavelength of turns · context"),
+        (lambda *args: math.floor(turns_solution(*args)), "a whole number"),
+        (lambda *args: round(turns_solution(*args)), "a whole number"),
+        (lambda d, base, context, turns: d / 2 * math.log10(context / (2 * math.pi * turns)) / math.log(base),
+         "mixed a base-10 logarithm"),
+        (lambda d, base, context, turns: d / 2 * math.log(context / (2 * math.pi * turns)) / math.log10(base),
+         "mixed a base-10 logarithm"),
+        (lambda *args: -turns_solution(*args), "the wrong sign"),
+        (lambda d, *rest: d / 2 - 1 - turns_solution(d, *rest), "counted from the slowest pair"),
+        (lambda *args: turns_solution(*args) + 0.5,
+         "d=128, base=500000, context=8192, turns=32: expected 18.0811, got 18.5811"),
+        (lambda *args: "pair 18", "should return a number"),
     ],
 )
-def test_pairs_slower_than_context_mistakes_get_their_hint(fn, fragment):
-    assert fragment in hint(check_pairs_slower_than_context, fn)
+def test_pair_making_turns_mistakes_get_their_hint(fn, fragment):
+    assert fragment in hint(check_pair_making_turns, fn)
 
 
 # --- the newest token's scores -------------------------------------------------------------------
@@ -156,7 +181,7 @@ def test_rotating_values_crashes_on_narrow_values_with_the_values_hint():
 
 CHECK_OF_QUESTION = {
     "q1_left_padded_positions": check_left_padded_positions,
-    "q2_predict_slow_pairs": check_pairs_slower_than_context,
+    "q2_pair_making_turns": check_pair_making_turns,
     "q3_find_the_bug_cache_position": check_last_token_scores,
     "q4_find_the_bug_values": check_rope_attention,
     "q5_llama3_frequencies": check_llama3_frequencies,

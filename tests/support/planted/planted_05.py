@@ -14,10 +14,10 @@ PLANTED = {
             "q1_left_padded_positions",
             "positions 0 .. N-1 of the padded batch",
         ),
-        "pairs_slower_than_context": (
-            "def pairs_slower_than_context(d, base, context):\n"
-            "    return sum(base ** (2 * i / d) > context for i in range(d // 2))\n",
-            "q2_predict_slow_pairs",
+        "pair_making_turns": (
+            "def pair_making_turns(d, base, context, turns):\n"
+            "    return d / 2 * math.log(context / turns) / math.log(base)\n",
+            "q2_pair_making_turns",
             "a full turn is 2π radians",
         ),
         "fixed_last_token_scores": (
@@ -52,10 +52,10 @@ PLANTED = {
             "q1_left_padded_positions",
             "Your positions start at 1",
         ),
-        "pairs_slower_than_context": (
-            "def pairs_slower_than_context(d, base, context):\n"
-            "    return sum(2 * math.pi * base ** (i / d) > context for i in range(d // 2))\n",
-            "q2_predict_slow_pairs",
+        "pair_making_turns": (
+            "def pair_making_turns(d, base, context, turns):\n"
+            "    return d * math.log(context / (2 * math.pi * turns)) / math.log(base)\n",
+            "q2_pair_making_turns",
             "as if i counted features",
         ),
         "fixed_last_token_scores": (
@@ -91,11 +91,11 @@ PLANTED = {
             "q1_left_padded_positions",
             "count down",
         ),
-        "pairs_slower_than_context": (
-            "def pairs_slower_than_context(d, base, context):\n"
-            "    return sum(2 * math.pi * base ** (2 * i / d) <= context for i in range(d // 2))\n",
-            "q2_predict_slow_pairs",
-            "the fast ones",
+        "pair_making_turns": (
+            "def pair_making_turns(d, base, context, turns):\n"
+            "    return math.floor(d / 2 * math.log(context / (2 * math.pi * turns)) / math.log(base))\n",
+            "q2_pair_making_turns",
+            "return the real number",
         ),
         "fixed_last_token_scores": (
             "def fixed_last_token_scores(q_last, keys, base):\n"
