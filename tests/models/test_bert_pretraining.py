@@ -124,7 +124,7 @@ def test_pad_batch_pads_at_the_end_and_marks_real_tokens():
 
 def test_a_small_run_beats_the_unigram_guess_on_held_out_text(small_run):
     model, vocab, history, held_out = small_run
-    assert min(history.held_out_losses) < history.unigram_loss - 1.0
+    assert min(history.validation_losses) < history.unigram_loss - 1.0
     accuracy = masked_word_accuracy(model, vocab, held_out)
     assert accuracy.model > accuracy.unigram + 0.3, accuracy
     assert accuracy.model_top5 >= accuracy.model
@@ -136,7 +136,7 @@ def test_history_keeps_the_best_held_out_weights(small_run):
     _, _, history, _ = small_run
     assert len(history.train_losses) == SMALL.steps
     assert history.eval_steps == [0, 50, 100, 150, 200]
-    assert history.best_step == history.eval_steps[history.held_out_losses.index(min(history.held_out_losses))]
+    assert history.best_step == history.eval_steps[history.validation_losses.index(min(history.validation_losses))]
 
 
 def test_training_is_deterministic_and_leaves_the_callers_random_state_and_grad_mode():
@@ -150,7 +150,7 @@ def test_training_is_deterministic_and_leaves_the_callers_random_state_and_grad_
         assert not torch.is_grad_enabled()
     assert torch.equal(torch.get_rng_state(), before)
     _, _, again = pretrain_mlm(train, held_out, config)
-    assert first.train_losses == again.train_losses and first.held_out_losses == again.held_out_losses
+    assert first.train_losses == again.train_losses and first.validation_losses == again.validation_losses
     assert first.train_losses[0] != first.train_losses[-1]
 
 
@@ -167,9 +167,9 @@ def test_mlm_head_shares_the_input_embeddings_and_scores_every_token(small_run):
 
 def test_errors_name_the_argument(small_run):
     model, vocab, _, held_out = small_run
-    with pytest.raises(TypeError, match="train_rhymes"):
+    with pytest.raises(TypeError, match="train_texts"):
         pretrain_mlm("one two", held_out, SMALL)
-    with pytest.raises(ValueError, match="held_out_rhymes is empty"):
+    with pytest.raises(ValueError, match="validation_texts is empty"):
         pretrain_mlm(held_out, [], SMALL)
     with pytest.raises(TypeError, match="config"):
         pretrain_mlm(held_out, held_out, {"steps": 3})

@@ -21,7 +21,9 @@ One idea per module; every name below can be imported from ``attn_course.models.
 - ``pretraining``: :func:`pretrain_mlm`, a small BERT trained with that objective on the course's rhymes
   (:class:`PretrainingConfig`; its words are a :class:`~attn_course.data.tokenizers.WordVocabulary`, also
   importable from here);
-- ``evaluation``: :func:`masked_word_accuracy`, :func:`top_predictions`, what the small BERT learned;
+- ``baselines``: :class:`NgramGuesses`, the unigram and bigram guesses a masked language model must beat;
+- ``evaluation``: :func:`masked_word_accuracy`, :func:`top_predictions`, :func:`score_blanks`, what the
+  small BERT learned;
 - ``analysis``: :func:`mean_pool`, :func:`strongest_head`, :func:`attention_share`;
 - ``attribution``: :func:`norm_attribution`, attention weight versus contribution (Kobayashi et al., 2020).
 """
@@ -29,8 +31,9 @@ One idea per module; every name below can be imported from ``attn_course.models.
 from attn_course.data.tokenizers import WordVocabulary
 from attn_course.models.bert.analysis import HeadWeight, attention_share, mean_pool, strongest_head
 from attn_course.models.bert.attribution import NormAttribution, norm_attribution, value_norms
+from attn_course.models.bert.baselines import NgramGuesses
 from attn_course.models.bert.config import BertConfig
-from attn_course.models.bert.evaluation import masked_word_accuracy, top_predictions
+from attn_course.models.bert.evaluation import BlankScores, masked_word_accuracy, score_blanks, top_predictions
 from attn_course.models.bert.loading import REQUIRED_FILES, load_pretrained
 from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_loss
 from attn_course.models.bert.masking import IGNORE_INDEX, MaskedTokens, mask_tokens
@@ -64,4 +67,7 @@ __all__ = [
     "masked_word_accuracy",
     "pretrain_mlm",
     "top_predictions",
+    "NgramGuesses",
+    "BlankScores",
+    "score_blanks",
 ]
