@@ -193,7 +193,7 @@ def check_streaming_attention(attention: Callable) -> bool:
                           described=f"q [{n_q}, {d}], k [{n_k}, {d}], v [{n_k}, {d_v}], block = {block}")
         check_close(got, F.scaled_dot_product_attention(q, k, v), what="Your output",
                     mistakes=_stream_mistakes(q, k, v, block),
-                    hint="compare your loop with the four steps of section 4, one by one.")
+                    hint="compare your loop with the four steps of section 2, one by one.")
     return True
 
 

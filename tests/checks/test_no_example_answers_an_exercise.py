@@ -125,7 +125,9 @@ def shown_sources(master) -> list[tuple[int, str, dict]]:
         if cell.cell_type != "code":
             continue
         for expression in re.findall(r"show_source\(([^()]+)\)", cell.source):
-            obj = eval(expression, namespace)
+            # the object shown, whatever keywords (docstring=, start=, stop=) trim its listing: the
+            # whole of its source is tried, which is stricter than the excerpt shown
+            obj = eval(f"(lambda obj, **keywords: obj)({expression})", namespace)
             obj = getattr(obj, "fn", obj)          # a Triton kernel: the function it was made from
             shown.append((index, textwrap.dedent(inspect.getsource(obj)), vars(inspect.getmodule(obj))))
     return shown
