@@ -1,4 +1,5 @@
-"""Checks for chapter 07's exercises: the masked-language-model loss."""
+"""Checks for chapter 07's exercises: BERT's 80/10/10 corruption and what the model sees of it, the
+masked-language-model loss, the parking head."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
-from attn_course.checks.forbidden import Forbidden
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, watched
+from attn_course.checks.forbidden import RANDOM, Forbidden
 from attn_course.models.bert.masking import IGNORE_INDEX
 
-__all__ = ["check_mlm_loss", "check_attention_weight_count", "check_head_most_on", "check_masked_mean"]
+__all__ = ["check_corruption", "check_unchanged_share", "check_mlm_loss", "check_head_most_on"]
 
 ALL_POSITIONS = (
     "Your loss averages over every position, the unchosen ones too (their label -100 turned into a "
@@ -117,59 +118,7 @@ def check_mlm_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     return True
 
 
-# --- exercise 2: counting the attention weights of all-MiniLM-L6-v2 ------------------------------------
-
-LAYERS, HEADS = 6, 12
-ONE_LAYER = ("Your count is one layer's worth: 12 heads × n². The model has 6 layers, and each computes "
-             "its own 12 maps.")
-ONE_HEAD_PER_LAYER = ("Your count has one map per layer: 6 × n². Each of the 6 layers has 12 heads, and each "
-                      "head computes its own n × n map.")
-LINEAR = ("Your count grows like n, but each head holds an n × n map: one weight for every (query, key) pair, "
-          "so n² per head.")
-SPECIALS_TWICE = ("Your count adds [CLS] and [SEP] again: n_tokens already includes them, so each map is "
-                  "n_tokens × n_tokens.")
-NO_SELF = ("Your count leaves out each token's weight on itself. A query attends to every key, itself "
-           "included: n² per head, not n·(n - 1).")
-
-
-def check_attention_weight_count(count_fn: Callable[[int], object]) -> bool:
-    """Check ``fn(n_tokens) -> int``: all-MiniLM-L6-v2's attention weights for one sentence, 6 · 12 · n².
-
-    Tried at ``n_tokens`` = 10 (the bank sentence), 23 and 1; ints or whole floats are fine.
-
-    Returns:
-        ``True`` when correct.
-
-    Raises:
-        CheckFailed: naming a missing factor (layers, heads), a linear count, the special tokens
-            counted twice, the diagonal left out, or the value expected.
-
-    Example (a wrong answer, and what it is told):
-        >>> check_attention_weight_count(lambda n: 12 * n * n)
-        Traceback (most recent call last):
-        ...
-        attn_course.checks.diagnosis.CheckFailed: Your count is one layer's worth: 12 heads × n². The model has 6 ...
-    """
-    for n in (10, 23, 1):
-        result = call_answer("check_attention_weight_count", count_fn, n, described=f"n_tokens={n}")
-        if isinstance(result, torch.Tensor) and result.numel() == 1:
-            result = result.item()
-        if isinstance(result, bool) or not isinstance(result, (int, float)):
-            raise CheckFailed(f"Your count should be a number (an int), but it is a {type(result).__name__}.")
-        expected = LAYERS * HEADS * n * n
-        if result == expected:
-            continue
-        mistakes = [(ONE_LAYER, HEADS * n * n), (ONE_HEAD_PER_LAYER, LAYERS * n * n), (LINEAR, LAYERS * HEADS * n),
-                    (SPECIALS_TWICE, LAYERS * HEADS * (n + 2) ** 2), (NO_SELF, LAYERS * HEADS * n * (n - 1))]
-        for message, value in mistakes:
-            if result == value:
-                raise CheckFailed(message)
-        raise CheckFailed(f"For n_tokens = {n} your count is {result:g}, but the model computes {expected} weights. "
-                          "Hint: how many heads per layer, how many layers, and how many weights in one head's map?")
-    return True
-
-
-# --- exercise 4: the head that gives one key the most attention ------------------------------------------
+# --- exercise 3: the head that gives one key the most attention ------------------------------------------
 
 MAX_OVER_QUERIES = ("Your head is the one where a single query gives the key the most. The exercise asks for the "
                     "attention on the key averaged over all queries: take the column attentions[layer][0, head, :, "
@@ -256,53 +205,162 @@ def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object
                       f"queries, is largest is {expected}.")
 
 
-# --- chapter 07, exercise 1: the average of the real tokens -------------------------------------
+# --- chapter 07, exercise 1: BERT's 80/10/10 corruption ------------------------------------------
 
-#: What chapter 07's mean-pooling exercise may not call: the course's own pooling.
-MEAN_POOL_RULES = (
-    Forbidden("attn_course.models.bert.analysis.mean_pool",
-              "the statement asks you not to call mean_pool: average the real tokens yourself"),
+#: What chapter 07's corruption exercise may not call: the course's own corruption.
+CORRUPTION_RULES = (
+    Forbidden("attn_course.models.bert.masking.mask_tokens",
+              "the statement asks you not to call mask_tokens: apply the 80/10/10 rule yourself"),
 )
 
-DIVIDED_BY_N = ("Your averages leave the padding out of the sum but still divide by N, every position of the "
-                "batch: a sequence with padding comes out too small (by its share of real tokens). Divide "
-                "each sequence's sum by its own number of real tokens, the sum of its mask.")
-PADDING_COUNTED = ("Your averages count the padding: they are the plain mean over all N positions. Multiply "
-                   "the vectors by the mask before summing, and divide by the number of real tokens.")
+NOT_CHOSEN_CHANGED = ("Your function changes positions that were not chosen ({share:.0%} of them): the "
+                      "80/10/10 rule applies to the chosen positions only, and every other token must reach "
+                      "the model as it was. Draw the fate of every position if you like, but use it only "
+                      "where chosen is True.")
+ALL_MASKED = ("Your function turns every chosen token into [MASK] ({share:.0%} of them). BERT's rule is "
+              "80% [MASK], 10% a random token, 10% left unchanged, so that [MASK] does not mark every "
+              "position the model is asked about.")
+SPECIALS_DRAWN = ("Your random replacements include special tokens (ids {ids} appeared): draw the random "
+                  "token from the ordinary ids only, those in 0..vocab_size-1 that are not in special_ids.")
+OUT_OF_RANGE = "Your function returns ids outside 0..{top}: every id must be a token of the vocabulary."
+NOT_VARIED = ("Your random replacements are always among a few ids ({count} different ones): draw each one "
+              "uniformly from all the ordinary ids.")
+IGNORES_GENERATOR = ("Your function gives two different results for the same seed: draw every random number "
+                     "from generator = torch.Generator().manual_seed(seed) (torch.rand(shape, generator=generator), "
+                     "torch.randint(..., generator=generator)), so that a seed gives one result.")
+WRONG_SHARES = ("Of the chosen positions, yours sent {mask:.0%} to [MASK], {other:.0%} to another token and "
+                "left {same:.0%} unchanged: BERT's rule gives about 80%, 10% and 10% (a random token is "
+                "the original again once in a while, so slightly more than 10% stay the same).")
 
 
-def check_masked_mean(mean_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
-    """Check ``fn(hidden [B, N, E], attention_mask [B, N]) -> [B, E]``, the average of the real tokens.
+def _corruption_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[200, 50]`` ids (``[CLS]`` 2 first, ``[SEP]`` 3 last, some ``[PAD]`` 0) and about half of the words chosen."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 40, (200, 50), generator=generator)                         # [B, N] ordinary words
+    ids[:, 0], ids[:, -1], ids[150:, -10:] = 2, 3, 0
+    chosen = (torch.rand(ids.shape, generator=generator) < 0.5) & (ids >= 5)          # [B, N]
+    return ids, chosen
 
-    Called with a mask of integers, then of booleans; one sequence is whole, one has two
-    padding positions and one is a single token. The expected averages are taken by slicing
-    each sequence to its real tokens, in float64.
+
+def check_corruption(corrupt_fn: Callable[..., torch.Tensor]) -> bool:
+    """Check ``fn(input_ids, chosen, mask_id, special_ids, vocab_size, seed) -> [B, N]``, the 80/10/10 rule.
+
+    Called on ``[200, 50]`` ids of a 40-token vocabulary (ids 0-4 special, 4 = ``[MASK]``) with about
+    half of the ordinary tokens chosen (some 4,500 positions), so that the shares can be measured:
+    every unchosen token must come back as it was, and of the chosen ones about 80% must be
+    ``[MASK]``, 10% a random ordinary token and 10% unchanged (each within 4 points). The same
+    seed must give the same result, and the input must not be changed in place. (A seed, not a
+    ``torch.Generator``: the grader sends an answer only data.)
 
     Returns:
         ``True`` when correct.
 
     Raises:
-        CheckFailed: naming a call of ``mean_pool`` (:data:`MEAN_POOL_RULES`), the padding
-            counted, a sum divided by N, a wrong shape, or the first entry that differs.
+        CheckFailed: naming a call of ``mask_tokens`` (:data:`CORRUPTION_RULES`), positions changed
+            that were not chosen, every chosen token masked, special tokens drawn as random
+            replacements, replacements that are not varied, shares other than 80/10/10, or a result
+            that ignores the seed.
 
     Example (a wrong answer, and what it is told):
-        >>> check_masked_mean(lambda hidden, attention_mask: hidden.mean(dim=1))
+        >>> check_corruption(lambda input_ids, chosen, mask_id, special_ids, vocab_size, seed:
+        ...                  torch.where(chosen, mask_id, input_ids))
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: Your averages count the padding: they are the plain mean ...
+        attn_course.checks.diagnosis.CheckFailed: Your function turns every chosen token into [MASK] (100% of ...
     """
-    mean_fn = watched("check_masked_mean", mean_fn, MEAN_POOL_RULES)
-    generator = torch.Generator().manual_seed(1)
-    hidden = torch.randn(3, 6, 4, generator=generator, dtype=torch.float64)        # [B, N, E]
-    lengths = (6, 4, 1)
-    mask = torch.tensor([[1] * n + [0] * (6 - n) for n in lengths])                 # [B, N]
-    expected = torch.stack([hidden[b, :n].mean(dim=0) for b, n in enumerate(lengths)])   # [B, E]
-    for given in (mask, mask.bool()):
-        got = call_student("check_masked_mean", mean_fn, hidden.clone(), given.clone())
-        check_shape(got, expected, "Your averages")
-        if same(got.double(), expected):
+    corrupt_fn = watched("check_corruption", corrupt_fn, CORRUPTION_RULES)
+    specials, mask_id, vocab_size = [0, 1, 2, 3, 4], 4, 40
+    ids, chosen = _corruption_inputs(3)
+
+    def run(seed: int) -> torch.Tensor:
+        given_ids, given_chosen = ids.clone(), chosen.clone()
+        got = call_student("check_corruption", corrupt_fn, given_ids, given_chosen, mask_id, list(specials),
+                           vocab_size, seed)
+        check_shape(got, ids, "Your corrupted ids")
+        if got.dtype.is_floating_point or got.dtype == torch.bool or got.is_complex():
+            raise CheckFailed(f"Your corrupted ids are {got.dtype}; token ids are integers (torch.long).")
+        if not (torch.equal(given_ids, ids) and torch.equal(given_chosen, chosen)):
+            raise CheckFailed("Your function changes its input in place: return a new tensor and leave input_ids "
+                              "and chosen as they were (the caller still needs the originals, for the labels).")
+        return got.long()
+
+    got = run(12)
+    if got.min() < 0 or got.max() >= vocab_size:
+        raise CheckFailed(OUT_OF_RANGE.format(top=vocab_size - 1))
+    changed = got != ids                                                                # [B, N]
+    if changed[~chosen].any():
+        raise CheckFailed(NOT_CHOSEN_CHANGED.format(share=changed[~chosen].double().mean().item()))
+    picked = got[chosen]                                                                # [M]
+    masked = (picked == mask_id).double().mean().item()
+    if masked > 0.95:
+        raise CheckFailed(ALL_MASKED.format(share=masked))
+    others = picked[(picked != mask_id) & changed[chosen]]                              # the random replacements
+    drawn_specials = sorted(set(others.tolist()) & set(specials))
+    if drawn_specials:
+        raise CheckFailed(SPECIALS_DRAWN.format(ids=", ".join(map(str, drawn_specials))))
+    other, same_share = changed[chosen].double().mean().item() - masked, (~changed[chosen]).double().mean().item()
+    if abs(masked - 0.8) > 0.04 or abs(other - 0.1) > 0.04 or abs(same_share - 0.1) > 0.04:
+        raise CheckFailed(WRONG_SHARES.format(mask=masked, other=other, same=same_share))
+    if len(set(others.tolist())) < 25:
+        raise CheckFailed(NOT_VARIED.format(count=len(set(others.tolist()))))
+    if not torch.equal(run(12), got):
+        raise CheckFailed(IGNORES_GENERATOR)
+    return True
+
+
+# --- chapter 07, exercise 2: the share of chosen tokens the model sees unchanged ---------------------
+
+#: What chapter 07's prediction may not do: sample the share instead of predicting it.
+SHARE_RULES = (
+    Forbidden(RANDOM, "the statement asks for a formula: predict the share, do not sample it"),
+    Forbidden("attn_course.models.bert.masking.mask_tokens",
+              "the statement asks for a formula: predict the share, do not sample it"),
+)
+
+ONLY_KEPT = ("Your share is 0.1, the tokens the rule leaves alone. A random replacement is drawn uniformly from "
+             "the n_ordinary ordinary tokens, so it is the original token again with probability 1 / n_ordinary: "
+             "that adds 0.1 / n_ordinary.")
+RANDOM_AS_KEPT = ("Your share counts every random replacement as unchanged (0.1 + 0.1): only one in n_ordinary "
+                  "of them draws the original token back.")
+NO_KEPT = ("Your share counts only the random draws that hit the original token, 0.1 / n_ordinary: the 10% "
+           "that the rule leaves as they are come on top.")
+
+
+def check_unchanged_share(share_fn: Callable[[int], object]) -> bool:
+    """Check ``fn(n_ordinary) -> float``: the expected share of chosen tokens seen unchanged, ``0.1 + 0.1 / n``.
+
+    Under the 80/10/10 rule a chosen token reaches the model as it was when the rule keeps it (0.1)
+    or when its random replacement, drawn uniformly from the ``n`` ordinary tokens, is the token
+    itself (0.1 · 1/n). Tried at ``n`` = 51 (the stories' words), 4 and 1; ints, floats and 0-d
+    tensors are fine.
+
+    Returns:
+        ``True`` when correct.
+
+    Raises:
+        CheckFailed: naming random numbers drawn (:data:`SHARE_RULES`), the random coincidences left
+            out, every random replacement counted, the kept tokens left out, or the expected and the
+            returned value.
+
+    Example (a wrong answer, and what it is told):
+        >>> check_unchanged_share(lambda n_ordinary: 0.1)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: Your share is 0.1, the tokens the rule leaves alone. ...
+    """
+    share_fn = watched("check_unchanged_share", share_fn, SHARE_RULES)
+    for n in (51, 4, 1):
+        got = call_answer("check_unchanged_share", share_fn, n, described=f"n_ordinary={n}")
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise CheckFailed(f"Your share should be a number, but for n_ordinary={n} it is a {type(got).__name__}.")
+        expected = 0.1 + 0.1 / n
+        if abs(got - expected) <= 1e-6:
             continue
-        summed = (hidden * mask[..., None]).sum(dim=1)                                  # [B, E]
-        diagnose(got.double(), expected, [(PADDING_COUNTED, hidden.mean(dim=1)), (DIVIDED_BY_N, summed / 6)],
-                 ("sequence", "feature"), "Your averages")
+        for message, value in ((ONLY_KEPT, 0.1), (RANDOM_AS_KEPT, 0.2), (NO_KEPT, 0.1 / n)):
+            if abs(got - value) <= 1e-6:
+                raise CheckFailed(message)
+        raise CheckFailed(f"For n_ordinary={n} your share is {got:.4f}; the expected share is {expected:.4f}. Hint: "
+                          f"the tokens the rule keeps, plus the random replacements that draw the original back.")
     return True

@@ -1,4 +1,4 @@
-"""attn_course.checks.bert: the right MLM loss passes (written three ways); each mistake gets its message."""
+"""attn_course.checks.bert: right answers pass (written several ways); each mistake gets its message."""
 
 from __future__ import annotations
 
@@ -7,25 +7,29 @@ import torch
 import torch.nn.functional as F
 
 from attn_course.checks.bert import (
+    ALL_MASKED,
     ALL_POSITIONS,
     DIVIDED_BY_ALL,
     FLAT_INDEX,
-    LINEAR,
+    IGNORES_GENERATOR,
     MAX_OVER_QUERIES,
     MEAN_OF_MEANS,
+    NO_KEPT,
     NO_LOG_SOFTMAX,
-    NO_SELF,
-    ONE_HEAD_PER_LAYER,
-    ONE_LAYER,
+    NOT_CHOSEN_CHANGED,
+    NOT_VARIED,
     ONE_QUERY,
+    ONLY_KEPT,
+    RANDOM_AS_KEPT,
     ROW_NOT_COLUMN,
-    SPECIALS_TWICE,
+    SPECIALS_DRAWN,
     SUMMED,
+    WRONG_SHARES,
     WRONG_UNFLATTEN,
-    check_attention_weight_count,
+    check_corruption,
     check_head_most_on,
-    check_masked_mean,
     check_mlm_loss,
+    check_unchanged_share,
 )
 from attn_course.checks.diagnosis import CheckFailed
 
@@ -87,8 +91,8 @@ def test_other_answers_say_what_was_expected_crashes_and_shapes_are_explained():
 
 
 def test_planted_mistakes_of_chapter_07_get_their_hint():
-    checks = {"fixed_mlm_loss": check_mlm_loss, "predicted_weight_count": check_attention_weight_count,
-              "head_most_on": check_head_most_on, "masked_mean": check_masked_mean}
+    checks = {"fixed_mlm_loss": check_mlm_loss, "corrupt": check_corruption, "head_most_on": check_head_most_on,
+              "predicted_unchanged_share": check_unchanged_share}
     tried = 0
     for functions in PLANTED.values():
         for name, (code, _, hint) in functions.items():
@@ -102,37 +106,131 @@ def test_planted_mistakes_of_chapter_07_get_their_hint():
     assert tried == sum(len(functions) for functions in PLANTED.values())
 
 
-# --- exercise 2: the attention-weight count --------------------------------------------------------
+# --- exercise 1: the 80/10/10 corruption ---------------------------------------------------------
 
-@pytest.mark.parametrize("right", [lambda n: 6 * 12 * n**2, lambda n: float(72 * n * n),
-                                   lambda n: torch.tensor(72 * n * n)])
-def test_right_counts_pass(right):
-    assert check_attention_weight_count(right) is True
+def by_fate(input_ids, chosen, mask_id, special_ids, vocab_size, seed):
+    generator = torch.Generator().manual_seed(seed)
+    fate = torch.rand(input_ids.shape, generator=generator)                          # [B, N]
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in set(special_ids)])
+    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]
+    corrupted = torch.where(chosen & (fate < 0.8), mask_id, input_ids)
+    return torch.where(chosen & (fate >= 0.8) & (fate < 0.9), random_ids, corrupted)
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (lambda n: 12 * n**2, ONE_LAYER),
-    (lambda n: 6 * n**2, ONE_HEAD_PER_LAYER),
-    (lambda n: 72 * n, LINEAR),
-    (lambda n: 72 * (n + 2) ** 2, SPECIALS_TWICE),
-    (lambda n: 72 * n * (n - 1), NO_SELF),
-], ids=["one-layer", "one-head", "linear", "specials", "no-self"])
-def test_each_counting_mistake_is_named(wrong, message):
+def by_loop(input_ids, chosen, mask_id, special_ids, vocab_size, seed):
+    """One position at a time, with Python's random module."""
+    import random
+    rng = random.Random(seed)
+    ordinary = [i for i in range(vocab_size) if i not in special_ids]
+    out = input_ids.clone()
+    for b, i in chosen.nonzero().tolist():
+        u = rng.random()
+        if u < 0.8:
+            out[b, i] = mask_id
+        elif u < 0.9:
+            out[b, i] = rng.choice(ordinary)
+    return out
+
+
+@pytest.mark.parametrize("right", [by_fate, by_loop])
+def test_right_corruptions_pass(right):
+    assert check_corruption(right) is True
+
+
+def with_fate(mask_share, random_share, draw_from_all=False, everywhere=False, fixed_random=False):
+    def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):
+        generator = torch.Generator().manual_seed(seed)
+        chosen = torch.ones_like(chosen) if everywhere else chosen
+        fate = torch.rand(input_ids.shape, generator=generator)
+        ordinary = torch.tensor([i for i in range(vocab_size) if i not in set(special_ids)])
+        random_ids = (torch.randint(vocab_size, input_ids.shape, generator=generator) if draw_from_all
+                      else ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)])
+        if fixed_random:
+            random_ids = torch.full_like(input_ids, 7)
+        corrupted = torch.where(chosen & (fate < mask_share), mask_id, input_ids)
+        return torch.where(chosen & (fate >= mask_share) & (fate < mask_share + random_share), random_ids, corrupted)
+    return corrupt
+
+
+CORRUPTION_MISTAKES = [
+    (with_fate(1.0, 0.0), ALL_MASKED),
+    (with_fate(0.8, 0.1, everywhere=True), NOT_CHOSEN_CHANGED),
+    (with_fate(0.8, 0.1, draw_from_all=True), SPECIALS_DRAWN),
+    (with_fate(0.8, 0.2), WRONG_SHARES),
+    (with_fate(0.1, 0.1), WRONG_SHARES),
+    (with_fate(0.8, 0.1, fixed_random=True), NOT_VARIED),
+    (lambda ids, chosen, mask_id, specials, size, seed: by_fate(ids, chosen, mask_id, specials, size,
+                                                              int(torch.randint(1000, ()))), IGNORES_GENERATOR),
+]
+
+
+@pytest.mark.parametrize("wrong, message", CORRUPTION_MISTAKES,
+                         ids=["all-mask", "everywhere", "specials", "no-unchanged", "10-10-80", "fixed", "no-gen"])
+def test_each_corruption_mistake_is_named(wrong, message):
     with pytest.raises(CheckFailed) as failed:
-        check_attention_weight_count(wrong)
+        check_corruption(wrong)
+    assert str(failed.value).startswith(message.split("{")[0])
+
+
+def test_other_corruptions_are_explained_and_the_course_function_is_refused():
+    def in_place(input_ids, chosen, mask_id, special_ids, vocab_size, seed):
+        input_ids[chosen] = mask_id
+        return input_ids
+    with pytest.raises(CheckFailed, match="in place"):
+        check_corruption(in_place)
+    with pytest.raises(CheckFailed, match="integers"):
+        check_corruption(lambda ids, chosen, *rest: ids.float())
+    with pytest.raises(CheckFailed, match="outside 0..39"):
+        check_corruption(lambda ids, chosen, *rest: ids + 100)
+    with pytest.raises(CheckFailed, match="nothing yet"):
+        check_corruption(lambda *args: ...)
+
+    def shortcut(input_ids, chosen, mask_id, special_ids, vocab_size, seed):
+        from attn_course.models.bert import mask_tokens
+        return mask_tokens(input_ids, mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids,
+                           probability=1.0, generator=torch.Generator().manual_seed(seed)).input_ids
+    with pytest.raises(CheckFailed, match="calls mask_tokens, which this exercise forbids"):
+        check_corruption(shortcut)
+
+
+# --- exercise 2: the share of chosen tokens seen unchanged ---------------------------------------
+
+def measured_unchanged_share(n_ordinary, positions=400_000):
+    """The share measured by drawing the rule itself, float64 counts: the reference the formula must meet."""
+    generator = torch.Generator().manual_seed(0)
+    original = torch.randint(n_ordinary, (positions,), generator=generator)
+    fate = torch.rand(positions, generator=generator, dtype=torch.float64)
+    drawn = torch.randint(n_ordinary, (positions,), generator=generator)
+    seen = torch.where(fate < 0.8, -1, torch.where(fate < 0.9, drawn, original))
+    return (seen == original).double().mean().item()
+
+
+@pytest.mark.parametrize("right", [lambda n: 0.1 + 0.1 / n, lambda n: torch.tensor(0.1 * (n + 1) / n),
+                                   lambda n: (n + 1) / (10 * n)])
+def test_right_shares_pass_and_meet_the_measured_share(right):
+    assert check_unchanged_share(right) is True
+    for n in (51, 4, 1):
+        assert float(right(n)) == pytest.approx(measured_unchanged_share(n), abs=3e-3)
+
+
+@pytest.mark.parametrize("wrong, message", [(lambda n: 0.1, ONLY_KEPT), (lambda n: 0.2, RANDOM_AS_KEPT),
+                                            (lambda n: 0.1 / n, NO_KEPT)], ids=["kept", "all-random", "no-kept"])
+def test_each_share_mistake_is_named(wrong, message):
+    with pytest.raises(CheckFailed) as failed:
+        check_unchanged_share(wrong)
     assert str(failed.value) == message
 
 
-def test_other_counts_say_what_was_expected():
-    with pytest.raises(CheckFailed, match="the model computes 7200"):
-        check_attention_weight_count(lambda n: 7000)
+def test_other_shares_say_what_was_expected_and_sampling_is_refused():
+    with pytest.raises(CheckFailed, match="the expected share is 0.1020"):
+        check_unchanged_share(lambda n: 0.5)
     with pytest.raises(CheckFailed, match="should be a number"):
-        check_attention_weight_count(lambda n: "7200")
-    with pytest.raises(CheckFailed, match="nothing yet"):
-        check_attention_weight_count(lambda n: ...)
+        check_unchanged_share(lambda n: "0.1")
+    with pytest.raises(CheckFailed, match="which this exercise forbids"):
+        check_unchanged_share(lambda n: float((torch.rand(10_000) < 0.1 + 0.1 / n).double().mean()))
 
 
-# --- exercise 4: the head that gives a key the most attention ---------------------------------------
+# --- exercise 3: the head that gives a key the most attention ---------------------------------------
 
 def by_mean(attentions, key):
     on_key = torch.stack([a[0, :, :, key].mean(-1) for a in attentions])         # [L, H]

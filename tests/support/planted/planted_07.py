@@ -8,11 +8,11 @@ CHAPTER = "07_transformer_bert"
 
 PLANTED = {
     "ada": {
-        "masked_mean": (
-            "def masked_mean(hidden, attention_mask):\n"
-            "    return hidden.mean(dim=1)\n",
-            "q1_mean_pooling",
-            "count the padding",
+        "corrupt": (                              # every chosen token masked
+            "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+            "    return torch.where(chosen, mask_id, input_ids)\n",
+            "q1_corrupt_80_10_10",
+            "turns every chosen token into [MASK]",
         ),
         "fixed_mlm_loss": (                       # the classmate's code, handed in as it was
             "def fixed_mlm_loss(logits, labels):\n"
@@ -24,11 +24,16 @@ PLANTED = {
         ),
     },
     "grace": {
-        "predicted_weight_count": (               # the heads of one layer only
-            "def predicted_weight_count(n_tokens):\n"
-            "    return 12 * n_tokens**2\n",
-            "q2_count_attention_weights",
-            "one layer's worth",
+        "corrupt": (                              # the rule applied to every position, chosen or not
+            "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+            "    generator = torch.Generator().manual_seed(seed)\n"
+            "    fate = torch.rand(input_ids.shape, generator=generator)\n"
+            "    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])\n"
+            "    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]\n"
+            "    corrupted = torch.where(fate < 0.8, mask_id, input_ids)\n"
+            "    return torch.where((fate >= 0.8) & (fate < 0.9), random_ids, corrupted)\n",
+            "q1_corrupt_80_10_10",
+            "changes positions that were not chosen",
         ),
         "head_most_on": (                         # the largest single weight instead of the mean
             "def head_most_on(attentions, key):\n"
@@ -36,6 +41,12 @@ PLANTED = {
             "    return divmod(int(on_key.argmax()), on_key.shape[1])\n",
             "q4_head_most_on_a_token",
             "a single query gives the key the most",
+        ),
+        "predicted_unchanged_share": (            # the random draws that hit the original left out
+            "def predicted_unchanged_share(n_ordinary):\n"
+            "    return 0.1\n",
+            "q2_predict_unchanged_share",
+            "the tokens the rule leaves alone",
         ),
         "fixed_mlm_loss": (                       # each sequence averaged first
             "def fixed_mlm_loss(logits, labels):\n"
@@ -49,22 +60,27 @@ PLANTED = {
 }
 
 PLANTED["bea"] = {
-    "masked_mean": (                      # padding left out of the sum, but still in the count
-        "def masked_mean(hidden, attention_mask):\n"
-        "    return (hidden * attention_mask[..., None]).sum(dim=1) / hidden.shape[1]\n",
-        "q1_mean_pooling",
-        "still divide by N",
+    "corrupt": (                          # random replacements drawn from every id, the specials too
+        "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+        "    generator = torch.Generator().manual_seed(seed)\n"
+        "    fate = torch.rand(input_ids.shape, generator=generator)\n"
+        "    random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator)\n"
+        "    corrupted = torch.where(chosen & (fate < 0.8), mask_id, input_ids)\n"
+        "    return torch.where(chosen & (fate >= 0.8) & (fate < 0.9), random_ids, corrupted)\n",
+        "q1_corrupt_80_10_10",
+        "include special tokens",
     ),
 }
 
 # Shortcuts the statements forbid: each is refused by name.
 PLANTED["zoe"] = {
-    "masked_mean": (
-        "def masked_mean(hidden, attention_mask):\n"
-        "    from attn_course.models.bert.analysis import mean_pool\n"
-        "    return mean_pool(hidden, attention_mask)\n",
-        "q1_mean_pooling",
-        "calls mean_pool, which this exercise forbids",
+    "corrupt": (
+        "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+        "    from attn_course.models.bert.masking import mask_tokens\n"
+        "    return mask_tokens(input_ids, mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids,\n"
+        "                       probability=1.0, generator=torch.Generator().manual_seed(seed)).input_ids\n",
+        "q1_corrupt_80_10_10",
+        "calls mask_tokens, which this exercise forbids",
     ),
     "fixed_mlm_loss": (
         "def fixed_mlm_loss(logits, labels):\n"
