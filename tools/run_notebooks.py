@@ -4,7 +4,9 @@
     .venv/bin/python tools/run_notebooks.py notebooks/02_formula.ipynb
 
 Run it (or `make execute`) whenever code a notebook uses changes: the committed
-outputs are what nbval compares against in `make test`.
+outputs are what nbval compares against in `make test`. Each chapter's run time is recorded in
+notebooks/run_times.json, and README's table and the chapters' headers are rewritten from it
+(tools/run_times.py). Time a chapter on an otherwise idle machine: the numbers are published.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 
 import nbformat
+import run_times
 from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -51,7 +54,11 @@ def main() -> int:
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     for path in paths:
         print(f"{path.name}: ", end="", flush=True)
-        print(f"{execute(path, args.timeout):.1f} s")
+        seconds = execute(path, args.timeout)
+        print(f"{seconds:.1f} s")
+        run_times.record(path.stem, seconds)
+    for name in run_times.stale_files(write=True):
+        print(name if "not timed" in name else f"rewrote the run time in {name}")
     return 0
 
 
