@@ -176,7 +176,7 @@ def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
     """``torch.broadcast_shapes`` in plain Python (NumPy's rule), raising ValueError when shapes clash.
 
     torch's own imports its symbolic-shapes machinery (sympy) on first use, two seconds in every new
-    process, the ranks of chapter 09 included; this needs nothing.
+    process, the ranks of chapter 10 included; this needs nothing.
     """
     result: list[int] = []
     for shape in shapes:

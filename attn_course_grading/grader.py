@@ -9,7 +9,7 @@ solution notebook it learns, once, three things:
 - the chapter's **imports**, run here, so that ``torch``, the checks and the course's functions
   the tests use are this process's own, never the submission's;
 - the **context**: the few teaching cells that build what the tests read besides those (chapter
-  07's tests read the BERT ``model`` and ``tokenizer``), found by following the names back
+  08's tests read the BERT ``model`` and ``tokenizer``), found by following the names back
   through the cells, and run here once per chapter.
 
 :func:`grade` then runs the submission (:class:`~attn_course_grading.remote.Submission`) and

@@ -47,7 +47,7 @@ class Limits:
         memory_bytes: address space of each process (RLIMIT_AS), and memory of all the
             notebook's processes together (resident; the grader watches it and kills the sandbox).
         processes: processes and threads at once, in the sandbox (RLIMIT_NPROC); a notebook
-            that fills 90% of it is stopped as a fork bomb (chapter 09, the most, peaks near 23).
+            that fills 90% of it is stopped as a fork bomb (chapter 10, the most, peaks near 23).
         scratch_bytes: size of ``/scratch``, ``/tmp`` and ``/dev/shm`` each.
         output_bytes: how much of what the notebook prints is kept in its result.
         threads: threads PyTorch may use (OMP_NUM_THREADS).
@@ -129,7 +129,7 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
         if (pathlib.Path("/etc") / name).exists():
             options += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     # Private, writable by the sandbox's user (who may not be root); /dev/shm holds multiprocessing's
-    # semaphores and torch's shared tensors (chapter 09's processes). Mounted before the folders
+    # semaphores and torch's shared tensors (chapter 10's processes). Mounted before the folders
     # below, which may lie inside /tmp (a checkout cloned there) and must stay visible on top.
     for private in ("/scratch", "/tmp", "/dev/shm"):
         options += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", private]

@@ -5,7 +5,7 @@ instead of the kernel tests there, rather than skipping them). Each case runs
 :func:`~attn_course.flash.flash_attention` forward and backward (and ``decode_attention``,
 where the package has it, forward) and judges the output and the gradients by the
 FlashAttention rule, :func:`attn_course.flash.accuracy.flash_rule`, the one the kernel tests
-and chapter 06 use: the kernel's error against float64 at most ``factor`` times the error of
+and chapter 07 use: the kernel's error against float64 at most ``factor`` times the error of
 plain attention in the same dtype, plus a small floor. Its reference,
 :func:`~attn_course.flash.accuracy.plain_attention` (grouped-query heads, bottom-right causal),
 is independent of the kernels.

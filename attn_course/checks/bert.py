@@ -1,4 +1,4 @@
-"""Checks for chapter 07's exercises: BERT's 80/10/10 corruption and what the model sees of it, the
+"""Checks for chapter 08's exercises: BERT's 80/10/10 corruption and what the model sees of it, the
 masked-language-model loss, the parking head."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _as_number(result: object) -> float:
     return float(result)
 
 
-#: What chapter 07's find-the-bug exercise may not call: the course's own loss.
+#: What chapter 08's find-the-bug exercise may not call: the course's own loss.
 MLM_LOSS_RULES = (
     Forbidden("attn_course.models.bert.masked_lm.masked_lm_loss",
               "the statement asks you not to call masked_lm_loss: fix the classmate's loss"),
@@ -144,7 +144,7 @@ def _maps() -> tuple[torch.Tensor, ...]:
     return tuple(maps)                        # rows need not sum to 1 here: the row mistake shows
 
 
-#: What chapter 07's head exercise may not call: the course's own head finders.
+#: What chapter 08's head exercise may not call: the course's own head finders.
 HEAD_RULES = (
     Forbidden("attn_course.models.bert.analysis.strongest_head",
               "the exercise is to find the head yourself, from the attention maps"),
@@ -205,9 +205,9 @@ def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object
                       f"queries, is largest is {expected}.")
 
 
-# --- chapter 07, exercise 1: BERT's 80/10/10 corruption ------------------------------------------
+# --- chapter 08, exercise 1: BERT's 80/10/10 corruption ------------------------------------------
 
-#: What chapter 07's corruption exercise may not call: the course's own corruption.
+#: What chapter 08's corruption exercise may not call: the course's own corruption.
 CORRUPTION_RULES = (
     Forbidden("attn_course.models.bert.masking.mask_tokens",
               "the statement asks you not to call mask_tokens: apply the 80/10/10 rule yourself"),
@@ -308,9 +308,9 @@ def check_corruption(corrupt_fn: Callable[..., torch.Tensor]) -> bool:
     return True
 
 
-# --- chapter 07, exercise 2: the share of chosen tokens the model sees unchanged ---------------------
+# --- chapter 08, exercise 2: the share of chosen tokens the model sees unchanged ---------------------
 
-#: What chapter 07's prediction may not do: sample the share instead of predicting it.
+#: What chapter 08's prediction may not do: sample the share instead of predicting it.
 SHARE_RULES = (
     Forbidden(RANDOM, "the statement asks for a formula: predict the share, do not sample it"),
     Forbidden("attn_course.models.bert.masking.mask_tokens",

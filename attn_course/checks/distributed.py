@@ -1,4 +1,4 @@
-"""Checks for the exercises of chapter 09 (attention across machines): Ulysses' all-to-all done by hand,
+"""Checks for the exercises of chapter 10 (attention across machines): Ulysses' all-to-all done by hand,
 the bytes a rank sends, a ring of partial results merged in one process, and the causal work of each
 rank in the two layouts. Each runs the student's function on fresh inputs, compares it with a reference
 computed here (from :func:`~attn_course.core.attention.self_attention` and
@@ -48,7 +48,7 @@ OWN_SHARD_ONLY = ("Rank r only has its own tokens for its heads: it must also re
                   "those heads, and join them along the sequence.")
 
 
-#: What chapter 09's first exercise may not call: the course's Ulysses and all-to-all.
+#: What chapter 10's first exercise may not call: the course's Ulysses and all-to-all.
 ALL_TO_ALL_RULES = (
     Forbidden("attn_course.distributed.ulysses.sequence_to_heads",
               "the exercise is to do the all-to-all by hand"),
@@ -135,7 +135,7 @@ def _shard_bytes(case: dict) -> int:
         * case["bytes_per_element"]
 
 
-#: What chapter 09's prediction may not call: the course's traffic counts.
+#: What chapter 10's prediction may not call: the course's traffic counts.
 BYTES_RULES = (
     Forbidden("attn_course.distributed.ulysses.ulysses_bytes",
               "the exercise is to work out the bytes yourself"),
@@ -235,7 +235,7 @@ def _ring_mistakes(q_blocks, k_blocks, v_blocks) -> dict[str, list[torch.Tensor]
     return variants
 
 
-#: What chapter 09's find-the-bug exercise may not call: the course's merge and ring, or attention over all keys.
+#: What chapter 10's find-the-bug exercise may not call: the course's merge and ring, or attention over all keys.
 RING_RULES = (
     Forbidden("attn_course.flash.tiled.merge_attention_outputs",
               "the exercise is to fix the classmate's merge, not to call the course's"),

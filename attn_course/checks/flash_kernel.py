@@ -1,4 +1,4 @@
-"""Check for chapter 06's Triton exercise: a kernel whose online softmax rescales only when it must.
+"""Check for chapter 07's Triton exercise: a kernel whose online softmax rescales only when it must.
 
 :func:`check_rescale_kernel` runs the student's kernel (see :mod:`attn_course.flash.small_kernel`)
 and compares its output with ``F.scaled_dot_product_attention`` and the maximum each row ended

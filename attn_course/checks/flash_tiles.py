@@ -1,4 +1,4 @@
-"""Check for chapter 06's tile exercise: how many tiles sliding-window tiled attention computes and masks.
+"""Check for chapter 07's tile exercise: how many tiles sliding-window tiled attention computes and masks.
 
 :func:`check_window_tile_counts` compares the student's counts with the ``n × n`` mask itself,
 walked tile by tile, and with the counts the usual mistakes give.
@@ -70,7 +70,7 @@ def _diagonal_only(n, block_q, block_k, window):
     return computed, masked
 
 
-#: What chapter 06's tile prediction may not call: the code that walks or counts the tiles.
+#: What chapter 07's tile prediction may not call: the code that walks or counts the tiles.
 TILE_COUNT_RULES = (
     Forbidden("attn_course.flash.tiled.tiled_attention",
               "the statement asks you not to call tiled_attention: count the tiles yourself"),

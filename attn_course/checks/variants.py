@@ -1,4 +1,4 @@
-"""Checks for the exercises of chapter 08 (attention in today's models): RMSNorm, the SwiGLU
+"""Checks for the exercises of chapter 09 (attention in today's models): RMSNorm, the SwiGLU
 feed-forward, the size of a multi-head latent attention cache, and the eviction of a cache with
 attention sinks. Each runs the student's function on fresh inputs, compares it with a reference
 computed here in float64 (``tests/checks/test_checks_variants.py`` checks that it agrees with
@@ -46,7 +46,7 @@ def _rms_cases() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
 
 
 _WITH_TENSOR_OPERATIONS = "the exercise is to write RMSNorm with plain tensor operations"
-#: What chapter 08's RMSNorm exercise may not call: RMSNorm itself, the course's or PyTorch's.
+#: What chapter 09's RMSNorm exercise may not call: RMSNorm itself, the course's or PyTorch's.
 RMS_NORM_RULES = (
     Forbidden("torch.nn.functional.rms_norm", _WITH_TENSOR_OPERATIONS),
     Forbidden("torch.nn.modules.normalization.RMSNorm.forward", _WITH_TENSOR_OPERATIONS),
@@ -120,7 +120,7 @@ SILU_AFTER_PRODUCT = ("You apply SiLU to the product of both projections; only t
 NO_DOWN = "You stop before the down projection: the hidden [..., F] vector goes back to E features by W_down."
 
 
-#: What chapter 08's feed-forward exercise may not call: the Llama model's own.
+#: What chapter 09's feed-forward exercise may not call: the Llama model's own.
 SWIGLU_RULES = (
     Forbidden("attn_course.models.llama.feed_forward.SwiGLU",
               "the exercise is to write SwiGLU yourself"),
@@ -213,7 +213,7 @@ def _case_text(case: dict) -> str:
     return ", ".join(f"{name}={value}" for name, value in case.items())
 
 
-#: What chapter 08's prediction may not call: the course's cache sizes.
+#: What chapter 09's prediction may not call: the course's cache sizes.
 LATENT_CACHE_RULES = (
     Forbidden("attn_course.variants.kv_cache_size.mla_cache_elements",
               "the exercise is to work out the size yourself"),
@@ -309,7 +309,7 @@ def _positions_kept(kept: torch.Tensor, keys: torch.Tensor) -> list[int] | None:
     return found
 
 
-#: What chapter 08's find-the-bug exercise may not call: the course's sink cache.
+#: What chapter 09's find-the-bug exercise may not call: the course's sink cache.
 SINK_RULES = (
     Forbidden("attn_course.variants.attention_sinks.SinkKVCache",
               "the exercise is to fix the classmate's eviction, not to run the course's cache"),

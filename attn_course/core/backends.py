@@ -3,7 +3,7 @@
 A small registry, as Hugging Face picks its kernel from ``ALL_ATTENTION_FUNCTIONS``: the core
 registers its own eager attention (``"eager"``, :func:`eager_attention`) and PyTorch's fused one
 (``"sdpa"``, :func:`sdpa_attention`); a later chapter adds its kernel with
-:func:`register_attention_backend` (chapter 06's Triton FlashAttention registers ``"flash"`` when
+:func:`register_attention_backend` (chapter 07's Triton FlashAttention registers ``"flash"`` when
 ``attn_course.flash`` is imported), so the core never imports what comes after it.
 
 Every backend takes the heads as the module splits them and returns the heads it computed::

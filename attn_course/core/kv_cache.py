@@ -19,7 +19,7 @@ it sizes its mask by :meth:`KVCache.attended_length`, asks :meth:`KVCache.new_po
 the new tokens sit (to rotate their queries with RoPE), and hands :meth:`KVCache.update` the new
 keys *before* RoPE with the rotation to apply. This cache rotates each new key once, at its
 position, and keeps it so. A cache that numbers positions its own way (the attention sinks of
-chapter 08 rotate every held key by its place in the cache) overrides these methods; the
+chapter 09 rotate every held key by its place in the cache) overrides these methods; the
 attention does not know which cache it was given.
 """
 

@@ -69,7 +69,7 @@ class MultiHeadAttention(nn.Module):
             with a ``head_dim`` of ``E / H``); None (default) or False for none. Self-attention only.
         attention_backend: which attention computes the heads (:mod:`attn_course.core.backends`):
             ``"eager"`` (the course's own, with weights), ``"sdpa"`` (PyTorch's fused one),
-            ``"flash"`` (chapter 06's Triton kernel, registered by ``import attn_course.flash``),
+            ``"flash"`` (chapter 07's Triton kernel, registered by ``import attn_course.flash``),
             or ``"auto"`` (default): the kernel on a CUDA GPU in float16/bfloat16 when the call
             asks for no weights, passes no ``mask`` (``is_causal`` is fine), has no dropout and a
             head size it supports, else eager. A backend named here must run: a call it cannot do

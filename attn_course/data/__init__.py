@@ -2,8 +2,8 @@
 tokenizers, and the bank/river sentence of chapters 01-03.
 
 - :mod:`~attn_course.data.rhymes`: :func:`load_rhymes`, :func:`load_more_rhymes`, :func:`held_out_split`,
-  and chapter 07's :func:`load_pretraining_text`, :func:`split_rhymes`;
-- :mod:`~attn_course.data.stories`: :func:`story_splits`, chapter 07's little stories, whose blanks other
+  and chapter 08's :func:`load_pretraining_text`, :func:`split_rhymes`;
+- :mod:`~attn_course.data.stories`: :func:`story_splits`, chapter 08's little stories, whose blanks other
   words of the sentence decide;
 - :mod:`~attn_course.data.tokenizers`: :class:`CharTokenizer`, :class:`WordVocabulary`, :func:`pad_batch`;
 - :mod:`~attn_course.data.toy_sentence`: :func:`bank_sentence`, the worked example's embeddings.

@@ -1,9 +1,9 @@
 """The course's text corpora: traditional (public-domain) English nursery rhymes, shipped as ``.txt`` files.
 
-- :func:`load_rhymes`: the training text of chapters 04 and 07 (~6 KB);
+- :func:`load_rhymes`: the training text of chapters 04 and 08 (~6 KB);
 - :func:`load_more_rhymes`: other rhymes, none of them in the first text (~6.5 KB), for held-out tests;
 - :func:`held_out_split`: a text cut at a blank line into a part to train on and a part held out;
-- :func:`load_pretraining_text`, :func:`split_rhymes`: chapter 07's BERT corpus (both files), rhyme by rhyme.
+- :func:`load_pretraining_text`, :func:`split_rhymes`: chapter 08's BERT corpus (both files), rhyme by rhyme.
 """
 
 from __future__ import annotations

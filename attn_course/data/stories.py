@@ -1,6 +1,6 @@
 """Little stories from a small grammar, in which other words of the sentence decide a blank.
 
-Chapter 07 trains a small BERT to fill in blanks. In nursery rhymes few blanks are decided by the
+Chapter 08 trains a small BERT to fill in blanks. In nursery rhymes few blanks are decided by the
 rest of the rhyme, and a couple of thousand words cannot teach what is; these sentences are made so
 that many are, through words that are *not* next to the blank::
 

@@ -1,8 +1,8 @@
 """Tokenizers for the course's own small models (BERT's WordPiece tokenizer lives with BERT).
 
-- :class:`CharTokenizer`: one id per distinct character of a text (chapters 04, 06, 08);
+- :class:`CharTokenizer`: one id per distinct character of a text (chapters 04, 06, 09);
 - :class:`WordVocabulary`: one id per word seen often enough, with BERT's special tokens
-  (:data:`SPECIAL_TOKENS`), for chapter 07's small BERT;
+  (:data:`SPECIAL_TOKENS`), for chapter 08's small BERT;
 - :func:`pad_batch`: id sequences of different lengths as one padded batch and its mask.
 """
 

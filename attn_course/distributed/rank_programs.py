@@ -1,4 +1,4 @@
-"""Functions that run on every rank under :func:`~attn_course.distributed.launch.launch`, for chapter 09.
+"""Functions that run on every rank under :func:`~attn_course.distributed.launch.launch`, for chapter 10.
 
 A spawned process imports what it runs by name, so the chapter's multi-process experiments live
 here rather than in notebook cells. :func:`attention_on_rank` runs ring attention or Ulysses on this

@@ -17,7 +17,7 @@
   ``flash_attention`` takes by itself on a Hopper GPU (:mod:`~attn_course.flash.tma_attention`);
   :mod:`attn_course.flash.aot` compiles every kernel for sm_80 and sm_90 without a GPU.
 * :mod:`attn_course.flash.accuracy`: the FlashAttention rule and the one float64 reference
-  (grouped-query heads, bottom-right causal) that the tests, the GPU self-check and chapter 06 use.
+  (grouped-query heads, bottom-right causal) that the tests, the GPU self-check and chapter 07 use.
 * :mod:`attn_course.flash.backend`: registers the kernel as ``MultiHeadAttention``'s ``"flash"`` backend.
 
 Importing this package imports no Triton and changes no environment variable.

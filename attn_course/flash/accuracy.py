@@ -14,7 +14,7 @@ reaches (around 1e-3), so the factor, not the floor, decides; 1e-6 for float32.
 :func:`plain_attention` is the course's one reference for the kernels: grouped-query heads
 (``H_kv < H``) and the bottom-right causal mask of :func:`~attn_course.core.masks.causal_mask`
 (the queries are the last ``N_q`` of the ``N_k`` positions), in any dtype, float64 included.
-Chapter 06, the kernel tests and the GPU self-check (``python -m benchmarks.selfcheck``) use this
+Chapter 07, the kernel tests and the GPU self-check (``python -m benchmarks.selfcheck``) use this
 module, so all three judge the kernels the same way.
 """
 

@@ -1,4 +1,4 @@
-"""Launch a small, one-program attention kernel: the frame of chapter 06's Triton exercise.
+"""Launch a small, one-program attention kernel: the frame of chapter 07's Triton exercises.
 
 The exercise's kernel (written in the notebook) computes attention for one head: all ``N_Q``
 queries in one program, the keys in tiles of ``BLOCK_N``, with the online softmax in base 2 and

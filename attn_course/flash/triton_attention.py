@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from attn_course import _validate
-from attn_course.flash.configs import (  # noqa: F401  (the names chapter 06 and the core import from here)
+from attn_course.flash.configs import (  # noqa: F401  (the names chapter 07 and the core import from here)
     CONFIGS,
     DECODE_BLOCK_M,
     DECODE_MAX_QUERIES,

@@ -13,7 +13,7 @@ decided by an import. The choice is made by one explicit call, :func:`use_interp
 
 * the package's launchers make it on first use (:func:`define_kernels`), so ``flash_attention``
   runs on a machine without a GPU with nothing set beforehand;
-* a notebook that writes its own ``@triton.jit`` kernels (chapter 06) makes it in its first cell,
+* a notebook that writes its own ``@triton.jit`` kernels (chapter 07) makes it in its first cell,
   before it imports Triton.
 
 It imports Triton in the mode :func:`interpreter_wanted` says (``TRITON_INTERPRET`` when set,

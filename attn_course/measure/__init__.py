@@ -5,7 +5,7 @@ Each also runs from the command line as ``python -m benchmarks NAME`` (see :mod:
 * ``kv-cache`` (:mod:`attn_course.measure.kv_cache`): generation with and without a KV cache.
 * ``flash`` (:mod:`attn_course.measure.flash`): FlashAttention against naive attention and
   PyTorch's SDPA: time and peak memory on a CPU (on a CUDA GPU, :mod:`benchmarks.flash_gpu`).
-* ``variants`` (:mod:`attn_course.measure.variants`): chapter 08's variants (softmax, sliding
+* ``variants`` (:mod:`attn_course.measure.variants`): chapter 09's variants (softmax, sliding
   window, FlexAttention, linear attention) against N, the length where linear attention
   overtakes softmax, and the bytes each variant keeps per token.
 * ``distributed`` (:mod:`attn_course.measure.distributed`): ring attention against Ulysses on

@@ -2,8 +2,8 @@
 
 - :mod:`~attn_course.models.tiny_language_model`: chapter 04's character-level decoder, and
   :mod:`~attn_course.models.training`, how it is trained;
-- :mod:`~attn_course.models.bert`: BERT, loading real pretrained weights (chapter 07);
-- :mod:`~attn_course.models.llama`: a Llama/Mistral decoder, loading Hugging Face checkpoints (chapter 08);
+- :mod:`~attn_course.models.bert`: BERT, loading real pretrained weights (chapter 08);
+- :mod:`~attn_course.models.llama`: a Llama/Mistral decoder, loading Hugging Face checkpoints (chapter 09);
 - :mod:`~attn_course.models.hugging_face`: what loading those checkpoints shares (safetensors, our names to
   theirs checked one by one, ``config.json`` and its rotary settings), and DeepSeek-V2's latent attention.
 """

@@ -5,7 +5,7 @@
 - :func:`nonoverlapping_windows`, :func:`mean_window_loss`: the held-out score;
 - :class:`TrainingHistory`: what was measured along the way;
 - :class:`BestWeights`, :func:`clipped_step`: keeping the best-scoring weights, and one clipped optimiser
-  step (chapter 07's BERT pre-training uses both too).
+  step (chapter 08's BERT pre-training uses both too).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def train_language_model(
         make_model: build another model instead of a :class:`TinyLanguageModel`: called with
             the vocabulary size ``V`` once the seed is set (so its initial weights are seeded
             too), it must return a module mapping ``[B, N]`` ids to ``[B, N, V]`` logits;
-            ``config`` must then be None. Chapter 08 trains its position schemes this way.
+            ``config`` must then be None. Chapter 09 trains its position schemes this way.
 
     Returns:
         ``(model, tokenizer, history)``: the model in eval mode, and a :class:`TrainingHistory`.

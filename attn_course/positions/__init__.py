@@ -1,4 +1,4 @@
-"""Where a token is (chapters 05 and 08): rotary embeddings with their long-context scalings, and ALiBi.
+"""Where a token is (chapters 05 and 09): rotary embeddings with their long-context scalings, and ALiBi.
 
 - :mod:`~attn_course.positions.rope`: :class:`RotaryEmbedding`;
 - :mod:`~attn_course.positions.rope_scaling`: its scalings (linear, NTK, YaRN, Llama 3), re-exported by ``rope``;

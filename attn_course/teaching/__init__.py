@@ -4,8 +4,8 @@
 - :mod:`~attn_course.teaching.plots`: heatmaps and bar charts of attention weights;
 - :mod:`~attn_course.teaching.widgets` and :mod:`~attn_course.teaching.head_view`: interactive views;
 - :mod:`~attn_course.teaching.flash_diagrams`, :mod:`~attn_course.teaching.distributed_diagrams`:
-  chapter 06's tiles and chapter 09's ring, drawn;
-- :mod:`~attn_course.teaching.experiments`: the small training experiments chapters 02, 03 and 08 run.
+  chapter 06's tiles and chapter 10's ring, drawn;
+- :mod:`~attn_course.teaching.experiments`: the small training experiments chapters 02, 03 and 09 run.
 
 Nothing of the attention itself imports from here.
 """

@@ -1,4 +1,4 @@
-"""The pictures of chapter 09, computed: which K/V block each rank holds at each step of the ring, and
+"""The pictures of chapter 10, computed: which K/V block each rank holds at each step of the ring, and
 which (query chunk, key chunk) pairs a causal mask leaves to compute in each layout.
 
 Only arithmetic and matplotlib: nothing here starts a process.

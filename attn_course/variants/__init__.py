@@ -1,4 +1,4 @@
-"""Today's variants of attention (chapter 08), each built on the core.
+"""Today's variants of attention (chapter 09), each built on the core.
 
 - :mod:`~attn_course.variants.masks`: sliding-window, attention-sink and document masks;
 - :mod:`~attn_course.variants.sliding_window`: :class:`RollingKVCache`, a cache that keeps the last window;

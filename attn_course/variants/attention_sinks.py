@@ -34,7 +34,7 @@ every held key at every step costs ``O(sinks + window)`` per token, as in the pa
 
 :func:`~attn_course.variants.streaming.streaming_losses` (re-exported here) feeds a text one token
 at a time through a model with such caches and returns the next-token loss of every token: chapter
-08 compares the window alone (``SinkKVCache(window, sinks=0)``, the same outputs as a
+09 compares the window alone (``SinkKVCache(window, sinks=0)``, the same outputs as a
 :class:`~attn_course.variants.sliding_window.RollingKVCache`) with sinks and window on a long text.
 """
 

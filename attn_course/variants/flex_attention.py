@@ -8,7 +8,7 @@ FlexAttention takes exactly those two things as small Python functions:
 * a ``mask_mod(b, h, q_idx, kv_idx) -> bool``: may query ``q_idx`` attend key ``kv_idx``
   (for batch ``b``, head ``h``)? ``create_block_mask`` evaluates it once per tile of 128 × 128
   and records which tiles are empty, full or partial, so that a fused kernel skips empty tiles
-  (the same three kinds as chapter 06's Triton kernel);
+  (the same three kinds as chapter 07's Triton kernel);
 * a ``score_mod(score, b, h, q_idx, kv_idx) -> score``: the scaled score ``q · k / sqrt(d)``
   after any change.
 

@@ -1,4 +1,4 @@
-"""The masks of chapter 08's variants, in the core's convention (boolean, ``True`` = "may attend").
+"""The masks of chapter 09's variants, in the core's convention (boolean, ``True`` = "may attend").
 
 - :func:`sliding_window_mask`: each query sees only its last ``window`` keys (Longformer, Mistral);
 - :func:`attention_sink_mask`: a sliding window that keeps the first few tokens too (StreamingLLM);

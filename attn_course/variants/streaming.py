@@ -1,6 +1,6 @@
-"""Next-token losses of a text streamed one token at a time through a model with KV caches (chapter 08).
+"""Next-token losses of a text streamed one token at a time through a model with KV caches (chapter 09).
 
-:func:`streaming_losses` is how chapter 08 measures a cache that forgets: each token is predicted
+:func:`streaming_losses` is how chapter 09 measures a cache that forgets: each token is predicted
 from what the caches still hold, a :class:`~attn_course.core.kv_cache.KVCache` (everything), a
 :class:`~attn_course.variants.sliding_window.RollingKVCache` (the window) or a
 :class:`~attn_course.variants.attention_sinks.SinkKVCache` (sinks and window).

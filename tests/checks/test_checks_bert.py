@@ -33,7 +33,7 @@ from attn_course.checks.bert import (
 )
 from attn_course.checks.diagnosis import CheckFailed
 
-from support.planted.planted_07 import PLANTED
+from support.planted.planted_08 import PLANTED
 
 
 def by_ignore_index(logits, labels):

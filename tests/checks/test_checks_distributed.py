@@ -1,4 +1,4 @@
-"""Chapter 09's exercise checks: the solutions pass and each known mistake gets its own hint."""
+"""Chapter 10's exercise checks: the solutions pass and each known mistake gets its own hint."""
 
 from __future__ import annotations
 

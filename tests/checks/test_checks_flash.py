@@ -1,4 +1,4 @@
-"""Chapter 06's exercise checks: each planted mistake gets its hint, and the solutions pass."""
+"""Chapters 06's and 07's exercise checks: each planted mistake gets its hint, and the solutions pass."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from attn_course.flash import use_interpreter_without_gpu
 
-use_interpreter_without_gpu()     # as chapter 06's first cell: before Triton is imported, the cells' kernels too
+use_interpreter_without_gpu()     # as chapter 07's first cell: before Triton is imported, the cells' kernels too
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -24,9 +24,16 @@ from attn_course.checks.flash import (  # noqa: E402
     check_streaming_attention,
     check_window_tile_counts,
 )
+from attn_course.checks.flash_causal_kernel import check_causal_kernel  # noqa: E402
 from attn_course.checks.flash_kernel import TAU, lazy_rescaling  # noqa: E402
 
-from support.planted.planted_06 import ALWAYS, PLANTED, SOLUTIONS, UPDATE, kernel_with  # noqa: E402
+from support.planted import planted_06, planted_07  # noqa: E402
+from support.planted.planted_07 import ALWAYS, UPDATE, kernel_with  # noqa: E402
+
+# Chapter 06 keeps the exercises in PyTorch; chapter 07 has the tile count and the two Triton kernels.
+PLANTED = {student: {**planted_06.PLANTED.get(student, {}), **planted_07.PLANTED.get(student, {})}
+           for student in {*planted_06.PLANTED, *planted_07.PLANTED}}
+SOLUTIONS = {**planted_06.SOLUTIONS, **planted_07.SOLUTIONS}
 
 CHECKS = {
     "merge_partial_attention": check_merge_partial_attention,
@@ -35,6 +42,7 @@ CHECKS = {
     "small_attention_kernel": check_rescale_kernel,
     "attention_backward": check_attention_backward,
     "forward_hbm_bytes": check_forward_hbm_bytes,
+    "fixed_causal_kernel": check_causal_kernel,
 }
 
 
@@ -82,7 +90,10 @@ def test_streaming_solution_passes_and_a_softmax_over_all_keys_is_refused():
         check_streaming_attention(not_streaming)
 
 
-@pytest.mark.parametrize("name", [name for name in CHECKS if name != "small_attention_kernel"])
+KERNELS = ("small_attention_kernel", "fixed_causal_kernel")   # a kernel, not a function: refused by the launcher
+
+
+@pytest.mark.parametrize("name", [name for name in CHECKS if name not in KERNELS])
 def test_unanswered_exercise_says_so_without_crashing(name):
     def unanswered(*args):
         ...
@@ -112,8 +123,7 @@ def test_tile_counts_of_the_wrong_kind_are_named(wrong, message):
 
 
 def test_tile_counts_swapped_are_named():
-    from support.planted.planted_06 import SOLUTIONS as solutions
-    right = define(solutions["window_tile_counts"], "window_tile_counts")
+    right = define(SOLUTIONS["window_tile_counts"], "window_tile_counts")
     with pytest.raises(CheckFailed, match=r"returned \(masked, computed\)"):
         check_window_tile_counts(lambda *args: right(*args)[::-1])
 

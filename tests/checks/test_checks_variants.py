@@ -1,4 +1,4 @@
-"""Chapter 08's exercise checks: the solutions pass, each known mistake gets its own hint, and the
+"""Chapter 09's exercise checks: the solutions pass, each known mistake gets its own hint, and the
 checks' own float64 references agree with the course's modules (RMSNorm, SwiGLU) and with Hugging
 Face's LlamaRMSNorm / LlamaMLP, so that a check can never hold a student to a wrong answer."""
 

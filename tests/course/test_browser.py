@@ -322,11 +322,11 @@ def test_head_view_in_jupyterlab(chapter_01, lab):
 
 @pytest.mark.slow
 def test_head_view_renders_from_the_saved_widget_state(browser, lab):
-    """Chapter 07 opened, nothing run. Not yet trusted, JupyterLab shows each head view's text/html
+    """Chapter 08 opened, nothing run. Not yet trusted, JupyterLab shows each head view's text/html
     with its script removed: a sentence that says so, not a blank. Trusted, it draws both views
     with anywidget from the widget state saved in the notebook (the script travels inside it),
     with no kernel call, and they respond to the pointer."""
-    notebook = fresh_copy(lab, ROOT / "notebooks" / "07_transformer_bert.ipynb")
+    notebook = fresh_copy(lab, ROOT / "notebooks" / "08_transformer_bert.ipynb")
     page = open_notebook(browser, lab, notebook)
     try:
         untrusted = ".jp-OutputArea-output[data-mime-type='text/html'] .attn-head-view-placeholder"

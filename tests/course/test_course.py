@@ -29,15 +29,15 @@ def header(path: pathlib.Path) -> str:
     return next(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
 
 
-def test_there_are_nine_chapters():
-    assert [path.name[:2] for path in CHAPTERS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
+def test_there_are_ten_chapters():
+    assert [path.name[:2] for path in CHAPTERS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
 
 
 def test_readme_chapter_map_links_every_chapter_with_its_run_time():
     readme = (ROOT / "README.md").read_text()
     for path in CHAPTERS:
         (row,) = [line for line in readme.splitlines() if f"](notebooks/{path.name})" in line]
-        assert row.startswith("| [") and re.search(r"\| ~?\d+(–\d+)? (s|min) \|$", row), row
+        assert row.startswith("| [") and re.search(r"\| ~\d+ (s|min)( \d+ s)? \|$", row), row
     assert "RUNTIME_" not in readme
     linked = set(re.findall(r"\(notebooks/(\d\d_[a-z_]+\.ipynb)\)", readme))
     assert linked == {path.name for path in CHAPTERS}, "the README links a notebook that does not exist"

@@ -448,7 +448,7 @@ def test_pages_in_chromium(browser, built, served):
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
         head_views = page.locator(".attn-head-view").count()
         placeholders = page.locator(".attn-head-view-placeholder").count()
-        if name == "07_transformer_bert":
+        if name == "08_transformer_bert":
             # Interactive from the page's own script: "bank" -> "loan" in layer 0, head 4, as printed.
             control = page.locator(".attn-head-view").nth(1)
             bank = control.locator('.hv-queries .hv-token[data-index="2"]')
@@ -460,8 +460,8 @@ def test_pages_in_chromium(browser, built, served):
             control.screenshot(path=str(ARTIFACTS / "07_head_view.png"))
         page.close()
         assert placeholders == 0, f"{name}: a head view whose script did not run"
-        assert head_views == {"01_intuition": 1, "03_multi_head": 1, "07_transformer_bert": 2}.get(name, 0), name
-        if name == "07_transformer_bert":
+        assert head_views == {"01_intuition": 1, "03_multi_head": 1, "08_transformer_bert": 2}.get(name, 0), name
+        if name == "08_transformer_bert":
             assert loan_weight == pytest.approx(0.294, abs=6e-4)      # the chapter prints 0.29
         assert errors == [], (name, errors)
         assert undecoded == [], (name, undecoded)

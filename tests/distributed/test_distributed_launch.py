@@ -130,7 +130,7 @@ def test_layout_arguments_are_checked():
         unshard([torch.zeros(2, 3), torch.zeros(3, 3)], dim=0)
 
 
-# --- chapter 09's rank program -----------------------------------------------------------------------
+# --- chapter 10's rank program -----------------------------------------------------------------------
 
 def test_attention_on_rank_brings_back_output_gradients_bytes_and_work():
     import functools

@@ -219,11 +219,11 @@ PLANTED = load_planted()
 # test_planted_mistake_fails_its_public_check_with_the_hint runs every planted mistake and
 # test_untouched_answers_fail_their_public_checks every untouched answer against the public
 # tests exactly as otter runs them.
-WHOLE_NOTEBOOK_CHAPTERS = ("01_intuition", "09_distributed")
+WHOLE_NOTEBOOK_CHAPTERS = ("01_intuition", "10_distributed")
 # The chapters whose answers are called with more than tensors, graded as notebooks of the
 # chapter's imports and answers (seconds, not a chapter's minute): 04 (a TinyLanguageModel and its
-# KVCaches, appended to by the call) and 06 (a Triton kernel, launched as kernel[grid](...)).
-ANSWERS_ONLY_CHAPTERS = ("04_causal", "06_flash_attention")
+# KVCaches, appended to by the call) and 07 (Triton kernels, launched as kernel[grid](...)).
+ANSWERS_ONLY_CHAPTERS = ("04_causal", "07_flash_triton")
 
 
 def most_planted(planted: dict, chapters: tuple[str, ...]) -> dict[str, dict[str, dict]]:
@@ -353,7 +353,7 @@ def test_solutions_score_full_marks(graded):
 
 @grading
 def test_every_cell_of_the_solutions_runs_where_they_are_graded(graded):
-    # The sandbox has what a chapter needs (chapter 09 starts processes, which need /dev/shm).
+    # The sandbox has what a chapter needs (chapter 10 starts processes, which need /dev/shm).
     for master in GRADED_MASTERS:
         run = json.loads((graded / "solutions" / f"{master.stem}.json").read_text())["run"]
         assert run["cell_errors"] == [] and run["stopped"] is None, (master.stem, run)

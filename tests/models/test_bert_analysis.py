@@ -1,4 +1,4 @@
-"""attention_share and mean_pool: explicit formulas, chapter 07's numbers, and their errors.
+"""attention_share and mean_pool: explicit formulas, chapter 08's numbers, and their errors.
 
 strongest_head is tested in test_bert.py, against a search over Hugging Face's attention maps.
 """
@@ -51,7 +51,7 @@ def test_attention_share_gives_zero_for_rows_that_are_all_zero():
     assert torch.isfinite(got).all() and torch.allclose(got, expected)
 
 
-def test_attention_share_on_minilm_equals_chapter_07():
+def test_attention_share_on_minilm_equals_chapter_08():
     model, tokenizer = load_pretrained()
     with torch.no_grad():
         attentions = model(tokenizer("The bank of the river was muddy.").input_ids).attentions

@@ -168,7 +168,7 @@ def test_on_minilm_equals_the_notebooks_inline_loop():
             assert torch.equal(contributions, expected * f_norm[:, :, None, :])
     by_weight = attention_share(found.weights, [0, -1]).mean().item()
     by_contribution = attention_share(found.contributions, [0, -1]).mean().item()
-    assert (f"{by_weight:.2f}", f"{by_contribution:.2f}") == ("0.57", "0.20")          # chapter 07, section 12
+    assert (f"{by_weight:.2f}", f"{by_contribution:.2f}") == ("0.57", "0.20")          # chapter 08, section 12
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The guesses chapter 07's small BERT must beat, and the stories it is trained on.
+"""The guesses chapter 08's small BERT must beat, and the stories it is trained on.
 
 The unigram and bigram guesses are recomputed here with Python counters and math.log (no tensor
 code of the package), blank by blank; score_blanks is compared with a loop that hides each word

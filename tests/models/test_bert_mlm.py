@@ -32,7 +32,7 @@ def corrupt(ids, seed=0, probability=0.15):
 
 
 def notebook_reference(copies, mask_id, vocab_size, specials, generator):
-    """Chapter 07's inline code, as the notebook had it before mask_tokens existed."""
+    """Chapter 08's inline code, as the notebook had it before mask_tokens existed."""
     picked = (torch.rand(copies.shape, generator=generator) < 0.15) & ~torch.isin(copies, specials)
     fate = torch.rand(copies.shape, generator=generator)
     random_ids = torch.randint(vocab_size, copies.shape, generator=generator)

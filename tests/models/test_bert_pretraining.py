@@ -145,7 +145,7 @@ def test_training_is_deterministic_and_leaves_the_callers_random_state_and_grad_
                                max_length=16, min_count=1, steps=10, batch_size=4, eval_every=5)
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    with torch.no_grad():                                    # as in chapter 07, where gradients are off
+    with torch.no_grad():                                    # as in chapter 08, where gradients are off
         _, _, first = pretrain_mlm(train, held_out, config)
         assert not torch.is_grad_enabled()
     assert torch.equal(torch.get_rng_state(), before)

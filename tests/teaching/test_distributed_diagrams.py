@@ -1,4 +1,4 @@
-"""Chapter 09's diagrams against the layouts' own arithmetic: the ring's schedule and the causal work grid."""
+"""Chapter 10's diagrams against the layouts' own arithmetic: the ring's schedule and the causal work grid."""
 
 from __future__ import annotations
 

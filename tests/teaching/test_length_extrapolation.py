@@ -1,4 +1,4 @@
-"""Chapter 08's train-short-test-long models, against hand-built references."""
+"""Chapter 09's train-short-test-long models, against hand-built references."""
 
 import math
 

@@ -53,7 +53,7 @@ def attend_function(method: str):
 def run_task(rank: int, world_size: int, task: Task) -> dict:
     """Run ``task`` on this rank: ``{forward, total}`` bytes, ``{peak}`` bytes or ``{seconds, out}``."""
     attend, layout = attend_function(task.method), LAYOUT[task.method]
-    if task.kind == "traffic":                      # chapter 09's rank program counts both passes
+    if task.kind == "traffic":                      # chapter 10's rank program counts both passes
         q, k, v, g = inputs(task)                                                # full [B, H, N, d]
         report = attention_on_rank(rank, world_size, q, k, v, method=task.method.split()[0], causal=task.causal,
                                    layout=layout, grad_out=g)

@@ -1,4 +1,4 @@
-"""The variants chapter 08 measures, by name, and the row each (variant, N) measurement gives."""
+"""The variants chapter 09 measures, by name, and the row each (variant, N) measurement gives."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ reader can judge ("the cat and the [MASK]" -> "fiddle"). The price is a vocabula
 seen at least ``min_count`` times in the training texts; the others become ``[UNK]``, which is
 never asked for (a model could get it right without knowing anything).
 
-Chapter 07 trains on :func:`~attn_course.data.stories.story_splits`: little stories from a small
+Chapter 08 trains on :func:`~attn_course.data.stories.story_splits`: little stories from a small
 grammar in which words far from a blank decide it, in three splits, one to train on, one to choose
 the checkpoint (validation), one to report on (test). The nursery rhymes
 (:func:`~attn_course.data.rhymes.load_pretraining_text`, :func:`~attn_course.data.rhymes.split_rhymes`)
@@ -25,7 +25,7 @@ One idea per module: the corpora (:mod:`attn_course.data.stories`, :mod:`attn_co
 vocabulary and padding (:mod:`attn_course.data.tokenizers`), the head and the loss
 (:mod:`attn_course.models.bert.masked_lm`), this training loop, the guesses to beat
 (:mod:`attn_course.models.bert.baselines`) and what the model learned
-(:mod:`attn_course.models.bert.evaluation`). Chapter 07 imports all of them from here, so they are re-exported.
+(:mod:`attn_course.models.bert.evaluation`). Chapter 08 imports all of them from here, so they are re-exported.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ __all__ = [
     "PretrainingConfig",
     "PretrainingHistory",
     "pretrain_mlm",
-    # re-exported, for chapter 07's one import:
+    # re-exported, for chapter 08's one import:
     "SPECIAL_TOKENS",
     "load_pretraining_text",
     "split_rhymes",
@@ -78,7 +78,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PretrainingConfig:
-    """Sizes and settings of :func:`pretrain_mlm`; the defaults are chapter 07's, on its 2,000 training stories.
+    """Sizes and settings of :func:`pretrain_mlm`; the defaults are chapter 08's, on its 2,000 training stories.
 
     Attributes:
         hidden_size, num_hidden_layers, num_attention_heads, intermediate_size: the encoder (``E``, ``L``,

@@ -158,7 +158,7 @@ class ExtrapolationResult:
         scored_characters: how many characters every length scored (the same ones).
         dropped_characters: held-out characters missing from the training vocabulary, dropped.
         models: the trained model of each scheme, in eval mode, so that it can be studied further
-            (chapter 08 streams the RoPE one through a cache with attention sinks).
+            (chapter 09 streams the RoPE one through a cache with attention sinks).
         tokenizer: the character tokenizer all of them share (the training text's characters).
     """
 

@@ -1,4 +1,4 @@
-"""The four small character models of chapter 08's train-short-test-long experiment, one per position scheme.
+"""The four small character models of chapter 09's train-short-test-long experiment, one per position scheme.
 
 :class:`PositionLanguageModel` is one causal character model whose only difference between
 variants is where a token's position enters (:data:`POSITION_SCHEMES`): a learned embedding, RoPE

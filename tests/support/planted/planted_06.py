@@ -7,47 +7,6 @@ Each entry: student -> function name -> (the planted code, the question, a phras
 
 CHAPTER = "06_flash_attention"
 
-# The frame of the Triton exercise around the student's update; {update} is indented 8 spaces.
-KERNEL = '''def small_attention_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           BLOCK_N: tl.constexpr):
-    rows = tl.arange(0, N_Q)
-    dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + rows[:, None] * HEAD_DIM + dims[None, :])
-    m_i = tl.full([N_Q], float("-inf"), tl.float32)
-    l_i = tl.zeros([N_Q], tl.float32)
-    acc = tl.zeros([N_Q, HEAD_DIM], tl.float32)
-    for start in range(0, n_k, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        inside = cols < n_k
-        k = tl.load(K + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
-        v = tl.load(V + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * (scale * 1.4426950408889634)
-        s = tl.where(inside[None, :], s, float("-inf"))
-{update}
-    tl.store(Out + rows[:, None] * HEAD_DIM + dims[None, :], acc / l_i[:, None])
-    tl.store(M + rows, m_i)
-
-
-small_attention_kernel = triton.jit(small_attention_kernel)
-'''
-
-UPDATE = '''        tile_max = tl.max(s, 1)
-        m_new = tl.where(tile_max > m_i + tau, tile_max, m_i)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        m_i = m_new'''
-
-# The chapter's own update: the maximum raised at every tile that holds a larger score.
-ALWAYS = UPDATE.replace("tl.where(tile_max > m_i + tau, tile_max, m_i)", "tl.maximum(m_i, tile_max)")
-
-
-def kernel_with(update: str) -> str:
-    """The Triton exercise's cell with ``update`` as the student's rescaling step."""
-    return KERNEL.format(update=update)
-
-
 PLANTED = {
     "linus": {
         "merge_partial_attention": (
@@ -55,18 +14,6 @@ PLANTED = {
             "    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)\n",
             "q1_merge_partial",
             "You averaged out_a and out_b",
-        ),
-        "window_tile_counts": (            # the causal loop of section 2, the window forgotten
-            "def window_tile_counts(n, block_q, block_k, window):\n"
-            "    computed = masked = 0\n"
-            "    for q_start in range(0, n, block_q):\n"
-            "        q_end = min(q_start + block_q, n)\n"
-            "        for k_start in range(0, q_end, block_k):\n"
-            "            computed += 1\n"
-            "            masked += min(k_start + block_k, n) - 1 > q_start\n"
-            "    return computed, masked\n",
-            "q2_predict_tiles",
-            "You counted the tiles of plain causal attention",
         ),
         "fixed_streaming_attention": (
             "def fixed_streaming_attention(q, k, v, block):\n"
@@ -81,13 +28,8 @@ PLANTED = {
             "        acc = acc + weights @ v[start:start + block]\n"
             "        row_max = new_max\n"
             "    return acc / row_sum[:, None]\n",
-            "q3_find_the_bug_rescale",
+            "q2_find_the_bug_rescale",
             "rescale the accumulated output by the correction too",
-        ),
-        "small_attention_kernel": (
-            kernel_with(UPDATE.replace("tl.exp2", "tl.exp")),
-            "q4_triton_rescale",
-            "use tl.exp2, not tl.exp",
         ),
         "attention_backward": (            # section 4's backward, grad_lse ignored
             "def attention_backward(q, k, v, out, lse, grad_out, grad_lse):\n"
@@ -95,13 +37,13 @@ PLANTED = {
             "    p = torch.exp(q @ k.T * scale - lse[:, None])\n"
             "    grad_s = p * (grad_out @ v.T - (grad_out * out).sum(-1, keepdim=True))\n"
             "    return scale * grad_s @ k, scale * grad_s.T @ q, p.T @ grad_out\n",
-            "q5_backward_from_lse",
+            "q3_backward_from_lse",
             "Your gradients ignore grad_lse",
         ),
         "forward_hbm_bytes": (
             "def forward_hbm_bytes(n, d, block_q, bytes_per_number):\n"
             "    return 4 * n * d * bytes_per_number + 4 * n\n",
-            "q6_forward_traffic",
+            "q4_forward_traffic",
             "You counted K and V once",
         ),
     },
@@ -114,40 +56,20 @@ PLANTED = {
             "q1_merge_partial",
             "exp(lse_a) overflows float32",
         ),
-        "window_tile_counts": (            # key i - window counted as seen
-            "def window_tile_counts(n, block_q, block_k, window):\n"
-            "    computed = masked = 0\n"
-            "    for q_start in range(0, n, block_q):\n"
-            "        q_last = min(q_start + block_q, n) - 1\n"
-            "        for k_start in range(0, n, block_k):\n"
-            "            k_last = min(k_start + block_k, n) - 1\n"
-            "            if k_start > q_last or k_last < q_start - window:\n"
-            "                continue\n"
-            "            computed += 1\n"
-            "            masked += not (k_last <= q_start and k_start >= q_last - window)\n"
-            "    return computed, masked\n",
-            "q2_predict_tiles",
-            "Your window is one key too wide",
-        ),
-        "small_attention_kernel": (
-            kernel_with(ALWAYS),
-            "q4_triton_rescale",
-            "your kernel raised m_i whenever a tile's maximum was larger",
-        ),
         "attention_backward": (
             "def attention_backward(q, k, v, out, lse, grad_out, grad_lse):\n"
             "    scale = 1 / math.sqrt(q.shape[-1])\n"
             "    p = torch.exp(q @ k.T * scale - lse[:, None])\n"
             "    grad_s = p * (grad_out @ v.T - (grad_out * out).sum(-1, keepdim=True)) + grad_lse[:, None]\n"
             "    return scale * grad_s @ k, scale * grad_s.T @ q, p.T @ grad_out\n",
-            "q5_backward_from_lse",
+            "q3_backward_from_lse",
             "You added grad_lse to dS as it is",
         ),
         "forward_hbm_bytes": (
             "def forward_hbm_bytes(n, d, block_q, bytes_per_number):\n"
             "    tiles = math.ceil(n / block_q)\n"
             "    return 2 * n * d + 2 * n * d * tiles + n\n",
-            "q6_forward_traffic",
+            "q4_forward_traffic",
             "You counted numbers, not bytes",
         ),
     },
@@ -161,20 +83,6 @@ SOLUTIONS = {
         "    w_a, w_b = torch.exp(lse_a - lse), torch.exp(lse_b - lse)\n"
         "    return w_a[..., None] * out_a + w_b[..., None] * out_b, lse\n"
     ),
-    "window_tile_counts": (
-        "def window_tile_counts(n, block_q, block_k, window):\n"
-        "    computed = masked = 0\n"
-        "    for q_start in range(0, n, block_q):\n"
-        "        q_last = min(q_start + block_q, n) - 1\n"
-        "        for k_start in range(0, n, block_k):\n"
-        "            k_last = min(k_start + block_k, n) - 1\n"
-        "            if k_start > q_last or k_last <= q_start - window:\n"
-        "                continue\n"
-        "            computed += 1\n"
-        "            masked += not (k_last <= q_start and k_start > q_last - window)\n"
-        "    return computed, masked\n"
-    ),
-    "small_attention_kernel": kernel_with(UPDATE),
     "attention_backward": (
         "def attention_backward(q, k, v, out, lse, grad_out, grad_lse):\n"
         "    scale = 1 / math.sqrt(q.shape[-1])\n"
@@ -199,18 +107,10 @@ PLANTED["zoe"] = {
         "q1_merge_partial",
         "calls merge_attention_outputs, which this exercise forbids",
     ),
-    "window_tile_counts": (
-        "def window_tile_counts(n, block_q, block_k, window):\n"
-        "    from attn_course.teaching.flash_diagrams import tile_counts\n"
-        "    counts = tile_counts(n, n, block_q, block_k, causal=True)\n"
-        "    return counts['computed'], counts['masked']\n",
-        "q2_predict_tiles",
-        "calls tile_counts, which this exercise forbids",
-    ),
     "fixed_streaming_attention": (        # not streaming at all
         "def fixed_streaming_attention(q, k, v, block):\n"
         "    return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), dim=-1) @ v\n",
-        "q3_find_the_bug_rescale",
+        "q2_find_the_bug_rescale",
         "calls torch.softmax, which this exercise forbids",
     ),
     "attention_backward": (
@@ -219,14 +119,14 @@ PLANTED["zoe"] = {
         "    with torch.enable_grad():\n"
         "        o = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ v\n"
         "    return torch.autograd.grad(o, (q, k, v), grad_out)\n",
-        "q5_backward_from_lse",
+        "q3_backward_from_lse",
         "which this exercise forbids: the exercise is to derive the gradients by hand",
     ),
     "forward_hbm_bytes": (
         "def forward_hbm_bytes(n, d, block_q, bytes_per_number):\n"
         "    from attn_course.flash.io_model import fused_forward_bytes\n"
         "    return fused_forward_bytes(n, d, block_q, bytes_per_number=bytes_per_number)\n",
-        "q6_forward_traffic",
+        "q4_forward_traffic",
         "calls fused_forward_bytes, which this exercise forbids",
     ),
 }

@@ -1,92 +1,159 @@
-"""Planted mistakes for chapter 07_transformer_bert: each must lose its question's points and get its hint.
+"""Planted mistakes for chapter 07_flash_triton: each must lose its question's points and get its hint.
 
-Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
+Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter, and by
+tests/checks/test_checks_flash.py, which runs each against its check directly.
 Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
 """
 
-CHAPTER = "07_transformer_bert"
+CHAPTER = "07_flash_triton"
 
-PLANTED = {
-    "ada": {
-        "corrupt": (                              # every chosen token masked
-            "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
-            "    return torch.where(chosen, mask_id, input_ids)\n",
-            "q1_corrupt_80_10_10",
-            "turns every chosen token into [MASK]",
-        ),
-        "fixed_mlm_loss": (                       # the classmate's code, handed in as it was
-            "def fixed_mlm_loss(logits, labels):\n"
-            "    targets = labels.clamp(min=0)\n"
-            "    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction='none')\n"
-            "    return losses.mean()\n",
-            "q3_find_the_bug_mlm_loss",
-            "averages over every position",
-        ),
-    },
-    "grace": {
-        "corrupt": (                              # the rule applied to every position, chosen or not
-            "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
-            "    generator = torch.Generator().manual_seed(seed)\n"
-            "    fate = torch.rand(input_ids.shape, generator=generator)\n"
-            "    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])\n"
-            "    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]\n"
-            "    corrupted = torch.where(fate < 0.8, mask_id, input_ids)\n"
-            "    return torch.where((fate >= 0.8) & (fate < 0.9), random_ids, corrupted)\n",
-            "q1_corrupt_80_10_10",
-            "changes positions that were not chosen",
-        ),
-        "head_most_on": (                         # the largest single weight instead of the mean
-            "def head_most_on(attentions, key):\n"
-            "    on_key = torch.stack([a[0, :, :, key].amax(-1) for a in attentions])\n"
-            "    return divmod(int(on_key.argmax()), on_key.shape[1])\n",
-            "q4_head_most_on_a_token",
-            "a single query gives the key the most",
-        ),
-        "predicted_unchanged_share": (            # the random draws that hit the original left out
-            "def predicted_unchanged_share(n_ordinary):\n"
-            "    return 0.1\n",
-            "q2_predict_unchanged_share",
-            "the tokens the rule leaves alone",
-        ),
-        "fixed_mlm_loss": (                       # each sequence averaged first
-            "def fixed_mlm_loss(logits, labels):\n"
-            "    chosen = labels != -100\n"
-            "    losses = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction='none')\n"
-            "    return ((losses * chosen).sum(1) / chosen.sum(1)).mean()\n",
-            "q3_find_the_bug_mlm_loss",
-            "a sequence with one blank weighs as much",
-        ),
-    },
-}
+# The frame of the Triton exercise around the student's update; {update} is indented 8 spaces.
+KERNEL = '''def small_attention_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           BLOCK_N: tl.constexpr):
+    rows = tl.arange(0, N_Q)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + rows[:, None] * HEAD_DIM + dims[None, :])
+    m_i = tl.full([N_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([N_Q], tl.float32)
+    acc = tl.zeros([N_Q, HEAD_DIM], tl.float32)
+    for start in range(0, n_k, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        inside = cols < n_k
+        k = tl.load(K + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
+        v = tl.load(V + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * (scale * 1.4426950408889634)
+        s = tl.where(inside[None, :], s, float("-inf"))
+{update}
+    tl.store(Out + rows[:, None] * HEAD_DIM + dims[None, :], acc / l_i[:, None])
+    tl.store(M + rows, m_i)
 
-PLANTED["bea"] = {
-    "corrupt": (                          # random replacements drawn from every id, the specials too
-        "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
-        "    generator = torch.Generator().manual_seed(seed)\n"
-        "    fate = torch.rand(input_ids.shape, generator=generator)\n"
-        "    random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator)\n"
-        "    corrupted = torch.where(chosen & (fate < 0.8), mask_id, input_ids)\n"
-        "    return torch.where(chosen & (fate >= 0.8) & (fate < 0.9), random_ids, corrupted)\n",
-        "q1_corrupt_80_10_10",
-        "include special tokens",
-    ),
-}
 
-# Shortcuts the statements forbid: each is refused by name.
-PLANTED["zoe"] = {
-    "corrupt": (
-        "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
-        "    from attn_course.models.bert.masking import mask_tokens\n"
-        "    return mask_tokens(input_ids, mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids,\n"
-        "                       probability=1.0, generator=torch.Generator().manual_seed(seed)).input_ids\n",
-        "q1_corrupt_80_10_10",
-        "calls mask_tokens, which this exercise forbids",
-    ),
-    "fixed_mlm_loss": (
-        "def fixed_mlm_loss(logits, labels):\n"
-        "    from attn_course.models.bert.masked_lm import masked_lm_loss\n"
-        "    return masked_lm_loss(logits, labels)\n",
-        "q3_find_the_bug_mlm_loss",
-        "calls masked_lm_loss, which this exercise forbids",
-    ),
-}
+small_attention_kernel = triton.jit(small_attention_kernel)
+'''
+
+UPDATE = '''        tile_max = tl.max(s, 1)
+        m_new = tl.where(tile_max > m_i + tau, tile_max, m_i)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new'''
+
+# The chapter's own update: the maximum raised at every tile that holds a larger score.
+ALWAYS = UPDATE.replace("tl.where(tile_max > m_i + tau, tile_max, m_i)", "tl.maximum(m_i, tile_max)")
+
+
+def kernel_with(update: str) -> str:
+    """The Triton exercise's cell with ``update`` as the student's rescaling step."""
+    return KERNEL.format(update=update)
+
+
+PLANTED = {}
+SOLUTIONS = {}
+
+# linus: the causal loop of chapter 06's section 2, the window forgotten
+PLANTED.setdefault("linus", {})["window_tile_counts"] = (
+        "def window_tile_counts(n, block_q, block_k, window):\n"
+        "    computed = masked = 0\n"
+        "    for q_start in range(0, n, block_q):\n"
+        "        q_end = min(q_start + block_q, n)\n"
+        "        for k_start in range(0, q_end, block_k):\n"
+        "            computed += 1\n"
+        "            masked += min(k_start + block_k, n) - 1 > q_start\n"
+        "    return computed, masked\n",
+        "q1_predict_tiles",
+        "You counted the tiles of plain causal attention",
+    )
+PLANTED.setdefault("linus", {})["small_attention_kernel"] = (
+        kernel_with(UPDATE.replace("tl.exp2", "tl.exp")),
+        "q2_triton_rescale",
+        "use tl.exp2, not tl.exp",
+    )
+PLANTED.setdefault("grace", {})["window_tile_counts"] = (            # key i - window counted as seen
+        "def window_tile_counts(n, block_q, block_k, window):\n"
+        "    computed = masked = 0\n"
+        "    for q_start in range(0, n, block_q):\n"
+        "        q_last = min(q_start + block_q, n) - 1\n"
+        "        for k_start in range(0, n, block_k):\n"
+        "            k_last = min(k_start + block_k, n) - 1\n"
+        "            if k_start > q_last or k_last < q_start - window:\n"
+        "                continue\n"
+        "            computed += 1\n"
+        "            masked += not (k_last <= q_start and k_start >= q_last - window)\n"
+        "    return computed, masked\n",
+        "q1_predict_tiles",
+        "Your window is one key too wide",
+    )
+PLANTED.setdefault("grace", {})["small_attention_kernel"] = (
+        kernel_with(ALWAYS),
+        "q2_triton_rescale",
+        "your kernel raised m_i whenever a tile's maximum was larger",
+    )
+SOLUTIONS["window_tile_counts"] = (
+        "def window_tile_counts(n, block_q, block_k, window):\n"
+        "    computed = masked = 0\n"
+        "    for q_start in range(0, n, block_q):\n"
+        "        q_last = min(q_start + block_q, n) - 1\n"
+        "        for k_start in range(0, n, block_k):\n"
+        "            k_last = min(k_start + block_k, n) - 1\n"
+        "            if k_start > q_last or k_last <= q_start - window:\n"
+        "                continue\n"
+        "            computed += 1\n"
+        "            masked += not (k_last <= q_start and k_start > q_last - window)\n"
+        "    return computed, masked\n"
+    )
+SOLUTIONS["small_attention_kernel"] = kernel_with(UPDATE)
+PLANTED.setdefault("zoe", {})["window_tile_counts"] = (
+        "def window_tile_counts(n, block_q, block_k, window):\n"
+        "    from attn_course.teaching.flash_diagrams import tile_counts\n"
+        "    counts = tile_counts(n, n, block_q, block_k, causal=True)\n"
+        "    return counts['computed'], counts['masked']\n",
+        "q1_predict_tiles",
+        "calls tile_counts, which this exercise forbids",
+    )
+
+# Exercise 3: the classmate's causal kernel after a KV cache. {rule} is the causal condition.
+CAUSAL_KERNEL = '''@triton.jit
+def fixed_causal_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    rows = tl.arange(0, N_Q)                                       # the N_Q new queries (tau is not used)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + rows[:, None] * HEAD_DIM + dims[None, :])
+    m_i = tl.full([N_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([N_Q], tl.float32)
+    acc = tl.zeros([N_Q, HEAD_DIM], tl.float32)
+    for start in range(0, n_k, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        inside = cols < n_k
+        k = tl.load(K + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
+        v = tl.load(V + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * (scale * 1.4426950408889634)
+        visible = inside[None, :] & ({rule})
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new
+    tl.store(Out + rows[:, None] * HEAD_DIM + dims[None, :], acc / l_i[:, None])
+    tl.store(M + rows, m_i)
+'''
+
+
+def causal_kernel_with(rule: str) -> str:
+    """Exercise 3's kernel cell with ``rule`` (a Triton boolean expression) as its causal condition."""
+    return CAUSAL_KERNEL.replace("{rule}", rule)
+
+
+SOLUTIONS["fixed_causal_kernel"] = causal_kernel_with("cols[None, :] <= rows[:, None] + (n_k - N_Q)")
+PLANTED["linus"]["fixed_causal_kernel"] = (        # the classmate's kernel handed in unchanged
+    causal_kernel_with("cols[None, :] <= rows[:, None]"),
+    "q3_find_the_bug_causal",
+    "aligns the causal mask top-left",
+)
+PLANTED["grace"]["fixed_causal_kernel"] = (        # the offset added, the diagonal lost
+    causal_kernel_with("cols[None, :] < rows[:, None] + (n_k - N_Q)"),
+    "q3_find_the_bug_causal",
+    "the diagonal hidden",
+)

@@ -1,97 +1,92 @@
-"""Planted mistakes for chapter 08_modern_variants: each must lose its question's points and get its hint.
+"""Planted mistakes for chapter 09_transformer_bert: each must lose its question's points and get its hint.
 
 Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
 Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
 """
 
-CHAPTER = "08_modern_variants"
+CHAPTER = "08_transformer_bert"
 
 PLANTED = {
     "ada": {
-        "rms_norm": (                             # LayerNorm, from chapter 07's habit
-            "def rms_norm(x, weight, eps):\n"
-            "    return F.layer_norm(x, x.shape[-1:], eps=eps) * weight\n",
-            "q1_rms_norm",
-            "that is LayerNorm",
+        "corrupt": (                              # every chosen token masked
+            "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+            "    return torch.where(chosen, mask_id, input_ids)\n",
+            "q1_corrupt_80_10_10",
+            "turns every chosen token into [MASK]",
         ),
-        "latent_cache_bytes": (                   # a rotary key for every head
-            "def latent_cache_bytes(config):\n"
-            "    per_layer = config['kv_lora_rank'] + config['num_attention_heads'] * config['qk_rope_head_dim']\n"
-            "    return config['num_hidden_layers'] * per_layer * config['bytes_per_element']\n",
-            "q3_predict_latent_cache",
-            "shared by all heads",
-        ),
-        "fixed_evict": (                          # the classmate's code, handed in as it was
-            "def fixed_evict(keys, values, sinks, recent):\n"
-            "    size = sinks + recent\n"
-            "    return keys[:, :, -size:], values[:, :, -size:]\n",
-            "q4_find_the_bug_sink_cache",
-            "the sinks are gone",
+        "fixed_mlm_loss": (                       # the classmate's code, handed in as it was
+            "def fixed_mlm_loss(logits, labels):\n"
+            "    targets = labels.clamp(min=0)\n"
+            "    losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction='none')\n"
+            "    return losses.mean()\n",
+            "q3_find_the_bug_mlm_loss",
+            "averages over every position",
         ),
     },
     "grace": {
-        "rms_norm": (                             # eps added after the root
-            "def rms_norm(x, weight, eps):\n"
-            "    return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight\n",
-            "q1_rms_norm",
-            "eps after the square root",
+        "corrupt": (                              # the rule applied to every position, chosen or not
+            "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+            "    generator = torch.Generator().manual_seed(seed)\n"
+            "    fate = torch.rand(input_ids.shape, generator=generator)\n"
+            "    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])\n"
+            "    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]\n"
+            "    corrupted = torch.where(fate < 0.8, mask_id, input_ids)\n"
+            "    return torch.where((fate >= 0.8) & (fate < 0.9), random_ids, corrupted)\n",
+            "q1_corrupt_80_10_10",
+            "changes positions that were not chosen",
         ),
-        "swiglu": (                               # SiLU on the wrong projection
-            "def swiglu(x, w_gate, w_up, w_down):\n"
-            "    return (F.silu(x @ w_up.T) * (x @ w_gate.T)) @ w_down.T\n",
-            "q2_swiglu",
-            "SiLU to the up projection",
+        "head_most_on": (                         # the largest single weight instead of the mean
+            "def head_most_on(attentions, key):\n"
+            "    on_key = torch.stack([a[0, :, :, key].amax(-1) for a in attentions])\n"
+            "    return divmod(int(on_key.argmax()), on_key.shape[1])\n",
+            "q4_head_most_on_a_token",
+            "a single query gives the key the most",
         ),
-        "latent_cache_bytes": (                   # one layer only
-            "def latent_cache_bytes(config):\n"
-            "    return (config['kv_lora_rank'] + config['qk_rope_head_dim']) * config['bytes_per_element']\n",
-            "q3_predict_latent_cache",
-            "one layer's worth",
+        "predicted_unchanged_share": (            # the random draws that hit the original left out
+            "def predicted_unchanged_share(n_ordinary):\n"
+            "    return 0.1\n",
+            "q2_predict_unchanged_share",
+            "the tokens the rule leaves alone",
         ),
-        "fixed_evict": (                          # sinks kept, but tokens doubled while the text is short
-            "def fixed_evict(keys, values, sinks, recent):\n"
-            "    keep = lambda t: torch.cat((t[:, :, :sinks], t[:, :, -recent:]), dim=2)\n"
-            "    return keep(keys), keep(values)\n",
-            "q4_find_the_bug_sink_cache",
-            "holds some tokens twice",
-        ),
-    },
-    "alan": {  # shortcuts: the answer calls what its exercise forbids
-        "rms_norm": (
-            "def rms_norm(x, weight, eps):\n"
-            "    norm = RMSNorm(x.shape[-1], eps=eps)\n"
-            "    norm.weight.data.copy_(weight)\n"
-            "    return norm(x)\n",
-            "q1_rms_norm",
-            "your answer calls RMSNorm.forward, which this exercise forbids",
+        "fixed_mlm_loss": (                       # each sequence averaged first
+            "def fixed_mlm_loss(logits, labels):\n"
+            "    chosen = labels != -100\n"
+            "    losses = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction='none')\n"
+            "    return ((losses * chosen).sum(1) / chosen.sum(1)).mean()\n",
+            "q3_find_the_bug_mlm_loss",
+            "a sequence with one blank weighs as much",
         ),
     },
 }
 
 PLANTED["bea"] = {
-    "swiglu": (                           # no nonlinearity at all
-        "def swiglu(x, w_gate, w_up, w_down):\n"
-        "    return x @ w_gate.T @ w_down.T\n",
-        "q2_swiglu",
-        "plain linear map",
-    ),
-    "fixed_evict": (                      # right, except that -0: is the whole sequence
-        "def fixed_evict(keys, values, sinks, recent):\n"
-        "    if keys.shape[2] <= sinks + recent:\n"
-        "        return keys, values\n"
-        "    return (torch.cat((keys[:, :, :sinks], keys[:, :, -recent:]), 2),\n"
-        "            torch.cat((values[:, :, :sinks], values[:, :, -recent:]), 2))\n",
-        "q4_find_the_bug_sink_cache",
-        "-0 is 0",
+    "corrupt": (                          # random replacements drawn from every id, the specials too
+        "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+        "    generator = torch.Generator().manual_seed(seed)\n"
+        "    fate = torch.rand(input_ids.shape, generator=generator)\n"
+        "    random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator)\n"
+        "    corrupted = torch.where(chosen & (fate < 0.8), mask_id, input_ids)\n"
+        "    return torch.where(chosen & (fate >= 0.8) & (fate < 0.9), random_ids, corrupted)\n",
+        "q1_corrupt_80_10_10",
+        "include special tokens",
     ),
 }
 
+# Shortcuts the statements forbid: each is refused by name.
 PLANTED["zoe"] = {
-    "latent_cache_bytes": (
-        "def latent_cache_bytes(config):\n"
-        "    from attn_course.variants.kv_cache_size import cache_size_from_config\n"
-        "    return cache_size_from_config(config)\n",
-        "q3_predict_latent_cache",
-        "calls cache_size_from_config, which this exercise forbids",
+    "corrupt": (
+        "def corrupt(input_ids, chosen, mask_id, special_ids, vocab_size, seed):\n"
+        "    from attn_course.models.bert.masking import mask_tokens\n"
+        "    return mask_tokens(input_ids, mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids,\n"
+        "                       probability=1.0, generator=torch.Generator().manual_seed(seed)).input_ids\n",
+        "q1_corrupt_80_10_10",
+        "calls mask_tokens, which this exercise forbids",
+    ),
+    "fixed_mlm_loss": (
+        "def fixed_mlm_loss(logits, labels):\n"
+        "    from attn_course.models.bert.masked_lm import masked_lm_loss\n"
+        "    return masked_lm_loss(logits, labels)\n",
+        "q3_find_the_bug_mlm_loss",
+        "calls masked_lm_loss, which this exercise forbids",
     ),
 }

@@ -1,0 +1,94 @@
+"""Planted mistakes for chapter 10_distributed: each must lose its question's points and get its hint.
+
+Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
+Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
+"""
+
+CHAPTER = "10_distributed"
+
+PLANTED = {
+    "ada": {
+        "all_to_all_by_hand": (                   # heads dealt out like cards
+            "def all_to_all_by_hand(shards):\n"
+            "    every_token = torch.cat(shards, dim=2)\n"
+            "    return [every_token[:, r::len(shards)] for r in range(len(shards))]\n",
+            "q1_all_to_all_by_hand",
+            "heads r, r + P",
+        ),
+        "fixed_ring_attention": (                 # the classmate's code, handed in as it was
+            "def fixed_ring_attention(q_blocks, k_blocks, v_blocks):\n"
+            "    world_size, outputs = len(q_blocks), []\n"
+            "    for r in range(world_size):\n"
+            "        out = lse = None\n"
+            "        for s in range(world_size):\n"
+            "            j = (r - s) % world_size\n"
+            "            scores = q_blocks[r] @ k_blocks[j].transpose(-2, -1) / math.sqrt(q_blocks[r].shape[-1])\n"
+            "            block_out = torch.softmax(scores, -1) @ v_blocks[j]\n"
+            "            block_lse = torch.logsumexp(scores, -1, keepdim=True)\n"
+            "            if out is None:\n"
+            "                out, lse = block_out, block_lse\n"
+            "            else:\n"
+            "                new_lse = torch.logaddexp(lse, block_lse)\n"
+            "                out = out + block_out * torch.exp(block_lse - new_lse)\n"
+            "                lse = new_lse\n"
+            "        outputs.append(out)\n"
+            "    return outputs\n",
+            "q3_find_the_bug_ring_merge",
+            "not the output accumulated so far",
+        ),
+    },
+    "grace": {
+        "bytes_sent_per_rank": (                  # a ring rank passing its block P times
+            "def bytes_sent_per_rank(method, batch, heads, n, head_dim, world_size, bytes_per_element):\n"
+            "    shard = batch * heads * (n // world_size) * head_dim * bytes_per_element\n"
+            "    if method == 'ring':\n"
+            "        return 2 * world_size * shard\n"
+            "    return 4 * (world_size - 1) * shard // world_size\n",
+            "q2_predict_bytes",
+            "P - 1 times",
+        ),
+        "fixed_ring_attention": (                 # every block weighed equally
+            "def fixed_ring_attention(q_blocks, k_blocks, v_blocks):\n"
+            "    outputs = []\n"
+            "    for q in q_blocks:\n"
+            "        parts = [torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v\n"
+            "                 for k, v in zip(k_blocks, v_blocks)]\n"
+            "        outputs.append(sum(parts) / len(parts))\n"
+            "    return outputs\n",
+            "q3_find_the_bug_ring_merge",
+            "average the blocks",
+        ),
+        "causal_work": (                          # the query's own key forgotten
+            "def causal_work(world_size, n, layout):\n"
+            "    return [int(token_positions(r, world_size, n, layout).sum()) for r in range(world_size)]\n",
+            "q4_causal_work",
+            "p + 1 keys",
+        ),
+    },
+}
+
+# Shortcuts the statements forbid: each is refused by name.
+PLANTED["zoe"] = {
+    "bytes_sent_per_rank": (
+        "def bytes_sent_per_rank(method, batch, heads, n, head_dim, world_size, bytes_per_element):\n"
+        "    from attn_course.distributed.ulysses import ulysses_bytes\n"
+        "    return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=bytes_per_element)\n",
+        "q2_predict_bytes",
+        "calls ulysses_bytes, which this exercise forbids",
+    ),
+    "fixed_ring_attention": (
+        "def fixed_ring_attention(q_blocks, k_blocks, v_blocks):\n"
+        "    from attn_course.flash.tiled import merge_attention_outputs\n"
+        "    outputs = []\n"
+        "    for q in q_blocks:\n"
+        "        out = lse = None\n"
+        "        for k, v in zip(k_blocks, v_blocks):\n"
+        "            scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5\n"
+        "            o, l = torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)\n"
+        "            out, lse = (o, l) if out is None else merge_attention_outputs(out, lse, o, l)\n"
+        "        outputs.append(out)\n"
+        "    return outputs\n",
+        "q3_find_the_bug_ring_merge",
+        "calls merge_attention_outputs, which this exercise forbids",
+    ),
+}
