@@ -17,7 +17,6 @@ import sys
 import time
 
 import nbformat
-import run_times
 from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -47,6 +46,8 @@ def execute(path: pathlib.Path, timeout: int) -> float:
 
 
 def main() -> int:
+    import run_times  # tools/run_times.py, beside this script (tools/ is sys.path[0] when run)
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")

@@ -559,7 +559,8 @@ def test_all_calls_together_get_the_notebooks_time():
     from attn_course_grading.remote import Submission, SubmissionStopped
 
     sandboxed = sandbox_installed()
-    limits = sandbox.Limits(seconds=4, call_seconds=3)
+    # 10 s for the notebook: starting torch in the sandbox took over 4 s on a loaded CI machine.
+    limits = sandbox.Limits(seconds=10, call_seconds=3)
     with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
         sleeps = submission.answer_values()["sleeps"]
         assert sleeps(0.1) == 0.1
@@ -567,9 +568,9 @@ def test_all_calls_together_get_the_notebooks_time():
             sleeps(3.5)                                   # one call past --call-seconds
     with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
         sleeps = submission.answer_values()["sleeps"]
-        assert sleeps(2.5) == 2.5                         # within its 3 s...
-        with pytest.raises(SubmissionStopped, match="ran past 4 s in all"):
-            sleeps(2.5)                                   # ...but 5 s in all, past --seconds
+        with pytest.raises(SubmissionStopped, match="ran past 10 s in all"):
+            for _ in range(6):                            # each call within its 3 s, 15 s in all
+                assert sleeps(2.5) == 2.5
 
 
 # --- every forbidden shortcut: the same verdict in the notebook and through the sandbox ---------

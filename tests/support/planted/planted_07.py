@@ -113,8 +113,7 @@ PLANTED.setdefault("zoe", {})["window_tile_counts"] = (
     )
 
 # Exercise 3: the classmate's causal kernel after a KV cache. {rule} is the causal condition.
-CAUSAL_KERNEL = '''@triton.jit
-def fixed_causal_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+CAUSAL_KERNEL = '''def fixed_causal_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_N: tl.constexpr):
     rows = tl.arange(0, N_Q)                                       # the N_Q new queries (tau is not used)
     dims = tl.arange(0, HEAD_DIM)
@@ -138,6 +137,9 @@ def fixed_causal_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEA
         m_i = m_new
     tl.store(Out + rows[:, None] * HEAD_DIM + dims[None, :], acc / l_i[:, None])
     tl.store(M + rows, m_i)
+
+
+fixed_causal_kernel = triton.jit(fixed_causal_kernel)
 '''
 
 
