@@ -157,9 +157,11 @@ def results(grades: pathlib.Path) -> tuple[dict, dict]:
 # --- a class of hostile students -----------------------------------------------------------------
 # Each hands in chapter 03's answers (11 points when right; its checks take a tenth of a second)
 # and one attack, placed before them unless it replaces them. LIMITS are tight so that the class
-# is graded in well under a minute.
+# is graded in a minute or two; a notebook gets 30 s, as on a loaded machine starting torch and
+# filling a few GiB of pages took most of 15 s (two attacks were stopped by the clock, not by the
+# limit they test, in one run of make test in three).
 CHAPTER = "03_multi_head"
-LIMITS = ["--seconds", "15", "--cell-seconds", "3", "--call-seconds", "5", "--memory-gib", "2",
+LIMITS = ["--seconds", "30", "--cell-seconds", "3", "--call-seconds", "5", "--memory-gib", "2",
           "--processes", "32", "--jobs", "2"]
 
 
@@ -322,7 +324,7 @@ def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
 def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
     assert set(hostile_class["rows"]) == {"honest", *hostile_class["students"]}
     for student in hostile_class["rows"]:
-        assert run_of(hostile_class, student)["seconds"] < 15 + 10, student     # --seconds 15, plus the tests
+        assert run_of(hostile_class, student)["seconds"] < 30 + 10, student     # --seconds 30, plus the tests
     assert hostile_class["seconds"] < 240
 
 
@@ -353,7 +355,7 @@ def test_a_failed_import_costs_the_answers_that_need_it(hostile_class):
 def test_a_notebook_past_its_time_is_killed_with_the_reason(hostile_class):
     run = run_of(hostile_class, "ignores_the_clock")
     assert score(hostile_class, "ignores_the_clock") == 0
-    assert run["stopped"] == "stopped after 15 s, the time limit of the whole notebook"
+    assert run["stopped"] == "stopped after 30 s, the time limit of the whole notebook"
 
 
 @pytest.mark.slow
