@@ -14,41 +14,15 @@ from attn_course.checks.diagnosis import CheckFailed  # noqa: E402
 from attn_course.checks.flash_causal_kernel import check_causal_kernel, masked_attention  # noqa: E402
 from attn_course.flash.small_kernel import launch_small_attention  # noqa: E402
 
+from support.planted.planted_07 import causal_kernel_with  # noqa: E402
 
-def causal_kernel(shift_rule: str):
-    """The exercise's kernel with the causal rule ``shift_rule`` (the solution, or a planted mistake)."""
-    rules = {
-        "bottom-right": "cols[None, :] <= rows[:, None] + (n_k - N_Q)",
-        "top-left": "cols[None, :] <= rows[:, None]",
-        "strict": "cols[None, :] < rows[:, None] + (n_k - N_Q)",
-        "none": "cols[None, :] >= 0",
-    }
-    source = f'''
-def kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
-    rows = tl.arange(0, N_Q)
-    dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + rows[:, None] * HEAD_DIM + dims[None, :])
-    m_i = tl.full([N_Q], float("-inf"), tl.float32)
-    l_i = tl.zeros([N_Q], tl.float32)
-    acc = tl.zeros([N_Q, HEAD_DIM], tl.float32)
-    for start in range(0, n_k, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        inside = cols < n_k
-        k = tl.load(K + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
-        v = tl.load(V + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * (scale * 1.4426950408889634)
-        keep = inside[None, :] & ({rules[shift_rule]})
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        m_i = m_new
-    tl.store(Out + rows[:, None] * HEAD_DIM + dims[None, :], acc / l_i[:, None])
-    tl.store(M + rows, m_i)
-'''
-    return source
+# The causal condition of each variant: the solution, and the planted mistakes of the exercise.
+RULES = {
+    "bottom-right": "cols[None, :] <= rows[:, None] + (n_k - N_Q)",
+    "top-left": "cols[None, :] <= rows[:, None]",
+    "strict": "cols[None, :] < rows[:, None] + (n_k - N_Q)",
+    "none": "cols[None, :] >= 0",
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +32,13 @@ def kernels(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("kernels")
     found = {}
-    for rule in ("bottom-right", "top-left", "strict", "none"):
-        source = causal_kernel(rule)
+    for rule, condition in RULES.items():
         path = folder / f"causal_{rule.replace('-', '_')}.py"
-        path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit" + source)
+        path.write_text("import triton\nimport triton.language as tl\n\n\n" + causal_kernel_with(condition))
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        found[rule] = module.kernel
+        found[rule] = module.fixed_causal_kernel
     return found
 
 
