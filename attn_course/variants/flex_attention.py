@@ -6,9 +6,12 @@ a score is adjusted before the softmax (ALiBi's distance penalty, Gemma 2's soft
 FlexAttention takes exactly those two things as small Python functions:
 
 * a ``mask_mod(b, h, q_idx, kv_idx) -> bool``: may query ``q_idx`` attend key ``kv_idx``
-  (for batch ``b``, head ``h``)? ``create_block_mask`` evaluates it once per tile of 128 × 128
-  and records which tiles are empty, full or partial, so that a fused kernel skips empty tiles
-  (the same three kinds as chapter 07's Triton kernel);
+  (for batch ``b``, head ``h``)? ``create_block_mask`` evaluates it at every (query, key) pair
+  (in PyTorch 2.13, eagerly, it builds the whole ``[B, H, N_q, N_k]`` boolean mask with
+  ``create_mask``; only compiled, ``torch.compile(create_block_mask)``, does it avoid holding it),
+  then cuts that mask into tiles of 128 × 128 and records each as empty, full or partial, so that
+  a fused kernel skips the empty tiles and applies ``mask_mod`` only inside the partial ones (the
+  same three kinds as chapter 07's Triton kernel; :func:`tile_kinds` reads them back);
 * a ``score_mod(score, b, h, q_idx, kv_idx) -> score``: the scaled score ``q · k / sqrt(d)``
   after any change.
 
@@ -40,6 +43,10 @@ __all__ = [
     "soft_capping",
     "soft_capped_attention",
     "flex_attend",
+    "EMPTY",
+    "PARTIAL",
+    "FULL",
+    "tile_kinds",
 ]
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -235,3 +242,50 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask_mod: 
     if mask_mod is not None:
         block_mask = create_block_mask(mask_mod, q.shape[0], q.shape[1], q.shape[2], k.shape[2], device=q.device)
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+#: The kinds of tile :func:`tile_kinds` reports: no pair may attend, some may, all may.
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+def tile_kinds(block_mask) -> torch.Tensor:
+    """Which tiles of a FlexAttention ``BlockMask`` are empty, partial or full.
+
+    A ``BlockMask`` stores, for each row of query tiles, the key tiles to visit in two lists: the
+    partial ones (``kv_num_blocks``, ``kv_indices``: ``mask_mod`` must be applied inside) and the
+    full ones (``full_kv_num_blocks``, ``full_kv_indices``: every pair may attend). A tile in
+    neither list is empty and is skipped. This reads both lists back into one grid.
+
+    Args:
+        block_mask: a ``torch.nn.attention.flex_attention.BlockMask`` (from ``create_block_mask``).
+
+    Returns:
+        ``[B, H, N_q / tile, N_k / tile]`` int64 tensor of :data:`EMPTY` (0), :data:`PARTIAL` (1) and
+        :data:`FULL` (2), on the CPU.
+
+    Raises:
+        TypeError: ``block_mask`` is not a ``BlockMask``.
+
+    Example:
+        >>> from torch.nn.attention.flex_attention import create_block_mask
+        >>> block_mask = create_block_mask(causal(), 1, 1, 256, 256, device="cpu")
+        >>> tile_kinds(block_mask)[0, 0].tolist()          # the diagonal partial, below it full
+        [[1, 0], [2, 1]]
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"tile_kinds: block_mask must be a torch.nn.attention.flex_attention.BlockMask, "
+                        f"got {type(block_mask).__name__}")
+    count, indices = block_mask.kv_num_blocks.cpu(), block_mask.kv_indices.cpu()     # [B, H, Qt], [B, H, Qt, Kt]
+    kinds = torch.full(indices.shape, EMPTY, dtype=torch.int64)                       # [B, H, Qt, Kt]
+    lists = [(count, indices, PARTIAL)]
+    if block_mask.full_kv_num_blocks is not None:
+        lists.append((block_mask.full_kv_num_blocks.cpu(), block_mask.full_kv_indices.cpu(), FULL))
+    tiles = indices.shape[-1]
+    for number, where, kind in lists:
+        listed = torch.arange(where.shape[-1]) < number[..., None]                    # [B, H, Qt, slots]
+        column = torch.where(listed, where.long(), tiles)                             # unlisted: a spare column
+        hit = torch.zeros(*where.shape[:-1], tiles + 1, dtype=torch.bool).scatter_(-1, column, True)
+        kinds[hit[..., :tiles]] = kind
+    return kinds

@@ -115,3 +115,34 @@ def test_soft_capped_attention_against_gemma2():
 def test_clear_errors(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def tiles_from_dense(mask, tile):
+    """Each tile of a dense boolean mask: empty (no True), full (all True) or partial (some)."""
+    n_q, n_k = mask.shape
+    blocks = mask.reshape(n_q // tile, tile, n_k // tile, tile).transpose(1, 2).float().mean((-2, -1))
+    return torch.where(blocks == 0, flex.EMPTY, torch.where(blocks == 1, flex.FULL, flex.PARTIAL))
+
+
+@pytest.mark.parametrize("n, window, tile", [(1024, 128, 128), (1024, 384, 128), (512, 100, 64), (256, 256, 128)])
+def test_tile_kinds_classify_each_tile_of_the_dense_mask(n, window, tile):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    block_mask = create_block_mask(flex.sliding_window(window), 1, 1, n, n, device="cpu", BLOCK_SIZE=tile)
+    expected = tiles_from_dense(sliding_window_mask(n, window=window), tile)
+    assert torch.equal(flex.tile_kinds(block_mask)[0, 0], expected)
+
+
+def test_tile_kinds_per_document_and_batch():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = torch.tensor([0] * 200 + [1] * 56)
+    block_mask = create_block_mask(flex.documents(documents, causal=False), 2, 1, 256, 256, device="cpu", BLOCK_SIZE=64)
+    expected = tiles_from_dense(document_mask(documents, causal=False), 64)
+    kinds = flex.tile_kinds(block_mask)
+    assert kinds.shape == (2, 1, 4, 4) and all(torch.equal(kinds[b, 0], expected) for b in range(2))
+
+
+def test_tile_kinds_refuses_a_dense_mask():
+    with pytest.raises(TypeError, match="block_mask must be a torch.nn.attention.flex_attention.BlockMask, got Tensor"):
+        flex.tile_kinds(torch.ones(4, 4, dtype=torch.bool))
