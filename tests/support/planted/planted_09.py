@@ -21,7 +21,7 @@ PLANTED = {
             "q3_predict_latent_cache",
             "shared by all heads",
         ),
-        "fixed_evict": (                          # the classmate's code, handed in as it was
+        "fixed_evict": (                          # the newest tokens only: the sinks evicted
             "def fixed_evict(keys, values, sinks, recent):\n"
             "    size = sinks + recent\n"
             "    return keys[:, :, -size:], values[:, :, -size:]\n",
@@ -48,7 +48,7 @@ PLANTED = {
             "q3_predict_latent_cache",
             "one layer's worth",
         ),
-        "fixed_evict": (                          # sinks kept, but tokens doubled while the text is short
+        "fixed_evict": (                          # the classmate's code, handed in as it was: tokens doubled while short
             "def fixed_evict(keys, values, sinks, recent):\n"
             "    keep = lambda t: torch.cat((t[:, :, :sinks], t[:, :, -recent:]), dim=2)\n"
             "    return keep(keys), keep(values)\n",
