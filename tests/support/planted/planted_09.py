@@ -48,7 +48,7 @@ PLANTED = {
             "q3_predict_latent_cache",
             "one layer's worth",
         ),
-        "fixed_evict": (                          # the classmate's code, handed in as it was: tokens doubled while short
+        "fixed_evict": (                          # the classmate's code as handed in: short caches doubled
             "def fixed_evict(keys, values, sinks, recent):\n"
             "    keep = lambda t: torch.cat((t[:, :, :sinks], t[:, :, -recent:]), dim=2)\n"
             "    return keep(keys), keep(values)\n",
