@@ -157,12 +157,14 @@ def results(grades: pathlib.Path) -> tuple[dict, dict]:
 # --- a class of hostile students -----------------------------------------------------------------
 # Each hands in chapter 03's answers (11 points when right; its checks take a tenth of a second)
 # and one attack, placed before them unless it replaces them. LIMITS are tight so that the class
-# is graded in a minute or two; a notebook gets 30 s, as on a loaded machine starting torch and
-# filling a few GiB of pages took most of 15 s (two attacks were stopped by the clock, not by the
-# limit they test, in one run of make test in three).
+# is graded in a minute or two, but not so tight that a loaded machine trips them on honest work:
+# the first cell imports torch and the course, which took over 3 s under the full suite on CI's
+# two cores (with a 3 s cell limit, the honest student lost 6 of 11 points to a cut-short import
+# cell), and starting torch and filling a few GiB of pages took most of 15 s of a notebook's time.
 CHAPTER = "03_multi_head"
-LIMITS = ["--seconds", "30", "--cell-seconds", "3", "--call-seconds", "5", "--memory-gib", "2",
-          "--processes", "32", "--jobs", "2"]
+CELL_SECONDS, CALL_SECONDS = 10, 8
+LIMITS = ["--seconds", "30", "--cell-seconds", str(CELL_SECONDS), "--call-seconds", str(CALL_SECONDS),
+          "--memory-gib", "2", "--processes", "32", "--jobs", "2"]
 
 
 def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
@@ -311,13 +313,23 @@ def questions_of(hostile_class, student):
     return {q["name"]: q for q in hostile_class["feedback"][student, CHAPTER]["questions"]}
 
 
+def lost(hostile_class, student):
+    """Why a student lost points, for an assertion's message: its run's errors and the output of
+    every question not fully scored."""
+    run = run_of(hostile_class, student)
+    return {"stopped": run["stopped"], "cell_errors": run["cell_errors"],
+            "questions": {name: q["output"][:500] for name, q in questions_of(hostile_class, student).items()
+                          if q["score"] < q["max_score"]}}
+
+
 HONEST = 11.0
 
 
 @pytest.mark.slow
 def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
     assert float(hostile_class["rows"]["honest"]["possible"]) == HONEST
-    assert score(hostile_class, "honest") == HONEST and run_of(hostile_class, "honest")["stopped"] is None
+    assert score(hostile_class, "honest") == HONEST, lost(hostile_class, "honest")
+    assert run_of(hostile_class, "honest")["stopped"] is None
 
 
 @pytest.mark.slow
@@ -330,14 +342,14 @@ def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("student, expected, reason", [
-    ("loops_forever", HONEST, "stopped after 3 s, the time limit of one cell"),
+    ("loops_forever", HONEST, f"stopped after {CELL_SECONDS} s, the time limit of one cell"),
     ("memory_bomb", HONEST, "RuntimeError"),
     ("memory_creep", HONEST, "MemoryError"),
     ("connects_to_loopback", HONEST, "ConnectionRefusedError"),   # its own loopback: nothing listens
 ])
 def test_a_cell_that_breaks_a_limit_is_stopped_and_the_rest_is_graded(hostile_class, student, expected, reason):
     run = run_of(hostile_class, student)
-    assert score(hostile_class, student) == expected
+    assert score(hostile_class, student) == expected, lost(hostile_class, student)
     assert any(reason in event["error"] for event in run["cell_errors"]), run["cell_errors"]
 
 
@@ -378,21 +390,23 @@ def test_memory_is_limited_for_all_processes_together(hostile_class):
 @pytest.mark.slow
 def test_an_answer_that_hangs_when_called_is_stopped(hostile_class):
     assert score(hostile_class, "hangs_when_called") == 0
-    assert "ran past 5 s" in run_of(hostile_class, "hangs_when_called")["stopped"]
-    assert "ran past 5 s" in questions_of(hostile_class, "hangs_when_called")["q1_split_fused_qkv"]["output"]
+    late = f"ran past {CALL_SECONDS} s"
+    assert late in run_of(hostile_class, "hangs_when_called")["stopped"]
+    assert late in questions_of(hostile_class, "hangs_when_called")["q1_split_fused_qkv"]["output"]
 
 
 @pytest.mark.slow
 def test_nothing_outside_the_sandbox_can_be_read(hostile_class):
     printed = run_of(hostile_class, "reads_others")["output_start"]
-    found = ast.literal_eval(printed.split("FOUND ", 1)[1].splitlines()[0])
     # The checkout's folder exists inside only as the place where the environment and the two packages
     # are mounted: it holds those and nothing else (no notebooks/, no dist/, no
     # tests/; the grader's package holds no answers, which live only in dist/autograder).
     mounted = {name for name in (".venv", "attn_course", "attn_course_grading") if (ROOT / name).exists()}
+    assert "FOUND " in printed, lost(hostile_class, "reads_others")
+    found = ast.literal_eval(printed.split("FOUND ", 1)[1].splitlines()[0])
     assert set(found.pop(str(ROOT))) <= mounted
     assert found and all(value in ("FileNotFoundError", "PermissionError") for value in found.values()), found
-    assert score(hostile_class, "reads_others") == HONEST
+    assert score(hostile_class, "reads_others") == HONEST, lost(hostile_class, "reads_others")
 
 
 @pytest.mark.slow
