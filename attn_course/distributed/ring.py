@@ -41,7 +41,7 @@ from attn_course.distributed.layout import LAYOUTS, chunk_count, shard, token_po
 from attn_course.flash.tiled import merge_attention_outputs
 
 __all__ = ["ring_attention", "RingAttentionFunction", "ring_work", "RingWork", "count_ring_work",
-           "ring_attention_on_rank"]
+           "ring_attention_on_rank", "accumulation_dtype"]
 
 _active: list[RingWork] = []          # the counters of the enclosing count_ring_work blocks (this process)
 
@@ -176,9 +176,30 @@ def _pairs(rank: int, source: int, world_size: int, n_local: int, layout: str, c
     return pairs
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ring attention computes its tiles and running sums in, for inputs of ``dtype``.
+
+    float32 for bfloat16 and float16 inputs (FlashAttention's kernels keep scores, the
+    softmax's statistics and every accumulator in float32 whatever the input, and so do
+    production ring implementations: rounding each of ``P`` merges to 8 bits of mantissa would
+    add ``P`` roundings to every output), the input's dtype otherwise (float32, float64).
+
+    Example:
+        >>> accumulation_dtype(torch.bfloat16), accumulation_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"accumulation_dtype: dtype must be a floating torch.dtype, got {dtype!r}")
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of a query chunk over one key chunk and its log-sum-exp (one FlashAttention tile)."""
+    """Attention of a query chunk over one key chunk and its log-sum-exp (one FlashAttention tile),
+    computed in :func:`accumulation_dtype` of the inputs (as a GPU kernel multiplies half-precision
+    tiles into float32 accumulators)."""
+    acc = accumulation_dtype(q.dtype)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
     scores = q @ k.transpose(-2, -1) * scale                                  # [B, H, rows, cols]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -191,45 +212,50 @@ def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 def _ring_forward(q, k, v, causal, layout, group, scale):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     n_local = q.shape[2]
-    out = q.new_zeros((*q.shape[:3], v.shape[-1]))                            # [B, H, n_local, d_v]
-    lse = q.new_full(q.shape[:3], float("-inf"))                              # [B, H, n_local]
+    acc = accumulation_dtype(q.dtype)                                         # float32 for bf16/fp16
+    out = q.new_zeros((*q.shape[:3], v.shape[-1]), dtype=acc)                 # [B, H, n_local, d_v]
+    lse = q.new_full(q.shape[:3], float("-inf"), dtype=acc)                   # [B, H, n_local]
     k_block, v_block = k, v                                                   # step 0: our own block
     for step in range(world_size):
         source = (rank - step) % world_size                                   # whose block we hold
         # 1. Start passing the block we hold to rank r + 1 (the last step has no one left to feed).
+        #    K and V travel in the input's dtype: the running sums never leave the rank.
         transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
         # 2. Attend every query chunk to every visible key chunk of the block, while it travels.
         pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=True)
         for pair in pairs:
             block_out, block_lse = _block_attention(q[:, :, pair.rows], k_block[:, :, pair.cols],
                                                     v_block[:, :, pair.cols], pair.mask, scale)
-            # 3. Merge into the running output by log-sum-exp (chapter 06's merge).
+            # 3. Merge into the running output by log-sum-exp (chapter 06's merge), in float32.
             out[:, :, pair.rows], lse[:, :, pair.rows] = merge_attention_outputs(
                 out[:, :, pair.rows], lse[:, :, pair.rows], block_out, block_lse)
         # 4. Receive the previous rank's block: the one to attend to at the next step.
         if transfer is not None:
             k_block, v_block = transfer.wait()
-    return out, lse
+    return out.to(q.dtype), lse                                               # lse stays in float32
 
 
 def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     n_local = q.shape[2]
-    # Δ_i = rowsum(dO ∘ O): the softmax backward's correction, one number per query.
-    delta = (grad_out * out).sum(dim=-1)                                      # [B, H, n_local]
+    acc = accumulation_dtype(q.dtype)
+    # Δ_i = rowsum(dO ∘ O): the softmax backward's correction, one number per query (in float32).
+    delta = (grad_out.to(acc) * out.to(acc)).sum(dim=-1)                      # [B, H, n_local]
     lse = lse.masked_fill(lse == float("-inf"), float("inf"))                 # exp(S - LSE) = 0, not NaN
-    dq = torch.zeros_like(q)                                                  # [B, H, n_local, d]
+    q_acc, grad_out = q.to(acc), grad_out.to(acc)                             # the queries never move
+    dq = torch.zeros_like(q_acc)                                              # [B, H, n_local, d]
     k_block, v_block = k, v
     grads_transfer = None
     for step in range(world_size):
         source = (rank - step) % world_size
-        # 1. Start passing the K/V block on, as in the forward.
+        # 1. Start passing the K/V block on, as in the forward (in the input's dtype).
         kv_transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
-        # 2. Recompute each tile's weights from the saved LSE and take its gradients.
-        dk_block, dv_block = torch.zeros_like(k_block), torch.zeros_like(v_block)
+        # 2. Recompute each tile's weights from the saved LSE and take its gradients, in float32.
+        k_acc, v_acc = k_block.to(acc), v_block.to(acc)
+        dk_block, dv_block = torch.zeros_like(k_acc), torch.zeros_like(v_acc)
         pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=False)
         for pair in pairs:
-            q_tile, k_tile, v_tile = q[:, :, pair.rows], k_block[:, :, pair.cols], v_block[:, :, pair.cols]
+            q_tile, k_tile, v_tile = q_acc[:, :, pair.rows], k_acc[:, :, pair.cols], v_acc[:, :, pair.cols]
             scores = q_tile @ k_tile.transpose(-2, -1) * scale                # [B, H, rows, cols]
             if pair.mask is not None:
                 scores = scores.masked_fill(~pair.mask, float("-inf"))
@@ -241,7 +267,8 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
             dq[:, :, pair.rows] += scale * (grad_scores @ k_tile)                         # dQ += scale · dS K
             dk_block[:, :, pair.cols] += scale * (grad_scores.transpose(-2, -1) @ q_tile)  # dK += scale · dSᵀ Q
         # 3. Add what the ranks before us summed for this block (it followed the block from r - 1),
-        #    and pass the sum on with it; after P hops it reaches the block's owner.
+        #    and pass the sum on with it; after P hops it reaches the block's owner. The sum travels
+        #    in float32: rounded to bf16 at every hop it would lose P roundings' worth of bits.
         if grads_transfer is not None:
             dk_before, dv_before = grads_transfer.wait()
             dk_block, dv_block = dk_block + dk_before, dv_block + dv_before
@@ -251,7 +278,7 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
             k_block, v_block = kv_transfer.wait()
     # 5. The last hop brings home our own block's dK, dV, summed over every rank's queries.
     dk, dv = grads_transfer.wait()
-    return dq, dk, dv
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 # --- the autograd function and the public entry point -------------------------------------------------
@@ -260,8 +287,11 @@ class RingAttentionFunction(torch.autograd.Function):
     """Ring attention with a backward pass that circulates K/V again (what :func:`ring_attention` runs).
 
     ``RingAttentionFunction.apply(q, k, v, causal, layout, group, scale)`` returns this rank's
-    output shard. Saved for the backward: ``q``, ``k``, ``v`` (this rank's shards), the output and
-    the log-sum-exp, ``O(N / P)`` per (batch, head); no weights.
+    output shard. Saved for the backward: ``q``, ``k``, ``v`` (this rank's shards), the output (in
+    the input's dtype) and the log-sum-exp (in :func:`accumulation_dtype`, float32 for half
+    precision), ``O(N / P)`` per (batch, head); no weights. Scores, weights, Δ and every gradient
+    sum are computed in the accumulation dtype, as FlashAttention's kernels do, and cast back to
+    the input's dtype only when returned.
 
     The backward runs the ring once more. At step ``s`` rank ``r`` holds rank ``(r - s)``'s K/V
     block and a dK/dV accumulator for it, received from rank ``r - 1``:
@@ -274,8 +304,10 @@ class RingAttentionFunction(torch.autograd.Function):
     4. receive the next K/V block.
 
     After ``P`` steps the accumulator has visited every rank and one last hop brings it to the
-    block's owner: ``P - 1`` hops of K/V and ``P`` of dK/dV per rank,
-    ``(4P - 2) · B · H · N_local · d · element size`` bytes sent (with ``d_v = d``).
+    block's owner: ``P - 1`` hops of K/V and ``P`` of dK/dV per rank. K and V travel in the input's
+    dtype, the dK/dV sums in the accumulation dtype (a sum rounded to bfloat16 at every hop would
+    lose bits at each of ``P`` additions): ``2 (P - 1) · S · e + 2P · S · max(e, 4)`` bytes sent,
+    with ``S = B · H · N_local · d`` (``d_v = d``) and ``e`` the input's element size.
 
     Args (of ``apply``): as :func:`ring_attention`, with ``scale`` a positive float.
 

@@ -8,6 +8,7 @@ the work and the bytes each rank measured are compared with formulas written out
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from unittest import mock
 
@@ -95,6 +96,44 @@ def ring_with_a_wrong_dtype_on_the_last_rank(rank: int, world_size: int, q, k, v
     return ring_attention(*parts)
 
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+HALF_N = 96                                       # longer rows than N: rounding errors have room to add up
+
+
+def recording_pass(sent: list, real_pass, tensors, **options):
+    """pass_around_ring, noting the dtype of every tensor it sends."""
+    sent.extend(t.dtype for t in tensors)
+    return real_pass(tensors, **options)
+
+
+def half_precision_cases(rank: int, world_size: int, q, k, v, grad_out) -> dict:
+    """Causal ring attention in bfloat16 and float16 (both layouts), as the library runs it and with
+    its accumulators left in the input's dtype (a planted fault); outputs and gradients, and the
+    dtype of every tensor the ring sent."""
+    results = {}
+    for dtype in HALF_DTYPES:
+        for layout in ("contiguous", "zigzag"):
+            for accumulate in ("float32", "input"):
+                patch = (mock.patch.object(ring_module, "accumulation_dtype", lambda dtype: dtype)
+                         if accumulate == "input" else contextlib.nullcontext())
+                parts = [shard(t, rank, world_size, layout).to(dtype).requires_grad_() for t in (q, k, v)]
+                sent: list[torch.dtype] = []
+                recording = functools.partial(recording_pass, sent, ring_module.pass_around_ring)
+                with patch, mock.patch.object(ring_module, "pass_around_ring", recording):
+                    out = ring_attention(*parts, causal=True, layout=layout)
+                    (out * shard(grad_out, rank, world_size, layout).to(dtype)).sum().backward()
+                results[dtype, layout, accumulate] = dict(
+                    out=out.detach(), grads=[p.grad for p in parts], sent=sent)
+    return results
+
+
+@functools.cache
+def gathered_half(world_size: int) -> dict:
+    generator = torch.Generator().manual_seed(1)
+    q, k, v, grad_out = (torch.randn(B, H, HALF_N, D, generator=generator) for _ in range(4))
+    return {"ranks": launch(half_precision_cases, world_size, q, k, v, grad_out), "inputs": (q, k, v, grad_out)}
+
+
 @functools.cache
 def gathered(world_size: int) -> dict:
     """One launch per world size; every rank's results, in rank order."""
@@ -139,6 +178,51 @@ def test_a_merge_that_forgets_to_rescale_fails_the_comparison(world_size):
 def test_each_step_starts_passing_its_block_on_before_attending_to_it(world_size):
     expected = ["pass", "attend", "wait"] * (world_size - 1) + ["attend"]       # the last block goes nowhere
     assert [result["order"] for result in gathered(world_size)["ranks"]] == [expected] * world_size
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected).norm() / expected.norm()).item()
+
+
+def sdpa_errors(q, k, v, grad_out, dtype, expected_out, expected_grads) -> list[float]:
+    """PyTorch's own attention run in ``dtype`` on the same inputs: the error to expect of that precision."""
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+    (out * grad_out.to(dtype)).sum().backward()
+    return [relative_error(out, expected_out)] + [
+        relative_error(leaf.grad, grad) for leaf, grad in zip(leaves, expected_grads)]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_half_precision_accumulates_in_float32_as_accurate_as_sdpa_in_that_precision(world_size):
+    """bf16/fp16 inputs: output and gradients within 2x of SDPA's error in the same precision, against
+    float64 attention on the same rounded inputs; K/V travel in the input's dtype, dK/dV sums in float32.
+    Left in the input's dtype (the planted fault), the sums miss that bound: the test has teeth."""
+    run = gathered_half(world_size)
+    q, k, v, grad_out = run["inputs"]
+    for dtype in HALF_DTYPES:
+        rounded = [t.to(dtype).double() for t in (q, k, v, grad_out)]          # the inputs both sides see
+        leaves = [t.clone().requires_grad_() for t in rounded[:3]]
+        mask = torch.ones(HALF_N, HALF_N, dtype=torch.bool).tril()
+        expected_out, _ = self_attention(*leaves, mask)
+        expected_out.backward(rounded[3])
+        expected_grads = [leaf.grad for leaf in leaves]
+        sdpa = sdpa_errors(*rounded, dtype, expected_out.detach(), expected_grads)
+        for layout in ("contiguous", "zigzag"):
+            errors = {}
+            for accumulate in ("float32", "input"):
+                ranks = [result[dtype, layout, accumulate] for result in run["ranks"]]
+                outs = unshard([r["out"] for r in ranks], layout)
+                assert outs.dtype == dtype
+                errors[accumulate] = [relative_error(outs, expected_out.detach())] + [
+                    relative_error(unshard([r["grads"][i] for r in ranks], layout), expected_grads[i])
+                    for i in range(3)]
+            ours, planted = errors["float32"], errors["input"]
+            context = f"{dtype} {layout} P={world_size}: ours {ours}, planted {planted}, SDPA {sdpa}"
+            assert all(e <= 2 * s for e, s in zip(ours, sdpa)), context
+            assert any(e > 2 * s for e, s in zip(planted, sdpa)), context
+            sent = [d for r in run["ranks"] for d in r[dtype, layout, "float32"]["sent"]]
+            assert set(sent) == {dtype, torch.float32}, sent          # K/V in the input's dtype, dK/dV sums in float32
 
 
 # --- work and traffic ---------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
       (:func:`~attn_course.distributed.ulysses.ulysses_bytes`);
     - ring (either layout): ``2 (P - 1) · S`` forward (K and V passed ``P - 1`` times); the
       backward passes K and V ``P - 1`` times again and dK, dV ``P`` times (home at the end):
-      ``(4P - 2) · S`` more, so ``(6P - 4) · S`` in all. Nothing at ``P = 1``.
+      ``(4P - 2) · S`` more, so ``(6P - 4) · S`` in all. The dK/dV sums travel in float32 when
+      the inputs are half precision (:func:`~attn_course.distributed.ring.accumulation_dtype`):
+      their ``2P · S`` elements count ``max(element_size, 4)`` bytes each. Nothing at ``P = 1``.
 
     Args:
         method: one of :data:`METHODS`.
@@ -53,8 +55,12 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
         raise ValueError(f"{where}: n={n} must be divisible by {chunks} for {method} over {world_size} ranks")
     if world_size == 1:
         return 0
-    shard_bytes = batch * heads * (n // world_size) * head_dim * element_size
-    return ((6 * world_size - 4) if backward else 2 * (world_size - 1)) * shard_bytes
+    shard = batch * heads * (n // world_size) * head_dim                     # elements of one K (or V) shard
+    kv_hops = 2 * (world_size - 1) * shard * element_size                     # K and V, P - 1 hops
+    if not backward:
+        return kv_hops
+    grad_hops = 2 * world_size * shard * max(element_size, 4)                 # dK and dV sums, P hops
+    return 2 * kv_hops + grad_hops
 
 
 
