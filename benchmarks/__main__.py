@@ -232,6 +232,13 @@ def _distributed(args: argparse.Namespace, description: str) -> int:
     print(f"# bytes sent per rank, one layer: N fixed at {sizes['n']}, and N = {sizes['n_per_rank']}·P")
     distributed.print_traffic(traffic)
     print(f"wrote {write_csv(traffic, args.out / 'distributed-traffic.csv')}")
+    # Grouped-query attention as Llama 3 has it (4 query heads per K/V head): the ring passes only the
+    # K/V heads, Ulysses moves q and the output at every head, so ring/Ulysses = P·H_kv/(H + H_kv) = P/5.
+    grouped = distributed.measure_traffic(world_sizes, n=sizes["n"], n_per_rank=sizes["n_per_rank"], heads=16,
+                                          kv_heads=4, head_dim=sizes["head_dim"])
+    print("# bytes sent per rank with grouped-query attention, H=16 query heads, H_kv=4 K/V heads")
+    distributed.print_traffic(grouped)
+    print(f"wrote {write_csv(grouped, args.out / 'distributed-traffic-gqa.csv')}")
     print("# peak memory per rank, forward (exact bytes allocated; the input shards not counted)")
     distributed.print_memory(memory)
     print(f"wrote {write_csv(memory, args.out / 'distributed-memory.csv')}")

@@ -29,7 +29,8 @@ def attention_on_rank(rank: int, world_size: int, q: torch.Tensor, k: torch.Tens
 
     Args:
         rank, world_size: given by the launcher.
-        q, k, v: the full ``[B, H, N, d]`` tensors, the same on every rank.
+        q, k, v: the full tensors, the same on every rank: q ``[B, H, N, d]``, k and v
+            ``[B, H_kv, N, d]`` (``H_kv = H``, or a divisor of it for grouped-query attention).
         method: ``"ring"`` (:func:`~attn_course.distributed.ring.ring_attention`) or ``"ulysses"``
             (:func:`~attn_course.distributed.ulysses.ulysses_attention`, contiguous layout only).
         causal: a causal mask over the whole sequence.

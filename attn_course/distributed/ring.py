@@ -197,9 +197,13 @@ def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a query chunk over one key chunk and its log-sum-exp (one FlashAttention tile),
     computed in :func:`accumulation_dtype` of the inputs (as a GPU kernel multiplies half-precision
-    tiles into float32 accumulators)."""
+    tiles into float32 accumulators). ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query
+    attention: query head ``h`` reads K/V head ``h // G``); they are repeated here, on the tile, so only
+    the ``H_kv`` heads travel."""
     acc = accumulation_dtype(q.dtype)
-    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    groups = q.shape[1] // k.shape[1]                                         # query heads per K/V head
+    q = q.to(acc)
+    k, v = (t.to(acc).repeat_interleave(groups, dim=1) for t in (k, v))      # [B, H, cols, d]: grouped-query
     scores = q @ k.transpose(-2, -1) * scale                                  # [B, H, rows, cols]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -239,6 +243,7 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     n_local = q.shape[2]
     acc = accumulation_dtype(q.dtype)
+    groups = q.shape[1] // k.shape[1]                                         # query heads per K/V head
     # Δ_i = rowsum(dO ∘ O): the softmax backward's correction, one number per query (in float32).
     delta = (grad_out.to(acc) * out.to(acc)).sum(dim=-1)                      # [B, H, n_local]
     lse = lse.masked_fill(lse == float("-inf"), float("inf"))                 # exp(S - LSE) = 0, not NaN
@@ -250,8 +255,9 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
         source = (rank - step) % world_size
         # 1. Start passing the K/V block on, as in the forward (in the input's dtype).
         kv_transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
-        # 2. Recompute each tile's weights from the saved LSE and take its gradients, in float32.
-        k_acc, v_acc = k_block.to(acc), v_block.to(acc)
+        # 2. Recompute each tile's weights from the saved LSE and take its gradients, in float32,
+        #    per query head (K/V heads repeated for grouped-query attention, summed back below).
+        k_acc, v_acc = (t.to(acc).repeat_interleave(groups, dim=1) for t in (k_block, v_block))  # [B, H, n, d]
         dk_block, dv_block = torch.zeros_like(k_acc), torch.zeros_like(v_acc)
         pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=False)
         for pair in pairs:
@@ -266,6 +272,8 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
             grad_scores = weights * (grad_weights - delta[:, :, pair.rows, None])         # dS = P ∘ (dP - Δ)
             dq[:, :, pair.rows] += scale * (grad_scores @ k_tile)                         # dQ += scale · dS K
             dk_block[:, :, pair.cols] += scale * (grad_scores.transpose(-2, -1) @ q_tile)  # dK += scale · dSᵀ Q
+        # A K/V head's gradient is the sum over the G query heads that read it.
+        dk_block, dv_block = (t.unflatten(1, (-1, groups)).sum(dim=2) for t in (dk_block, dv_block))  # [B, H_kv, ..]
         # 3. Add what the ranks before us summed for this block (it followed the block from r - 1),
         #    and pass the sum on with it; after P hops it reaches the block's owner. The sum travels
         #    in float32: rounded to bf16 at every hop it would lose P roundings' worth of bits.
@@ -307,7 +315,8 @@ class RingAttentionFunction(torch.autograd.Function):
     block's owner: ``P - 1`` hops of K/V and ``P`` of dK/dV per rank. K and V travel in the input's
     dtype, the dK/dV sums in the accumulation dtype (a sum rounded to bfloat16 at every hop would
     lose bits at each of ``P`` additions): ``2 (P - 1) · S · e + 2P · S · max(e, 4)`` bytes sent,
-    with ``S = B · H · N_local · d`` (``d_v = d``) and ``e`` the input's element size.
+    with ``S = B · H_kv · N_local · d`` (``d_v = d``; ``H_kv`` the K/V heads) and ``e`` the input's
+    element size.
 
     Args (of ``apply``): as :func:`ring_attention`, with ``scale`` a positive float.
 
@@ -352,7 +361,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
        (:func:`~attn_course.flash.tiled.merge_attention_outputs`);
     4. receives rank ``(r - s - 1)``'s block from rank ``r - 1`` for the next step.
 
-    Each rank sends ``2 · (P - 1) · B · H · N_local · d · element size`` bytes in the forward
+    Each rank sends ``2 · (P - 1) · B · H_kv · N_local · d · element size`` bytes in the forward
     (with ``d_v = d``; see :func:`~attn_course.distributed.communication.count_traffic`) and
     computes :func:`ring_work` chunk pairs (see :func:`count_ring_work`). Differentiable: the
     backward (:class:`RingAttentionFunction`) circulates K/V again, recomputing the weights from
@@ -360,8 +369,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
 
     Args:
         q: ``[B, H, N_local, d]``, this rank's queries (``N_local = N / P``).
-        k: ``[B, H, N_local, d]``, this rank's keys, cut like ``q``.
-        v: ``[B, H, N_local, d_v]``, this rank's values, cut like ``q``.
+        k: ``[B, H_kv, N_local, d]``, this rank's keys, cut like ``q``; ``H_kv`` divides ``H``
+            (grouped-query attention: query head ``h`` reads K/V head ``h // (H / H_kv)``; only the
+            ``H_kv`` heads travel around the ring).
+        v: ``[B, H_kv, N_local, d_v]``, this rank's values, cut like ``q``.
         causal: query at position ``i`` sees the keys at positions ``0 .. i`` of the whole sequence.
         layout: how the sequence was cut, ``"contiguous"`` or ``"zigzag"`` (``N_local`` even).
         group: the process group (default: the whole world). Every rank of it must call this
@@ -374,8 +385,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
 
     Raises:
         TypeError: q, k, v not floating tensors of one dtype, ``causal`` not a bool.
-        ValueError: shapes that do not match, an unknown layout, an odd ``N_local`` with the
-            zig-zag layout.
+        ValueError: shapes that do not match, ``H`` not divisible by ``H_kv``, an unknown layout, an odd
+            ``N_local`` with the zig-zag layout.
         RuntimeError: no process group (run inside :func:`~attn_course.distributed.launch.launch`
             or after ``torch.distributed.init_process_group``).
 
@@ -389,10 +400,13 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     """
     where = "ring_attention"
     _validate.four_d(where, layout="[B, H, N_local, d]", q=q, k=k, v=v)
-    if q.shape != k.shape or q.shape[:3] != v.shape[:3]:
-        raise ValueError(f"{where}: q and k must be [B, H, N_local, d] and v [B, H, N_local, d_v], cut from the "
-                         f"sequence the same way, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}, "
-                         f"v {_validate.shape_str(v)}")
+    if (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]) or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{where}: q must be [B, H, N_local, d], k [B, H_kv, N_local, d] and v [B, H_kv, N_local, "
+                         f"d_v], cut from the sequence the same way, got q {_validate.shape_str(q)}, "
+                         f"k {_validate.shape_str(k)}, v {_validate.shape_str(v)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{where}: grouped-query attention needs H divisible by H_kv, got q with H={q.shape[1]} "
+                         f"heads and k, v with H_kv={k.shape[1]}")
     causal = _validate.boolean(where, "causal", causal)
     if layout not in LAYOUTS:
         raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")

@@ -29,6 +29,13 @@ devices are increased proportionally" (the blog post in microsoft/DeepSpeed:
 "this communication volume is constant when both N and P are increased proportionally"). Ring's
 ``2 (P - 1) · (N/P) · h`` instead grows with ``P`` when ``N / P`` is fixed.
 
+**With grouped-query attention** (``H_kv < H`` K/V heads) both send fewer bytes, but not equally:
+the ring passes only K and V, ``2 (P - 1) · S_kv`` with ``S_kv = B · H_kv · (N/P) · d``, while
+Ulysses still moves q and the output at all ``H`` heads, ``(P - 1)/P · (2 S + 2 S_kv)``. The
+ratio ring/Ulysses is ``P · H_kv / (H + H_kv)``: ``P / 5`` for Llama 3 (32 query heads, 8 K/V
+heads), so the ring sends *less* than Ulysses for ``P < 5``. Ulysses also needs ``P`` to divide
+``H_kv`` (each rank gets whole K/V heads; this function refuses otherwise).
+
 **When ring wins instead.**
 
 - *Heads limit P*: each rank needs a whole head, so ``P`` must divide ``H`` (this function
@@ -137,8 +144,10 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     all-to-alls.
 
     Args:
-        q, k, v: this rank's shard, ``[B, H, N/P, d]`` each (``v`` may have another ``d_v``);
-            the same shapes on every rank.
+        q: this rank's shard of the queries, ``[B, H, N/P, d]``; the same shapes on every rank.
+        k, v: this rank's shards of the keys and values, ``[B, H_kv, N/P, d]`` and ``[B, H_kv, N/P, d_v]``:
+            ``H_kv = H`` or, for grouped-query attention, a divisor of it (query head ``h`` reads K/V
+            head ``h // (H / H_kv)``); only the ``H_kv`` heads are sent.
         causal: mask future positions of the full sequence (query ``i`` sees keys ``j <= i``).
         group: the process group (default: the whole world).
 
@@ -146,9 +155,9 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
         ``[B, H, N/P, d_v]``: the attention output of this rank's tokens.
 
     Raises:
-        TypeError, ValueError: inputs that are not floating ``[B, H, N/P, d]`` tensors of one
-            dtype and device with matching shapes, ``causal`` not a bool, or ``H`` not divisible
-            by ``P`` (each rank needs whole heads).
+        TypeError, ValueError: inputs that are not floating 4-D tensors of one dtype and device
+            with matching shapes, ``causal`` not a bool, ``H`` not divisible by ``H_kv``, or ``H_kv``
+            not divisible by ``P`` (each rank needs whole K/V heads).
         RuntimeError: no process group.
 
     Example (on each of ``P`` ranks, inside :func:`~attn_course.distributed.launch.launch`; not run
@@ -158,20 +167,30 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
             out_local = ulysses_attention(q_local, k_local, v_local, causal=True)
     """
     where = "ulysses_attention"
-    _validate.attention_inputs(where, q, k, v, causal=causal)
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"{where}: self-attention over one sequence: q and k must hold the same N/P tokens, got "
-                         f"q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
+    _validate.four_d(where, layout="[B, H, N/P, d]", q=q, k=k, v=v)
+    if (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]) or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{where}: self-attention over one sequence: q must be [B, H, N/P, d], k [B, H_kv, N/P, d] "
+                         f"and v [B, H_kv, N/P, d_v], holding the same N/P tokens, got q {_validate.shape_str(q)}, "
+                         f"k {_validate.shape_str(k)}, v {_validate.shape_str(v)}")
+    causal = _validate.boolean(where, "causal", causal)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{where}: grouped-query attention needs H divisible by H_kv, got q with H={heads} heads "
+                         f"and k, v with H_kv={kv_heads}")
     world_size = _world_size(where, group)
-    heads = q.shape[1]
-    if heads % world_size:
-        raise ValueError(f"{where}: the number of heads H={heads} must be divisible by the number of ranks "
-                         f"P={world_size}: Ulysses gives each rank H/P whole heads (use P <= H, a divisor of H, "
-                         f"or ring attention, which has no such limit)")
+    if kv_heads % world_size:
+        h = "H_kv" if kv_heads < heads else "H"
+        raise ValueError(f"{where}: the number of {'K/V heads' if kv_heads < heads else 'heads'} {h}={kv_heads} must "
+                         f"be divisible by the number of ranks P={world_size}: Ulysses gives each rank {h}/P whole "
+                         f"heads (use P <= {h}, a divisor of {h}, or ring attention, which has no such limit)")
     # 1. all-to-all: this rank's tokens of every head -> every token of this rank's heads.
+    #    Only the H_kv K/V heads travel: rank r gets query heads r·H/P .. and K/V heads r·H_kv/P ..,
+    #    which are exactly the K/V heads its query heads read (query head h reads K/V head h // G).
     q_heads = sequence_to_heads(q, group)                       # [B, H/P, N, d]
-    k_heads = sequence_to_heads(k, group)                       # [B, H/P, N, d]
-    v_heads = sequence_to_heads(v, group)                       # [B, H/P, N, d_v]
+    k_heads = sequence_to_heads(k, group)                       # [B, H_kv/P, N, d]
+    v_heads = sequence_to_heads(v, group)                       # [B, H_kv/P, N, d_v]
+    groups = heads // kv_heads
+    k_heads, v_heads = (t.repeat_interleave(groups, dim=1) for t in (k_heads, v_heads))   # [B, H/P, N, ·]
     # 2. ordinary attention on whole heads, over the full sequence.
     n = q_heads.shape[2]
     mask = causal_mask(n, device=q.device) if causal else None  # [N, N]
@@ -181,28 +200,33 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
 
 
 def ulysses_bytes(batch: int, heads: int, n: int, head_dim: int, world_size: int, *, element_size: int = 4,
-                  backward: bool = False) -> int:
+                  backward: bool = False, kv_heads: int | None = None) -> int:
     """Bytes one rank sends in :func:`ulysses_attention`: four all-to-alls of ``(P - 1)/P`` of a shard.
 
-    ``4 · (P - 1) · B · H · (N/P) · d · element_size / P`` forward; twice that with
-    ``backward`` (the gradients of out, q, k and v travel back the same way). Exact: every
-    rank sends the same.
+    ``(P - 1)/P · (2 · S_q + 2 · S_kv) · element_size`` forward, with ``S_q = B · H · (N/P) · d``
+    (q and the output) and ``S_kv = B · H_kv · (N/P) · d`` (k and v; ``S_kv = S_q`` without
+    grouped-query attention: ``4 · (P - 1)/P · S_q``); twice that with ``backward`` (the gradients of
+    out, q, k and v travel back the same way, in the input's dtype). Exact: every rank sends the same.
 
     Args:
         batch, heads, n, head_dim: ``B``, ``H``, the full ``N`` and ``d`` (``d_v = d``).
-        world_size: ``P``; ``H`` and ``N`` divisible by it.
+        world_size: ``P``; ``H_kv`` and ``N`` divisible by it.
         element_size: bytes per element (4 for float32).
         backward: count the backward pass too.
+        kv_heads: ``H_kv``, the K/V heads (a divisor of ``H``); None for ``H``.
 
     Returns:
         Bytes sent per rank.
 
     Raises:
-        TypeError, ValueError: sizes that are not positive ints, ``H`` or ``N`` not divisible by ``P``.
+        TypeError, ValueError: sizes that are not positive ints, ``H`` not divisible by ``H_kv``,
+            ``H_kv`` or ``N`` not divisible by ``P``.
 
     Example:
         >>> ulysses_bytes(1, 4, 64, 16, 4)          # 4 · 3/4 of a [1, 4, 16, 16] float32 shard
         12288
+        >>> ulysses_bytes(1, 32, 64, 16, 4, kv_heads=8)    # 3/4 · (2 · 32 + 2 · 8) heads of 16 tokens · 16
+        61440
     """
     where = "ulysses_bytes"
     batch, heads, n, head_dim, world_size, element_size = (
@@ -210,9 +234,13 @@ def ulysses_bytes(batch: int, heads: int, n: int, head_dim: int, world_size: int
             ("batch", batch), ("heads", heads), ("n", n), ("head_dim", head_dim), ("world_size", world_size),
             ("element_size", element_size)))
     _validate.boolean(where, "backward", backward)
-    for name, value in (("heads", heads), ("n", n)):
+    kv_name = "heads" if kv_heads is None else "kv_heads"
+    kv_heads = heads if kv_heads is None else _validate.integer(where, "kv_heads", kv_heads, minimum=1)
+    if heads % kv_heads:
+        raise ValueError(f"{where}: heads={heads} must be divisible by kv_heads={kv_heads}")
+    for name, value in ((kv_name, kv_heads), ("n", n)):
         if value % world_size:
             raise ValueError(f"{where}: {name}={value} must be divisible by world_size={world_size}")
-    shard_bytes = batch * heads * (n // world_size) * head_dim * element_size
+    token_bytes = batch * (n // world_size) * head_dim * element_size             # one head of a shard
     passes = 2 if backward else 1
-    return passes * 4 * (world_size - 1) * shard_bytes // world_size
+    return passes * (world_size - 1) * (2 * heads + 2 * kv_heads) * token_bytes // world_size

@@ -81,8 +81,8 @@ def test_main_refuses_an_option_of_another_command(argv, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
-TRAFFIC_COLUMNS = ["method", "scaling", "world_size", "n", "n_local", "batch", "heads", "head_dim", "forward_bytes",
-                   "forward_formula", "total_bytes", "total_formula", "matches"]
+TRAFFIC_COLUMNS = ["method", "scaling", "world_size", "n", "n_local", "batch", "heads", "head_dim", "kv_heads",
+                   "forward_bytes", "forward_formula", "total_bytes", "total_formula", "matches"]
 
 
 MEMORY_COLUMNS = ["method", "world_size", "n", "n_local", "peak_bytes", "shard_bytes", "scores_bytes"]
@@ -98,6 +98,9 @@ def test_main_distributed_quick_writes_the_csvs_and_ring_memory_follows_n_over_p
     columns, traffic = read_csv(tmp_path / "distributed-traffic.csv")
     assert columns == TRAFFIC_COLUMNS and {row["matches"] for row in traffic} == {"True"}
     assert [int(row["world_size"]) for row in traffic] == [p for _ in range(2) for p in (1, 2, 4) for _ in range(3)]
+    columns, grouped = read_csv(tmp_path / "distributed-traffic-gqa.csv")
+    assert columns == TRAFFIC_COLUMNS and {row["matches"] for row in grouped} == {"True"}
+    assert {(row["heads"], row["kv_heads"]) for row in grouped} == {("16", "4")}
     columns, memory = read_csv(tmp_path / "distributed-memory.csv")
     assert columns == MEMORY_COLUMNS
     peak = {(row["method"], int(row["world_size"]), int(row["n"])): int(row["peak_bytes"]) for row in memory}

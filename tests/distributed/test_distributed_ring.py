@@ -30,6 +30,12 @@ def full_tensors(seed: int = 0) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(B, H, N, D, generator=generator) for _ in range(4))     # q, k, v, dO
 
 
+def grouped_tensors() -> tuple[torch.Tensor, ...]:
+    """q and dO with 4 heads, k and v with 2 (grouped-query attention, G = 2), seeded."""
+    generator = torch.Generator().manual_seed(2)
+    return tuple(torch.randn(B, heads, N, D, generator=generator) for heads in (4, 2, 2, 4))
+
+
 def close(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
     """helpers.close, written out: the ranks import this module, and helpers would bring hypothesis."""
     torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
@@ -57,6 +63,16 @@ def ring_cases(rank: int, world_size: int, q, k, v, grad_out) -> dict:
         results[layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts], work=work,
                                        forward_bytes=forward_traffic.bytes_sent,
                                        backward_bytes=backward_traffic.bytes_sent)
+    for layout, causal in CONFIGS:                  # grouped-query attention: 4 query heads read 2 K/V heads
+        q4, k2, v2, g4 = grouped_tensors()
+        parts = [shard(t, rank, world_size, layout).requires_grad_() for t in (q4, k2, v2)]
+        with count_traffic() as forward_traffic:
+            out = ring_attention(*parts, causal=causal, layout=layout)
+        with count_traffic() as backward_traffic:
+            (out * shard(g4, rank, world_size, layout)).sum().backward()
+        results["grouped", layout, causal] = dict(out=out.detach(), grads=[p.grad for p in parts],
+                                                  forward_bytes=forward_traffic.bytes_sent,
+                                                  backward_bytes=backward_traffic.bytes_sent)
     results["order"] = order_of_events(rank, world_size, q, k, v)
     with mock.patch.object(ring_module, "merge_attention_outputs", forgetful_merge):
         for layout, causal in CONFIGS:
@@ -161,6 +177,24 @@ def test_outputs_and_gradients_equal_single_process_attention(world_size):
         close(unshard([r["out"] for r in ranks], layout), expected_out, 1e-5)
         for index, expected in enumerate(expected_grads):                         # dq, dk, dv
             close(unshard([r["grads"][index] for r in ranks], layout), expected, 1e-5)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_grouped_query_attention_equals_sdpa_and_sends_only_the_kv_heads(world_size):
+    """Reference: PyTorch's SDPA with enable_gqa on the full tensors; bytes: H_kv = 2 heads travel, not 4."""
+    q, k, v, grad_out = grouped_tensors()
+    block = B * 2 * (N // world_size) * D * 4                                # one K shard of 2 heads, float32
+    for layout, causal in CONFIGS:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        expected = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True)
+        expected.backward(grad_out)
+        ranks = [result["grouped", layout, causal] for result in gathered(world_size)["ranks"]]
+        close(unshard([r["out"] for r in ranks], layout), expected.detach(), 1e-5)
+        for index, leaf in enumerate(leaves):                                 # dq [.., 4 heads], dk, dv [.., 2]
+            close(unshard([r["grads"][index] for r in ranks], layout), leaf.grad, 1e-5)
+        for r in ranks:
+            assert r["forward_bytes"] == 2 * (world_size - 1) * block
+            assert r["backward_bytes"] == (2 * (world_size - 1) + 2 * world_size) * block
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -282,6 +316,7 @@ def test_a_rank_that_raises_ends_the_run_with_its_error():
     [
         (lambda x: ring_attention(x, x.double(), x), TypeError, "dtype"),
         (lambda x: ring_attention(x, x[:, :, :4], x[:, :, :4]), ValueError, "cut from the sequence the same way"),
+        (lambda x: ring_attention(torch.randn(1, 3, 6, 8), x, x), ValueError, "H divisible by H_kv.*H=3.*H_kv=2"),
         (lambda x: ring_attention(x[0], x, x), ValueError, "q must be 4-D"),
         (lambda x: ring_attention(x.long(), x, x), TypeError, "floating"),
         (lambda x: ring_attention(x[:, :, :5], x[:, :, :5], x[:, :, :5], layout="zigzag"), ValueError,

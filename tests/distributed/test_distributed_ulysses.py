@@ -24,21 +24,25 @@ from attn_course.distributed.torchrun_demo import main as demo_main
 from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# (B, H, N, d, causal): H divisible by every P below where it is run; N by P.
+# (B, H, N, d, causal, H_kv): H_kv divisible by every P below where it is run, and dividing H; N by P.
+# H_kv < H is grouped-query attention (H_kv = 1 with H = 4 at P = 1 would be multi-query).
 CONFIGS = {
-    2: [(1, 2, 8, 4, False), (2, 4, 12, 8, True), (1, 4, 16, 4, False), (1, 2, 6, 8, True)],
-    3: [(1, 6, 9, 4, False), (2, 6, 12, 8, True), (1, 3, 6, 4, True)],
-    4: [(1, 4, 8, 4, False), (2, 8, 16, 8, True), (1, 4, 4, 4, True)],
+    2: [(1, 2, 8, 4, False, 2), (2, 4, 12, 8, True, 4), (1, 4, 16, 4, False, 4), (1, 2, 6, 8, True, 2),
+        (1, 8, 8, 4, True, 2), (2, 6, 12, 4, False, 2)],
+    3: [(1, 6, 9, 4, False, 6), (2, 6, 12, 8, True, 6), (1, 3, 6, 4, True, 3), (1, 12, 6, 4, True, 3)],
+    4: [(1, 4, 8, 4, False, 4), (2, 8, 16, 8, True, 8), (1, 4, 4, 4, True, 4), (1, 16, 8, 4, True, 4)],
 }
-# A head count that P does not divide, tried on every rank of each launch.
+# A head count that P does not divide, tried on every rank of each launch; and a K/V head count.
 BAD_HEADS = {2: 3, 3: 4, 4: 6}
+BAD_KV_HEADS = {2: (6, 3), 3: (8, 4), 4: (12, 6)}
 
 
 def full_inputs(config: tuple) -> tuple[torch.Tensor, ...]:
-    """The same q, k, v and output gradient g on every rank and in the test: ``[B, H, N, d]`` each, seeded."""
-    b, h, n, d, _ = config
+    """The same q, k, v and output gradient g on every rank and in the test, seeded: q and g
+    ``[B, H, N, d]``, k and v ``[B, H_kv, N, d]``."""
+    b, h, n, d, _, h_kv = config
     generator = torch.Generator().manual_seed(hash(config) % 2**31)
-    return tuple(torch.randn(b, h, n, d, generator=generator) for _ in range(4))
+    return tuple(torch.randn(b, heads, n, d, generator=generator) for heads in (h, h_kv, h_kv, h))
 
 
 def ulysses_rank(rank: int, world_size: int, configs: list, bad_heads: int) -> dict:
@@ -48,19 +52,20 @@ def ulysses_rank(rank: int, world_size: int, configs: list, bad_heads: int) -> d
         q, k, v, g = (shard(x, rank, world_size) for x in full_inputs(config))     # [B, H, N/P, d]
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         with count_traffic() as forward:
-            out = ulysses_attention(q, k, v, causal=config[-1])                        # [B, H, N/P, d]
+            out = ulysses_attention(q, k, v, causal=config[4])                         # [B, H, N/P, d]
         with count_traffic() as backward:
             (out * g).sum().backward()
         results.append(dict(out=out.detach(), grads=[x.grad for x in (q, k, v)],
                             forward=forward.bytes_sent, backward=backward.bytes_sent,
                             received=forward.bytes_received + backward.bytes_received))
-    bad = torch.zeros(1, bad_heads, world_size, 4)
-    try:
-        ulysses_attention(bad, bad, bad)
-        message = None
-    except ValueError as error:
-        message = str(error)
-    return dict(results=results, bad_heads_message=message)
+    messages = []
+    for heads, kv_heads in ((bad_heads, bad_heads), BAD_KV_HEADS[world_size]):
+        try:
+            ulysses_attention(torch.zeros(1, heads, world_size, 4), *[torch.zeros(1, kv_heads, world_size, 4)] * 2)
+            messages.append(None)
+        except ValueError as error:
+            messages.append(str(error))
+    return dict(results=results, bad_heads_message=messages[0], bad_kv_heads_message=messages[1])
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -70,11 +75,15 @@ def launched(request):
 
 
 def reference(config: tuple) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Single-process self_attention on the full sequence: output and the gradients of (out · g).sum()."""
+    """Single-process attention on the full sequence: output and the gradients of (out · g).sum().
+    The course's self_attention, or PyTorch's SDPA with ``enable_gqa`` when H_kv < H."""
     q, k, v, g = full_inputs(config)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    mask = causal_mask(q.shape[2]) if config[-1] else None
-    out, _ = self_attention(q, k, v, mask)
+    if config[5] == config[1]:
+        mask = causal_mask(q.shape[2]) if config[4] else None
+        out, _ = self_attention(q, k, v, mask)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=config[4], enable_gqa=True)
     (out * g).sum().backward()
     return out.detach(), [x.grad for x in (q, k, v)]
 
@@ -92,11 +101,13 @@ def test_outputs_and_gradients_equal_single_process_attention(launched):
 
 def test_every_rank_sends_four_all_to_alls_of_its_shard_forward_and_four_backward(launched):
     world_size, ranks = launched
-    for index, (b, h, n, d, _) in enumerate(CONFIGS[world_size]):
-        shard_bytes = b * h * (n // world_size) * d * 4                                 # float32
-        forward = 4 * (world_size - 1) * shard_bytes // world_size                      # written out here
-        assert ulysses_bytes(b, h, n, d, world_size) == forward
-        assert ulysses_bytes(b, h, n, d, world_size, backward=True) == 2 * forward
+    for index, (b, h, n, d, _, h_kv) in enumerate(CONFIGS[world_size]):
+        q_bytes, kv_bytes = (b * heads * (n // world_size) * d * 4 for heads in (h, h_kv))     # float32 shards
+        forward = (world_size - 1) * (2 * q_bytes + 2 * kv_bytes) // world_size         # written out here
+        assert ulysses_bytes(b, h, n, d, world_size, kv_heads=h_kv) == forward
+        assert ulysses_bytes(b, h, n, d, world_size, backward=True, kv_heads=h_kv) == 2 * forward
+        if h_kv == h:
+            assert ulysses_bytes(b, h, n, d, world_size) == 4 * (world_size - 1) * q_bytes // world_size
         for rank in ranks:
             measured = rank["results"][index]
             assert (measured["forward"], measured["backward"], measured["received"]) == (
@@ -110,6 +121,11 @@ def test_heads_not_divisible_by_the_ranks_are_refused_by_name(launched):
             f"ulysses_attention: the number of heads H={BAD_HEADS[world_size]} must be divisible by the number of "
             f"ranks P={world_size}: Ulysses gives each rank H/P whole heads (use P <= H, a divisor of H, or ring "
             f"attention, which has no such limit)")
+        heads, kv_heads = BAD_KV_HEADS[world_size]
+        assert rank["bad_kv_heads_message"] == (
+            f"ulysses_attention: the number of K/V heads H_kv={kv_heads} must be divisible by the number of "
+            f"ranks P={world_size}: Ulysses gives each rank H_kv/P whole heads (use P <= H_kv, a divisor of H_kv, "
+            f"or ring attention, which has no such limit)")
 
 
 def test_without_a_process_group_ulysses_says_how_to_get_one():
@@ -126,6 +142,10 @@ def test_bad_inputs_are_refused_before_any_communication():
         ulysses_attention(x, x, x, causal=1)
     with pytest.raises(ValueError, match=r"^ulysses_attention: self-attention over one sequence"):
         ulysses_attention(x, torch.zeros(1, 2, 8, 4), torch.zeros(1, 2, 8, 4))
+    with pytest.raises(ValueError, match=r"^ulysses_attention: grouped-query attention needs H divisible by H_kv"):
+        ulysses_attention(torch.zeros(1, 3, 4, 4), x, x)
+    with pytest.raises(ValueError, match=r"^ulysses_bytes: heads=4 must be divisible by kv_heads=3"):
+        ulysses_bytes(1, 4, 8, 4, 2, kv_heads=3)
     with pytest.raises(ValueError, match=r"^ulysses_bytes: heads=3 must be divisible by world_size=2"):
         ulysses_bytes(1, 3, 8, 4, 2)
     with pytest.raises(ValueError, match=r"^ulysses_bytes: n=9 must be divisible by world_size=2"):

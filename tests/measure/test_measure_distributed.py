@@ -54,6 +54,38 @@ def test_distributed_formulas_by_hand():
     assert ulysses == [16384, 24576, 28672] and ring == [16384, 49152, 114688]   # shard: 8192 B
 
 
+def test_distributed_formulas_with_grouped_query_attention_and_half_precision_by_hand():
+    b, h, h_kv, n, d = 1, 32, 8, 64, 16                                  # Llama 3's 32 query heads, 8 K/V heads
+    for p in (2, 4, 8):
+        q_shard, kv_shard = (b * heads * (n // p) * d for heads in (h, h_kv))     # elements
+        ring = distributed.formula_bytes("ring", b, h, n, d, p, kv_heads=h_kv)
+        ulysses = distributed.formula_bytes("ulysses", b, h, n, d, p, kv_heads=h_kv)
+        assert ring == 2 * (p - 1) * kv_shard * 4
+        assert ulysses * p == (p - 1) * (2 * q_shard + 2 * kv_shard) * 4
+        assert ring / ulysses == p * h_kv / (h + h_kv) == p / 5         # ring sends less only for P < 5
+        # bfloat16: K/V at 2 bytes, the dK/dV sums (2P hops) at float32's 4
+        assert distributed.formula_bytes("ring", b, h, n, d, p, kv_heads=h_kv, element_size=2, backward=True) == (
+            4 * (p - 1) * kv_shard * 2 + 2 * p * kv_shard * 4)
+        assert distributed.formula_bytes("ulysses", b, h, n, d, p, kv_heads=h_kv, element_size=2,
+                                         backward=True) * p == 2 * (p - 1) * (2 * q_shard + 2 * kv_shard) * 2
+
+
+def test_distributed_measured_bytes_with_grouped_query_attention_equal_the_formulas():
+    rows = distributed.measure_traffic((2, 4), n=16, n_per_rank=4, heads=8, kv_heads=4, head_dim=4)
+    assert all(r.matches for r in rows) and {r.kv_heads for r in rows} == {4}
+    for r in rows:
+        kv_shard = 1 * 4 * r.n_local * 4 * 4                                  # B·H_kv·(N/P)·d·4
+        q_shard = 2 * kv_shard
+        if r.method == "ulysses":
+            assert r.forward_bytes * r.world_size == (r.world_size - 1) * (2 * q_shard + 2 * kv_shard)
+        else:
+            assert r.forward_bytes == 2 * (r.world_size - 1) * kv_shard
+    with pytest.raises(ValueError, match=r"^measure_traffic: H_kv=2 must be divisible by P=4 for ulysses"):
+        distributed.measure_traffic((4,), n=16, n_per_rank=4, heads=8, kv_heads=2)
+    with pytest.raises(ValueError, match=r"^measure_traffic: H=8 must be divisible by H_kv=3"):
+        distributed.measure_traffic((2,), n=16, n_per_rank=4, heads=8, kv_heads=3)
+
+
 def test_distributed_measured_bytes_equal_the_formulas_exactly():
     rows = distributed.measure_traffic((1, 2), n=8, n_per_rank=4, heads=2, head_dim=4)
     assert [(r.scaling, r.world_size, r.method) for r in rows] == [

@@ -13,11 +13,14 @@ LAYOUT = {"ulysses": "contiguous", "ring": "contiguous", "ring zigzag": "zigzag"
 
 
 def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, world_size: int, *,
-                  element_size: int = 4, backward: bool = False) -> int:
-    """Bytes one rank sends for one attention layer, from the algorithm (``S = B·H·(N/P)·d`` elements a shard).
+                  element_size: int = 4, backward: bool = False, kv_heads: int | None = None) -> int:
+    """Bytes one rank sends for one attention layer, from the algorithm.
 
-    - Ulysses: ``4 · (P - 1)/P · S`` forward (q, k, v, out), twice that forward + backward
-      (:func:`~attn_course.distributed.ulysses.ulysses_bytes`);
+    A query shard has ``S_q = B·H·(N/P)·d`` elements, a K (or V) shard ``S = B·H_kv·(N/P)·d``
+    (``H_kv = H`` without grouped-query attention).
+
+    - Ulysses: ``(P - 1)/P · (2 S_q + 2 S)`` forward (q and out at ``H`` heads, k and v at
+      ``H_kv``), twice that forward + backward (:func:`~attn_course.distributed.ulysses.ulysses_bytes`);
     - ring (either layout): ``2 (P - 1) · S`` forward (K and V passed ``P - 1`` times); the
       backward passes K and V ``P - 1`` times again and dK, dV ``P`` times (home at the end):
       ``(4P - 2) · S`` more, so ``(6P - 4) · S`` in all. The dK/dV sums travel in float32 when
@@ -27,6 +30,7 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
     Args:
         method: one of :data:`METHODS`.
         batch, heads, n, head_dim: ``B``, ``H``, the full ``N``, ``d`` (``d_v = d``).
+        kv_heads: ``H_kv``, the K/V heads (a divisor of ``H``); None for ``H``.
         world_size: ``P``; ``N`` divisible by it (by ``2P`` for the zig-zag layout).
         element_size: bytes per element.
         backward: forward + backward instead of forward only.
@@ -40,16 +44,24 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
     Example:
         >>> formula_bytes("ring", 1, 4, 64, 16, 4), formula_bytes("ulysses", 1, 4, 64, 16, 4)
         (24576, 12288)
+        >>> formula_bytes("ring", 1, 32, 64, 16, 4, kv_heads=8), formula_bytes("ulysses", 1, 32, 64, 16, 4, kv_heads=8)
+        (49152, 61440)
     """
     where = "formula_bytes"
     method = check_method(where, "method", method)
     if method == "ulysses":
-        return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=element_size, backward=backward)
+        return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=element_size, backward=backward,
+                             kv_heads=kv_heads)
     batch, heads, n, head_dim, world_size, element_size = (
         _validate.integer(where, name, value, minimum=1) for name, value in (
             ("batch", batch), ("heads", heads), ("n", n), ("head_dim", head_dim), ("world_size", world_size),
             ("element_size", element_size)))
     _validate.boolean(where, "backward", backward)
+    if kv_heads is not None:
+        kv_heads = _validate.integer(where, "kv_heads", kv_heads, minimum=1)
+        if heads % kv_heads:
+            raise ValueError(f"{where}: heads={heads} must be divisible by kv_heads={kv_heads}")
+        heads = kv_heads                                                      # the ring sends K/V heads only
     chunks = 2 * world_size if method == "ring zigzag" else world_size
     if n % chunks:
         raise ValueError(f"{where}: n={n} must be divisible by {chunks} for {method} over {world_size} ranks")
@@ -89,13 +101,18 @@ def positive_ints(where: str, name: str, values: object) -> list[int]:
     return values
 
 
-def check_shape(where: str, methods: list[str], world_size: int, n: int, heads: int) -> None:
-    """Refuse, by name, a (P, N, H) a method cannot run: N not divisible by P (2P zig-zag), H by P (Ulysses)."""
+def check_shape(where: str, methods: list[str], world_size: int, n: int, heads: int,
+                kv_heads: int | None = None) -> None:
+    """Refuse, by name, a (P, N, H, H_kv) a method cannot run: N not divisible by P (2P zig-zag), H_kv
+    not a divisor of H, H_kv (H without grouped-query attention) not divisible by P (Ulysses)."""
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"{where}: H={heads} must be divisible by H_kv={kv_heads} (grouped-query attention)")
     for method in methods:
         chunks = 2 * world_size if LAYOUT[method] == "zigzag" else world_size
         if n % chunks:
             raise ValueError(f"{where}: N={n} must be divisible by {chunks} for {method} over P={world_size} ranks")
-        if method == "ulysses" and heads % world_size:
-            raise ValueError(f"{where}: H={heads} must be divisible by P={world_size} for ulysses (whole heads per "
+        if method == "ulysses" and (heads if kv_heads is None else kv_heads) % world_size:
+            what = f"H={heads}" if kv_heads is None else f"H_kv={kv_heads}"
+            raise ValueError(f"{where}: {what} must be divisible by P={world_size} for ulysses (whole heads per "
                              f"rank)")
 

@@ -35,6 +35,7 @@ class TrafficRow:
         scaling: ``"N fixed"`` or ``"N ∝ P"`` (``N / P`` fixed), the sweep this row belongs to.
         world_size, n, n_local: ``P``, ``N`` and ``N / P``.
         batch, heads, head_dim: ``B``, ``H``, ``d`` (float32).
+        kv_heads: ``H_kv``, the K/V heads (``H`` without grouped-query attention).
         forward_bytes, forward_formula: measured on every rank (the largest) and :func:`formula_bytes`.
         total_bytes, total_formula: the same for forward + backward.
         matches: every rank sent exactly the formula's bytes, forward and total.
@@ -48,6 +49,7 @@ class TrafficRow:
     batch: int
     heads: int
     head_dim: int
+    kv_heads: int
     forward_bytes: int
     forward_formula: int
     total_bytes: int
@@ -107,18 +109,22 @@ def _sizes(where: str, batch: object, heads: object, head_dim: object, causal: o
     return batch, heads, head_dim, _validate.boolean(where, "causal", causal)
 
 
-def _traffic_tasks(where, world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal) -> list[Task]:
+def _traffic_tasks(where, world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal,
+                   kv_heads=None) -> list[Task]:
     world_sizes = positive_ints(where, "world_sizes", world_sizes)
     n = _validate.integer(where, "n", n, minimum=1)
     n_per_rank = _validate.integer(where, "n_per_rank", n_per_rank, minimum=1)
     batch, heads, head_dim, causal = _sizes(where, batch, heads, head_dim, causal)
+    if kv_heads is not None:
+        kv_heads = _validate.integer(where, "kv_heads", kv_heads, minimum=1)
     methods = check_methods(where, methods)
     tasks = []
     for scaling in ("N fixed", "N ∝ P"):
         for p in world_sizes:
             length = n if scaling == "N fixed" else n_per_rank * p
-            check_shape(where, methods, p, length, heads)
-            tasks += [Task("traffic", m, p, length, batch, heads, head_dim, causal, scaling=scaling) for m in methods]
+            check_shape(where, methods, p, length, heads, kv_heads)
+            tasks += [Task("traffic", m, p, length, batch, heads, head_dim, causal, scaling=scaling,
+                           kv_heads=kv_heads) for m in methods]
     return tasks
 
 
@@ -126,10 +132,12 @@ def _traffic_rows(tasks: list[Task], results: list[list[dict]]) -> list[TrafficR
     rows = []
     for task, ranks in zip(tasks, results):
         sizes = (task.batch, task.heads, task.n, task.head_dim, task.world_size)
-        forward, total = formula_bytes(task.method, *sizes), formula_bytes(task.method, *sizes, backward=True)
+        forward = formula_bytes(task.method, *sizes, kv_heads=task.kv_heads)
+        total = formula_bytes(task.method, *sizes, backward=True, kv_heads=task.kv_heads)
         rows.append(TrafficRow(
             method=task.method, scaling=task.scaling, world_size=task.world_size, n=task.n,
             n_local=task.n // task.world_size, batch=task.batch, heads=task.heads, head_dim=task.head_dim,
+            kv_heads=task.heads if task.kv_heads is None else task.kv_heads,
             forward_bytes=max(r["forward"] for r in ranks), forward_formula=forward,
             total_bytes=max(r["total"] for r in ranks), total_formula=total,
             matches=all((r["forward"], r["total"]) == (forward, total) for r in ranks)))
@@ -138,7 +146,7 @@ def _traffic_rows(tasks: list[Task], results: list[list[dict]]) -> list[TrafficR
 
 def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_per_rank: int = 64, batch: int = 1,
                     heads: int = 8, head_dim: int = 16, methods: Sequence[str] = METHODS, causal: bool = True,
-                    timeout: float = 300.0) -> list[TrafficRow]:
+                    timeout: float = 300.0, kv_heads: int | None = None) -> list[TrafficRow]:
     """Bytes each rank sends for one attention layer, forward and forward + backward, against the formulas.
 
     Two sweeps over ``world_sizes``: ``N = n`` fixed, and ``N = n_per_rank · P`` (``N / P``
@@ -152,6 +160,8 @@ def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_p
         methods: names from :data:`METHODS`.
         causal: causal attention (the bytes do not depend on it).
         timeout: seconds for each launch.
+        kv_heads: ``H_kv`` for grouped-query attention (a divisor of ``H``; divisible by every ``P``
+            for Ulysses); None for ``H``.
 
     Returns:
         One :class:`TrafficRow` per (sweep, ``P``, method), in that order.
@@ -165,7 +175,8 @@ def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_p
             rows = measure_traffic((2,), n=8, n_per_rank=4, heads=2, head_dim=4)
             all(row.matches for row in rows)          # True
     """
-    tasks = _traffic_tasks("measure_traffic", world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal)
+    tasks = _traffic_tasks("measure_traffic", world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal,
+                           kv_heads)
     timeout = _validate.positive_finite("measure_traffic", "timeout", timeout)
     return _traffic_rows(tasks, collect(tasks, timeout))
 

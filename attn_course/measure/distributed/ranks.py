@@ -32,12 +32,17 @@ class Task:
     causal: bool
     repeats: int = 1
     scaling: str = ""
+    kv_heads: int | None = None          # grouped-query attention: K/V heads (None: ``heads``)
 
 
 def inputs(task: Task) -> tuple[torch.Tensor, ...]:
-    """q, k, v, g ``[B, H, N, d]``, the same on every rank (seeded by the sizes)."""
+    """q, k, v, g, the same on every rank (seeded by the sizes): q and g ``[B, H, N, d]``, k and v
+    ``[B, H_kv, N, d]``."""
     generator = torch.Generator().manual_seed(task.n * 1000 + task.heads * 10 + task.head_dim)
-    return tuple(torch.randn(task.batch, task.heads, task.n, task.head_dim, generator=generator) for _ in range(4))
+    kv_heads = task.heads if task.kv_heads is None else task.kv_heads
+    q, k, v, g = (torch.randn(task.batch, heads, task.n, task.head_dim, generator=generator)
+                  for heads in (task.heads, kv_heads, kv_heads, task.heads))
+    return q, k, v, g
 
 
 def attend_function(method: str):

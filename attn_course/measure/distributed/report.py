@@ -18,10 +18,12 @@ def print_traffic(rows: Sequence[TrafficRow]) -> None:
         TypeError, ValueError: ``rows`` not a non-empty sequence of :class:`TrafficRow`.
     """
     rows = check_rows("print_traffic", rows, (TrafficRow,))
-    print(f"{'method':>12} {'sweep':>8} {'P':>3} {'N':>6} {'N/P':>5} {'fwd B':>9} {'formula':>9} "
-          f"{'fwd+bwd B':>10} {'formula':>9} {'exact':>6}")
+    grouped = any(r.kv_heads != r.heads for r in rows)
+    print(f"{'method':>12} {'sweep':>8} {'P':>3} {'N':>6} {'N/P':>5} " + (f"{'H/H_kv':>7} " if grouped else "")
+          + f"{'fwd B':>9} {'formula':>9} {'fwd+bwd B':>10} {'formula':>9} {'exact':>6}")
     for r in rows:
-        print(f"{r.method:>12} {r.scaling:>8} {r.world_size:>3} {r.n:>6} {r.n_local:>5} {r.forward_bytes:>9} "
+        heads = f"{f'{r.heads}/{r.kv_heads}':>7} " if grouped else ""
+        print(f"{r.method:>12} {r.scaling:>8} {r.world_size:>3} {r.n:>6} {r.n_local:>5} {heads}{r.forward_bytes:>9} "
               f"{r.forward_formula:>9} {r.total_bytes:>10} {r.total_formula:>9} {'yes' if r.matches else 'NO':>6}")
 
 
