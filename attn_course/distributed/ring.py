@@ -193,6 +193,12 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _repeat_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[B, H_kv, n, d]`` to ``[B, H_kv · groups, n, d]``, each K/V head once per query head that reads it
+    (no copy when there is nothing to repeat)."""
+    return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+
 def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a query chunk over one key chunk and its log-sum-exp (one FlashAttention tile),
@@ -202,8 +208,7 @@ def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     the ``H_kv`` heads travel."""
     acc = accumulation_dtype(q.dtype)
     groups = q.shape[1] // k.shape[1]                                         # query heads per K/V head
-    q = q.to(acc)
-    k, v = (t.to(acc).repeat_interleave(groups, dim=1) for t in (k, v))      # [B, H, cols, d]: grouped-query
+    q, k, v = q.to(acc), _repeat_heads(k.to(acc), groups), _repeat_heads(v.to(acc), groups)   # [B, H, cols, d]
     scores = q @ k.transpose(-2, -1) * scale                                  # [B, H, rows, cols]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -257,7 +262,7 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
         kv_transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
         # 2. Recompute each tile's weights from the saved LSE and take its gradients, in float32,
         #    per query head (K/V heads repeated for grouped-query attention, summed back below).
-        k_acc, v_acc = (t.to(acc).repeat_interleave(groups, dim=1) for t in (k_block, v_block))  # [B, H, n, d]
+        k_acc, v_acc = _repeat_heads(k_block.to(acc), groups), _repeat_heads(v_block.to(acc), groups)  # [B, H, n, d]
         dk_block, dv_block = torch.zeros_like(k_acc), torch.zeros_like(v_acc)
         pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=False)
         for pair in pairs:
@@ -273,7 +278,8 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
             dq[:, :, pair.rows] += scale * (grad_scores @ k_tile)                         # dQ += scale · dS K
             dk_block[:, :, pair.cols] += scale * (grad_scores.transpose(-2, -1) @ q_tile)  # dK += scale · dSᵀ Q
         # A K/V head's gradient is the sum over the G query heads that read it.
-        dk_block, dv_block = (t.unflatten(1, (-1, groups)).sum(dim=2) for t in (dk_block, dv_block))  # [B, H_kv, ..]
+        if groups > 1:
+            dk_block, dv_block = (t.unflatten(1, (-1, groups)).sum(dim=2) for t in (dk_block, dv_block))  # H_kv
         # 3. Add what the ranks before us summed for this block (it followed the block from r - 1),
         #    and pass the sum on with it; after P hops it reaches the block's owner. The sum travels
         #    in float32: rounded to bf16 at every hop it would lose P roundings' worth of bits.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 from collections.abc import Sequence
 
 import torch
@@ -88,6 +89,8 @@ class TimeRow:
         method: one of :data:`METHODS`.
         world_size, n: ``P`` and ``N``.
         seconds: best of the repeats, on the slowest rank (ranks start together after a barrier).
+        median_seconds, min_seconds, max_seconds: over the repeats, each repeat's time being that of
+            its slowest rank: the spread to read ``seconds`` against.
         ratio_to_one_rank: ``seconds`` over the same method's ``seconds`` at ``P = 1`` (None without one).
         oversubscribed: ``P`` processes on fewer CPU cores than ``P``.
         max_difference: largest ``|output - self_attention|`` over the gathered output.
@@ -97,6 +100,9 @@ class TimeRow:
     world_size: int
     n: int
     seconds: float
+    median_seconds: float
+    min_seconds: float
+    max_seconds: float
     ratio_to_one_rank: float | None
     oversubscribed: bool
     max_difference: float
@@ -247,7 +253,10 @@ def _time_tasks(where, world_sizes, n, batch, heads, head_dim, methods, causal, 
 
 def _time_rows(tasks: list[Task], results: list[list[dict]]) -> list[TimeRow]:
     cores = os.cpu_count() or 1
-    seconds = {(t.method, t.world_size, t.n): max(r["seconds"] for r in ranks) for t, ranks in zip(tasks, results)}
+    # One time per repeat: the slowest rank's (the ranks started together after a barrier).
+    samples = {(t.method, t.world_size, t.n): [max(times) for times in zip(*(r["samples"] for r in ranks))]
+               for t, ranks in zip(tasks, results)}
+    seconds = {key: min(times) for key, times in samples.items()}
     references: dict[tuple, torch.Tensor] = {}
     rows = []
     for task, ranks in zip(tasks, results):
@@ -257,7 +266,9 @@ def _time_rows(tasks: list[Task], results: list[list[dict]]) -> list[TimeRow]:
             references[key] = self_attention(q, k, v, causal_mask(task.n) if task.causal else None)[0]
         out = unshard([r["out"] for r in ranks], LAYOUT[task.method])
         mine, one = seconds[task.method, task.world_size, task.n], seconds.get((task.method, 1, task.n))
+        times = sorted(samples[task.method, task.world_size, task.n])
         rows.append(TimeRow(method=task.method, world_size=task.world_size, n=task.n, seconds=mine,
+                            median_seconds=statistics.median(times), min_seconds=times[0], max_seconds=times[-1],
                             ratio_to_one_rank=None if one is None else mine / one,
                             oversubscribed=task.world_size > cores,
                             max_difference=float((out - references[key]).abs().max())))

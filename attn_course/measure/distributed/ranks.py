@@ -74,8 +74,9 @@ def run_task(rank: int, world_size: int, task: Task) -> dict:
 
     # Before each timed call, untimed, a barrier: the ranks start together (timing, not the algorithm).
     # Exactly ``repeats`` calls on every rank (no time budget): each is a collective the others join.
-    seconds = best_time(forward, task.repeats, setup=dist.barrier)
-    return dict(seconds=seconds, out=found["out"])
+    # Every call is kept, so that the spread can be reported next to the best.
+    samples = [best_time(forward, 1, setup=dist.barrier) for _ in range(task.repeats)]
+    return dict(seconds=min(samples), samples=samples, out=found["out"])
 
 
 def bench_rank(rank: int, world_size: int, tasks: list[Task]) -> list[dict]:

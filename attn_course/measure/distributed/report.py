@@ -48,11 +48,14 @@ def print_time(rows: Sequence[TimeRow]) -> None:
         TypeError, ValueError: ``rows`` not a non-empty sequence of :class:`TimeRow`.
     """
     rows = check_rows("print_time", rows, (TimeRow,))
-    print(f"{'method':>12} {'P':>3} {'N':>6} {'ms':>9} {'vs P=1':>7} {'max diff':>9}  note")
+    print(f"{'method':>12} {'P':>3} {'N':>6} {'best ms':>9} {'median':>9} {'range ms':>17} {'vs P=1':>7} "
+          f"{'max diff':>9}  note")
     for r in rows:
         ratio = "n/a" if r.ratio_to_one_rank is None else f"{r.ratio_to_one_rank:.2f}"
         note = f"oversubscribed: {r.world_size} processes on {os.cpu_count()} cores" if r.oversubscribed else ""
-        print(f"{r.method:>12} {r.world_size:>3} {r.n:>6} {r.seconds * 1e3:>9.2f} {ratio:>7} "
+        spread = f"{r.min_seconds * 1e3:.2f}-{r.max_seconds * 1e3:.2f}"
+        print(f"{r.method:>12} {r.world_size:>3} {r.n:>6} {r.seconds * 1e3:>9.2f} {r.median_seconds * 1e3:>9.2f} "
+              f"{spread:>17} {ratio:>7} "
               f"{r.max_difference:>9.1e}  {note}")
 
 
