@@ -6,6 +6,9 @@ on queries and keys, ALiBi's bias on the scores, or nothing. :func:`train_positi
 one on windows of ``L`` characters; :mod:`~attn_course.teaching.experiments.length_extrapolation`
 scores them on longer ones. :func:`position_learning_curves` trains several, with the same seed
 and batches, and returns their held-out loss along training (chapter 05's "does RoPE help?").
+With ``first_token=True``, :func:`train_position_model` puts one fixed token before every training
+window, as a beginning-of-sequence token is in a real model's training texts: chapter 09 asks whether
+attention sinks then form (:mod:`~attn_course.teaching.experiments.sinks`).
 """
 
 from __future__ import annotations
@@ -45,10 +48,13 @@ class PositionConfig:
         embed_dim: model width ``E``.
         num_heads: ``H``; must divide ``E`` (with ``"rope"``, ``E / H`` must be even).
         num_layers: number of decoder blocks.
+        first_token: the last id, ``vocab_size - 1``, is a fixed first token that no character maps
+            to (:func:`train_position_model` with ``first_token=True`` starts every training window
+            with it); its id is :attr:`first_token_id`.
 
     Raises:
-        TypeError, ValueError: an unknown ``position``, sizes that are not positive ints, or
-            ``E`` not divisible by ``H``.
+        TypeError, ValueError: an unknown ``position``, sizes that are not positive ints, ``E``
+            not divisible by ``H``, or ``first_token`` not a bool (with ``vocab_size`` < 2).
     """
 
     vocab_size: int
@@ -57,6 +63,7 @@ class PositionConfig:
     embed_dim: int = 32
     num_heads: int = 4
     num_layers: int = 2
+    first_token: bool = False
 
     def __post_init__(self) -> None:
         where = "PositionConfig"
@@ -72,6 +79,15 @@ class PositionConfig:
         if self.position == "rope" and (self.embed_dim // self.num_heads) % 2:
             raise ValueError(f"{where}: position='rope' needs an even head size, got embed_dim / num_heads = "
                              f"{self.embed_dim // self.num_heads}")
+        _validate.boolean(where, "first_token", self.first_token)
+        if self.first_token and self.vocab_size < 2:
+            raise ValueError(f"{where}: first_token=True takes the last id for the first token, so vocab_size "
+                             f"must be >= 2 (a character and the first token), got {self.vocab_size}")
+
+    @property
+    def first_token_id(self) -> int | None:
+        """The fixed first token's id, ``vocab_size - 1``, or None for a model trained without one."""
+        return self.vocab_size - 1 if self.first_token else None
 
 
 class PositionLanguageModel(nn.Module):
@@ -197,12 +213,21 @@ def train_position_model(
     batch_size: int = 16,
     learning_rate: float = 5e-3,
     seed: int = 0,
+    first_token: bool = False,
 ) -> tuple[PositionLanguageModel, CharTokenizer]:
     """Train a :class:`PositionLanguageModel` on random windows of ``train_length`` characters.
 
     The loop is chapter 04's :func:`~attn_course.models.training.train_language_model` (AdamW,
     cosine-decayed learning rate, clipped gradients, one CPU thread), on all of ``text`` with
     nothing held out: the held-out text of this experiment is another file.
+
+    With ``first_token=True`` every training window is a fixed token that no character maps to
+    (id ``tokenizer.vocab_size``, :attr:`PositionConfig.first_token_id`) followed by a random crop
+    of ``train_length - 1`` characters, so that the model still sees ``train_length`` positions and
+    the fixed token is at position 0 of every window, as a beginning-of-sequence token is in the
+    training texts of large models. Each character of the crop after its first is a target; the
+    logits at the fixed token itself (a guess of the crop's first character from nothing) are not
+    trained.
 
     Args:
         position: one of :data:`POSITION_SCHEMES`.
@@ -215,37 +240,58 @@ def train_position_model(
         batch_size: windows per step.
         learning_rate: peak learning rate.
         seed: seeds the weights and the batches; the same arguments give the same model.
+        first_token: start every training window with the fixed first token (see above).
 
     Returns:
-        ``(model, tokenizer)``: the model in eval mode, and the tokenizer of ``text``.
+        ``(model, tokenizer)``: the model in eval mode, and the tokenizer of ``text`` (which has no
+        id for the first token: ``model.config.vocab_size`` is one more than its ``vocab_size``).
 
     Raises:
-        TypeError, ValueError: an unknown ``position``, ``train_length`` < 1 or above
-            ``max_length``, sizes or ``steps`` that are not positive ints, or a text not longer
-            than ``train_length + 1``.
+        TypeError, ValueError: an unknown ``position``, ``train_length`` < 1 (< 2 with a first
+            token) or above ``max_length``, sizes or ``steps`` that are not positive ints,
+            ``first_token`` not a bool, or a text not longer than ``train_length + 1``.
 
     Example:
         >>> model, tokenizer = train_position_model("rope", steps=2)
         >>> model.config.position, tokenizer.vocab_size
         ('rope', 57)
+        >>> model, tokenizer = train_position_model("rope", steps=2, first_token=True)
+        >>> model.config.vocab_size, model.config.first_token_id
+        (58, 57)
     """
     where = "train_position_model"
     text = load_rhymes() if text is None else text
-    train_length = _validate.integer(where, "train_length", train_length, minimum=1)
+    first_token = _validate.boolean(where, "first_token", first_token)
+    train_length = _validate.integer(where, "train_length", train_length, minimum=1 + first_token)
     max_length = _validate.integer(where, "max_length", max_length, minimum=1)
     if train_length > max_length:
         raise ValueError(f"{where}: train_length={train_length} must be <= max_length={max_length}")
-    PositionConfig(1, position, max_length, embed_dim, num_heads, num_layers)     # check before training
+    PositionConfig(2, position, max_length, embed_dim, num_heads, num_layers, first_token)   # check before training
 
-    def make_model(vocab_size: int) -> PositionLanguageModel:
-        return PositionLanguageModel(PositionConfig(vocab_size, position, max_length, embed_dim, num_heads,
-                                                    num_layers))
+    def make_model(vocab_size: int) -> nn.Module:
+        model = PositionLanguageModel(PositionConfig(vocab_size + first_token, position, max_length, embed_dim,
+                                                     num_heads, num_layers, first_token))
+        return _AfterFirstToken(model) if first_token else model
 
     model, tokenizer, _ = train_language_model(
-        text, steps=steps, batch_size=batch_size, sequence_length=train_length, learning_rate=learning_rate,
-        validation_fraction=0.0, patience=None, seed=seed, progress=False, make_model=make_model,
+        text, steps=steps, batch_size=batch_size, sequence_length=train_length - first_token,
+        learning_rate=learning_rate, validation_fraction=0.0, patience=None, seed=seed, progress=False,
+        make_model=make_model,
     )
-    return model, tokenizer
+    return (model.model if first_token else model), tokenizer
+
+
+class _AfterFirstToken(nn.Module):
+    """What the training loop sees of a model trained with a first token: ``[B, N]`` characters in,
+    the fixed token put before them (``N + 1`` positions), the ``N`` logits after it out."""
+
+    def __init__(self, model: PositionLanguageModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        first = ids.new_full((ids.shape[0], 1), self.model.config.first_token_id)         # [B, 1]
+        return self.model(torch.cat([first, ids], dim=1))[:, 1:]                          # [B, N, V]
 
 
 def position_learning_curves(
