@@ -2,12 +2,12 @@
 
 - ``launch``: :func:`launch` runs a function on ``P`` fresh processes joined in a gloo (CPU) or
   NCCL (GPU) process group and returns their results; a failing rank ends the run with its error.
-- ``layout``: :func:`shard` / :func:`unshard` and :func:`token_positions` for the contiguous and
-  zig-zag layouts of a sequence over ranks.
+- ``layout``: :func:`shard` / :func:`unshard` and :func:`token_positions` for the contiguous,
+  zig-zag and striped layouts of a sequence over ranks.
 - ``communication``: the ring transfer and the all-to-all the algorithms use, with
   :func:`~attn_course.distributed.communication.count_traffic` measuring the bytes they move.
 - ``ring``: :func:`ring_attention`, exact attention over a sequence sharded across ranks by passing
-  K/V blocks around a ring (forward and backward, contiguous and zig-zag layouts), with
+  K/V blocks around a ring (forward and backward, in any of the three layouts), with
   :func:`ring_work` / :func:`count_ring_work` predicting and measuring each rank's work.
 - ``ulysses``: :func:`ulysses_attention`, DeepSpeed-Ulysses: all-to-all from a slice of the tokens
   to a slice of the heads, ordinary attention, all-to-all back; :func:`ulysses_bytes` its traffic.

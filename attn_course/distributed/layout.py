@@ -1,4 +1,4 @@
-"""Which tokens of a sequence each rank holds: the contiguous layout and the zig-zag layout.
+"""Which tokens of a sequence each rank holds: the contiguous, zig-zag and striped layouts.
 
 A sequence of ``N`` tokens is split over ``P`` ranks along its sequence dimension:
 
@@ -8,6 +8,10 @@ A sequence of ``N`` tokens is split over ``P`` ranks along its sequence dimensio
 - ``"zigzag"``: cut the sequence into ``2P`` chunks of ``N / 2P`` and give rank ``r`` chunks
   ``r`` and ``2P - 1 - r`` (an early chunk and a late one), so every rank's causal work is the
   same.
+- ``"striped"`` (Brandon et al. 2023, "Striped Attention", arXiv 2311.09431): token ``i`` lives
+  on rank ``i mod P``, so rank ``r`` holds tokens ``r, r + P, r + 2P, ...``. Every rank's
+  tokens are spread over the whole sequence, so under a causal mask each (query block, key
+  block) pair is about half visible, on every rank and at every step.
 
 :func:`shard` cuts a full tensor into this rank's part, :func:`unshard` puts all ranks' parts back
 in order, and :func:`token_positions` says which positions of the full sequence a rank's tokens
@@ -22,7 +26,7 @@ from attn_course import _validate
 
 __all__ = ["LAYOUTS", "shard", "unshard", "token_positions", "chunk_count"]
 
-LAYOUTS = ("contiguous", "zigzag")
+LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
 def _check(where: str, world_size: object, layout: object, rank: object = None) -> tuple[int, str, int | None]:
@@ -37,27 +41,39 @@ def _check(where: str, world_size: object, layout: object, rank: object = None) 
 
 
 def chunk_count(world_size: int, layout: str) -> int:
-    """How many equal chunks the sequence is cut into: ``P`` (contiguous) or ``2P`` (zig-zag).
+    """How many equal chunks the sequence is cut into, each held whole by one rank; ``N`` must be
+    divisible by it: ``P`` (contiguous), ``2P`` (zig-zag) or ``P`` (striped, where rank ``r``'s
+    chunk is the stripe of every ``P``-th token from ``r``, not a run of neighbours).
+
+    Args:
+        world_size: ``P >= 1``.
+        layout: one of :data:`LAYOUTS`.
+
+    Returns:
+        The number of chunks; each rank holds ``chunk_count / P`` of them.
+
+    Raises:
+        TypeError, ValueError: ``world_size`` not an int ``>= 1``, an unknown layout.
 
     Example:
-        >>> chunk_count(4, "contiguous"), chunk_count(4, "zigzag")
-        (4, 8)
+        >>> chunk_count(4, "contiguous"), chunk_count(4, "zigzag"), chunk_count(4, "striped")
+        (4, 8, 4)
     """
     world_size, layout, _ = _check("chunk_count", world_size, layout)
-    return world_size if layout == "contiguous" else 2 * world_size
+    return 2 * world_size if layout == "zigzag" else world_size
 
 
 def _chunk_length(where: str, n: int, world_size: int, layout: str) -> int:
     chunks = chunk_count(world_size, layout)
     if n % chunks:
+        parts = {"contiguous": "P equal chunks", "zigzag": "2P equal chunks", "striped": "P equal stripes"}[layout]
         raise ValueError(f"{where}: the sequence length N={n} must be divisible by {chunks} for the {layout} layout "
-                         f"over {world_size} ranks ({'P' if layout == 'contiguous' else '2P'} equal chunks); "
-                         f"pad the sequence or choose another P")
+                         f"over {world_size} ranks ({parts}); pad the sequence or choose another P")
     return n // chunks
 
 
 def _chunks_of(rank: int, world_size: int, layout: str) -> tuple[int, ...]:
-    return (rank,) if layout == "contiguous" else (rank, 2 * world_size - 1 - rank)
+    return (rank, 2 * world_size - 1 - rank) if layout == "zigzag" else (rank,)
 
 
 def token_positions(rank: int, world_size: int, n: int, layout: str = "contiguous") -> torch.Tensor:
@@ -66,10 +82,10 @@ def token_positions(rank: int, world_size: int, n: int, layout: str = "contiguou
     Args:
         rank, world_size: this rank and ``P``.
         n: ``N``, the full sequence length (divisible by ``P``, or ``2P`` for the zig-zag layout).
-        layout: ``"contiguous"`` or ``"zigzag"``.
+        layout: ``"contiguous"``, ``"zigzag"`` or ``"striped"``.
 
     Returns:
-        ``[N / P]`` int64 positions.
+        ``[N / P]`` int64 positions, increasing.
 
     Raises:
         TypeError, ValueError: non-int sizes, a rank outside ``0 .. P - 1``, an unknown layout or an
@@ -78,11 +94,15 @@ def token_positions(rank: int, world_size: int, n: int, layout: str = "contiguou
     Example:
         >>> token_positions(0, 2, 8, "zigzag").tolist(), token_positions(1, 2, 8, "zigzag").tolist()
         ([0, 1, 6, 7], [2, 3, 4, 5])
+        >>> token_positions(1, 4, 8, "striped").tolist()
+        [1, 5]
     """
     where = "token_positions"
     world_size, layout, rank = _check(where, world_size, layout, rank)
     n = _validate.integer(where, "n", n, minimum=1)
-    length = _chunk_length(where, n, world_size, layout)
+    length = _chunk_length(where, n, world_size, layout)                    # refuses an N that does not divide
+    if layout == "striped":
+        return torch.arange(rank, n, world_size)                              # i with i mod P = rank
     return torch.cat([torch.arange(c * length, (c + 1) * length) for c in _chunks_of(rank, world_size, layout)])
 
 
@@ -92,7 +112,7 @@ def shard(x: torch.Tensor, rank: int, world_size: int, layout: str = "contiguous
     Args:
         x: the full tensor, e.g. ``[B, H, N, d]`` (``dim=-2``, the default).
         rank, world_size: this rank and ``P``.
-        layout: ``"contiguous"`` or ``"zigzag"``.
+        layout: ``"contiguous"``, ``"zigzag"`` or ``"striped"``.
         dim: the sequence dimension.
 
     Returns:
@@ -104,6 +124,8 @@ def shard(x: torch.Tensor, rank: int, world_size: int, layout: str = "contiguous
     Example:
         >>> shard(torch.arange(8), 1, 2, "zigzag", dim=0).tolist()
         [2, 3, 4, 5]
+        >>> shard(torch.arange(8), 1, 2, "striped", dim=0).tolist()
+        [1, 3, 5, 7]
     """
     where = "shard"
     x = _validate.tensor(where, "x", x)
@@ -118,7 +140,7 @@ def unshard(shards: list[torch.Tensor], layout: str = "contiguous", *, dim: int 
 
     Args:
         shards: ``[part of rank 0, ..., part of rank P - 1]``, each ``[..., N / P, ...]``.
-        layout: the layout they were cut with.
+        layout: the layout they were cut with (one of :data:`LAYOUTS`).
         dim: the sequence dimension.
 
     Returns:

@@ -34,7 +34,7 @@ def attention_on_rank(rank: int, world_size: int, q: torch.Tensor, k: torch.Tens
         method: ``"ring"`` (:func:`~attn_course.distributed.ring.ring_attention`) or ``"ulysses"``
             (:func:`~attn_course.distributed.ulysses.ulysses_attention`, contiguous layout only).
         causal: a causal mask over the whole sequence.
-        layout: ``"contiguous"`` or ``"zigzag"`` (ring only).
+        layout: ``"contiguous"``; for ring also ``"zigzag"`` or ``"striped"``.
         grad_out: the full ``[B, H, N, d_v]`` gradient of a loss with respect to the output; when given,
             the backward pass runs too and the gradient shards come back.
 
@@ -44,7 +44,8 @@ def attention_on_rank(rank: int, world_size: int, q: torch.Tensor, k: torch.Tens
         pairs its forward computed; Ulysses: None).
 
     Raises:
-        ValueError: an unknown method, Ulysses with the zig-zag layout; otherwise as the two algorithms.
+        ValueError: an unknown method, Ulysses with a layout other than contiguous; otherwise as the two
+            algorithms.
     """
     where = "attention_on_rank"
     if method not in METHODS:

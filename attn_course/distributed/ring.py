@@ -16,9 +16,12 @@ partial attentions over disjoint key sets by their log-sum-exps
 
 With a causal mask, a query chunk and a key chunk are either fully visible (every key before
 every query: no mask), fully masked (every key after every query: skipped, no compute) or on the
-diagonal (the triangular mask). The contiguous layout leaves rank 0 with one pair to compute and
-rank ``P - 1`` with ``P``; the zig-zag layout (rank ``r`` holds chunks ``r`` and ``2P - 1 - r``)
-gives every rank ``2P + 1`` chunk pairs (:func:`ring_work`; :func:`count_ring_work` measures them).
+diagonal (the mask ``key position <= query position``). The contiguous layout leaves rank 0 with
+one pair to compute and rank ``P - 1`` with ``P``; the zig-zag layout (rank ``r`` holds chunks
+``r`` and ``2P - 1 - r``) gives every rank ``2P + 1`` chunk pairs; the striped layout (rank ``r``
+holds tokens ``r, r + P, ...``; Brandon et al. 2023, arXiv 2311.09431) puts every step's one pair
+on the diagonal, about half visible, so every rank computes ``P`` masked pairs and skips none
+(:func:`ring_work`; :func:`count_ring_work` measures them).
 
 The backward pass circulates K/V once more and recomputes each tile's weights from the saved
 log-sum-exp (FlashAttention's backward); the dK/dV accumulators travel with the block they
@@ -95,21 +98,29 @@ def ring_work(world_size: int, layout: str = "contiguous", causal: bool = False)
     """How many (query chunk, key chunk) pairs each rank computes in one ring-attention forward.
 
     A pair is one chunk of this rank's queries against one chunk of a K/V block: the whole shard
-    with the contiguous layout (one chunk of ``N / P`` tokens), each of the two ``N / 2P`` chunks
-    with the zig-zag layout (a zig-zag pair is a quarter of a contiguous one). Without a mask every
-    rank computes every pair: ``P`` (contiguous) or ``4P`` (zig-zag). With a causal mask, pairs whose
-    keys all follow their queries are skipped:
+    with the contiguous and striped layouts (one chunk of ``N / P`` tokens), each of the two
+    ``N / 2P`` chunks with the zig-zag layout (a zig-zag pair is a quarter of a contiguous one).
+    Without a mask every rank computes every pair: ``P`` (contiguous, striped) or ``4P``
+    (zig-zag). With a causal mask, pairs whose keys all follow their queries are skipped:
 
     - contiguous: rank ``r`` sees blocks ``0 .. r``: ``r + 1`` pairs, from 1 on rank 0 to ``P`` on
       rank ``P - 1``. Counted in scores (a diagonal pair is about half a full one), rank ``P - 1``
       does ``2P - 1`` times rank 0's work, and every rank waits for it;
     - zig-zag: its early chunk ``r`` sees the early chunks ``0 .. r`` (``r + 1``), its late chunk
       ``2P - 1 - r`` sees every early chunk (``P``) and the late chunks ``2P - 1 - s`` for
-      ``s >= r`` (``P - r``): ``2P + 1`` on every rank.
+      ``s >= r`` (``P - r``): ``2P + 1`` on every rank;
+    - striped: ``P`` on every rank, all masked, none skipped. Rank ``r`` holds queries
+      ``r + iP`` and, at a step where it holds rank ``t``'s block, keys ``t + jP``
+      (``i, j < L = N / P``): key ``j`` is visible to query ``i`` when ``j <= i`` if ``t <= r``
+      (the lower triangle with its diagonal, ``L (L + 1) / 2`` scores) and when ``j < i`` if
+      ``t > r`` (the strict lower triangle, ``L (L - 1) / 2``). Every rank does about half of
+      each block at every step: balanced (rank ``r`` sees ``P · L (L - 1) / 2 + (r + 1) · L``
+      scores in all). With one token per rank (``N = P``) the striped layout is the contiguous
+      one, and so are its pairs.
 
     Args:
         world_size: ``P >= 1``.
-        layout: ``"contiguous"`` or ``"zigzag"``.
+        layout: ``"contiguous"``, ``"zigzag"`` or ``"striped"``.
         causal: with the causal mask.
 
     Returns:
@@ -121,6 +132,8 @@ def ring_work(world_size: int, layout: str = "contiguous", causal: bool = False)
     Example:
         >>> ring_work(4, "contiguous", causal=True), ring_work(4, "zigzag", causal=True)
         ([1, 2, 3, 4], [9, 9, 9, 9])
+        >>> ring_work(4, "striped", causal=True)
+        [4, 4, 4, 4]
     """
     where = "ring_work"
     world_size = _validate.integer(where, "world_size", world_size, minimum=1)
@@ -128,9 +141,11 @@ def ring_work(world_size: int, layout: str = "contiguous", causal: bool = False)
         raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")
     causal = _validate.boolean(where, "causal", causal)
     if not causal:
-        return [world_size if layout == "contiguous" else 4 * world_size] * world_size
+        return [4 * world_size if layout == "zigzag" else world_size] * world_size
     if layout == "contiguous":
         return [rank + 1 for rank in range(world_size)]
+    if layout == "striped":
+        return [world_size] * world_size                        # every step's one pair on the diagonal
     return [2 * world_size + 1] * world_size
 
 
@@ -151,8 +166,9 @@ def _pairs(rank: int, source: int, world_size: int, n_local: int, layout: str, c
 
     Positions come from :func:`token_positions`: a key chunk after every query of a query chunk
     is skipped (counted in ``skipped``), one before every query needs no mask, the rest (the
-    diagonal) get ``key position <= query position``. The pairs are counted for
-    :func:`count_ring_work` (as ``forward`` or ``backward`` work).
+    diagonal) get ``key position <= query position``. With the striped layout each rank has one
+    chunk, its whole shard, and (for ``N / P >= 2``) every pair is on the diagonal. The pairs are
+    counted for :func:`count_ring_work` (as ``forward`` or ``backward`` work).
     """
     n = n_local * world_size
     length = n_local // (chunk_count(world_size, layout) // world_size)       # tokens per chunk
@@ -360,9 +376,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     1. starts passing it to rank ``r + 1`` (:func:`~attn_course.distributed.communication.pass_around_ring`),
        so the transfer overlaps the compute;
     2. attends each of its query chunks to each key chunk of the block (one chunk per shard for
-       the contiguous layout, two for zig-zag). With ``causal`` the global positions of the
-       chunks (:func:`~attn_course.distributed.layout.token_positions`) decide: keys all after
-       the queries, skip the pair; all before, no mask; the diagonal, ``key <= query``;
+       the contiguous and striped layouts, two for zig-zag). With ``causal`` the global positions
+       of the chunks (:func:`~attn_course.distributed.layout.token_positions`) decide: keys all
+       after the queries, skip the pair; all before, no mask; the diagonal, ``key <= query``
+       (with the striped layout every pair, at every step);
     3. merges each tile's output into the running one by log-sum-exp
        (:func:`~attn_course.flash.tiled.merge_attention_outputs`);
     4. receives rank ``(r - s - 1)``'s block from rank ``r - 1`` for the next step.
@@ -380,7 +397,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
             ``H_kv`` heads travel around the ring).
         v: ``[B, H_kv, N_local, d_v]``, this rank's values, cut like ``q``.
         causal: query at position ``i`` sees the keys at positions ``0 .. i`` of the whole sequence.
-        layout: how the sequence was cut, ``"contiguous"`` or ``"zigzag"`` (``N_local`` even).
+        layout: how the sequence was cut, one of
+            :data:`~attn_course.distributed.layout.LAYOUTS`: ``"contiguous"``, ``"zigzag"``
+            (``N_local`` even) or ``"striped"``.
         group: the process group (default: the whole world). Every rank of it must call this
             with shards of one shape and dtype: that is not checked across ranks (it would cost a
             message per call); gloo aborts a mismatched transfer with "Received data size doesn't

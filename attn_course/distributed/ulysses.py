@@ -53,8 +53,8 @@ heads), so the ring sends *less* than Ulysses for ``P < 5``. Ulysses also needs 
   a ring needs only neighbours. Practical systems combine them (Ulysses inside a node, ring
   across nodes: "USP", Fang and Zhao 2024).
 
-Ulysses needs no zig-zag layout: every rank computes the full causal triangle of its heads, so
-the causal work is balanced by construction.
+Ulysses needs no zig-zag or striped layout: every rank computes the full causal triangle of its
+heads, so the causal work is balanced by construction.
 """
 
 from __future__ import annotations

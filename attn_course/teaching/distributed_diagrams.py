@@ -34,23 +34,28 @@ def causal_pair_grid(world_size: int, layout: str) -> torch.Tensor:
     :func:`~attn_course.distributed.layout.chunk_count` says: the rank that computes each pair, or -1
     where the causal mask hides the whole pair (key chunk after the query chunk), so nobody computes it.
 
-    Rank ``r`` holds the query chunks of its layout (``r``; or ``r`` and ``2P - 1 - r`` for ``"zigzag"``)
-    and computes every visible pair in their rows. Counting a rank's cells gives its work in chunk
-    pairs (diagonal pairs are half masked and count as one).
+    Rank ``r`` holds the query chunks of its layout (``r``; or ``r`` and ``2P - 1 - r`` for ``"zigzag"``;
+    for ``"striped"`` chunk ``r`` is the stripe of tokens ``r, r + P, ...``) and computes every visible
+    pair in their rows. Counting a rank's cells gives its work in chunk pairs (diagonal pairs are half
+    masked and count as one). Striped chunks interleave, so no pair is hidden whole: every cell is a
+    half-masked diagonal pair (for ``N / P >= 2`` tokens per rank).
 
     Example:
         >>> causal_pair_grid(2, "contiguous").tolist()
         [[0, -1], [1, 1]]
+        >>> causal_pair_grid(2, "striped").tolist()
+        [[0, 0], [1, 1]]
     """
     where = "causal_pair_grid"
     world_size = _validate.integer(where, "world_size", world_size, minimum=1)
     if layout not in LAYOUTS:
         raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")
     chunks = chunk_count(world_size, layout)
-    owner = torch.arange(chunks) if layout == "contiguous" else torch.minimum(
-        torch.arange(chunks), 2 * world_size - 1 - torch.arange(chunks))        # [C]: rank holding each chunk
+    index = torch.arange(chunks)
+    owner = torch.minimum(index, 2 * world_size - 1 - index) if layout == "zigzag" else index   # [C]: its rank
     grid = owner[:, None].expand(chunks, chunks).clone()                         # row = query chunk
-    grid[torch.triu(torch.ones(chunks, chunks, dtype=torch.bool), diagonal=1)] = -1
+    if layout != "striped":                                  # stripes interleave: none lies wholly after another
+        grid[torch.triu(torch.ones(chunks, chunks, dtype=torch.bool), diagonal=1)] = -1
     return grid
 
 

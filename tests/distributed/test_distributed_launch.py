@@ -103,7 +103,20 @@ def test_zigzag_layout_gives_rank_r_chunks_r_and_2p_minus_1_minus_r(world_size):
     assert sorted(everyone.tolist()) == list(range(n))                   # every token on exactly one rank
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_striped_layout_gives_rank_r_every_pth_token_from_r():
+    assert [token_positions(rank, 4, 8, "striped").tolist() for rank in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert token_positions(2, 3, 12, "striped").tolist() == [2, 5, 8, 11]
+    assert shard(torch.arange(8), 1, 4, "striped", dim=0).tolist() == [1, 5]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_striped_layout_puts_token_i_on_rank_i_mod_p(world_size):
+    n = 6 * world_size
+    owner = {int(p): rank for rank in range(world_size) for p in token_positions(rank, world_size, n, "striped")}
+    assert owner == {i: i % world_size for i in range(n)}                # every token on exactly one rank
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_unshard_inverts_shard(layout, world_size):
     x = torch.randn(2, 3, 24, 5)                                         # [B, H, N, d]
@@ -115,13 +128,17 @@ def test_unshard_inverts_shard(layout, world_size):
 
 
 def test_layout_arguments_are_checked():
-    assert chunk_count(3, "contiguous") == 3 and chunk_count(3, "zigzag") == 6
+    assert chunk_count(3, "contiguous") == 3 and chunk_count(3, "zigzag") == 6 and chunk_count(3, "striped") == 3
     with pytest.raises(ValueError, match="N=10 must be divisible by 4 for the zigzag layout over 2 ranks"):
         token_positions(0, 2, 10, "zigzag")
+    with pytest.raises(ValueError, match=r"N=10 must be divisible by 4 for the striped layout over 4 ranks \(P equal"):
+        shard(torch.zeros(1, 10, 2), 0, 4, "striped", dim=1)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        chunk_count(2, "zebra")
     with pytest.raises(ValueError, match="N=10 must be divisible by 3"):
         shard(torch.zeros(1, 10, 2), 0, 3, dim=1)
     with pytest.raises(ValueError, match="layout must be one of"):
-        token_positions(0, 2, 8, "striped")
+        token_positions(0, 2, 8, "strided")
     with pytest.raises(ValueError, match="rank must be below world_size=2"):
         token_positions(2, 2, 8)
     with pytest.raises(TypeError, match="shards must be a non-empty list"):

@@ -21,7 +21,8 @@ from attn_course.distributed import ring as ring_module
 from attn_course.distributed.communication import count_traffic
 
 B, H, N, D = 1, 2, 24, 8                          # N = 24 splits into 2P chunks for P = 2, 3, 4
-CONFIGS = [(layout, causal) for layout in ("contiguous", "zigzag") for causal in (False, True)]
+LAYOUT_NAMES = ("contiguous", "zigzag", "striped")
+CONFIGS = [(layout, causal) for layout in LAYOUT_NAMES for causal in (False, True)]
 WORLD_SIZES = [2, 3, 4]
 
 
@@ -123,12 +124,12 @@ def recording_pass(sent: list, real_pass, tensors, **options):
 
 
 def half_precision_cases(rank: int, world_size: int, q, k, v, grad_out) -> dict:
-    """Causal ring attention in bfloat16 and float16 (both layouts), as the library runs it and with
+    """Causal ring attention in bfloat16 and float16 (every layout), as the library runs it and with
     its accumulators left in the input's dtype (a planted fault); outputs and gradients, and the
     dtype of every tensor the ring sent."""
     results = {}
     for dtype in HALF_DTYPES:
-        for layout in ("contiguous", "zigzag"):
+        for layout in LAYOUT_NAMES:
             for accumulate in ("float32", "input"):
                 patch = (mock.patch.object(ring_module, "accumulation_dtype", lambda dtype: dtype)
                          if accumulate == "input" else contextlib.nullcontext())
@@ -242,7 +243,7 @@ def test_half_precision_accumulates_in_float32_as_accurate_as_sdpa_in_that_preci
         expected_out.backward(rounded[3])
         expected_grads = [leaf.grad for leaf in leaves]
         sdpa = sdpa_errors(*rounded, dtype, expected_out.detach(), expected_grads)
-        for layout in ("contiguous", "zigzag"):
+        for layout in LAYOUT_NAMES:
             errors = {}
             for accumulate in ("float32", "input"):
                 ranks = [result[dtype, layout, accumulate] for result in run["ranks"]]
@@ -275,21 +276,56 @@ def pairs_by_chunk_ids(world_size: int, layout: str, causal: bool) -> list[int]:
     return counts
 
 
+def chunk_positions_by_hand(rank: int, world_size: int, n: int, layout: str) -> list[list[int]]:
+    """The positions of each chunk a rank holds, from the layouts' definitions (not layout.py)."""
+    if layout == "striped":
+        return [list(range(rank, n, world_size))]                         # token i on rank i mod P: one stripe
+    length = n // (world_size if layout == "contiguous" else 2 * world_size)
+    return [list(range(c * length, (c + 1) * length)) for c in chunks_of(rank, world_size, layout)]
+
+
+def work_by_positions(world_size: int, layout: str, causal: bool) -> list[dict]:
+    """Per rank, the ring's steps written out from token positions: rank r holds rank (r - s) mod P's
+    block at step s; a (query chunk, key chunk) pair is computed when any key is visible to any query
+    (``key <= query``), masked when some but not all are, and counts rows × cols score elements."""
+    result = []
+    for rank in range(world_size):
+        computed = masked = 0
+        scores_by_step = []
+        for step in range(world_size):
+            source = (rank - step) % world_size
+            scores = 0
+            for queries in chunk_positions_by_hand(rank, world_size, N, layout):
+                for keys in chunk_positions_by_hand(source, world_size, N, layout):
+                    visible = [not causal or key <= query for query in queries for key in keys]
+                    if any(visible):
+                        computed += 1
+                        masked += not all(visible)
+                        scores += len(queries) * len(keys)
+            scores_by_step.append(scores)
+        result.append(dict(computed=computed, masked=masked, scores_by_step=scores_by_step))
+    return result
+
+
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_measured_work_equals_ring_work_contiguous_is_imbalanced_zigzag_is_not(world_size):
+def test_measured_work_equals_ring_work_contiguous_is_imbalanced_zigzag_and_striped_are_not(world_size):
     run = gathered(world_size)
     for layout, causal in CONFIGS:
         works = [result[layout, causal]["work"] for result in run["ranks"]]
         predicted = ring_work(world_size, layout, causal)
-        assert predicted == pairs_by_chunk_ids(world_size, layout, causal)
+        by_hand = work_by_positions(world_size, layout, causal)
+        if layout != "striped":
+            assert predicted == pairs_by_chunk_ids(world_size, layout, causal)
+        assert predicted == [r["computed"] for r in by_hand]
         assert [w.forward for w in works] == predicted
         assert [w.backward for w in works] == predicted                      # the backward visits the same pairs
-        per_rank_total = world_size * len(chunks_of(0, world_size, layout)) ** 2
-        assert [w.forward + w.skipped for w in works] == [per_rank_total] * world_size
-        diagonal = len(chunks_of(0, world_size, layout)) if causal else 0    # pairs that need the mask
-        assert [w.masked for w in works] == [diagonal] * world_size
+        chunks_per_rank = 2 if layout == "zigzag" else 1
+        assert [w.forward + w.skipped for w in works] == [world_size * chunks_per_rank ** 2] * world_size
+        diagonal = (world_size if layout == "striped" else chunks_per_rank) if causal else 0   # pairs with a mask
+        assert [w.masked for w in works] == [diagonal] * world_size == [r["masked"] for r in by_hand]
     assert ring_work(world_size, "contiguous", True) == list(range(1, world_size + 1))      # rank P - 1: P times rank 0
     assert ring_work(world_size, "zigzag", True) == [2 * world_size + 1] * world_size       # balanced
+    assert ring_work(world_size, "striped", True) == [world_size] * world_size              # balanced, all masked
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
@@ -321,7 +357,8 @@ def test_a_rank_that_raises_ends_the_run_with_its_error():
         (lambda x: ring_attention(x.long(), x, x), TypeError, "floating"),
         (lambda x: ring_attention(x[:, :, :5], x[:, :, :5], x[:, :, :5], layout="zigzag"), ValueError,
          "even N_local.*N_local=5"),
-        (lambda x: ring_attention(x, x, x, layout="striped"), ValueError, "layout must be one of"),
+        (lambda x: ring_attention(x, x, x, layout="diagonal"), ValueError, "layout must be one of"),
+        (lambda x: ring_work(2, "Striped", True), ValueError, "layout must be one of"),
         (lambda x: ring_attention(*(x[:, :, :0],) * 3), ValueError, "at least one token"),
         (lambda x: ring_attention(x, x, x, causal=1), TypeError, "causal must be a bool"),
         (lambda x: ring_attention(x, x, x), RuntimeError, "no process group"),
@@ -332,3 +369,16 @@ def test_a_rank_that_raises_ends_the_run_with_its_error():
 def test_bad_inputs_are_rejected_naming_the_argument(call, error, fragment):
     with pytest.raises(error, match=fragment):
         call(torch.randn(1, 2, 6, 8))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_striped_blocks_are_a_triangle_with_its_diagonal_from_ranks_up_to_this_one_without_from_later(world_size):
+    """ring_work's docstring, counted from positions: at a step holding rank t's block, rank r sees
+    L (L + 1) / 2 scores when t <= r and L (L - 1) / 2 when t > r (L = N / P); none is all hidden."""
+    length = N // world_size
+    for rank in range(world_size):
+        queries = chunk_positions_by_hand(rank, world_size, N, "striped")[0]
+        for source in range(world_size):
+            keys = chunk_positions_by_hand(source, world_size, N, "striped")[0]
+            visible = sum(key <= query for query in queries for key in keys)
+            assert visible == (length * (length + 1) // 2 if source <= rank else length * (length - 1) // 2)

@@ -38,8 +38,20 @@ def test_contiguous_work_grows_with_the_rank_and_zigzag_is_balanced():
         assert [int((zigzag == r).sum()) for r in range(world_size)] == [2 * world_size + 1] * world_size
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_striped_grid_row_r_is_rank_r_and_no_stripe_pair_is_hidden_whole(world_size):
+    grid = causal_pair_grid(world_size, "striped")
+    n = 4 * world_size                                                  # 4 tokens per rank
+    for rank in range(world_size):
+        queries = token_positions(rank, world_size, n, "striped")
+        for source in range(world_size):
+            keys = token_positions(source, world_size, n, "striped")
+            assert bool((keys[None, :] <= queries[:, None]).any())      # some key visible: computed, by rank
+            assert int(grid[rank, source]) == rank
+
+
 def test_diagram_arguments_are_checked():
     with pytest.raises(ValueError, match="world_size"):
         ring_schedule(0)
     with pytest.raises(ValueError, match="layout must be one of"):
-        causal_pair_grid(2, "striped")
+        causal_pair_grid(2, "strided")
