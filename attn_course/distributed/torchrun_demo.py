@@ -29,7 +29,7 @@ import torch.distributed as dist
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
 from attn_course.distributed.communication import count_traffic
-from attn_course.distributed.layout import shard, unshard
+from attn_course.distributed.layout import LAYOUTS, shard, unshard
 from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
 
 __all__ = ["main", "TOLERANCE"]
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         ring_attention = _ring()
         if ring_attention is not None:
             methods += [("ring", functools.partial(ring_attention, layout=layout), layout)
-                        for layout in ("contiguous", "zigzag")]
+                        for layout in LAYOUTS]                        # contiguous, zig-zag, striped
         results = [_run(name, attend, layout, inputs, rank, world_size, args.causal)
                    for name, attend, layout in methods]
         if rank != 0:
