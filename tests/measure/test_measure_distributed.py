@@ -47,7 +47,8 @@ def test_distributed_formulas_by_hand():
         assert distributed.formula_bytes("ulysses", b, h, n, d, p, backward=True) * p == 8 * (p - 1) * shard
         ratio = distributed.formula_bytes("ring", b, h, n, d, p) / distributed.formula_bytes("ulysses", b, h, n, d, p)
         assert ratio == p / 2
-    assert [distributed.formula_bytes(m, b, h, n, d, 1, backward=True) for m in distributed.METHODS] == [0, 0, 0]
+        assert distributed.formula_bytes("ring striped", b, h, n, d, p, backward=True) == (6 * p - 4) * shard
+    assert [distributed.formula_bytes(m, b, h, n, d, 1, backward=True) for m in distributed.METHODS] == [0] * 4
     # N and P grown together: Ulysses' bytes per rank approach a constant, ring's grow with P.
     ulysses = [distributed.formula_bytes("ulysses", 1, 8, 16 * p, 16, p) for p in (2, 4, 8)]
     ring = [distributed.formula_bytes("ring", 1, 8, 16 * p, 16, p) for p in (2, 4, 8)]
@@ -98,7 +99,7 @@ def test_distributed_measured_bytes_equal_the_formulas_exactly():
     shard = 1 * 2 * 4 * 4 * 4                                                # B·H·(N/P)·d·4 at N=8, P=2
     two = {r.method: (r.forward_bytes, r.total_bytes) for r in rows if r.world_size == 2 and r.scaling == "N fixed"}
     assert two == {"ulysses": (2 * shard, 4 * shard), "ring": (2 * shard, 8 * shard),
-                   "ring zigzag": (2 * shard, 8 * shard)}
+                   "ring zigzag": (2 * shard, 8 * shard), "ring striped": (2 * shard, 8 * shard)}
 
 
 def test_distributed_functions_reject_bad_arguments():

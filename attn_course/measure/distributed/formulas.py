@@ -7,9 +7,9 @@ from attn_course.distributed.ulysses import ulysses_bytes
 
 __all__ = ["LAYOUT", "METHODS", "check_method", "check_methods", "check_shape", "formula_bytes", "positive_ints"]
 
-# (name, layout): Ulysses needs the contiguous layout; ring runs with both.
-METHODS = ("ulysses", "ring", "ring zigzag")
-LAYOUT = {"ulysses": "contiguous", "ring": "contiguous", "ring zigzag": "zigzag"}
+# (name, layout): Ulysses needs the contiguous layout; ring runs with all three.
+METHODS = ("ulysses", "ring", "ring zigzag", "ring striped")
+LAYOUT = {"ulysses": "contiguous", "ring": "contiguous", "ring zigzag": "zigzag", "ring striped": "striped"}
 
 
 def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, world_size: int, *,
@@ -21,7 +21,7 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
 
     - Ulysses: ``(P - 1)/P · (2 S_q + 2 S)`` forward (q and out at ``H`` heads, k and v at
       ``H_kv``), twice that forward + backward (:func:`~attn_course.distributed.ulysses.ulysses_bytes`);
-    - ring (either layout): ``2 (P - 1) · S`` forward (K and V passed ``P - 1`` times); the
+    - ring (any layout): ``2 (P - 1) · S`` forward (K and V passed ``P - 1`` times); the
       backward passes K and V ``P - 1`` times again and dK, dV ``P`` times (home at the end):
       ``(4P - 2) · S`` more, so ``(6P - 4) · S`` in all. The dK/dV sums travel in float32 when
       the inputs are half precision (:func:`~attn_course.distributed.ring.accumulation_dtype`):
@@ -62,7 +62,7 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
         if heads % kv_heads:
             raise ValueError(f"{where}: heads={heads} must be divisible by kv_heads={kv_heads}")
         heads = kv_heads                                                      # the ring sends K/V heads only
-    chunks = 2 * world_size if method == "ring zigzag" else world_size
+    chunks = 2 * world_size if LAYOUT[method] == "zigzag" else world_size
     if n % chunks:
         raise ValueError(f"{where}: n={n} must be divisible by {chunks} for {method} over {world_size} ranks")
     if world_size == 1:

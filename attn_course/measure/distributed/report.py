@@ -83,7 +83,7 @@ def plot_distributed(traffic: Sequence[TrafficRow], memory: Sequence[MemoryRow],
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     methods = list(dict.fromkeys(r.method for r in traffic + memory + timing))
     colour = {m: f"C{i}" for i, m in enumerate(methods)}
-    drawn = [m for m in methods if not (m == "ring zigzag" and "ring" in methods)]   # same bytes as ring
+    drawn = [m for m in methods if not (m in ("ring zigzag", "ring striped") and "ring" in methods)]  # as ring
     for scaling, style in (("N fixed", "-"), ("N ∝ P", "--")):
         for method in drawn:
             chosen = [r for r in traffic if r.method == method and r.scaling == scaling]
@@ -93,7 +93,7 @@ def plot_distributed(traffic: Sequence[TrafficRow], memory: Sequence[MemoryRow],
                 axes[0].plot([r.world_size for r in chosen], [r.forward_bytes / 2**10 for r in chosen], "o",
                              color=colour[method])
     axes[0].set(xlabel="P (ranks)", ylabel="KiB sent per rank (forward)",
-                title="bytes: lines formula, dots measured\n(ring zigzag sends what ring sends)")
+                title="bytes: lines formula, dots measured\n(ring zigzag and striped send what ring sends)")
     markers = ("o", "s", "^", "D", "v")
     for method in methods:
         for index, p in enumerate(sorted({r.world_size for r in memory})):
