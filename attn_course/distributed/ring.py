@@ -21,7 +21,7 @@ one pair to compute and rank ``P - 1`` with ``P``; the zig-zag layout (rank ``r`
 ``r`` and ``2P - 1 - r``) gives every rank ``2P + 1`` chunk pairs; the striped layout (rank ``r``
 holds tokens ``r, r + P, ...``; Brandon et al. 2023, arXiv 2311.09431) puts every step's one pair
 on the diagonal, about half visible, so every rank computes ``P`` masked pairs and skips none
-(:func:`ring_work`; :func:`count_ring_work` measures them).
+(:func:`ring_work`; :func:`count_ring_work` measures them, with the score elements of every step).
 
 The backward pass circulates K/V once more and recomputes each tile's weights from the saved
 log-sum-exp (FlashAttention's backward); the dK/dV accumulators travel with the block they
@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import time
 from collections.abc import Iterator
 
 import torch
@@ -60,12 +61,20 @@ class RingWork:
         backward: pairs whose gradients the backward pass computed (the same pairs again).
         masked: of the forward pairs, those on the causal diagonal that needed a mask.
         skipped: forward pairs left out because the causal mask hides all of them.
+        forward_scores_by_step: one entry per forward ring step, in the order the steps ran (``P``
+            per call): the score elements this rank computed at that step, ``rows × cols`` summed
+            over its computed pairs, per (batch, head). A masked pair counts whole: the tile is
+            computed whole and the mask applied to it.
+        forward_seconds_by_step: for the same steps, the wall-clock seconds this rank spent
+            computing and merging its tiles (the transfer it waits for is not in it).
     """
 
     forward: int = 0
     backward: int = 0
     masked: int = 0
     skipped: int = 0
+    forward_scores_by_step: list[int] = dataclasses.field(default_factory=list)
+    forward_seconds_by_step: list[float] = dataclasses.field(default_factory=list)
 
 
 @contextlib.contextmanager
@@ -78,7 +87,7 @@ def count_ring_work() -> Iterator[RingWork]:
         >>> with count_ring_work() as work:
         ...     pass                                   # no ring attention here
         >>> work
-        RingWork(forward=0, backward=0, masked=0, skipped=0)
+        RingWork(forward=0, backward=0, masked=0, skipped=0, forward_scores_by_step=[], forward_seconds_by_step=[])
     """
     work = RingWork()
     _active.append(work)
@@ -92,6 +101,21 @@ def _count(**amounts: int) -> None:
     for work in _active:
         for name, amount in amounts.items():
             setattr(work, name, getattr(work, name) + amount)
+
+
+def _count_step(pairs: list[_Pair], seconds: float) -> None:
+    """Note one forward step: the score elements of its computed pairs and the seconds they took."""
+    scores = sum((pair.rows.stop - pair.rows.start) * (pair.cols.stop - pair.cols.start) for pair in pairs)
+    for work in _active:
+        work.forward_scores_by_step.append(scores)
+        work.forward_seconds_by_step.append(seconds)
+
+
+def _clock(device: torch.device) -> float:
+    """Seconds now, once the device has finished what it was given (a GPU runs kernels asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def ring_work(world_size: int, layout: str = "contiguous", causal: bool = False) -> list[int]:
@@ -248,12 +272,15 @@ def _ring_forward(q, k, v, causal, layout, group, scale):
         transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
         # 2. Attend every query chunk to every visible key chunk of the block, while it travels.
         pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=True)
+        started = _clock(q.device) if _active else 0.0
         for pair in pairs:
             block_out, block_lse = _block_attention(q[:, :, pair.rows], k_block[:, :, pair.cols],
                                                     v_block[:, :, pair.cols], pair.mask, scale)
             # 3. Merge into the running output by log-sum-exp (chapter 06's merge), in float32.
             out[:, :, pair.rows], lse[:, :, pair.rows] = merge_attention_outputs(
                 out[:, :, pair.rows], lse[:, :, pair.rows], block_out, block_lse)
+        if _active:                                                           # inside count_ring_work
+            _count_step(pairs, _clock(q.device) - started)
         # 4. Receive the previous rank's block: the one to attend to at the next step.
         if transfer is not None:
             k_block, v_block = transfer.wait()

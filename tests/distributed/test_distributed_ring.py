@@ -323,6 +323,8 @@ def test_measured_work_equals_ring_work_contiguous_is_imbalanced_zigzag_and_stri
         assert [w.forward + w.skipped for w in works] == [world_size * chunks_per_rank ** 2] * world_size
         diagonal = (world_size if layout == "striped" else chunks_per_rank) if causal else 0   # pairs with a mask
         assert [w.masked for w in works] == [diagonal] * world_size == [r["masked"] for r in by_hand]
+        assert [w.forward_scores_by_step for w in works] == [r["scores_by_step"] for r in by_hand]
+        assert all(len(w.forward_seconds_by_step) == world_size for w in works)    # timed, not checked
     assert ring_work(world_size, "contiguous", True) == list(range(1, world_size + 1))      # rank P - 1: P times rank 0
     assert ring_work(world_size, "zigzag", True) == [2 * world_size + 1] * world_size       # balanced
     assert ring_work(world_size, "striped", True) == [world_size] * world_size              # balanced, all masked
