@@ -20,10 +20,20 @@ ranks started by :func:`~attn_course.distributed.launch.launch` (gloo, one threa
 
 All measurements of one ``P`` run in one launch (:func:`measure_distributed`), so the command
 starts three groups of processes in all.
+
+Apart from these, :func:`measure_critical_path` measures what a balanced layout buys a synchronous
+ring: per step, the most score elements any rank computes (the ring waits for it), summed over the
+steps, against :func:`critical_path_formula` for the contiguous, zig-zag and striped layouts
+(:func:`print_critical_path` prints the rows).
 """
 
 from __future__ import annotations
 
+from attn_course.measure.distributed.critical_path import (
+    CriticalPathRow,
+    critical_path_formula,
+    measure_critical_path,
+)
 from attn_course.measure.distributed.formulas import METHODS, formula_bytes
 from attn_course.measure.distributed.measurements import (
     MemoryRow,
@@ -34,8 +44,15 @@ from attn_course.measure.distributed.measurements import (
     measure_time,
     measure_traffic,
 )
-from attn_course.measure.distributed.report import plot_distributed, print_memory, print_time, print_traffic
+from attn_course.measure.distributed.report import (
+    plot_distributed,
+    print_critical_path,
+    print_memory,
+    print_time,
+    print_traffic,
+)
 
 __all__ = ["METHODS", "TrafficRow", "MemoryRow", "TimeRow", "formula_bytes", "measure_traffic",
            "measure_rank_memory", "measure_time", "measure_distributed", "print_traffic", "print_memory",
-           "print_time", "plot_distributed"]
+           "print_time", "plot_distributed", "CriticalPathRow", "critical_path_formula", "measure_critical_path",
+           "print_critical_path"]

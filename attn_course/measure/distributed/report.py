@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from attn_course.measure.distributed.critical_path import CriticalPathRow
 from attn_course.measure.distributed.measurements import MemoryRow, TimeRow, TrafficRow
 from attn_course.measure.rows import check_rows, pyplot_for
 
-__all__ = ["plot_distributed", "print_memory", "print_time", "print_traffic"]
+__all__ = ["plot_distributed", "print_critical_path", "print_memory", "print_time", "print_traffic"]
 
 
 def print_traffic(rows: Sequence[TrafficRow]) -> None:
@@ -57,6 +58,27 @@ def print_time(rows: Sequence[TimeRow]) -> None:
         print(f"{r.method:>12} {r.world_size:>3} {r.n:>6} {r.seconds * 1e3:>9.2f} {r.median_seconds * 1e3:>9.2f} "
               f"{spread:>17} {ratio:>7} "
               f"{r.max_difference:>9.1e}  {note}")
+
+
+def print_critical_path(rows: Sequence[CriticalPathRow]) -> None:
+    """Print :func:`~attn_course.measure.distributed.critical_path.measure_critical_path`'s rows: per step the
+    most score elements any rank computed, their sum (the critical path) against the formula, the path in
+    units of ``N²/P``, the speed-up over contiguous and, per step, the slowest rank's milliseconds.
+
+    Raises:
+        TypeError, ValueError: ``rows`` not a non-empty sequence of :class:`CriticalPathRow`.
+    """
+    rows = check_rows("print_critical_path", rows, (CriticalPathRow,))
+    width = max(len(" ".join(map(str, r.step_max_scores))) for r in rows)
+    print(f"{'layout':>10} {'P':>3} {'N':>5}  {'max over ranks, per step':<{width}}  {'path':>9} {'formula':>9} "
+          f"{'/(N²/P)':>7} {'speed-up':>8}  ms per step (slowest rank)")
+    for r in rows:
+        steps = " ".join(map(str, r.step_max_scores))
+        speedup = "n/a" if r.speedup_over_contiguous is None else f"{r.speedup_over_contiguous:.2f}"
+        unit = r.n * r.n / r.world_size
+        ms = " ".join(f"{s * 1e3:.2f}" for s in r.step_max_seconds)
+        print(f"{r.layout:>10} {r.world_size:>3} {r.n:>5}  {steps:<{width}}  {r.critical_path:>9} {r.formula:>9} "
+              f"{r.critical_path / unit:>7.3f} {speedup:>8}  {ms}")
 
 
 def plot_distributed(traffic: Sequence[TrafficRow], memory: Sequence[MemoryRow], timing: Sequence[TimeRow],
