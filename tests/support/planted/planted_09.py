@@ -1,4 +1,4 @@
-"""Planted mistakes for chapter 10_modern_variants: each must lose its question's points and get its hint.
+"""Planted mistakes for chapter 09_modern_variants: each must lose its question's points and get its hint.
 
 Used by tests/grading/test_assignments.py, which grades a small class of made-up students with otter.
 Each entry: student -> function name -> (the planted code, the question, a phrase of the hint).
@@ -14,12 +14,15 @@ PLANTED = {
             "q1_rms_norm",
             "that is LayerNorm",
         ),
-        "latent_cache_bytes": (                   # a rotary key for every head
-            "def latent_cache_bytes(config):\n"
-            "    per_layer = config['kv_lora_rank'] + config['num_attention_heads'] * config['qk_rope_head_dim']\n"
-            "    return config['num_hidden_layers'] * per_layer * config['bytes_per_element']\n",
-            "q3_predict_latent_cache",
-            "shared by all heads",
+        "decode_costs": (                         # the rotary part left out of every key
+            "def decode_costs(config, form):\n"
+            "    heads, latent = config['num_attention_heads'], config['kv_lora_rank']\n"
+            "    if form == 'absorbed':\n"
+            "        return latent, heads * (latent + latent)\n"
+            "    per_head = config['qk_nope_head_dim'] + config['v_head_dim']\n"
+            "    return heads * per_head, heads * per_head\n",
+            "q3_latent_decode_costs",
+            "left out the rotary part",
         ),
         "fixed_evict": (                          # the newest tokens only: the sinks evicted
             "def fixed_evict(keys, values, sinks, recent):\n"
@@ -42,11 +45,16 @@ PLANTED = {
             "q2_swiglu",
             "SiLU to the up projection",
         ),
-        "latent_cache_bytes": (                   # one layer only
-            "def latent_cache_bytes(config):\n"
-            "    return (config['kv_lora_rank'] + config['qk_rope_head_dim']) * config['bytes_per_element']\n",
-            "q3_predict_latent_cache",
-            "one layer's worth",
+        "decode_costs": (                         # one head's work, not all heads'
+            "def decode_costs(config, form):\n"
+            "    rope = config['qk_rope_head_dim']\n"
+            "    if form == 'absorbed':\n"
+            "        key = config['kv_lora_rank'] + rope\n"
+            "        return key, key + config['kv_lora_rank']\n"
+            "    per_head = config['qk_nope_head_dim'] + rope + config['v_head_dim']\n"
+            "    return config['num_attention_heads'] * per_head, per_head\n",
+            "q3_latent_decode_costs",
+            "You counted one head",
         ),
         "fixed_evict": (                          # the classmate's code as handed in: short caches doubled
             "def fixed_evict(keys, values, sinks, recent):\n"
@@ -84,14 +92,41 @@ PLANTED["bea"] = {
         "q4_find_the_bug_sink_cache",
         "-0 is 0",
     ),
+    "decode_costs": (                     # the two forms the wrong way round
+        "def decode_costs(config, form):\n"
+        "    heads, latent, rope = config['num_attention_heads'], config['kv_lora_rank'], config['qk_rope_head_dim']\n"
+        "    if form == 'expanded':\n"
+        "        return latent + rope, heads * (latent + rope + latent)\n"
+        "    per_head = config['qk_nope_head_dim'] + rope + config['v_head_dim']\n"
+        "    return heads * per_head, heads * per_head\n",
+        "q3_latent_decode_costs",
+        "two forms are swapped",
+    ),
+}
+
+PLANTED["linus"] = {
+    "decode_costs": (                     # each head's key as wide as its value: right only where they match
+        "def decode_costs(config, form):\n"
+        "    heads, latent, rope = config['num_attention_heads'], config['kv_lora_rank'], config['qk_rope_head_dim']\n"
+        "    if form == 'absorbed':\n"
+        "        return latent + rope, heads * (latent + rope + latent)\n"
+        "    per_head = config['v_head_dim'] + rope + config['v_head_dim']\n"
+        "    return heads * per_head, heads * per_head\n",
+        "q3_latent_decode_costs",
+        "value's width in the key",
+    ),
 }
 
 PLANTED["zoe"] = {
-    "latent_cache_bytes": (
-        "def latent_cache_bytes(config):\n"
-        "    from attn_course.variants.kv_cache_size import cache_size_from_config\n"
-        "    return cache_size_from_config(config)\n",
-        "q3_predict_latent_cache",
-        "calls cache_size_from_config, which this exercise forbids",
+    "decode_costs": (
+        "def decode_costs(config, form):\n"
+        "    from attn_course.variants.kv_cache_size import mla_cache_elements\n"
+        "    heads, latent, rope = config['num_attention_heads'], config['kv_lora_rank'], config['qk_rope_head_dim']\n"
+        "    if form == 'absorbed':\n"
+        "        return mla_cache_elements(latent, rope), heads * (latent + rope + latent)\n"
+        "    per_head = config['qk_nope_head_dim'] + rope + config['v_head_dim']\n"
+        "    return heads * per_head, heads * per_head\n",
+        "q3_latent_decode_costs",
+        "calls mla_cache_elements, which this exercise forbids",
     ),
 }
