@@ -1,7 +1,7 @@
-"""Checks for the exercises of chapter 10 (attention across machines): Ulysses' all-to-all done by hand,
+"""Checks for the exercises of chapter 10 (attention across machines): the messages of Ulysses' all-to-all,
 the bytes a rank sends, a ring of partial results merged in one process, and the causal work of each
 rank in the two layouts. Each runs the student's function on fresh inputs, compares it with a reference
-computed here (from :func:`~attn_course.core.attention.self_attention` and
+computed here (slices of the full tensor, :func:`~attn_course.core.attention.self_attention` and
 :func:`~attn_course.distributed.layout.token_positions`), and names the mistake it recognises. None of
 them needs a process group: the ranks are simulated in one process."""
 
@@ -14,11 +14,11 @@ from collections.abc import Callable
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer, check_shape, diagnose, same, watched
-from attn_course.checks.forbidden import Forbidden
+from attn_course.checks.forbidden import Forbidden, forbid
 from attn_course.core.attention import self_attention
 from attn_course.distributed.layout import token_positions
 
-__all__ = ["check_all_to_all_by_hand", "check_bytes_sent_per_rank", "check_ring_by_hand", "check_causal_work"]
+__all__ = ["check_ulysses_exchange", "check_bytes_sent_per_rank", "check_ring_by_hand", "check_causal_work"]
 
 
 def _nothing_yet(result: object) -> None:
@@ -36,76 +36,156 @@ def _tensor_list(result: object, count: int, what: str) -> list[torch.Tensor]:
     return list(result)
 
 
-# --- Ulysses' all-to-all by hand ------------------------------------------------------------------------
+def _number(value: object, what: str) -> float:
+    """``value`` as a plain number (a one-element tensor too), or the failure saying what came instead."""
+    _nothing_yet(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CheckFailed(f"{what} should be a number of bytes, got {type(value).__name__}.")
+    return value
 
-NO_SWAP = ("Each rank still holds a slice of the sequence: after the all-to-all, rank r holds *every* token "
-           "(N of them) for its share of the heads, H / P.")
+
+# --- the messages of Ulysses' all-to-all ------------------------------------------------------------------
+
+CUT_ALONG_TOKENS = ("sent[r][s] holds all H heads of a slice of rank r's tokens: you cut the shard along the "
+                    "tokens. The all-to-all cuts it along the heads: rank s gets every one of rank r's N/P "
+                    "tokens, for rank s's heads only.")
+SENT_TRANSPOSED = ("sent[r][s] holds rank s's tokens: that is what rank s sends to rank r. sent[r][s] is rank r's "
+                   "own tokens (it only has those), for the heads that rank s will hold.")
+OWN_HEADS_SENT = ("Rank r sends every rank its own heads, r·H/P .. (r+1)·H/P - 1; rank s must get the heads it will "
+                  "hold, s·H/P .. (s+1)·H/P - 1.")
 HEADS_INTERLEAVED = ("Rank r got heads r, r + P, r + 2P, ...; the all-to-all gives each rank a contiguous block of "
                      "heads: rank r holds heads r·H/P .. (r+1)·H/P - 1.")
-SEQUENCE_SCRAMBLED = ("Each rank has the right heads, but the tokens are not in sequence order: the part that came "
-                      "from rank j holds tokens j·N/P .. (j+1)·N/P - 1 and goes in that place.")
+NO_SWAP = ("Each rank still holds a slice of the sequence: after the all-to-all, rank r holds *every* token "
+           "(N of them) for its share of the heads, H / P.")
 OWN_SHARD_ONLY = ("Rank r only has its own tokens for its heads: it must also receive the other ranks' tokens for "
                   "those heads, and join them along the sequence.")
+TOKENS_OUT_OF_ORDER = ("Each rank has the right heads, but the tokens are not in sequence order: the piece that came "
+                       "from rank s holds tokens s·N/P .. (s+1)·N/P - 1 and goes in that place, whatever the order "
+                       "the pieces arrived in.")
+KEPT_PART_COUNTED = ("Your bytes include the piece a rank keeps, sent[r][r]: it never leaves the rank. Count the "
+                     "P - 1 pieces that go to the other ranks.")
+ONE_PIECE_COUNTED = "You counted one piece; rank r sends one to each of the other P - 1 ranks."
+ELEMENTS_NOT_BYTES = ("You counted elements, not bytes: multiply by the bytes of one element, "
+                      "tensor.element_size() (4 for float32, 2 for bfloat16).")
+BITS = "You counted bits; there are 8 bits in a byte: use the bytes per element."
 
-
-#: What chapter 10's first exercise may not call: the course's Ulysses and all-to-all.
-ALL_TO_ALL_RULES = (
-    Forbidden("attn_course.distributed.ulysses.sequence_to_heads",
-              "the exercise is to do the all-to-all by hand"),
-    Forbidden("attn_course.distributed.ulysses.heads_to_sequence",
-              "the exercise is to do the all-to-all by hand"),
-    Forbidden("attn_course.distributed.ulysses.AllToAll",
-              "the exercise is to do the all-to-all by hand"),
-    Forbidden("attn_course.distributed.communication.all_to_all",
-              "the exercise is to do the all-to-all by hand"),
-    Forbidden("attn_course.distributed.layout.shard",
-              "the exercise is to do the all-to-all by hand"),
-    Forbidden("attn_course.distributed.layout.unshard",
-              "the exercise is to do the all-to-all by hand"),
+_BY_HAND = "the exercise is to work out the all-to-all's messages yourself"
+#: What chapter 10's first exercise may not call: the course's Ulysses, all-to-all and layouts.
+EXCHANGE_RULES = forbid(
+    _BY_HAND,
+    "attn_course.distributed.ulysses.sequence_to_heads",
+    "attn_course.distributed.ulysses.heads_to_sequence",
+    "attn_course.distributed.ulysses.AllToAll",
+    "attn_course.distributed.ulysses.ulysses_bytes",
+    "attn_course.distributed.communication.all_to_all",
+    "attn_course.distributed.layout.shard",
+    "attn_course.distributed.layout.unshard",
 )
 
 
-def check_all_to_all_by_hand(all_to_all_fn: Callable[[list[torch.Tensor]], list[torch.Tensor]]) -> bool:
-    """Check ``fn(shards) -> parts``: what Ulysses' first all-to-all leaves on each rank.
+def _exchange_parts(result: object, p: int) -> tuple[list[list[torch.Tensor]], list[torch.Tensor], list[float]]:
+    """``(sent, received, bytes_sent)`` from what the answer returned, or the failure saying what is missing."""
+    _nothing_yet(result)
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        raise CheckFailed("Your function should return three things, (sent, received, bytes_sent), got "
+                          f"{type(result).__name__}" + (f" of length {len(result)}" if isinstance(result, (tuple, list))
+                                                        else "") + ".")
+    sent, received, bytes_sent = result
+    if not isinstance(sent, (list, tuple)) or len(sent) != p or not all(
+            isinstance(row, (list, tuple)) and len(row) == p and all(isinstance(t, torch.Tensor) for t in row)
+            for row in sent):
+        raise CheckFailed(f"sent should be a list of {p} lists (one per sending rank r) of {p} tensors (one per "
+                          "receiving rank s).")
+    received = _tensor_list(received, p, "received: what each rank holds afterwards, [B, H/P, N, d]")
+    if isinstance(bytes_sent, torch.Tensor):
+        bytes_sent = bytes_sent.tolist()
+    if not isinstance(bytes_sent, (list, tuple)) or len(bytes_sent) != p:
+        raise CheckFailed(f"bytes_sent should be a list of {p} numbers, one per rank, got {bytes_sent!r}.")
+    return [list(row) for row in sent], received, [_number(b, f"bytes_sent[{r}]") for r, b in enumerate(bytes_sent)]
 
-    ``shards[r]`` is rank ``r``'s ``[B, H, N/P, d]`` (tokens ``r·N/P ..``, every head); ``parts[r]``
-    must be ``[B, H/P, N, d]``: every token, for heads ``r·H/P .. (r+1)·H/P - 1``. Tried for ``P`` = 2
-    and 3.
+
+def check_ulysses_exchange(exchange_fn: Callable[[list[torch.Tensor]], tuple]) -> bool:
+    """Check ``fn(shards) -> (sent, received, bytes_sent)``: the messages of Ulysses' first all-to-all.
+
+    ``shards[r]`` is rank ``r``'s ``[B, H, N/P, d]`` (tokens ``r·N/P ..``, every head). ``sent[r][s]``
+    must be the ``[B, H/P, N/P, d]`` rank ``r`` sends rank ``s`` (its tokens, for heads
+    ``s·H/P .. (s+1)·H/P - 1``; ``sent[r][r]`` the part it keeps), ``received[r]`` the ``[B, H/P, N, d]``
+    rank ``r`` holds afterwards (every token of its heads, in sequence order), and ``bytes_sent[r]``
+    the bytes of the ``P - 1`` pieces that leave rank ``r``. Tried for ``P`` = 2 in float32 and
+    ``P`` = 3 in bfloat16; the references are slices of the full tensor.
 
     Returns:
         ``True`` when correct.
 
     Raises:
-        CheckFailed: naming no swap at all, interleaved heads, tokens out of order, only the rank's
-            own tokens, or the first entry that differs.
+        CheckFailed: naming pieces cut along the tokens, ``sent[r][s]`` the wrong way round, a rank
+            sending its own heads, interleaved heads, no swap at all, only the rank's own tokens,
+            tokens out of order, the kept piece counted, one piece counted, elements or bits for
+            bytes, or the first entry that differs.
 
     Example (a wrong answer, and what it is told):
-        >>> check_all_to_all_by_hand(lambda shards: shards)
+        >>> def exchange(shards):
+        ...     p = len(shards)
+        ...     sent = [list(shard.chunk(p, dim=2)) for shard in shards]
+        ...     return sent, [torch.cat(row, dim=2) for row in sent], [0] * p
+        >>> check_ulysses_exchange(exchange)
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: Each rank still holds a slice of the sequence: after the ...
+        attn_course.checks.diagnosis.CheckFailed: sent[r][s] holds all H heads of a slice of rank r's tokens: ...
     """
-    all_to_all_fn = watched("check_all_to_all_by_hand", all_to_all_fn, ALL_TO_ALL_RULES)
+    exchange_fn = watched("check_ulysses_exchange", exchange_fn, EXCHANGE_RULES)
     generator = torch.Generator().manual_seed(91)
-    for world_size, heads, n in [(2, 4, 6), (3, 6, 9)]:
-        full = torch.randn(2, heads, n, 3, generator=generator)                 # [B, H, N, d]
-        shards = list(full.chunk(world_size, dim=2))                            # rank r: [B, H, N/P, d]
-        got = _tensor_list(call_answer("check_all_to_all_by_hand", all_to_all_fn, [s.clone() for s in shards],
-                                       described=f"{world_size} shards of shape {list(shards[0].shape)}"),
-                           world_size, "[B, H/P, N, d] per rank")
-        h = heads // world_size
-        expected = [full[:, r * h:(r + 1) * h] for r in range(world_size)]
-        for rank, (part, want) in enumerate(zip(got, expected)):
-            if part.shape == shards[rank].shape:
-                raise CheckFailed(NO_SWAP)
-            check_shape(part, want, f"Rank {rank}'s part")
+    for p, heads, n, dtype in [(2, 4, 8, torch.float32), (3, 6, 18, torch.bfloat16)]:
+        full = torch.randn(2, heads, n, 3, generator=generator).to(dtype)     # [B, H, N, d]
+        shards = list(full.chunk(p, dim=2))                                   # rank r: [B, H, N/P, d]
+        result = call_answer("check_ulysses_exchange", exchange_fn, [t.clone() for t in shards],
+                             described=f"{p} shards of shape {list(shards[0].shape)} ({dtype})")
+        sent, received, bytes_sent = _exchange_parts(result, p)
+        h, t = heads // p, n // p
+        for r in range(p):
+            for s in range(p):
+                piece, want = sent[r][s], shards[r][:, s * h:(s + 1) * h]      # [B, H/P, N/P, d]
+                if same(piece, want):
+                    continue
+                for message, wrong in [(CUT_ALONG_TOKENS, shards[r].chunk(p, dim=2)[s]),
+                                       (SENT_TRANSPOSED, shards[s][:, r * h:(r + 1) * h]),
+                                       (OWN_HEADS_SENT, shards[r][:, r * h:(r + 1) * h]),
+                                       (HEADS_INTERLEAVED, shards[r][:, s::p])]:
+                    if same(piece, wrong):
+                        raise CheckFailed(message)
+                check_shape(piece, want, f"sent[{r}][{s}]")
+                diagnose(piece, want, [], ("", "head", "token", "feature"), f"sent[{r}][{s}]")
+        for r in range(p):
+            part, want = received[r], full[:, r * h:(r + 1) * h]                # [B, H/P, N, d]
             if same(part, want):
                 continue
-            mistakes = [
-                (HEADS_INTERLEAVED, full[:, rank::world_size]),
-                (SEQUENCE_SCRAMBLED, torch.cat(shards[::-1], dim=2)[:, rank * h:(rank + 1) * h]),
-            ]
-            diagnose(part, want, mistakes, ("", "head", "token", "feature"), f"Rank {rank}'s part")
+            pieces = [shards[s][:, r * h:(r + 1) * h] for s in range(p)]         # what each rank sent rank r
+            if part.shape == shards[r].shape:
+                raise CheckFailed(NO_SWAP)
+            if same(part, pieces[r]):
+                raise CheckFailed(OWN_SHARD_ONLY)
+            check_shape(part, want, f"received[{r}]")
+            mistakes = [(TOKENS_OUT_OF_ORDER, torch.cat(pieces[::-1], dim=2)),
+                        (TOKENS_OUT_OF_ORDER, torch.cat([pieces[(r + s) % p] for s in range(p)], dim=2)),
+                        (TOKENS_OUT_OF_ORDER, torch.cat([pieces[(r - s) % p] for s in range(p)], dim=2)),
+                        (HEADS_INTERLEAVED, full[:, r::p])]
+            diagnose(part, want, mistakes, ("", "head", "token", "feature"), f"received[{r}]")
+        piece_elements = 2 * h * t * 3                                          # B · H/P · N/P · d
+        element = full.element_size()
+        expected = (p - 1) * piece_elements * element
+        for r, got in enumerate(bytes_sent):
+            if math.isclose(got, expected, rel_tol=1e-9):
+                continue
+            for message, wrong in [(KEPT_PART_COUNTED, p * piece_elements * element),
+                                   (ONE_PIECE_COUNTED, piece_elements * element),
+                                   (ELEMENTS_NOT_BYTES, (p - 1) * piece_elements),
+                                   (BITS, 8 * expected)]:
+                if math.isclose(got, wrong, rel_tol=1e-9):
+                    raise CheckFailed(message)
+            raise CheckFailed(f"bytes_sent[{r}] is not right for {p} ranks with shards of shape "
+                              f"{list(shards[0].shape)} in {dtype}: expected {expected:,} bytes, got {got:,}.")
     return True
 
 
@@ -119,7 +199,6 @@ ULYSSES_TWO = ("You counted two all-to-alls for Ulysses; there are four: queries
                "layout, and the output comes back to the sequence layout.")
 ULYSSES_KEEPS_NOTHING = ("In an all-to-all a rank keeps its own part: it sends (P - 1) / P of its shard, not all "
                          "of it.")
-BITS = "You counted bits; there are 8 bits in a byte: use the bytes per element."
 BYTES_WRONG = ("Your count for {method} with {case} is not right: expected {expected:,} bytes, got {got:,}. "
                "A shard is B · H · (N / P) · d elements.")
 

@@ -1,7 +1,9 @@
-"""Chapter 10's exercise checks: the solutions pass and each known mistake gets its own hint."""
+"""Chapter 10's exercise checks: the solutions pass, each known mistake gets its own hint, and what the
+exercises claim holds."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -9,10 +11,10 @@ import torch
 
 from attn_course.checks import CheckFailed
 from attn_course.checks.distributed import (
-    check_all_to_all_by_hand,
     check_bytes_sent_per_rank,
     check_causal_work,
     check_ring_by_hand,
+    check_ulysses_exchange,
 )
 from attn_course.distributed.layout import token_positions
 
@@ -23,30 +25,76 @@ def hint(check, fn) -> str:
     return str(failed.value)
 
 
-# --- the all-to-all by hand --------------------------------------------------------------------------
+# --- the all-to-all's messages ----------------------------------------------------------------------------
 
-def by_hand(shards):
-    full, h = torch.cat(shards, dim=2), shards[0].shape[1] // len(shards)
-    return [full[:, r * h:(r + 1) * h] for r in range(len(shards))]
+def exchange(shards, *, cut="heads", transposed=False, own_heads=False, order=None, kept=False, pieces=None,
+             element=True):
+    """The solution, with one mistake switched on by a keyword."""
+    p, h = len(shards), shards[0].shape[1] // len(shards)
+    if cut == "tokens":
+        sent = [list(shard.chunk(p, dim=2)) for shard in shards]
+    elif cut == "interleaved":
+        sent = [[shard[:, s::p] for s in range(p)] for shard in shards]
+    else:
+        sent = [[shards[s if transposed else r][:, (r if transposed or own_heads else s) * h:][:, :h]
+                 for s in range(p)] for r in range(p)]
+    order = order or (lambda r, s: s)
+    received = [torch.cat([sent[order(r, s) % p][r] for s in range(p)], dim=2) for r in range(p)]
+    size = (lambda t: t.numel() * t.element_size()) if element else (lambda t: t.numel())
+    bytes_sent = [sum(size(t) for s, t in enumerate(row) if kept or s != r) for r, row in enumerate(sent)]
+    if pieces is not None:
+        bytes_sent = [pieces * size(row[0]) for row in sent]
+    return sent, received, bytes_sent
 
 
-def test_all_to_all_solution_passes():
-    assert check_all_to_all_by_hand(by_hand)
+def test_exchange_solution_passes():
+    assert check_ulysses_exchange(exchange)
+
+
+def with_received(received_fn):
+    def fn(shards):
+        sent, _, bytes_sent = exchange(shards)
+        return sent, received_fn(shards, sent), bytes_sent
+    return fn
 
 
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (lambda shards: shards, "still holds a slice of the sequence"),
-        (lambda shards: [torch.cat(shards, 2)[:, r::len(shards)] for r in range(len(shards))], "heads r, r + P"),
-        (lambda shards: by_hand(shards[::-1]), "not in sequence order"),
-        (lambda shards: by_hand(shards)[:-1], "one per rank"),
-        (lambda shards: torch.cat(shards, 2), "a list of"),
+        (functools.partial(exchange, cut="tokens"), "cut the shard along the tokens"),
+        (functools.partial(exchange, transposed=True), "that is what rank s sends to rank r"),
+        (functools.partial(exchange, own_heads=True), "sends every rank its own heads"),
+        (functools.partial(exchange, cut="interleaved"), "heads r, r + P"),
+        (with_received(lambda shards, sent: shards), "still holds a slice of the sequence"),
+        (with_received(lambda shards, sent: [sent[r][r] for r in range(len(shards))]), "only has its own tokens"),
+        (functools.partial(exchange, order=lambda r, s: -1 - s), "not in sequence order"),          # reversed
+        (functools.partial(exchange, order=lambda r, s: r - s), "not in sequence order"),           # as a ring
+        (with_received(lambda shards, sent: [torch.cat(shards, 2)[:, r::len(shards)] for r in range(len(shards))]),
+         "heads r, r + P"),
+        (functools.partial(exchange, kept=True), "include the piece a rank keeps"),
+        (functools.partial(exchange, pieces=1), "You counted one piece"),
+        (functools.partial(exchange, element=False), "You counted elements, not bytes"),
+        (lambda shards: (*exchange(shards)[:2], [8 * b for b in exchange(shards)[2]]), "8 bits in a byte"),
+        (lambda shards: (*exchange(shards)[:2], [b + 1 for b in exchange(shards)[2]]), "expected"),
+        (lambda shards: (*exchange(shards)[:2], ["many"] * len(shards)), "a number of bytes"),
+        (lambda shards: exchange(shards)[1], "three things"),
+        (lambda shards: (exchange(shards)[1], *exchange(shards)[1:]), "a list of"),
+        (lambda shards: (*exchange(shards)[:1], exchange(shards)[1][:-1], exchange(shards)[2]), "one per rank"),
         (lambda shards: ..., "returns nothing yet"),
     ],
 )
-def test_all_to_all_mistakes_get_their_hint(fn, fragment):
-    assert fragment in hint(check_all_to_all_by_hand, fn)
+def test_exchange_mistakes_get_their_hint(fn, fragment):
+    assert fragment in hint(check_ulysses_exchange, fn)
+
+
+def test_exchange_refuses_the_course_layouts():
+    from attn_course.distributed.layout import unshard
+
+    def joined_by_unshard(shards):
+        sent, _, bytes_sent = exchange(shards)
+        return sent, [unshard([row[r] for row in sent]) for r in range(len(shards))], bytes_sent
+
+    assert "calls unshard, which this exercise forbids" in hint(check_ulysses_exchange, joined_by_unshard)
 
 
 # --- bytes per rank ---------------------------------------------------------------------------------------

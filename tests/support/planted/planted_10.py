@@ -6,14 +6,31 @@ Each entry: student -> function name -> (the planted code, the question, a phras
 
 CHAPTER = "10_distributed"
 
+# The solution's sent, received and bytes, with one line changed in each planted exchange.
+_EXCHANGE = (
+    "def ulysses_exchange(shards):\n"
+    "    p = len(shards)\n"
+    "    h = shards[0].shape[1] // p\n"
+    "    sent = {sent}\n"
+    "    received = {received}\n"
+    "    bytes_sent = {bytes_sent}\n"
+    "    return sent, received, bytes_sent\n"
+)
+_SENT = "[[shard[:, s * h:(s + 1) * h] for s in range(p)] for shard in shards]"
+_RECEIVED = "[torch.cat([sent[s][r] for s in range(p)], dim=2) for r in range(p)]"
+_BYTES = "[sum(t.numel() * t.element_size() for s, t in enumerate(row) if s != r) for r, row in enumerate(sent)]"
+
+
+def _exchange(sent=_SENT, received=_RECEIVED, bytes_sent=_BYTES) -> str:
+    return _EXCHANGE.format(sent=sent, received=received, bytes_sent=bytes_sent)
+
+
 PLANTED = {
     "ada": {
-        "all_to_all_by_hand": (                   # heads dealt out like cards
-            "def all_to_all_by_hand(shards):\n"
-            "    every_token = torch.cat(shards, dim=2)\n"
-            "    return [every_token[:, r::len(shards)] for r in range(len(shards))]\n",
-            "q1_all_to_all_by_hand",
-            "heads r, r + P",
+        "ulysses_exchange": (                     # each shard cut along its tokens
+            _exchange(sent="[list(shard.chunk(p, dim=2)) for shard in shards]"),
+            "q1_ulysses_exchange",
+            "cut the shard along the tokens",
         ),
         "fixed_ring_attention": (                 # the classmate's code, handed in as it was
             "def fixed_ring_attention(q_blocks, k_blocks, v_blocks):\n"
@@ -65,10 +82,37 @@ PLANTED = {
             "p + 1 keys",
         ),
     },
+    "bea": {
+        "ulysses_exchange": (                     # sent[r][s] holds what rank s sends rank r
+            _exchange(sent="[[shards[s][:, r * h:(r + 1) * h] for s in range(p)] for r in range(p)]",
+                      received="[torch.cat(sent[r], dim=2) for r in range(p)]"),
+            "q1_ulysses_exchange",
+            "that is what rank s sends to rank r",
+        ),
+    },
+    "linus": {
+        "ulysses_exchange": (                     # the piece a rank keeps counted as sent
+            _exchange(bytes_sent="[sum(t.numel() * t.element_size() for t in row) for row in sent]"),
+            "q1_ulysses_exchange",
+            "the piece a rank keeps",
+        ),
+    },
+    "emmy": {
+        "ulysses_exchange": (                     # pieces joined in the order a ring would bring them
+            _exchange(received="[torch.cat([sent[(r - s) % p][r] for s in range(p)], dim=2) for r in range(p)]"),
+            "q1_ulysses_exchange",
+            "not in sequence order",
+        ),
+    },
 }
 
 # Shortcuts the statements forbid: each is refused by name.
 PLANTED["zoe"] = {
+    "ulysses_exchange": (
+        _exchange(received="[unshard([row[r] for row in sent]) for r in range(p)]"),   # the chapter's import
+        "q1_ulysses_exchange",
+        "calls unshard, which this exercise forbids",
+    ),
     "bytes_sent_per_rank": (
         "def bytes_sent_per_rank(method, batch, heads, n, head_dim, world_size, bytes_per_element):\n"
         "    from attn_course.distributed.ulysses import ulysses_bytes\n"
