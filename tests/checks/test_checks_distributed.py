@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -16,7 +17,9 @@ from attn_course.checks.distributed import (
     check_ring_by_hand,
     check_ulysses_exchange,
 )
+from attn_course.distributed import launch
 from attn_course.distributed.layout import token_positions
+from attn_course.distributed.rank_programs import attention_on_rank
 
 
 def hint(check, fn) -> str:
@@ -99,47 +102,121 @@ def test_exchange_refuses_the_course_layouts():
 
 # --- bytes per rank ---------------------------------------------------------------------------------------
 
-def sent(method, batch, heads, n, head_dim, world_size, bytes_per_element):
-    shard = batch * heads * (n // world_size) * head_dim * bytes_per_element
-    return 2 * (world_size - 1) * shard if method == "ring" else 4 * (world_size - 1) * shard // world_size
+def sent(method, batch, heads, kv_heads, n, head_dim, world_size, bytes_per_element, backward, *,
+         kv_at_h=False, ring_hops=None, sum_bytes=None, sum_hops=None, ulysses_heads=None, forget=False, bits=False):
+    """The solution, with one mistake switched on by a keyword."""
+    p, e = world_size, bytes_per_element
+    s_q = batch * heads * (n // p) * head_dim
+    s_kv = batch * (heads if kv_at_h else kv_heads) * (n // p) * head_dim
+    backward = backward and not forget
+    if method == "ring":
+        hops = p - 1 if ring_hops is None else ring_hops
+        total = 2 * hops * s_kv * e
+        if backward:
+            total += 2 * hops * s_kv * e + 2 * (p if sum_hops is None else sum_hops) * s_kv * (sum_bytes or max(e, 4))
+    else:
+        q_side, kv_side = (s_q, s_kv) if ulysses_heads is None else ulysses_heads(s_q, s_kv)
+        total = (p - 1) * (2 * q_side + 2 * kv_side) * e // p * (2 if backward else 1)
+    return 8 * total if bits else total
 
 
-def test_bytes_solution_passes_and_matches_the_papers_trend():
+def test_bytes_solution_passes():
     assert check_bytes_sent_per_rank(sent)
-    # N growing with P (N / P fixed): the ring's bytes per rank grow like P - 1, Ulysses' stay below 4 shards.
-    ring = [sent("ring", 1, 8, 1024 * p, 64, p, 2) for p in (2, 4, 8)]
-    ulysses = [sent("ulysses", 1, 8, 1024 * p, 64, p, 2) for p in (2, 4, 8)]
-    assert ring == [2 * (p - 1) * 8 * 1024 * 64 * 2 for p in (2, 4, 8)]
-    assert all(u < 4 * 8 * 1024 * 64 * 2 for u in ulysses) and ulysses == sorted(ulysses)
 
 
-def mistaken(ring=None, ulysses=None):
-    def fn(method, *args):
-        wrong = ring if method == "ring" else ulysses
-        return wrong(*args) if wrong else sent(method, *args)
+def traffic(world_size, heads, kv_heads, dtype):
+    """Bytes rank 0 sends, measured by count_traffic on real ranks: {(method, backward): bytes}."""
+    generator = torch.Generator().manual_seed(5)
+    q, grad_out = (torch.randn(1, heads, 16, 4, generator=generator).to(dtype) for _ in range(2))
+    k, v = (torch.randn(1, kv_heads, 16, 4, generator=generator).to(dtype) for _ in range(2))
+    measured = {}
+    for method in ("ring", "ulysses"):
+        (rank0, *_) = launch(functools.partial(attention_on_rank, method=method, grad_out=grad_out), world_size,
+                             q, k, v, timeout=60)
+        measured[method, False] = rank0["forward_bytes"]
+        measured[method, True] = rank0["forward_bytes"] + rank0["backward_bytes"]
+    return measured
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size, heads, kv_heads, dtype", [(2, 8, 2, torch.bfloat16), (4, 8, 4, torch.float32)])
+def test_bytes_solution_is_what_the_ranks_send(world_size, heads, kv_heads, dtype):
+    # The formulas the check writes out (the solution here), against the course's ring and Ulysses measured
+    # with count_traffic: grouped-query heads, half precision (dK and dV travel in float32) and float32.
+    e = torch.empty((), dtype=dtype).element_size()
+    measured = traffic(world_size, heads, kv_heads, dtype)
+    assert measured == {(method, backward): sent(method, 1, heads, kv_heads, 16, 4, world_size, e, backward)
+                        for method in ("ring", "ulysses") for backward in (False, True)}
+
+
+def test_llama_3_crossovers_are_what_the_solution_says():
+    # Llama 3 8B's attention (32 query heads, 8 K/V heads, d = 128) in bfloat16, N = 2^20: forward,
+    # ring / Ulysses = P·H_kv / (H + H_kv) = P / 5, so the ring sends less for P = 2 and 4; in training
+    # the float32 dK/dV sums make the ring send more at every P, by P(2P - 1) / (5(P - 1)).
+    for p in (2, 4, 8):
+        ring, ulysses = (Fraction(sent(m, 1, 32, 8, 2**20, 128, p, 2, False)) for m in ("ring", "ulysses"))
+        assert ring / ulysses == Fraction(p, 5)
+        ring, ulysses = (Fraction(sent(m, 1, 32, 8, 2**20, 128, p, 2, True)) for m in ("ring", "ulysses"))
+        assert ring / ulysses == Fraction(p * (2 * p - 1), 5 * (p - 1)) > 1
+    # With the sums in bfloat16 the ring would still look cheaper in training at P = 2 (the mistake the check names).
+    llama_p2 = (1, 32, 8, 2**20, 128, 2, 2, True)
+    assert sent("ring", *llama_p2, sum_bytes=2) < sent("ulysses", *llama_p2)
+
+
+def only(method, **mistake):
+    """The solution, with ``mistake`` (keywords of :func:`sent`) in ``method``'s count only;
+    ``a`` below is (batch, heads, kv_heads, n, head_dim, world_size, bytes_per_element, backward)."""
+    def fn(m, *args):
+        return sent(m, *args, **(mistake if m == method else {}))
     return fn
-
-
-def shard_of(batch, heads, n, head_dim, p, b):
-    return batch * heads * (n // p) * head_dim * b
 
 
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (mistaken(ring=lambda *a: 2 * a[4] * shard_of(*a)), "P - 1 times"),
-        (mistaken(ring=lambda *a: (a[4] - 1) * shard_of(*a)), "only the keys"),
-        (mistaken(ring=lambda *a: 2 * (a[4] - 1) * shard_of(*a) * a[4]), "whole sequence"),
-        (mistaken(ulysses=lambda *a: 2 * (a[4] - 1) * shard_of(*a) // a[4]), "there are four"),
-        (mistaken(ulysses=lambda *a: 4 * shard_of(*a)), "keeps its own part"),
-        (lambda method, *a: 8 * sent(method, *a), "8 bits in a byte"),
-        (lambda method, *a: sent(method, *a) + 1, "is not right"),
-        (lambda method, *a: "lots", "a number of bytes"),
-        (lambda method, *a: ..., "returns nothing yet"),
+        (only("ring", kv_at_h=True), "at H heads. With grouped-query"),
+        (lambda m, *a: sent(m, *a, ring_hops=a[5]) if m == "ring" else sent(m, *a), "P - 1 times"),
+        (lambda m, *a: sent(m, *a) // 2 if m == "ring" else sent(m, *a), "only the keys"),
+        (lambda m, *a: sent(m, *a) * a[5] if m == "ring" else sent(m, *a), "whole sequence"),
+        (lambda m, *a: sent(m, *a, sum_bytes=a[6]) if m == "ring" else sent(m, *a), "at the input's element size"),
+        (lambda m, *a: sent(m, *a, sum_hops=a[5] - 1) if m == "ring" else sent(m, *a), "they make P"),
+        (lambda m, *a: sent(m, *a, sum_hops=0) if m == "ring" else sent(m, *a), "not the dK and dV sums"),
+        (only("ring", forget=True), "returns the forward pass's bytes"),
+        (only("ulysses", forget=True), "returns the forward pass's bytes"),
+        (only("ulysses", ulysses_heads=lambda s_q, s_kv: (s_q, s_q)), "all four of Ulysses' all-to-alls at H heads"),
+        (only("ulysses", ulysses_heads=lambda s_q, s_kv: (s_kv, s_kv)), "at H_kv heads; only k and v"),
+        (only("ulysses", ulysses_heads=lambda s_q, s_kv: (Fraction(s_q, 2), s_kv)), "there are four"),
+        (lambda m, *a: sent(m, *a) * a[5] // (a[5] - 1) if m == "ulysses" else sent(m, *a), "keeps its own part"),
+        (lambda m, *a: sent(m, *a) * (1 + max(a[6], 4) / a[6]) / 2 if m == "ulysses" and a[7] else sent(m, *a),
+         "Ulysses' backward in float32"),
+        (only("ring", bits=True), "8 bits in a byte"),
+        (lambda m, *a: sent(m, *a) + 1, "is not right"),
+        # two mistakes at once are not taken for a third (at 6 query heads per K/V head and P = 4, both would be 8×)
+        (lambda m, *a: sent(m, *a, kv_at_h=True, ring_hops=a[5]) if m == "ring" else sent(m, *a), "is not right"),
+        (lambda m, *a: "lots", "a number of bytes"),
+        (lambda m, *a: ..., "returns nothing yet"),
     ],
 )
 def test_bytes_mistakes_get_their_hint(fn, fragment):
     assert fragment in hint(check_bytes_sent_per_rank, fn)
+
+
+@pytest.mark.parametrize("name, module", [("formula_bytes", "attn_course.measure.distributed"),
+                                          ("formula_bytes", "attn_course.measure.distributed.formulas"),
+                                          ("ulysses_bytes", "attn_course.distributed")])
+def test_bytes_refuse_the_course_formulas(name, module):
+    import importlib
+
+    formula = getattr(importlib.import_module(module), name)
+
+    def by_the_course(method, batch, heads, kv_heads, n, head_dim, world_size, bytes_per_element, backward):
+        if name == "ulysses_bytes":
+            return formula(batch, heads, n, head_dim, world_size, element_size=bytes_per_element, backward=backward,
+                           kv_heads=kv_heads)
+        return formula(method, batch, heads, n, head_dim, world_size, element_size=bytes_per_element,
+                       backward=backward, kv_heads=kv_heads)
+
+    assert f"calls {name}, which this exercise forbids" in hint(check_bytes_sent_per_rank, by_the_course)
 
 
 # --- the ring by hand -------------------------------------------------------------------------------------------

@@ -25,6 +25,27 @@ def _exchange(sent=_SENT, received=_RECEIVED, bytes_sent=_BYTES) -> str:
     return _EXCHANGE.format(sent=sent, received=received, bytes_sent=bytes_sent)
 
 
+# The solution's byte count, with one line changed in each planted count.
+_BYTES_SIGNATURE = ("def bytes_sent_per_rank(method, batch, heads, kv_heads, n, head_dim, world_size, "
+                    "bytes_per_element, backward):\n")
+_BYTES_PER_RANK = _BYTES_SIGNATURE + (
+    "    p, e = world_size, bytes_per_element\n"
+    "    s_q = batch * heads * (n // p) * head_dim\n"
+    "    s_kv = batch * {ring_heads} * (n // p) * head_dim\n"
+    "    if method == 'ring':\n"
+    "        forward = 2 * (p - 1) * s_kv * e\n"
+    "        return 2 * forward + 2 * p * s_kv * {sum_bytes} if backward else forward\n"
+    "    forward = (p - 1) * ({ulysses}) * e // p\n"
+    "    return {ulysses_total}\n"
+)
+
+
+def _bytes_per_rank(ring_heads="kv_heads", sum_bytes="max(e, 4)", ulysses="2 * s_q + 2 * s_kv",
+                    ulysses_total="2 * forward if backward else forward") -> str:
+    return _BYTES_PER_RANK.format(ring_heads=ring_heads, sum_bytes=sum_bytes, ulysses=ulysses,
+                                  ulysses_total=ulysses_total)
+
+
 PLANTED = {
     "ada": {
         "ulysses_exchange": (                     # each shard cut along its tokens
@@ -55,14 +76,10 @@ PLANTED = {
         ),
     },
     "grace": {
-        "bytes_sent_per_rank": (                  # a ring rank passing its block P times
-            "def bytes_sent_per_rank(method, batch, heads, n, head_dim, world_size, bytes_per_element):\n"
-            "    shard = batch * heads * (n // world_size) * head_dim * bytes_per_element\n"
-            "    if method == 'ring':\n"
-            "        return 2 * world_size * shard\n"
-            "    return 4 * (world_size - 1) * shard // world_size\n",
+        "bytes_sent_per_rank": (                  # the dK/dV sums at the input's 2 bytes, not float32's 4
+            _bytes_per_rank(sum_bytes="e"),
             "q2_predict_bytes",
-            "P - 1 times",
+            "at the input's element size",
         ),
         "fixed_ring_attention": (                 # every block weighed equally
             "def fixed_ring_attention(q_blocks, k_blocks, v_blocks):\n"
@@ -89,6 +106,11 @@ PLANTED = {
             "q1_ulysses_exchange",
             "that is what rank s sends to rank r",
         ),
+        "bytes_sent_per_rank": (                  # the ring's K/V blocks at every query head
+            _bytes_per_rank(ring_heads="heads", ulysses="2 * s_q + 2 * batch * kv_heads * (n // p) * head_dim"),
+            "q2_predict_bytes",
+            "With grouped-query attention they have",
+        ),
     },
     "linus": {
         "ulysses_exchange": (                     # the piece a rank keeps counted as sent
@@ -97,11 +119,23 @@ PLANTED = {
             "the piece a rank keeps",
         ),
     },
+    "katherine": {
+        "bytes_sent_per_rank": (                  # Ulysses' k and v at H heads, like q and the output
+            _bytes_per_rank(ulysses="4 * s_q"),
+            "q2_predict_bytes",
+            "all four of Ulysses' all-to-alls at H heads",
+        ),
+    },
     "emmy": {
         "ulysses_exchange": (                     # pieces joined in the order a ring would bring them
             _exchange(received="[torch.cat([sent[(r - s) % p][r] for s in range(p)], dim=2) for r in range(p)]"),
             "q1_ulysses_exchange",
             "not in sequence order",
+        ),
+        "bytes_sent_per_rank": (                  # Ulysses' backward forgotten
+            _bytes_per_rank(ulysses_total="forward"),
+            "q2_predict_bytes",
+            "returns the forward pass's bytes",
         ),
     },
 }
@@ -114,11 +148,12 @@ PLANTED["zoe"] = {
         "calls unshard, which this exercise forbids",
     ),
     "bytes_sent_per_rank": (
-        "def bytes_sent_per_rank(method, batch, heads, n, head_dim, world_size, bytes_per_element):\n"
-        "    from attn_course.distributed.ulysses import ulysses_bytes\n"
-        "    return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=bytes_per_element)\n",
+        _BYTES_SIGNATURE +
+        "    from attn_course.measure.distributed import formula_bytes\n"
+        "    return formula_bytes(method, batch, heads, n, head_dim, world_size, element_size=bytes_per_element,\n"
+        "                         backward=backward, kv_heads=kv_heads)\n",
         "q2_predict_bytes",
-        "calls ulysses_bytes, which this exercise forbids",
+        "calls formula_bytes, which this exercise forbids",
     ),
     "fixed_ring_attention": (
         "def fixed_ring_attention(q_blocks, k_blocks, v_blocks):\n"
@@ -134,5 +169,20 @@ PLANTED["zoe"] = {
         "    return outputs\n",
         "q3_find_the_bug_ring_merge",
         "calls merge_attention_outputs, which this exercise forbids",
+    ),
+}
+
+PLANTED["alan"] = {
+    "bytes_sent_per_rank": (                      # the ring by hand, Ulysses from the course
+        _BYTES_SIGNATURE +
+        "    from attn_course.distributed.ulysses import ulysses_bytes\n"
+        "    s_kv = batch * kv_heads * (n // world_size) * head_dim\n"
+        "    if method == 'ring':\n"
+        "        forward = 2 * (world_size - 1) * s_kv * bytes_per_element\n"
+        "        return 2 * forward + 2 * world_size * s_kv * max(bytes_per_element, 4) if backward else forward\n"
+        "    return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=bytes_per_element,\n"
+        "                         backward=backward, kv_heads=kv_heads)\n",
+        "q2_predict_bytes",
+        "calls ulysses_bytes, which this exercise forbids",
     ),
 }
