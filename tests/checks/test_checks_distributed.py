@@ -244,6 +244,20 @@ def test_ring_solution_passes():
     assert check_ring_by_hand(ring_solution)
 
 
+def test_the_classmates_ring_is_off_by_a_weighted_mean_when_every_score_is_zero():
+    # What exercise 3 asks to predict: with zero scores and equal blocks, the unrescaled merge returns
+    # m_0 + m_1/2 + m_2/3 + ... (m_s the mean of the values of the block that arrives at step s), where
+    # attention returns their mean (m_0 + ... + m_{P-1}) / P.
+    p, n = 4, 3
+    values = torch.randn(2, p * n, 5, generator=torch.Generator().manual_seed(3))
+    v_blocks, zeros = list(values.chunk(p, dim=1)), [torch.zeros(2, n, 5)] * p
+    buggy, right = ring_solution(zeros, zeros, v_blocks, rescale_old=False), ring_solution(zeros, zeros, v_blocks)
+    for r in range(p):
+        means = [v_blocks[(r - s) % p].mean(1, keepdim=True).expand(2, n, 5) for s in range(p)]
+        torch.testing.assert_close(buggy[r], sum(m / (s + 1) for s, m in enumerate(means)))
+        torch.testing.assert_close(right[r], sum(means) / p)
+
+
 @pytest.mark.parametrize(
     "fn, fragment",
     [
@@ -259,6 +273,24 @@ def test_ring_solution_passes():
 )
 def test_ring_mistakes_get_their_hint(fn, fragment):
     assert fragment in hint(check_ring_by_hand, fn)
+
+
+def test_ring_refuses_the_course_merge():
+    from attn_course.flash.tiled import merge_attention_outputs
+
+    def merged_by_the_course(q_blocks, k_blocks, v_blocks):
+        outputs = []
+        for q in q_blocks:
+            out = lse = None
+            for k, v in zip(k_blocks, v_blocks):
+                scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+                o, o_lse = torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+                out, lse = (o, o_lse) if out is None else merge_attention_outputs(out, lse, o, o_lse)
+            outputs.append(out)
+        return outputs
+
+    assert "calls merge_attention_outputs, which this exercise forbids" in hint(check_ring_by_hand,
+                                                                               merged_by_the_course)
 
 
 # --- causal work ----------------------------------------------------------------------------------------------
