@@ -1,8 +1,8 @@
-"""Checks for the exercises of chapter 10 (attention across machines): the messages of Ulysses' all-to-all,
-the bytes a rank sends with grouped-query attention, forward and in training, a ring of partial results
-merged in one process, and the causal work of each rank in the two layouts. Each runs the student's
-function on fresh inputs, compares it with a reference computed here (slices of the full tensor, the
-byte formulas written out below, :func:`~attn_course.core.attention.self_attention` and
+"""Checks for the exercises of chapter 10 (attention across machines): the messages of Ulysses'
+all-to-all, the bytes a rank sends with grouped-query attention in training, a ring of partial results
+merged in one process, and the causal work of the ring step by step in the two layouts. Each runs the
+student's function on fresh inputs, compares it with a reference computed here (slices of the full
+tensor, the byte formulas written out below, :func:`~attn_course.core.attention.self_attention`, and
 :func:`~attn_course.distributed.layout.token_positions`), and names the mistake it recognises. None of
 them needs a process group: the ranks are simulated in one process."""
 
@@ -19,7 +19,8 @@ from attn_course.checks.forbidden import Forbidden, forbid
 from attn_course.core.attention import self_attention
 from attn_course.distributed.layout import token_positions
 
-__all__ = ["check_ulysses_exchange", "check_bytes_sent_per_rank", "check_ring_by_hand", "check_causal_work"]
+__all__ = ["check_ulysses_exchange", "check_bytes_sent_per_rank", "check_ring_by_hand",
+           "check_visible_pairs_by_step"]
 
 
 def _nothing_yet(result: object) -> None:
@@ -433,61 +434,83 @@ def check_ring_by_hand(ring_fn: Callable[..., list[torch.Tensor]]) -> bool:
     return True
 
 
-# --- causal work per rank ---------------------------------------------------------------------------------------
+# --- the ring's causal work, step by step ----------------------------------------------------------------------
 
-NOT_CAUSAL = ("Your counts are the same for every layout and rank, N/P · N: that is attention without a mask. Under a "
-              "causal mask the query at position p sees p + 1 keys.")
-OFF_BY_ONE = "The query at position p sees p + 1 keys (itself included), not p."
+SOURCE_R_PLUS_S = ("At step s your rank r holds the block of rank (r + s) mod P. Blocks travel to rank r + 1, so at "
+                   "step s rank r holds the one that started on rank (r - s) mod P.")
+STRICTLY_BEFORE = ("You counted keys strictly before the query. Under a causal mask the query at position p also "
+                   "sees the key at p: key position <= query position.")
+NO_MASK = ("Every entry of yours is (N/P)², every pair of a rank's queries with the block's keys: that is "
+           "attention without a mask. Count only the pairs with key position <= query position.")
+STEPS_RANKS_TRANSPOSED = ("Your entry [s][r] is the count for rank s at step r: the outer list is the steps, the "
+                          "inner one the ranks, entry [s][r] for rank r at step s.")
 LAYOUTS_SWAPPED = "Your counts belong to the other layout: check which tokens each rank holds."
-WORK_WRONG = ("For P = {p} and the {layout} layout, expected {expected} visible (query, key) pairs per rank, "
-              "got {got}.")
+PAIRS_WRONG = ("For P = {p}, N = {n} and the {layout} layout, expected {expected} (one row per step, one entry per "
+               "rank), got {got}.")
 
 
-def _work(world_size: int, n: int, layout: str, *, plus: int = 1) -> list[int]:
-    return [int((token_positions(r, world_size, n, layout) + plus).sum()) for r in range(world_size)]
+def _visible_pairs(p: int, n: int, layout: str, *, source: Callable[[int, int], int] = lambda r, s: r - s,
+                   strict: bool = False) -> list[list[int]]:
+    """``[s][r]``: (query, key) pairs with key <= query (``<`` with ``strict``) between rank ``r``'s queries
+    and the block of rank ``source(r, s) mod P``."""
+    counts = []
+    for s in range(p):
+        row = []
+        for r in range(p):
+            queries = token_positions(r, p, n, layout)[:, None]                      # [N/P, 1]
+            keys = token_positions(source(r, s) % p, p, n, layout)[None, :]           # [1, N/P]
+            row.append(int((keys < queries).sum() if strict else (keys <= queries).sum()))
+        counts.append(row)
+    return counts
 
 
-def check_causal_work(work_fn: Callable[[int, int, str], list[int]]) -> bool:
-    """Check ``fn(world_size, n, layout) -> [pairs on rank 0, ..., rank P - 1]``: how many (query, key) pairs
-    with ``key <= query`` each rank's queries have under a causal mask, with the tokens laid out
-    ``"contiguous"`` or ``"zigzag"`` over ``P`` ranks.
+def _count_grid(result: object, p: int) -> list[list[object]]:
+    _nothing_yet(result)
+    if isinstance(result, torch.Tensor):
+        result = result.tolist()
+    if not isinstance(result, (list, tuple)) or len(result) != p or not all(
+            isinstance(row, (list, tuple, torch.Tensor)) and len(row) == p for row in result):
+        raise CheckFailed(f"Your function should return {p} lists (one per step) of {p} counts (one per rank), "
+                          f"got {result!r}.")
+    return [[int(c) if isinstance(c, numbers.Real) and not isinstance(c, bool) else c
+             for c in (row.tolist() if isinstance(row, torch.Tensor) else row)] for row in result]
 
-    The reference sums ``position + 1`` over the positions :func:`~attn_course.distributed.layout.token_positions`
-    gives each rank, for ``P`` = 2, 3, 4 and both layouts.
+
+def check_visible_pairs_by_step(pairs_fn: Callable[[int, int, str], list[list[int]]]) -> bool:
+    """Check ``fn(world_size, n, layout) -> counts``: ``counts[s][r]``, the (query, key) pairs with key
+    position <= query position between rank ``r``'s queries and the K/V block it holds at step ``s`` of
+    the ring (rank ``(r - s) mod P``'s), for ``n`` tokens laid out ``"contiguous"`` or ``"zigzag"``.
+
+    The reference compares the positions :func:`~attn_course.distributed.layout.token_positions` gives
+    the two ranks, for ``P`` = 4, 3 and 2, both layouts.
 
     Returns:
         ``True`` when correct.
 
     Raises:
-        CheckFailed: naming non-causal counts, an off-by-one, the two layouts swapped, or the first case that
-            differs.
+        CheckFailed: naming the block of rank ``(r + s) mod P``, keys strictly before the query, no mask,
+            steps and ranks transposed, the two layouts swapped, or the first case that differs.
 
     Example (a wrong answer, and what it is told):
-        >>> check_causal_work(lambda p, n, layout: [n // p * n] * p)
+        >>> check_visible_pairs_by_step(lambda p, n, layout: [[(n // p) ** 2] * p for _ in range(p)])
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: Your counts are the same for every layout and rank, N/P · N: that ...
+        attn_course.checks.diagnosis.CheckFailed: Every entry of yours is (N/P)², every pair of a rank's queries ...
     """
-    for world_size in (2, 3, 4):
-        n = 8 * world_size
+    for p, n in [(4, 32), (3, 18), (2, 8)]:
         for layout in ("contiguous", "zigzag"):
-            got = call_answer("check_causal_work", work_fn, world_size, n, layout,
-                              described=f"world_size={world_size}, n={n}, layout={layout!r}")
-            _nothing_yet(got)
-            if isinstance(got, torch.Tensor):
-                got = got.tolist()
-            if not isinstance(got, (list, tuple)) or len(got) != world_size:
-                raise CheckFailed(f"Your function should return a list of {world_size} counts, one per rank, "
-                                  f"got {got!r}.")
-            got = [int(g) if isinstance(g, numbers.Real) else g for g in got]
-            expected = _work(world_size, n, layout)
+            got = _count_grid(call_answer("check_visible_pairs_by_step", pairs_fn, p, n, layout,
+                                          described=f"world_size={p}, n={n}, layout={layout!r}"), p)
+            expected = _visible_pairs(p, n, layout)
             if got == expected:
                 continue
             other = "zigzag" if layout == "contiguous" else "contiguous"
-            for message, wrong in [(NOT_CAUSAL, [n // world_size * n] * world_size),
-                                   (OFF_BY_ONE, _work(world_size, n, layout, plus=0)),
-                                   (LAYOUTS_SWAPPED, _work(world_size, n, other))]:
+            for message, wrong in [(SOURCE_R_PLUS_S, _visible_pairs(p, n, layout, source=lambda r, s: r + s)),
+                                   (STRICTLY_BEFORE, _visible_pairs(p, n, layout, strict=True)),
+                                   (NO_MASK, [[(n // p) ** 2] * p for _ in range(p)]),
+                                   (STEPS_RANKS_TRANSPOSED, [list(row) for row in zip(*expected)]),
+                                   (LAYOUTS_SWAPPED, _visible_pairs(p, n, other))]:
                 if got == wrong:
                     raise CheckFailed(message)
-            raise CheckFailed(WORK_WRONG.format(p=world_size, layout=layout, expected=expected, got=got))
+            raise CheckFailed(PAIRS_WRONG.format(p=p, n=n, layout=layout, expected=expected, got=got))
     return True

@@ -1,5 +1,6 @@
 """Chapter 10's exercise checks: the solutions pass, each known mistake gets its own hint, and what the
-exercises claim holds."""
+exercises claim (the bytes against count_traffic, the buggy merge with zero scores, the critical paths)
+holds."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import torch
 from attn_course.checks import CheckFailed
 from attn_course.checks.distributed import (
     check_bytes_sent_per_rank,
-    check_causal_work,
     check_ring_by_hand,
     check_ulysses_exchange,
+    check_visible_pairs_by_step,
 )
 from attn_course.distributed import launch
 from attn_course.distributed.layout import token_positions
@@ -293,7 +294,7 @@ def test_ring_refuses_the_course_merge():
                                                                                merged_by_the_course)
 
 
-# --- causal work ----------------------------------------------------------------------------------------------
+# --- the ring's causal work, step by step ---------------------------------------------------------------------
 
 def held(rank, world_size, n, layout):
     """The positions a rank holds, written out here: one block each, or zig-zag chunks r and 2P-1-r."""
@@ -305,8 +306,11 @@ def held(rank, world_size, n, layout):
     return [*range(rank * size, (rank + 1) * size), *range(mirror * size, (mirror + 1) * size)]
 
 
-def work(world_size, n, layout):
-    return [sum(position + 1 for position in held(r, world_size, n, layout)) for r in range(world_size)]
+def pairs(world_size, n, layout, *, source=lambda r, s: r - s, visible=lambda key, query: key <= query):
+    """The solution, from the positions written out, with the mistakes as keywords."""
+    return [[sum(visible(key, query) for query in held(r, world_size, n, layout)
+                 for key in held(source(r, s) % world_size, world_size, n, layout))
+             for r in range(world_size)] for s in range(world_size)]
 
 
 def test_the_layouts_written_out_are_the_course_layouts():
@@ -316,23 +320,37 @@ def test_the_layouts_written_out_are_the_course_layouts():
             assert course == [held(r, p, n, layout) for r in range(p)]
 
 
-def test_causal_work_solution_passes_and_shows_the_imbalance():
-    assert check_causal_work(work)
-    # Written out for P = 4, N = 32: contiguous blocks of 8, zig-zag chunks of 4.
-    assert work(4, 32, "contiguous") == [sum(range(1, 9)), sum(range(9, 17)), sum(range(17, 25)), sum(range(25, 33))]
-    assert len(set(work(4, 32, "zigzag"))) == 1                        # every rank the same work
+def test_visible_pairs_solution_passes():
+    assert check_visible_pairs_by_step(pairs)
+    assert check_visible_pairs_by_step(lambda p, n, layout: torch.tensor(pairs(p, n, layout)))
+
+
+def test_critical_paths_at_p_4_and_n_64_are_what_the_solution_says():
+    # What exercise 4 asks for: the sum over steps of each step's slowest rank. Blocks of b = 16 tokens:
+    # step 0 is b(b + 1)/2 = 136 pairs in both layouts; after that, a contiguous rank's block is all
+    # visible or all hidden (b² = 256 for the slowest), a zig-zag rank sees half of every block (128).
+    contiguous, zigzag = pairs(4, 64, "contiguous"), pairs(4, 64, "zigzag")
+    assert contiguous == [[136] * 4, [0, 256, 256, 256], [0, 0, 256, 256], [0, 0, 0, 256]]
+    assert zigzag == [[136] * 4, [128] * 4, [128] * 4, [128] * 4]
+    critical = [sum(max(step) for step in grid) for grid in (contiguous, zigzag)]
+    assert critical == [904, 520]
+    # Counting visible pairs the ratio is 113/65 (about 1.74), below the 4P/(2P + 1) = 16/9 (about 1.78)
+    # of chunk pairs counted whole: the diagonal step costs the same in both layouts.
+    assert Fraction(*critical) == Fraction(113, 65) < Fraction(16, 9)
 
 
 @pytest.mark.parametrize(
     "fn, fragment",
     [
-        (lambda p, n, layout: [n // p * n] * p, "attention without a mask"),
-        (lambda p, n, layout: [sum(held(r, p, n, layout)) for r in range(p)], "p + 1 keys"),
-        (lambda p, n, layout: work(p, n, "zigzag" if layout == "contiguous" else "contiguous"), "other layout"),
-        (lambda p, n, layout: [1] * p, "expected"),
-        (lambda p, n, layout: [1], "one per rank"),
+        (functools.partial(pairs, source=lambda r, s: r + s), "rank (r + s) mod P"),
+        (functools.partial(pairs, visible=lambda key, query: key < query), "strictly before the query"),
+        (functools.partial(pairs, visible=lambda key, query: True), "attention without a mask"),
+        (lambda p, n, layout: [list(row) for row in zip(*pairs(p, n, layout))], "the outer list is the steps"),
+        (lambda p, n, layout: pairs(p, n, "zigzag" if layout == "contiguous" else "contiguous"), "other layout"),
+        (lambda p, n, layout: [[1] * p] * p, "expected"),
+        (lambda p, n, layout: [sum(row) for row in pairs(p, n, layout)], "lists (one per step)"),
         (lambda p, n, layout: ..., "returns nothing yet"),
     ],
 )
-def test_causal_work_mistakes_get_their_hint(fn, fragment):
-    assert fragment in hint(check_causal_work, fn)
+def test_visible_pairs_mistakes_get_their_hint(fn, fragment):
+    assert fragment in hint(check_visible_pairs_by_step, fn)

@@ -46,6 +46,25 @@ def _bytes_per_rank(ring_heads="kv_heads", sum_bytes="max(e, 4)", ulysses="2 * s
                                   ulysses_total=ulysses_total)
 
 
+# The solution's count of visible pairs, with one line changed in each planted count.
+_PAIRS = (
+    "def visible_pairs_by_step(world_size, n, layout):\n"
+    "    counts = []\n"
+    "    for step in range(world_size):\n"
+    "        row = []\n"
+    "        for rank in range(world_size):\n"
+    "            queries = token_positions(rank, world_size, n, layout)[:, None]\n"
+    "            keys = token_positions({source} % world_size, world_size, n, layout)[None, :]\n"
+    "            row.append(int((keys {compare} queries).sum()))\n"
+    "        counts.append(row)\n"
+    "    return {result}\n"
+)
+
+
+def _pairs(source="(rank - step)", compare="<=", result="counts") -> str:
+    return _PAIRS.format(source=source, compare=compare, result=result)
+
+
 PLANTED = {
     "ada": {
         "ulysses_exchange": (                     # each shard cut along its tokens
@@ -92,11 +111,10 @@ PLANTED = {
             "q3_find_the_bug_ring_merge",
             "average the blocks",
         ),
-        "causal_work": (                          # the query's own key forgotten
-            "def causal_work(world_size, n, layout):\n"
-            "    return [int(token_positions(r, world_size, n, layout).sum()) for r in range(world_size)]\n",
-            "q4_causal_work",
-            "p + 1 keys",
+        "visible_pairs_by_step": (                # the blocks travelling the other way round the ring
+            _pairs(source="(rank + step)"),
+            "q4_visible_pairs_by_step",
+            "rank (r + s) mod P",
         ),
     },
     "bea": {
@@ -118,12 +136,22 @@ PLANTED = {
             "q1_ulysses_exchange",
             "the piece a rank keeps",
         ),
+        "visible_pairs_by_step": (                # a query not seeing its own key
+            _pairs(compare="<"),
+            "q4_visible_pairs_by_step",
+            "strictly before the query",
+        ),
     },
     "katherine": {
         "bytes_sent_per_rank": (                  # Ulysses' k and v at H heads, like q and the output
             _bytes_per_rank(ulysses="4 * s_q"),
             "q2_predict_bytes",
             "all four of Ulysses' all-to-alls at H heads",
+        ),
+        "visible_pairs_by_step": (                # one row per rank, one entry per step
+            _pairs(result="[list(column) for column in zip(*counts)]"),
+            "q4_visible_pairs_by_step",
+            "the outer list is the steps",
         ),
     },
     "emmy": {
