@@ -3,8 +3,9 @@
 A spawned process imports what it runs by name, so the chapter's multi-process experiments live
 here rather than in notebook cells. :func:`attention_on_rank` runs ring attention or Ulysses on this
 rank's shards of full ``q``, ``k``, ``v`` and returns everything the chapter compares with one
-process: the output shard, the gradient shards, the bytes this rank sent and (ring) the chunk
-pairs it computed.
+process: the output shard, the gradient shards, the bytes this rank sent (counted twice: by the
+communication module, and by a tap on ``torch.distributed``'s own calls) and (ring) the chunk pairs
+it computed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from attn_course.distributed.communication import count_traffic
 from attn_course.distributed.layout import shard
 from attn_course.distributed.ring import count_ring_work, ring_attention
 from attn_course.distributed.ulysses import ulysses_attention
+from attn_course.distributed.wiretap import tap_process_group
 
 __all__ = ["METHODS", "attention_on_rank"]
 
@@ -40,8 +42,12 @@ def attention_on_rank(rank: int, world_size: int, q: torch.Tensor, k: torch.Tens
 
     Returns:
         A dict: ``"out"`` (this rank's ``[B, H, N/P, d_v]``), ``"grads"`` (``(dq, dk, dv)`` shards, or None),
-        ``"forward_bytes"`` and ``"backward_bytes"`` (sent by this rank), ``"work"`` (ring: the chunk
-        pairs its forward computed; Ulysses: None).
+        ``"forward_bytes"`` and ``"backward_bytes"`` (sent by this rank, as
+        :func:`~attn_course.distributed.communication.count_traffic` counts them),
+        ``"forward_wire_bytes"`` and ``"backward_wire_bytes"`` (the same, as
+        :func:`~attn_course.distributed.wiretap.tap_process_group` reads them off the tensors handed to
+        ``torch.distributed``), ``"other_collectives"`` (names of any other data-moving collective called),
+        ``"work"`` (ring: the chunk pairs its forward computed; Ulysses: None).
 
     Raises:
         ValueError: an unknown method, Ulysses with a layout other than contiguous; otherwise as the two
@@ -56,17 +62,19 @@ def attention_on_rank(rank: int, world_size: int, q: torch.Tensor, k: torch.Tens
     causal = _validate.boolean(where, "causal", causal)
     local = [shard(t, rank, world_size, layout).requires_grad_(grad_out is not None) for t in (q, k, v)]
     work = None
-    with count_traffic() as forward:
+    with count_traffic() as forward, tap_process_group() as forward_wire:
         if method == "ring":
             with count_ring_work() as counted:
                 out = ring_attention(*local, causal=causal, layout=layout)        # [B, H, N/P, d_v]
             work = counted.forward
         else:
             out = ulysses_attention(*local, causal=causal)
-    grads, backward_bytes = None, 0
+    grads, backward_bytes, backward_wire_bytes, other = None, 0, 0, list(forward_wire.other_calls)
     if grad_out is not None:
-        with count_traffic() as backward:
+        with count_traffic() as backward, tap_process_group() as backward_wire:
             (out * shard(grad_out, rank, world_size, layout)).sum().backward()
         grads, backward_bytes = tuple(t.grad for t in local), backward.bytes_sent
+        backward_wire_bytes, other = backward_wire.bytes_sent, other + backward_wire.other_calls
     return {"out": out.detach(), "grads": grads, "forward_bytes": forward.bytes_sent,
-            "backward_bytes": backward_bytes, "work": work}
+            "backward_bytes": backward_bytes, "forward_wire_bytes": forward_wire.bytes_sent,
+            "backward_wire_bytes": backward_wire_bytes, "other_collectives": tuple(other), "work": work}

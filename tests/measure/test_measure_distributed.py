@@ -93,6 +93,7 @@ def test_distributed_measured_bytes_equal_the_formulas_exactly():
         (scaling, p, m) for scaling in ("N fixed", "N ∝ P") for p in (1, 2) for m in distributed.METHODS]
     assert all(r.matches for r in rows)
     for r in rows:
+        assert (r.wire_forward_bytes, r.wire_total_bytes) == (r.forward_bytes, r.total_bytes)   # tapped = counted
         sizes = (r.batch, r.heads, r.n, r.head_dim, r.world_size)
         assert (r.forward_bytes, r.total_bytes) == (distributed.formula_bytes(r.method, *sizes),
                                                     distributed.formula_bytes(r.method, *sizes, backward=True))

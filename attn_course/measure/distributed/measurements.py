@@ -37,9 +37,14 @@ class TrafficRow:
         world_size, n, n_local: ``P``, ``N`` and ``N / P``.
         batch, heads, head_dim: ``B``, ``H``, ``d`` (float32).
         kv_heads: ``H_kv``, the K/V heads (``H`` without grouped-query attention).
-        forward_bytes, forward_formula: measured on every rank (the largest) and :func:`formula_bytes`.
-        total_bytes, total_formula: the same for forward + backward.
-        matches: every rank sent exactly the formula's bytes, forward and total.
+        forward_bytes, forward_formula: counted on every rank by the communication module (the largest)
+            and :func:`formula_bytes`.
+        wire_forward_bytes: the same bytes read off the tensors each rank handed to ``torch.distributed``
+            (:func:`~attn_course.distributed.wiretap.tap_process_group`, the largest), independent of the
+            communication module's bookkeeping.
+        total_bytes, total_formula, wire_total_bytes: the same for forward + backward.
+        matches: on every rank the two counts and the formula agree exactly, forward and total, and no
+            other collective moved data.
     """
 
     method: str
@@ -56,6 +61,8 @@ class TrafficRow:
     total_bytes: int
     total_formula: int
     matches: bool
+    wire_forward_bytes: int
+    wire_total_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +153,10 @@ def _traffic_rows(tasks: list[Task], results: list[list[dict]]) -> list[TrafficR
             kv_heads=task.heads if task.kv_heads is None else task.kv_heads,
             forward_bytes=max(r["forward"] for r in ranks), forward_formula=forward,
             total_bytes=max(r["total"] for r in ranks), total_formula=total,
-            matches=all((r["forward"], r["total"]) == (forward, total) for r in ranks)))
+            matches=all((r["forward"], r["total"]) == (r["wire_forward"], r["wire_total"]) == (forward, total)
+                        and not r["other_collectives"] for r in ranks),
+            wire_forward_bytes=max(r["wire_forward"] for r in ranks),
+            wire_total_bytes=max(r["wire_total"] for r in ranks)))
     return rows
 
 

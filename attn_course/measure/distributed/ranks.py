@@ -56,13 +56,17 @@ def attend_function(method: str):
 
 
 def run_task(rank: int, world_size: int, task: Task) -> dict:
-    """Run ``task`` on this rank: ``{forward, total}`` bytes, ``{peak}`` bytes or ``{seconds, out}``."""
+    """Run ``task`` on this rank: ``{forward, total, wire_forward, wire_total, other_collectives}`` (bytes),
+    ``{peak}`` bytes or ``{seconds, samples, out}``."""
     attend, layout = attend_function(task.method), LAYOUT[task.method]
     if task.kind == "traffic":                      # chapter 10's rank program counts both passes
         q, k, v, g = inputs(task)                                                # full [B, H, N, d]
         report = attention_on_rank(rank, world_size, q, k, v, method=task.method.split()[0], causal=task.causal,
                                    layout=layout, grad_out=g)
-        return dict(forward=report["forward_bytes"], total=report["forward_bytes"] + report["backward_bytes"])
+        return dict(forward=report["forward_bytes"], total=report["forward_bytes"] + report["backward_bytes"],
+                    wire_forward=report["forward_wire_bytes"],
+                    wire_total=report["forward_wire_bytes"] + report["backward_wire_bytes"],
+                    other_collectives=report["other_collectives"])
     q, k, v = (shard(x, rank, world_size, layout) for x in inputs(task)[:3])   # [B, H, N/P, d]
     if task.kind == "memory":
         _, peak = peak_memory(attend, q, k, v, task.causal)

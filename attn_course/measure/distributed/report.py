@@ -13,7 +13,7 @@ __all__ = ["plot_distributed", "print_critical_path", "print_memory", "print_tim
 
 
 def print_traffic(rows: Sequence[TrafficRow]) -> None:
-    """Print :func:`measure_traffic`'s rows: bytes per rank measured and by formula.
+    """Print :func:`measure_traffic`'s rows: bytes per rank counted, tapped at ``torch.distributed``, and by formula.
 
     Raises:
         TypeError, ValueError: ``rows`` not a non-empty sequence of :class:`TrafficRow`.
@@ -21,11 +21,12 @@ def print_traffic(rows: Sequence[TrafficRow]) -> None:
     rows = check_rows("print_traffic", rows, (TrafficRow,))
     grouped = any(r.kv_heads != r.heads for r in rows)
     print(f"{'method':>12} {'sweep':>8} {'P':>3} {'N':>6} {'N/P':>5} " + (f"{'H/H_kv':>7} " if grouped else "")
-          + f"{'fwd B':>9} {'formula':>9} {'fwd+bwd B':>10} {'formula':>9} {'exact':>6}")
+          + f"{'fwd B':>9} {'tapped':>9} {'formula':>9} {'fwd+bwd B':>10} {'tapped':>10} {'formula':>9} {'exact':>6}")
     for r in rows:
         heads = f"{f'{r.heads}/{r.kv_heads}':>7} " if grouped else ""
         print(f"{r.method:>12} {r.scaling:>8} {r.world_size:>3} {r.n:>6} {r.n_local:>5} {heads}{r.forward_bytes:>9} "
-              f"{r.forward_formula:>9} {r.total_bytes:>10} {r.total_formula:>9} {'yes' if r.matches else 'NO':>6}")
+              f"{r.wire_forward_bytes:>9} {r.forward_formula:>9} {r.total_bytes:>10} {r.wire_total_bytes:>10} "
+              f"{r.total_formula:>9} {'yes' if r.matches else 'NO':>6}")
 
 
 def print_memory(rows: Sequence[MemoryRow]) -> None:
