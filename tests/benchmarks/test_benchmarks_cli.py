@@ -82,7 +82,8 @@ def test_main_refuses_an_option_of_another_command(argv, message, capsys):
 
 
 TRAFFIC_COLUMNS = ["method", "scaling", "world_size", "n", "n_local", "batch", "heads", "head_dim", "kv_heads",
-                   "forward_bytes", "forward_formula", "total_bytes", "total_formula", "matches"]
+                   "forward_bytes", "wire_forward_bytes", "forward_formula", "total_bytes", "wire_total_bytes",
+                   "total_formula", "matches"]
 
 
 MEMORY_COLUMNS = ["method", "world_size", "n", "n_local", "peak_bytes", "shard_bytes", "scores_bytes"]

@@ -57,12 +57,12 @@ class TrafficRow:
     head_dim: int
     kv_heads: int
     forward_bytes: int
+    wire_forward_bytes: int
     forward_formula: int
     total_bytes: int
+    wire_total_bytes: int
     total_formula: int
     matches: bool
-    wire_forward_bytes: int
-    wire_total_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
