@@ -9,15 +9,21 @@ submissions with the instructor's rights, so nothing here follows a link or read
 
 - :func:`read_code_cells`: the sources of a notebook's code cells, read safely, or a
   :class:`ValueError` whose message a student can read.
+- :func:`find_submissions`: ``{student: {chapter: notebook}}`` under a folder of student
+  folders, and every folder or notebook refused, with the reason (:class:`Collection`).
+- :func:`display`: any name or text made safe to print on a terminal or in a file read line by
+  line: control characters, bidirectional overrides and lone surrogates escaped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import pathlib
 import stat
+import unicodedata
 
 #: A larger notebook is not read. The course's executed chapters are under 1 MB (at most 0.93 MB,
 #: chapter 05); a student's may carry more outputs (plots, printed tensors), so 16 times the
@@ -78,10 +84,8 @@ def read_bytes(path: os.PathLike | str, limit: int = MAX_NOTEBOOK_BYTES) -> byte
         except OSError as error:
             raise ValueError(f"it cannot be read ({os.strerror(error.errno)})") from None
         # Refused before opening it: opening a device may itself do something (rewind a tape).
-        if not stat.S_ISREG(before.st_mode):
-            raise ValueError(f"it is {_kind(before.st_mode)}, not a file; hand in the notebook file itself")
-        if before.st_size > limit:
-            raise ValueError(f"it is {before.st_size:,} bytes, more than the {limit:,} graded; {_CLEAR_OUTPUTS}")
+        if problem := file_problem(before, limit):
+            raise ValueError(problem)
         try:
             handle = os.open(path.name, _OPEN_FLAGS, dir_fd=folder)
         except OSError as error:
@@ -199,3 +203,211 @@ def read_code_cells(path: os.PathLike | str) -> list[str]:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"read_code_cells: path must be a path, got {type(path).__name__}")
     return parse_code_cells(read_bytes(path, MAX_NOTEBOOK_BYTES))
+
+
+#: What :func:`display` escapes besides C0, DEL and C1 (category Cc): format characters (Cf: the
+#: bidirectional overrides U+202A-U+202E and isolates U+2066-U+2069, zero-width characters, which
+#: make text read other than it is), lone surrogates (Cs) and the line and paragraph separators.
+_ESCAPED_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def display(text: object, limit: int | None = None) -> str:
+    """``text`` as a string safe to print: every control character escaped, nothing else changed.
+
+    A terminal obeys escapes (ESC: move the cursor, rewrite a line, set the title; CR: go back
+    over the line; BEL), a newline forges a line for whoever reads line by line, and a
+    bidirectional override shows text in another order than it is. Each of them is written as
+    Python writes it in a string literal (``\\x1b``, ``\\n``, ``\\u202e``); a name read from the
+    file system with bytes that are not UTF-8 (``os.fsdecode``'s ``\\udcXX``) shows those bytes
+    (``\\xff``). A backslash is left as it is, so that escaping twice changes nothing
+    (``display(display(text)) == display(text)``): text that spells an escape reads like one,
+    but none reaches the terminal.
+
+    Args:
+        text: a string, or anything (``str()`` of it; an object whose ``str`` fails shows its type).
+        limit: at most this many characters of ``text`` are shown, then ``… (N more characters)``.
+    """
+    if not isinstance(text, str):
+        try:
+            text = str(text)
+        except Exception:  # noqa: BLE001 - a hostile __str__ must not stop a report
+            text = f"<{type(text).__name__}>"
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise TypeError(f"display: limit must be a non-negative int or None, got {limit!r}")
+    more = len(text) - limit if limit is not None and len(text) > limit else 0
+    if more:
+        text = text[:limit]
+    if text.isprintable():                             # the common case, at C speed
+        shown = text
+    else:
+        shown = "".join(_escaped(character) for character in text)
+    return shown + (f"… ({more:,} more characters)" if more else "")
+
+
+def _escaped(character: str) -> str:
+    if unicodedata.category(character) not in _ESCAPED_CATEGORIES:
+        return character
+    code = ord(character)
+    if character in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[character]
+    if 0xDC80 <= code <= 0xDCFF:                       # a byte that was not UTF-8 (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def student_name_problem(name: str) -> str | None:
+    """Why ``name`` (a folder name, as ``os.fsdecode`` gives it) cannot name a student; None if it can.
+
+    A name must be printable UTF-8 text (letters, digits, punctuation, spaces; no control
+    character, no bidirectional override, no byte that is not UTF-8), since it goes into
+    grades.csv, into file names under the grades folder, and onto the console. It may not be
+    ``grades.csv``, whose place it would take.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not UTF-8 text; rename the folder"
+    if not name.isprintable():
+        return "its name holds a character that is not printable (a control character or a bidirectional override); " \
+               "rename the folder"
+    if name == "grades.csv":
+        return "its name is that of the grades file; rename the folder"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A student folder, or one notebook in it, that is not graded.
+
+    Attributes:
+        folder: the folder's name as ``os.fsdecode`` gives it (it may not be printable: show it
+            with :func:`display`, as :attr:`student` does).
+        chapter: the chapter of the refused notebook; None when the whole folder is refused.
+        reason: why, in words for the instructor and the student.
+    """
+
+    folder: str
+    chapter: str | None
+    reason: str
+
+    @property
+    def student(self) -> str:
+        """The folder's name, escaped."""
+        return display(self.folder, 200)
+
+
+@dataclasses.dataclass
+class Collection:
+    """What :func:`find_submissions` found.
+
+    Attributes:
+        notebooks: ``{student: {chapter: path}}``, each path a regular file, not a symbolic link,
+            in the student's own folder (also not a link), of at most :data:`MAX_NOTEBOOK_BYTES`.
+        refused: every student folder and notebook that is not graded, with the reason.
+        skipped: lines saying what was passed over (files that are not chapters, hidden folders),
+            escaped, at most :data:`MAX_SKIPPED_LINES` per folder.
+    """
+
+    notebooks: dict[str, dict[str, pathlib.Path]] = dataclasses.field(default_factory=dict)
+    refused: list[Refusal] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+
+#: At most this many "skipped" lines per folder: a folder of a million files is summed up.
+MAX_SKIPPED_LINES = 10
+
+
+def file_problem(status: os.stat_result, limit: int = MAX_NOTEBOOK_BYTES) -> str | None:
+    """Why a file of this ``lstat`` cannot be a notebook (a link, not a regular file, too long); or None."""
+    if not stat.S_ISREG(status.st_mode):
+        return f"it is {_kind(status.st_mode)}, not a file; hand in the notebook file itself"
+    if status.st_size > limit:
+        return f"it is {status.st_size:,} bytes, more than the {limit:,} graded; {_CLEAR_OUTPUTS}"
+    return None
+
+
+def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
+    with os.scandir(folder) as entries:
+        # Sorted by bytes: a name that is not UTF-8 sorts too.
+        return sorted(entries, key=lambda entry: os.fsencode(entry.name))
+
+
+def find_submissions(submissions: os.PathLike | str, chapters: set[str]) -> Collection:
+    """The notebooks to grade under ``submissions``, one folder per student, and what is refused.
+
+    Nothing found is followed or opened: each name is checked (:func:`student_name_problem`),
+    each folder and notebook ``lstat``-ed. Refused, with the reason: a student folder that is a
+    symbolic link (it would grade another student's work twice, or anything the link names), or
+    whose name is not printable UTF-8; a notebook named after a chapter that is a symbolic link
+    (to the solution, a classmate's, a secret file, ``/dev/zero``), not a regular file (a FIFO, a
+    device, a folder) or larger than :data:`MAX_NOTEBOOK_BYTES`. Skipped: hidden folders
+    (``.git``), files that are not folders, and files that are not named after a chapter.
+
+    Args:
+        submissions: a folder of student folders (it may itself be a link: it is the instructor's).
+        chapters: the chapters' names (``"03_multi_head"``); a notebook is found as
+            ``STUDENT/CHAPTER.ipynb``.
+
+    Raises:
+        TypeError: ``chapters`` is not a set of strings.
+        OSError: ``submissions`` cannot be listed.
+    """
+    if not isinstance(chapters, (set, frozenset)) or not all(isinstance(chapter, str) for chapter in chapters):
+        raise TypeError(f"find_submissions: chapters must be a set of str, got {chapters!r:.100}")
+    submissions = pathlib.Path(submissions)
+    found = Collection()
+    skipped_in: dict[str, int] = {}
+
+    def skip(folder: str, line: str) -> None:
+        skipped_in[folder] = skipped_in.get(folder, 0) + 1
+        if skipped_in[folder] <= MAX_SKIPPED_LINES:
+            found.skipped.append(line)
+
+    top, known = display(str(submissions), 200), ", ".join(sorted(chapters))
+    for entry in _entries(submissions):
+        shown = display(entry.name, 200)
+        if entry.name.startswith("."):
+            skip(top, f"skipped {shown}: a hidden folder or file")
+            continue
+        try:
+            is_link, is_folder = entry.is_symlink(), entry.is_dir(follow_symlinks=False)
+        except OSError as error:
+            found.refused.append(Refusal(entry.name, None, f"its folder cannot be read ({os.strerror(error.errno)})"))
+            continue
+        if is_link:
+            target = display(os.readlink(entry.path), 200)
+            found.refused.append(Refusal(entry.name, None, f"the folder is a symbolic link (to {target}), not a "
+                                                      "student's own folder; copy the folder itself"))
+            continue
+        if not is_folder:
+            skip(top, f"skipped {shown}: not a folder")
+            continue
+        if problem := student_name_problem(entry.name):
+            found.refused.append(Refusal(entry.name, None, problem))
+            continue
+        try:
+            files = _entries(pathlib.Path(entry.path))
+        except OSError as error:
+            found.refused.append(Refusal(entry.name, None, f"its folder cannot be read ({os.strerror(error.errno)})"))
+            continue
+        for file in files:
+            chapter = file.name[:-len(".ipynb")] if file.name.endswith(".ipynb") else None
+            if chapter not in chapters:
+                if chapter is not None:
+                    skip(shown, f"skipped {shown}/{display(file.name, 200)}: not a chapter ({known})")
+                continue
+            try:
+                problem = file_problem(file.stat(follow_symlinks=False))
+            except OSError as error:
+                problem = f"it cannot be read ({os.strerror(error.errno)})"
+            if problem:
+                found.refused.append(Refusal(entry.name, chapter, problem))
+            else:
+                found.notebooks.setdefault(entry.name, {})[chapter] = pathlib.Path(file.path).absolute()
+    for folder, count in skipped_in.items():
+        if count > MAX_SKIPPED_LINES:
+            found.skipped.append(f"skipped {count - MAX_SKIPPED_LINES:,} more in {folder}")
+    return found

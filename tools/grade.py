@@ -16,39 +16,43 @@ run in this process, calling the notebook's answers as data in, data out
 (:mod:`attn_course_grading`, INSTRUCTORS.md). Without bubblewrap this refuses to grade, unless
 ``--trusted`` (``make grade TRUSTED=1``) says the submissions are trusted. Results:
 
-    grades/grades.csv                 a row per student, a column per chapter:question
+    grades/grades.csv                 a row per student, a column per chapter:question, then
+                                      total, possible and notes (what was refused, and why)
     grades/STUDENT/CHAPTER.json       per question its score and feedback (what otter gives), and
                                       how the run went: seconds, cells that failed, why it stopped
+
+Nothing in a submission is trusted (:mod:`attn_course_grading.collect`): a student folder or a
+notebook that is a symbolic link, a notebook that is not a regular file (a FIFO, a device) or is
+too large, and a folder whose name is not printable UTF-8, are refused with the reason, on the
+console and in grades.csv's notes; a refused notebook scores 0, the reason in its feedback. What
+is written (:mod:`attn_course_grading.report`) is escaped, capped and ASCII-safe, and each
+notebook's results are written on their own, so that one notebook's failure is that student's
+note and the class is still graded: grades.csv is always written.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import pathlib
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-from attn_course_grading import sandbox
+from attn_course_grading import collect, report, sandbox
 from attn_course_grading.grader import Assignment, grade
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+_PRINTING = threading.Lock()
 
 
-def find_submissions(submissions: pathlib.Path, chapters: set[str]) -> dict[str, dict[str, pathlib.Path]]:
-    """``{student: {chapter: notebook}}``, skipping files that are not chapters."""
-    found: dict[str, dict[str, pathlib.Path]] = {}
-    for student_dir in sorted(p for p in submissions.iterdir() if p.is_dir()):
-        for notebook in sorted(student_dir.glob("*.ipynb")):
-            if notebook.stem in chapters:
-                found.setdefault(student_dir.name, {})[notebook.stem] = notebook
-            else:
-                print(f"skipped {notebook}: not a chapter ({', '.join(sorted(chapters))})")
-    return found
+def say(line: str, stream=None) -> None:
+    """Print one line, escaped (collect.display: a newline in it cannot make two, an escape cannot
+    move the cursor), whole even when the jobs print at once."""
+    with _PRINTING:
+        print(collect.display(line), file=stream or sys.stdout, flush=True)
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -73,6 +77,9 @@ def parse_arguments() -> argparse.Namespace:
 
 
 def main() -> int:
+    # Whatever the terminal's encoding, a name it cannot show is written escaped, never raised.
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(errors="backslashreplace")
     args = parse_arguments()
     if not args.submissions.is_dir():
         raise SystemExit(f"grade: SUBMISSIONS must be a folder of student folders, got {args.submissions}")
@@ -84,62 +91,94 @@ def main() -> int:
     if not zips:
         raise SystemExit(f"grade: no autograders in {args.autograders}; run `make assignments` first")
     assignments = {zip_file.stem: Assignment(zip_file) for zip_file in zips}
-    submissions = find_submissions(args.submissions, set(assignments))
+    found = collect.find_submissions(args.submissions, set(assignments))
+    for line in found.skipped:
+        say(line)
+    notes: dict[str, list[str]] = {}          # {folder name: what the instructor should know}
+    for refusal in found.refused:
+        if refusal.chapter is None:            # a refused notebook is reported when it is graded, below
+            say(f"refused {refusal.folder}/: {refusal.reason}")
+            notes.setdefault(refusal.folder, []).append(f"refused: {refusal.reason}")
     # Each job is a sandboxed notebook: as many at once as there are cores, the cores shared out.
     limits = sandbox.Limits(seconds=args.seconds, cell_seconds=args.cell_seconds, call_seconds=args.call_seconds,
                             memory_bytes=int(args.memory_gib * 2**30), processes=args.processes,
                             threads=max(1, (os.cpu_count() or 1) // args.jobs))
-    jobs = [(student, chapter, notebook) for student, notebooks in submissions.items()
+    # (student, chapter, notebook, why it is refused): a notebook refused when collected is graded
+    # as refused, 0 for each question with the reason as its feedback.
+    jobs = [(student, chapter, notebook, None) for student, notebooks in found.notebooks.items()
             for chapter, notebook in notebooks.items()]
-    print(f"grading {len(jobs)} notebooks of {len(submissions)} students, {args.jobs} at once, "
-          f"{'WITHOUT a sandbox (--trusted)' if args.trusted else 'each in a bubblewrap sandbox'}", flush=True)
+    jobs += [(refusal.folder, refusal.chapter, None, refusal.reason) for refusal in found.refused if refusal.chapter]
+    students = sorted({job[0] for job in jobs} | set(notes), key=os.fsencode)
+    say(f"grading {len(jobs)} notebooks of {len(students)} students, {args.jobs} at once, "
+        f"{'WITHOUT a sandbox (--trusted)' if args.trusted else 'each in a bubblewrap sandbox'}")
 
     failures = []
 
-    def grade_job(job):
-        student, chapter, notebook = job
+    def note(student: str, line: str) -> None:
+        with _PRINTING:
+            notes.setdefault(student, []).append(line)
+
+    def grade_job(job) -> list[dict] | None:
+        student, chapter, notebook, refused = job
+        assignment = assignments[chapter]
+        if refused is None:
+            try:
+                # Read here first, safely: a notebook refused now costs no sandbox.
+                collect.read_code_cells(notebook)
+                refused = None
+            except ValueError as error:
+                refused = str(error)
         try:
-            result = grade(assignments[chapter], notebook.resolve(), limits, sandboxed=not args.trusted)
+            if refused is not None:            # its console line below says why
+                note(student, f"{chapter}: refused: {refused}")
+                result = report.refused_result(assignment.tests, refused)
+            else:
+                # The path as found, never resolved: the notebook is no link, and stays read as found.
+                result = grade(assignment, notebook, limits, sandboxed=not args.trusted)
         except Exception:  # noqa: BLE001 - a fault of the grader itself: report it, grade the rest
             failures.append(job)
-            sys.stderr.write(f"grade: the grader failed on {notebook}:\n{traceback.format_exc()}")
+            note(student, f"{chapter}: the grader failed (see its output)")
+            say(f"grade: the grader failed on {student}/{chapter}.ipynb:", sys.stderr)
+            for line in traceback.format_exc().splitlines():
+                say(line, sys.stderr)
             return None
-        feedback = args.out / student / f"{chapter}.json"
-        feedback.parent.mkdir(parents=True, exist_ok=True)
-        feedback.write_text(json.dumps(result, indent=1, ensure_ascii=False))
-        questions, run = result["questions"], result["run"]
-        note = f"; stopped: {run['stopped']}" if run["stopped"] else ""
-        print(f"{student} {chapter}: {sum(q['score'] for q in questions):g} / "
-              f"{sum(q['max_score'] for q in questions):g} ({run['seconds']:.1f} s{note})", flush=True)
+        # Each notebook's results are written on their own: whatever is in them, a failure here is
+        # this student's note, and the class is still graded.
+        try:
+            questions = report.scores(result)
+        except Exception as error:  # noqa: BLE001
+            failures.append(job)
+            note(student, f"{chapter}: its scores could not be read ({type(error).__name__})")
+            say(f"grade: the scores of {student}/{chapter}.ipynb could not be read: {error}", sys.stderr)
+            return None
+        try:
+            report.write_feedback(args.out / student / f"{chapter}.json", result)
+        except Exception as error:  # noqa: BLE001
+            failures.append(job)
+            note(student, f"{chapter}: its feedback could not be written ({type(error).__name__})")
+            say(f"grade: the feedback of {student}/{chapter}.ipynb could not be written: {error}", sys.stderr)
+        try:
+            say(report.console_line(student, chapter, result))
+        except Exception as error:  # noqa: BLE001
+            say(f"{student} {chapter}: graded, but its line could not be shown ({type(error).__name__})")
         return questions
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         graded = list(pool.map(grade_job, jobs))
-    results = {(student, chapter): questions for (student, chapter, _), questions in zip(jobs, graded)}
 
-    rows, columns = [], {}
-    for student, notebooks in submissions.items():
-        row = {"student": student}
-        for chapter in notebooks:
-            for question in results[student, chapter] or []:
-                column = f"{chapter}:{question['name']}"
-                columns[column] = question["max_score"]
-                row[column] = question["score"]
-        rows.append(row)
-
-    header = ["student"] + sorted(columns) + ["total", "possible"]
+    rows = {student: report.Row(student, notes=notes.get(student, [])) for student in students}
+    possible: dict[str, float] = {}
+    for (student, chapter, _, _), questions in zip(jobs, graded):
+        for question in questions or []:
+            column = f"{chapter}:{question['name']}"
+            possible[column] = question["max_score"]
+            rows[student].scores[column] = question["score"]
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "grades.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=header, restval="")
-        writer.writeheader()
-        for row in rows:
-            row["total"] = sum(value for key, value in row.items() if ":" in key)
-            row["possible"] = sum(columns.values())
-            writer.writerow(row)
+    report.write_grades(args.out / "grades.csv", list(rows.values()), possible)
     minutes = (time.monotonic() - started) / 60
-    print(f"wrote {args.out / 'grades.csv'} ({len(rows)} students, {len(columns)} questions); "
-          f"{len(jobs)} notebooks in {minutes:.1f} min, {len(jobs) / max(minutes, 1e-9):.1f} per minute")
+    say(f"wrote {args.out / 'grades.csv'} ({len(rows)} students, {len(possible)} questions); "
+        f"{len(jobs)} notebooks in {minutes:.1f} min, {len(jobs) / max(minutes, 1e-9):.1f} per minute")
     return 1 if failures else 0
 
 
