@@ -79,7 +79,8 @@ def parse_arguments() -> argparse.Namespace:
 def main() -> int:
     # Whatever the terminal's encoding, a name it cannot show is written escaped, never raised.
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(errors="backslashreplace")
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     args = parse_arguments()
     if not args.submissions.is_dir():
         raise SystemExit(f"grade: SUBMISSIONS must be a folder of student folders, got {args.submissions}")

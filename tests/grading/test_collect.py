@@ -96,6 +96,15 @@ def test_a_device_is_refused_unopened(tmp_path):
     assert refusal(tmp_path / "03.ipynb") == "it is a character device, not a file; hand in the notebook file itself"
 
 
+def test_no_more_than_the_cap_is_read_whatever_the_size_says():
+    # /proc's files say they are 0 bytes long, as /dev/zero did (its size passed the old check).
+    command_line = pathlib.Path(f"/proc/{os.getpid()}/cmdline")
+    assert command_line.stat().st_size == 0 and len(command_line.read_bytes()) > 10
+    assert collect.read_bytes(command_line, 10**6) == command_line.read_bytes()
+    with pytest.raises(ValueError, match="^it is more than the 10 bytes graded; clear its outputs"):
+        collect.read_bytes(command_line, 10)
+
+
 def test_caps_are_checked_before_parsing(tmp_path):
     big = tmp_path / "big.ipynb"
     with open(big, "wb") as handle:
