@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from attn_course.checks.compare import matches
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
 from attn_course.checks.forbidden import Forbidden
 from attn_course.checks.softmax import diagnose_non_finite
@@ -147,7 +148,9 @@ def check_large_scores(where: str, attention_fn: Callable, q, k, v, mask) -> Non
     """
     large_q, large_k = q * 40, k * 40
     args = (large_q, large_k, v) + (() if mask is None else (mask,))
+    expected, _ = self_attention(*args)
     got = call_student(where, attention_fn, *args)
+    check_shape(got, expected, "Your output on large scores")   # before any arithmetic on the answer
     scores = large_q @ large_k.transpose(-2, -1) / math.sqrt(q.shape[-1])   # [..., N_q, N_k]
     if mask is not None:
         bad = ~torch.isfinite(got).all(dim=-1)
@@ -156,7 +159,6 @@ def check_large_scores(where: str, attention_fn: Callable, q, k, v, mask) -> Non
             raise CheckFailed(RENORMALISED_AFTER_MASK.format(count=int(bad.sum())))
         scores = scores.masked_fill(~mask, float("-inf"))
     diagnose_non_finite(got, scores)
-    expected, _ = self_attention(*args)
     if not same(got, expected):
         diagnose(got, expected, [], ("batch", "head", "query", "feature"), "Your output on large scores")
 
@@ -379,8 +381,9 @@ def check_fixed_attention(attention_fn: Callable) -> bool:
         if "without overflow" in str(failure):
             raise CheckFailed(FILL_TOO_LARGE_FOR_FLOAT16.format(error=str(failure.__cause__))) from None
         raise
-    got, expected = got.float(), self_attention(*half, mask)[0].float()
+    expected = self_attention(*half, mask)[0]
     check_shape(got, expected, "Your output in float16")
-    if not torch.allclose(got, expected, rtol=2e-3, atol=2e-3):     # float16 keeps 3 digits
+    got, expected = got.float(), expected.float()
+    if not matches(got, expected, rtol=2e-3, atol=2e-3):          # float16 keeps 3 digits
         diagnose(got, expected, [], ("batch", "head", "query", "feature"), "Your output in float16")
     return True

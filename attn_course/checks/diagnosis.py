@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from attn_course.checks.compare import FLOATING, INTEGER, matches, mismatch
 from attn_course.checks.forbidden import Forbidden, violation, watch_calls
 
 __all__ = [
     "ATOL", "CheckFailed", "call_answer", "call_student", "watched", "same",
     "first_difference", "check_shape", "diagnose", "check_close", "show_diagnosis_only", "call_raw",
-    "returned_tensors", "crash_message", "sentence_list",
+    "returned_tensors", "crash_message", "sentence_list", "same_kind", "fresh_arguments",
 ]
 
 ATOL = 1e-5
@@ -82,6 +83,7 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
         raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
     if isinstance(fn, _Watched):               # called by a check that takes its own ``described``
         fn, forbidden = fn.fn, (*forbidden, *fn.forbidden)
+    args = fresh_arguments(args)
     seen: list = []
     try:
         watched_elsewhere = getattr(fn, "call_watching", None)
@@ -147,11 +149,38 @@ def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
     return result
 
 
+def same_kind(reference: torch.Tensor) -> tuple[torch.dtype, ...]:
+    """The dtypes a check accepts for an answer to ``reference``: any floating dtype for a floating
+    reference (a check's reference may be computed in another precision than the answer), any
+    integer dtype for an integer one, else the reference's own (bool, complex)."""
+    if reference.is_floating_point():
+        return FLOATING
+    if reference.dtype in INTEGER:
+        return INTEGER
+    return (reference.dtype,)
+
+
+def fresh_arguments(args: Sequence) -> tuple:
+    """``args`` with every plain tensor, and every plain tensor in a list or tuple, replaced by a copy.
+
+    What the student's function does to its arguments in place (zero ``v``, fill the mask with
+    ``True``) then cannot reach the inputs the check computes its reference from. Other objects (a
+    model, a cache the answer must append to) are passed as they are.
+    """
+    def fresh(value):
+        if type(value) is torch.Tensor:
+            return value.detach().clone().requires_grad_(value.requires_grad)
+        if type(value) in (list, tuple) and any(type(item) is torch.Tensor for item in value):
+            return type(value)(fresh(item) if type(item) is torch.Tensor else item for item in value)
+        return value
+
+    return tuple(fresh(arg) for arg in args)
+
+
 def same(got: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Same shape and close to ``ATOL`` (absolute) and 1e-4 (relative), compared in float64."""
-    if got.shape != expected.shape:
-        return False
-    return torch.allclose(got.double(), expected.double(), atol=ATOL, rtol=1e-4)
+    """A tensor of ``expected``'s shape and device, of :func:`same_kind`'s dtypes, close to ``ATOL``
+    (absolute) and 1e-4 (relative); never broadcast (:func:`~attn_course.checks.compare.matches`)."""
+    return matches(got, expected, atol=ATOL, rtol=1e-4, dtype=same_kind(expected))
 
 
 def first_difference(got: torch.Tensor, expected: torch.Tensor, axes: tuple[str, ...]) -> str:
@@ -166,17 +195,18 @@ def first_difference(got: torch.Tensor, expected: torch.Tensor, axes: tuple[str,
     )
 
 
-def check_shape(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Raise :class:`CheckFailed` naming both shapes when they differ."""
-    if got.shape != expected.shape:
-        raise CheckFailed(
-            f"{what} has shape {list(got.shape)} but should have shape {list(expected.shape)}."
-        )
+def check_shape(got: object, expected: torch.Tensor, what: str) -> None:
+    """Raise :class:`CheckFailed` unless ``got`` is a plain tensor of ``expected``'s shape and device
+    and of :func:`same_kind`'s dtypes; the message names what differs (both shapes, for a shape)."""
+    problem = mismatch(got, expected, name=what, dtype=same_kind(expected))
+    if problem is not None:
+        raise CheckFailed(problem)
 
 
 def diagnose(got: torch.Tensor, expected: torch.Tensor, mistakes: list[tuple[str, torch.Tensor]],
               axes: tuple[str, ...], what: str) -> None:
     """Raise with the first known mistake that reproduces ``got``, else the first difference."""
+    check_shape(got, expected, what)             # before any arithmetic on the answer
     # A mistake can also show up as NaN (e.g. a row with nothing to attend to): compare as 0.
     finite_got = torch.nan_to_num(got, nan=0.0)
     for hint, mistaken in mistakes:
@@ -225,11 +255,12 @@ def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer
             got = torch.as_tensor(got, dtype=expected.dtype)
         except (TypeError, ValueError, RuntimeError):
             raise CheckFailed(f"{what} should be a tensor, got {type(got).__name__}.") from None
-    got = got.reshape(expected.shape) if got.numel() == expected.numel() == 1 else got
+    if type(got) is torch.Tensor and got.numel() == expected.numel() == 1:
+        got = got.reshape(expected.shape)       # a number is a number, whatever its brackets
     check_shape(got, expected, what)
-    if not torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol):
+    if not matches(got, expected, rtol=rtol, atol=atol, dtype=same_kind(expected)):
         for message, wrong in mistakes:
-            if got.shape == wrong.shape and torch.allclose(got.double(), wrong.double(), rtol=rtol, atol=atol):
+            if matches(got, wrong, rtol=rtol, atol=atol, dtype=same_kind(wrong)):
                 raise CheckFailed(message)
         axes = ("",) * expected.dim()
         message = f"{what} is not right. " + (
