@@ -31,6 +31,19 @@ def measure(d_k, std_q, std_k):
     return (torch.randn(2000, d_k) * std_q * torch.randn(2000, d_k) * std_k).sum(-1).std()
 
 
+def measure_unwatched(d_k, std_q, std_k):
+    """Issue 31, attack 7: a measurement through torch.ops.aten, which the watch does not see, from the
+    global generator (in the grader's sandbox that is the sandbox's own, which the grader never sees move)."""
+    pairs = torch.ops.aten.randn.default([2, 20_000, d_k], dtype=torch.float64)
+    return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())
+
+
+def measure_seeded_unwatched(d_k, std_q, std_k):
+    """The same, with a NumPy generator of its own: the same answer every time, about 1 % off."""
+    pairs = np.random.default_rng(0).standard_normal((2, 20_000, d_k))
+    return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())
+
+
 def measure_with(generator, d_k, std_q, std_k):
     pairs = torch.randn(2, 2000, d_k, generator=generator)
     return (pairs[0] * std_q * pairs[1] * std_k).sum(-1).std()
@@ -47,11 +60,14 @@ PREDICTIONS = {
     "measured with a generator of its own": (
         lambda d_k, std_q, std_k: measure_with(torch.Generator().manual_seed(0), d_k, std_q, std_k),
         "must not draw random numbers"),
+    "measured where the watch does not look": (measure_unwatched, "it measures instead of predicting"),
+    "measured with a NumPy generator of its own": (measure_seeded_unwatched, "a prediction is exact"),
     "a list": (lambda d_k, std_q, std_k: [1.0], "should be a number"),
     "a vector": (lambda d_k, std_q, std_k: torch.ones(3), "a tensor of shape [3]"),
     "untouched": (lambda d_k, std_q, std_k: ..., "returns nothing yet"),
     "crashes": (lambda d_k, std_q, std_k: d_k / 0, "raised ZeroDivisionError"),
-    "off in some other way": (lambda d_k, std_q, std_k: math.sqrt(d_k + 4) * std_q * std_k, "measured standard"),
+    "off in some other way": (lambda d_k, std_q, std_k: math.sqrt(d_k + 4) * std_q * std_k,
+                              "but the standard deviation of q·k is"),
 }
 
 
