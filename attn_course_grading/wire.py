@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import safetensors.torch
@@ -41,6 +42,12 @@ import torch
 MAX_MESSAGE_BYTES = 256 * 2**20
 #: Nesting deeper than this is refused, so that a reply cannot exhaust the reader's stack.
 MAX_DEPTH = 32
+#: The largest structure (the JSON around the tensors) a message may hold. Tensors travel as raw
+#: bytes, so an exercise's message needs a few kilobytes here; 16 MiB of JSON can already become
+#: more than a gigabyte of Python objects in the reader, which is why it is bounded apart.
+MAX_STRUCTURE_BYTES = 16 * 2**20
+#: The devices a message may name (a device tag is data, never a way to reach a device's code).
+_DEVICE = re.compile(r"(cpu|cuda|meta)(:[0-9]{1,3})?")
 
 _DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in (
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
@@ -83,7 +90,11 @@ def decode(blob: bytes, *, objects: bool = False) -> object:
             ``objects=False``.
 
     Raises:
-        ValueError: ``blob`` is not a message, or too large, deep or malformed.
+        TypeError: ``blob`` is not bytes.
+        ValueError: ``blob`` is not a message, or too large, deep or malformed, or it holds a
+            tensor of a dtype that does not cross, or names a device that does not exist. Every
+            problem with the bytes is this one exception: whoever reads a message from a
+            submission needs to catch only it.
     """
     if not isinstance(blob, (bytes, bytearray)):
         raise TypeError(f"decode: blob must be bytes, got {type(blob).__name__}")
@@ -93,10 +104,19 @@ def decode(blob: bytes, *, objects: bool = False) -> object:
         tensors = safetensors.torch.load(bytes(blob))
         header_length = int.from_bytes(blob[:8], "little")
         metadata = json.loads(bytes(blob[8:8 + header_length])).get("__metadata__", {})
-        structure = json.loads(metadata["structure"])
+        text = metadata["structure"]
+        if not isinstance(text, str) or len(text) > MAX_STRUCTURE_BYTES:
+            raise ValueError(f"a structure larger than {MAX_STRUCTURE_BYTES} bytes")
+        structure = json.loads(text)
     except Exception as error:  # noqa: BLE001 - whatever is wrong with the bytes, say so plainly
-        raise ValueError(f"decode: not a grading message ({type(error).__name__}: {error})") from None
-    return _decode(structure, tensors, objects, depth=0)
+        raise ValueError(f"decode: not a grading message ({type(error).__name__}: {str(error)[:200]})") from None
+    try:
+        return _decode(structure, tensors, objects, depth=0)
+    except ValueError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a tensor or object that will not rebuild is malformed too
+        raise ValueError(f"decode: a value that does not rebuild ({type(error).__name__}: "
+                         f"{str(error)[:200]})") from None
 
 
 def _encode(value, tensors, objects, depth):
@@ -168,7 +188,10 @@ def _decode(structure, tensors, objects, depth):
             tensor = _tensor(tensors, body)
             return tensor.requires_grad_() if tensor.is_floating_point() else tensor
         if tag == "ndarray":
-            return _tensor(tensors, body).numpy()
+            tensor = _tensor(tensors, body)
+            if tensor.dtype == torch.bfloat16:
+                raise ValueError("decode: a NumPy array of dtype bfloat16, which NumPy does not have")
+            return tensor.numpy()
         if tag in ("list", "tuple") and isinstance(body, list):
             items = [_decode(item, tensors, objects, depth + 1) for item in body]
             return items if tag == "list" else tuple(items)
@@ -186,6 +209,8 @@ def _decode(structure, tensors, objects, depth):
         if tag == "dtype" and body in _DTYPES:
             return _DTYPES[body]
         if tag == "device" and isinstance(body, str):
+            if not _DEVICE.fullmatch(body):
+                raise ValueError(f"decode: a device {body[:40]!r}; only cpu, cuda and meta are named")
             return torch.device(body)
         if tag in ("kv_cache", "tiny_language_model") and objects and isinstance(body, dict):
             return _object(tag, body, tensors)
@@ -193,9 +218,14 @@ def _decode(structure, tensors, objects, depth):
 
 
 def _tensor(tensors: dict, index: object) -> torch.Tensor:
-    if not isinstance(index, int) or f"t{index}" not in tensors:
-        raise ValueError(f"decode: a message names tensor {index!r}, which it does not hold")
-    return tensors[f"t{index}"]
+    if type(index) is not int or f"t{index}" not in tensors:
+        raise ValueError(f"decode: a message names tensor {str(index)[:40]!r}, which it does not hold")
+    tensor = tensors[f"t{index}"]
+    if tensor.dtype not in _DTYPES.values():
+        # safetensors reads more dtypes than cross (float8, uint16...): what the encoder would
+        # refuse, the decoder refuses too, so that a check never meets a dtype it was not written for.
+        raise ValueError(f"decode: a tensor of dtype {tensor.dtype}; only {', '.join(_DTYPES)} cross")
+    return tensor
 
 
 def _object(tag: str, body: dict, tensors: dict) -> object:
@@ -212,17 +242,37 @@ def _object(tag: str, body: dict, tensors: dict) -> object:
     return model.train(body["training"])
 
 
-def update_in_place(original: object, after: object) -> None:
-    """Make ``original`` (an argument the grader passed) what the submission's call left it as.
+def update_in_place(original: object, after: object, *, tensors: bool = False) -> None:
+    """Make ``original`` (an argument the grader passed) what the submission's call left it as,
+    where the call is one that is meant to change its arguments.
 
-    A call may change its arguments: a Triton kernel writes its output into a tensor, a decoding
-    step appends to its caches. The submission sends each changed argument back as data
-    (``after``), and this copies it into the grader's own object: a tensor's values, or a cache's
-    new entries (a cache may only grow by appending; anything else raises ValueError).
+    Two kinds of call change an argument on purpose: a Triton kernel writes its outputs into the
+    tensors it is given, and a decoding step appends to its caches (chapter 04). The submission
+    sends each changed argument back as data (``after``), and this copies it into the grader's
+    own object. Any other change stays in the sandbox: an ordinary function that zeroes ``v`` or
+    fills a mask in place changes only its own copy, so a check that computes its reference
+    after the call still computes it from the inputs it drew.
+
+    Args:
+        original: the grader's argument: a tensor, a
+            :class:`~attn_course.core.kv_cache.KVCache`, or a list or tuple of them. Anything
+            else is left as it is.
+        after: what the submission sent back for it: a tensor, :func:`cache_state`'s dict, a
+            list of those (None for an item left unchanged), or None.
+        tensors: copy tensors too (a kernel launch's outputs). False (every other call) leaves
+            every tensor as the caller made it and updates only caches.
+
+    Raises:
+        ValueError: ``after`` does not fit ``original`` (another type, shape, length or dtype),
+            or changes a cache other than by appending to it.
     """
     from attn_course.core.kv_cache import KVCache
 
+    if after is None:
+        return
     if isinstance(original, torch.Tensor):
+        if not tensors:
+            return                        # an ordinary call's change of a tensor stays in the sandbox
         if not isinstance(after, torch.Tensor) or after.shape != original.shape:
             raise ValueError("the submission sent back a changed argument of another type or shape")
         with torch.no_grad():
@@ -231,22 +281,43 @@ def update_in_place(original: object, after: object) -> None:
         if not isinstance(after, (list, tuple)) or len(after) != len(original):
             raise ValueError("the submission sent back a changed list of another length")
         for item, item_after in zip(original, after):
-            if item_after is not None:
-                update_in_place(item, item_after)
+            update_in_place(item, item_after, tensors=tensors)
     elif type(original) is KVCache:
-        if not isinstance(after, dict) or not isinstance(after.get("length"), int):
-            raise ValueError("the submission sent back a cache that is not a cache")
-        old = len(original)
-        if after["length"] < old or (old and not (
-                torch.equal(after["keys"][:, :, :old], original.keys)
-                and torch.equal(after["values"][:, :, :old], original.values))):
-            raise ValueError("your function changed the tokens already in a cache; it may only append to it")
-        if after["length"] > old:
-            original.append(after["keys"][:, :, old:], after["values"][:, :, old:])
+        _append_to_cache(original, after)
+
+
+def _append_to_cache(cache, after: object) -> None:
+    """Append to ``cache`` the tokens ``after`` (a cache's state, as data) holds beyond it."""
+    if not (isinstance(after, dict) and type(after.get("length")) is int and after["length"] >= 0
+            and set(after) <= {"length", "keys", "values"}):
+        raise ValueError("the submission sent back a cache that is not a cache")
+    old, new = len(cache), after["length"]
+    if new < old:
+        raise ValueError("your function changed the tokens already in a cache; it may only append to it")
+    if new == old:
+        return
+    keys, values = after.get("keys"), after.get("values")
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[2] == new for t in (keys, values)):
+        raise ValueError("the submission sent back a cache whose keys and values do not hold its length")
+    if old and not (keys.shape[:2] == cache.keys.shape[:2] and keys.shape[3] == cache.keys.shape[3]
+                    and values.shape[:2] == cache.values.shape[:2] and values.shape[3] == cache.values.shape[3]
+                    and torch.equal(keys[:, :, :old].to(cache.keys.dtype), cache.keys)
+                    and torch.equal(values[:, :, :old].to(cache.values.dtype), cache.values)):
+        raise ValueError("your function changed the tokens already in a cache; it may only append to it")
+    try:
+        cache.append(keys[:, :, old:], values[:, :, old:])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"the submission sent back a cache that cannot be appended to ({error})") from None
 
 
 def cache_state(cache: object) -> dict:
-    """A :class:`~attn_course.core.kv_cache.KVCache` as data: ``{"length", "keys", "values"}``."""
+    """A :class:`~attn_course.core.kv_cache.KVCache` as data: ``{"length", "keys", "values"}``.
+
+    Raises:
+        TypeError: ``cache`` is not a cache (it has no length, keys and values).
+    """
+    if not all(hasattr(cache, name) for name in ("__len__", "keys", "values")):
+        raise TypeError(f"cache_state: cache must be a KVCache, got {type(cache).__name__}")
     state: dict = {"length": len(cache)}
     if len(cache):
         state.update(keys=cache.keys, values=cache.values)
