@@ -16,9 +16,17 @@ length and a blob, on its standard input and output:
    with the value of a name.
 
 Everything here runs in the student's process, so nothing here is trusted: the student's code
-can change any of it. The grader treats every reply as data from the student, and scores in
-its own process. What this program can still guarantee is the sandbox's own limits, which it
-sets before the first cell runs and which no later code can raise.
+can change any of it. The grader treats every reply as data from the student, checks its shape
+(:mod:`attn_course_grading.replies`), keeps a deadline on every request it writes and every
+reply it reads, and scores in its own process. What this program can still guarantee is the
+sandbox's own limits, which it sets before the first cell runs and which no later code can raise.
+
+It also leaves the student's code no easy handle on itself, though the grader does not rely
+on that (code in the same process can always reach it, through frames or the garbage collector,
+or simply stop the process): the cell timer's handler is a built-in, not a function whose
+``__globals__`` are this module's, the request loop holds what it calls in its own locals, bound
+before the first cell runs, and a request's length is read with ``int.from_bytes``, which no
+module's attribute can replace.
 """
 
 from __future__ import annotations
@@ -29,13 +37,12 @@ import os
 import re
 import resource
 import signal
-import struct
 import sys
 
 import torch
 
 from attn_course.checks.forbidden import Forbidden, watch_calls
-from attn_course_grading import wire
+from attn_course_grading import replies, wire
 
 #: Cells that belong to otter's self-checks, not to the student's work: the grader does the checking.
 OTTER_CELL = re.compile(r"(# Initialize Otter\n)?import otter\ngrader = otter\.Notebook\([^\n]*\)"
@@ -48,24 +55,30 @@ OTTER_CELL = re.compile(r"(# Initialize Otter\n)?import otter\ngrader = otter\.N
 PROCESS_LIMIT_EXIT = 75
 
 
-class CellTimedOut(BaseException):
-    """Raised in a cell that ran past its time; a BaseException so that ``except Exception`` keeps it."""
-
-
 def read_message(stream) -> object:
+    """The next message on ``stream`` (a binary file): an 8-byte length, then the blob.
+
+    Raises:
+        EOFError: the grader closed the stream.
+        ValueError: the message is not a :mod:`~attn_course_grading.wire` message.
+    """
     header = stream.read(8)
     if len(header) < 8:
         raise EOFError
-    (length,) = struct.unpack("<Q", header)
-    return wire.decode(stream.read(length), objects=True)
+    # int.from_bytes, not struct.unpack: a method of a built-in type, which a cell cannot replace
+    # the way it can replace the struct module's attribute (and stall here, between the header
+    # and the body, with the grader's request half written).
+    return wire.decode(stream.read(int.from_bytes(header, "little")), objects=True)
 
 
 def write_message(fd: int, value: object) -> None:
+    """Send ``value`` on ``fd``: an 8-byte length, then the blob (a value that is not data is sent
+    as the TypeError the grader reports)."""
     try:
         blob = wire.encode(value)
     except wire.NotData as error:
         blob = wire.encode({"error": {"type": "TypeError", "message": f"it returned {error}"}})
-    data = struct.pack("<Q", len(blob)) + blob
+    data = len(blob).to_bytes(8, "little") + blob
     while data:
         data = data[os.write(fd, data):]
 
@@ -95,41 +108,78 @@ def drop_privileges(user: str) -> None:
 
 
 def kind_of(value: object) -> str:
-    if hasattr(value, "__getitem__") and hasattr(value, "fn") and hasattr(value, "run"):
-        return "kernel"                       # a @triton.jit function: launched as kernel[grid](...)
-    return "function" if callable(value) else "value"
+    """How the grader reaches an answer: ``"kernel"`` (``kernel[grid](...)``), ``"function"`` or ``"value"``."""
+    try:
+        if hasattr(value, "__getitem__") and hasattr(value, "fn") and hasattr(value, "run"):
+            return "kernel"                   # a @triton.jit function: launched as kernel[grid](...)
+        return "function" if callable(value) else "value"
+    except Exception:  # noqa: BLE001 - an object whose attributes raise is reached as a value, if at all
+        return "value"
 
 
 def run_cells(cells: list[str], cell_seconds: float) -> tuple[dict, list[dict]]:
-    """Run each cell in one IPython namespace; return the namespace and what went wrong where."""
+    """Run each cell in one IPython namespace; return the namespace and what went wrong where.
+
+    A cell past ``cell_seconds`` is interrupted by SIGALRM, whose handler is the built-in
+    :func:`signal.default_int_handler` (a KeyboardInterrupt in the cell). A built-in has no
+    ``__globals__``: a cell that asks ``signal.getsignal`` for the handler gets no way into this
+    module. A KeyboardInterrupt once the timer has run out is the timeout.
+
+    Returns:
+        ``(namespace, events)``: the events ``{"cell": index, "error": text}`` are at most
+        :data:`~attn_course_grading.replies.MAX_EVENTS`, each text safe and bounded
+        (:func:`~attn_course_grading.replies.safe_text`), as the grader requires.
+    """
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance(colors="NoColor")
     events: list[dict] = []
-
-    def stop(signum, frame):
-        raise CellTimedOut(f"stopped after {cell_seconds:g} s, the time limit of one cell")
+    timed_out = f"CellTimedOut: stopped after {cell_seconds:g} s, the time limit of one cell"
 
     for index, source in enumerate(cells):
         if OTTER_CELL.fullmatch(source.strip()):
             continue
         leave_if_forked()
-        signal.signal(signal.SIGALRM, stop)
+        signal.signal(signal.SIGALRM, signal.default_int_handler)
         signal.setitimer(signal.ITIMER_REAL, cell_seconds)
         try:
-            result = shell.run_cell(source, store_history=False)
-        except CellTimedOut as error:          # raised outside IPython's own handler
-            result, events = None, events + [{"cell": index, "error": str(error)}]
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            try:
+                result = shell.run_cell(source, store_history=False)
+            finally:
+                remaining = signal.setitimer(signal.ITIMER_REAL, 0)[0]
+            error = result.error_in_exec or result.error_before_exec
+        except KeyboardInterrupt as interrupt:   # raised outside IPython's own handler (or in the finally)
+            remaining, error = 0.0, interrupt
         leave_if_forked()
-        error = result and (result.error_in_exec or result.error_before_exec)
         if isinstance(error, BlockingIOError) and error.errno == errno.EAGAIN:
             os._exit(PROCESS_LIMIT_EXIT)       # a fork refused at the limit: a fork bomb
         if error is not None:
-            events.append({"cell": index, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+            if isinstance(error, KeyboardInterrupt) and remaining == 0.0:
+                text = timed_out
+            else:
+                # The type's name is the student's to choose, as long as they like: cut like the message.
+                text = f"{_type_name(error)}: {_message(error, 300)}"
+            if len(events) < replies.MAX_EVENTS - 1:
+                events.append({"cell": index, "error": replies.safe_text(text, replies.MAX_TEXT_CHARS)})
+            elif len(events) == replies.MAX_EVENTS - 1:
+                events.append({"cell": index, "error": "this cell and every later one that failed (not listed)"})
         sys.stdout.flush()
     return shell.user_ns, events
+
+
+def _type_name(error: BaseException) -> str:
+    """An exception's type name as the grader accepts it: an identifier of bounded length."""
+    name = type(error).__name__
+    return replies.safe_name(name) if type(name) is str else "Error"
+
+
+def _message(error: BaseException, limit: int) -> str:
+    """``str(error)``, safe and at most ``limit`` characters (a student's ``__str__`` may fail)."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - an exception whose text cannot be had is reported without it
+        return "(its message could not be read)"
+    return replies.safe_text(text if type(text) is str else "", limit)
 
 
 def answer(namespace: dict, request: dict) -> dict:
@@ -139,7 +189,7 @@ def answer(namespace: dict, request: dict) -> dict:
         return {"error": {"type": "NameError", "message": f"name {name!r} is not defined"}}
     target = namespace[name]
     if "get" in request:
-        return {"value": target}
+        return {"value": target, "after": [], "forbidden": []}
     args, kwargs = request.get("args", []), request.get("kwargs", {})
     before = [_version(arg) for arg in args]
     rules = [Forbidden(str(name), str(why)) for name, why in request.get("forbid") or []]
@@ -152,23 +202,29 @@ def answer(namespace: dict, request: dict) -> dict:
         wire.encode(value)                    # data, or the error below
     except BaseException as error:  # noqa: BLE001 - the student's exception, whatever it is, goes back as data
         if rules and seen:              # a forbidden call came first: that is what the check reports
-            return {"value": None, "after": [], "forbidden": [[called, rule.name] for called, rule in seen]}
+            return {"value": None, "after": [], "forbidden": _forbidden(seen)}
         if isinstance(error, wire.NotData):
             return {"error": {"type": "TypeError", "message": f"it returned {error}"}}
-        return {"error": {"type": type(error).__name__, "message": str(error)[:2000]}}
+        return {"error": {"type": _type_name(error), "message": _message(error, replies.MAX_TEXT_CHARS)}}
     if request.get("index") is not None:
         # A kernel writes its outputs through pointers, which no version counter sees: send back
         # every tensor it was given.
         after = [arg if isinstance(arg, torch.Tensor) else None for arg in args]
     else:
+        # Only caches: the grader copies back nothing else of an ordinary call (a tensor changed
+        # in place stays changed here only), so nothing else is sent.
         after = [_changed(arg, version) for arg, version in zip(args, before)]
-    return {"value": value, "after": after, "forbidden": [[called, rule.name] for called, rule in seen]}
+    return {"value": value, "after": after, "forbidden": _forbidden(seen)}
+
+
+def _forbidden(seen: list) -> list[list[str]]:
+    """The forbidden calls seen, as the grader accepts them: at most MAX_FORBIDDEN, names bounded."""
+    return [[replies.safe_text(str(called), replies.MAX_CALLED_CHARS), rule.name]
+            for called, rule in seen[:replies.MAX_FORBIDDEN]]
 
 
 def _version(value: object) -> object:
-    """What tells whether a call changed an argument: a tensor's version counter, a cache's length."""
-    if isinstance(value, torch.Tensor):
-        return value._version
+    """What tells whether a call changed an argument that the grader copies back: a cache's length."""
     if isinstance(value, (list, tuple)):
         return [_version(item) for item in value]
     if hasattr(value, "append") and hasattr(value, "attended_length"):
@@ -182,7 +238,7 @@ def _changed(value: object, version: object) -> object:
         return changed if any(item is not None for item in changed) else None
     if version is None or _version(value) == version:
         return None
-    return wire.cache_state(value) if not isinstance(value, torch.Tensor) else value
+    return wire.cache_state(value)
 
 
 def main() -> int:
@@ -199,22 +255,25 @@ def main() -> int:
     # The messages keep standard input and output; the student's prints go to standard error,
     # which the grader reads and cuts short.
     requests = os.fdopen(os.dup(0), "rb")
-    replies = os.dup(1)
+    reply_fd = os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)
 
-    setup = read_message(requests)
+    # What the loop below calls, bound here before any cell runs: a cell that replaces this
+    # module's globals (read_message...) changes nothing the loop uses.
+    read, write, respond, leave, kind = read_message, write_message, answer, leave_if_forked, kind_of
+    setup = read(requests)
     namespace, events = run_cells(setup["cells"], args.cell_seconds)
-    kinds = {name: kind_of(namespace[name]) if name in namespace else "missing" for name in setup["answers"]}
-    write_message(replies, {"events": events, "kinds": kinds})
+    kinds = {name: kind(namespace[name]) if name in namespace else "missing" for name in setup["answers"]}
+    write(reply_fd, {"events": events, "kinds": kinds})
     while True:
         try:
-            request = read_message(requests)
+            request = read(requests)
         except EOFError:
             return 0
-        reply = answer(namespace, request)
-        leave_if_forked()
-        write_message(replies, reply)
+        reply = respond(namespace, request)
+        leave()
+        write(reply_fd, reply)
 
 
 if __name__ == "__main__":

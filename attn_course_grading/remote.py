@@ -7,9 +7,16 @@ student's own function: the arguments go to the submission as data, the answer c
 data (:mod:`attn_course_grading.wire`), and an exception in the student's code comes back as an
 exception of the same name and message, so a check's diagnosis reads as it does in the notebook.
 
-Nothing a reply says is trusted: a malformed, oversized or late reply stops the submission, and
-every later call raises :class:`SubmissionStopped` (the question's tests fail, as they would if
-the notebook had crashed).
+Nothing a reply says is trusted: a malformed (:mod:`attn_course_grading.replies`), oversized or
+late reply stops the submission, and so does a request it does not read in time (the grader's
+writes have the same deadlines as its reads: a submission that stops reading cannot block the
+grader). Every later call raises :class:`SubmissionStopped` (the question's tests fail, as they
+would if the notebook had crashed).
+
+What a call changes in its arguments comes back only for the calls meant to change them: a
+Triton kernel's launch (its outputs) and the caches a decoding step appends to
+(:func:`attn_course_grading.wire.update_in_place`). An ordinary function that changes a tensor it
+was given changes only the sandbox's copy.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import time
 
 import torch
 
-from attn_course_grading import in_sandbox, sandbox, wire
+from attn_course_grading import in_sandbox, replies, sandbox, wire
 
 #: Exceptions from the student's code that come back as themselves; any other comes back as a
 #: :class:`SubmissionError` subclass of the same name.
@@ -63,41 +70,63 @@ class Submission:
     """
 
     def __init__(self, cells: list[str], answers: list[str], limits: sandbox.Limits, *, sandboxed: bool = True):
-        if not all(isinstance(cell, str) for cell in cells):
+        if not isinstance(cells, (list, tuple)) or not all(type(cell) is str for cell in cells):
             raise TypeError("Submission: cells must be a list of strings")
+        if isinstance(answers, str) or not all(type(name) is str and name.isidentifier() for name in answers):
+            raise TypeError("Submission: answers must be a list of names (identifiers)")
+        if not isinstance(limits, sandbox.Limits):
+            raise TypeError(f"Submission: limits must be a sandbox.Limits, got {type(limits).__name__}")
+        if not isinstance(sandboxed, bool):
+            raise TypeError(f"Submission: sandboxed must be a bool, got {type(sandboxed).__name__}")
         self.limits, self.answers, self.events, self.kinds = limits, list(answers), [], {}
         self.stopped: str | None = None
         self.output_size = 0
         self._output = bytearray()
+        self.peak_memory_bytes, self.peak_tasks = 0, 0
+        self._kill_lock = threading.Lock()
         command = [sys.executable, "-m", "attn_course_grading.in_sandbox", "--processes", str(limits.processes),
                    "--cell-seconds", str(limits.cell_seconds)]
         self._user = sandbox.SandboxUser() if sandboxed and os.geteuid() == 0 else None
-        if sandboxed:
-            if self._user:
-                command += ["--user", f"{self._user.uid}:{sandbox.SANDBOX_GID}"]
-            command = sandbox.sandbox_command(command, limits)
-        self.started = time.monotonic()
-        self._process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=sandbox.environment(limits), cwd="/", preexec_fn=limits.set_in_this_process,
-            start_new_session=True,       # a process group of its own, killed whole (trusted runs too)
-        )
-        self._drain = threading.Thread(target=self._keep_output, daemon=True)
-        self._drain.start()
-        self.peak_memory_bytes, self.peak_tasks = 0, 0
-        self._kill_lock = threading.Lock()
-        self._watch = threading.Thread(target=self._watch_limits, daemon=True)
-        self._watch.start()
-        self._send({"cells": list(cells), "answers": self.answers})
-        reply = self._receive(deadline=self.started + limits.seconds,
-                              late=f"stopped after {limits.seconds:g} s, the time limit of the whole notebook")
-        # The checks' calls of the answers get, in all, as long as the notebook had.
-        self._calls_deadline = time.monotonic() + limits.seconds
-        if isinstance(reply, dict):
-            self.events = [event for event in reply.get("events", []) if isinstance(event, dict)][:100]
-            kinds = reply.get("kinds", {})
-            self.kinds = {name: kinds.get(name) if kinds.get(name) in ("function", "kernel", "value") else "missing"
-                          for name in self.answers}
+        try:
+            if sandboxed:
+                if self._user:
+                    command += ["--user", f"{self._user.uid}:{sandbox.SANDBOX_GID}"]
+                command = sandbox.sandbox_command(command, limits)
+            self.started = time.monotonic()
+            self._process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=sandbox.environment(limits), cwd="/", preexec_fn=limits.set_in_this_process,
+                start_new_session=True,       # a process group of its own, killed whole (trusted runs too)
+            )
+        except BaseException:
+            self._release_user()
+            raise
+        # From here on a process is running: whatever goes wrong, it is killed before the
+        # exception leaves (a caller whose `with` or `try` starts after this constructor would
+        # otherwise leave it running, forking, until the grader exits).
+        try:
+            # Requests are written without blocking, under a deadline (_send): a submission that
+            # stops reading its input must not block the grader.
+            self._requests = self._process.stdin.fileno()
+            os.set_blocking(self._requests, False)
+            self._drain = threading.Thread(target=self._keep_output, daemon=True)
+            self._drain.start()
+            self._watch = threading.Thread(target=self._watch_limits, daemon=True)
+            self._watch.start()
+            deadline = self.started + limits.seconds
+            late = f"stopped after {limits.seconds:g} s, the time limit of the whole notebook"
+            if self._send(wire.encode({"cells": list(cells), "answers": self.answers}), deadline, late):
+                reply = self._receive(deadline=deadline, late=late)
+                if reply is not None:
+                    try:
+                        self.events, self.kinds = replies.setup_reply(reply, self.answers, len(cells))
+                    except replies.MalformedReply as error:
+                        self._stop(f"it sent a malformed reply ({error})")
+            # The checks' calls of the answers get, in all, as long as the notebook had.
+            self._calls_deadline = time.monotonic() + limits.seconds
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def output(self) -> str:
@@ -118,30 +147,47 @@ class Submission:
                     pass
         return found
 
-    def request(self, message: dict) -> object:
-        """Send one call; return its value, or raise the student's exception."""
+    def request(self, message: dict) -> dict:
+        """Send one call (``{"call": name, "args": [...], ...}``) or read (``{"get": name}``).
+
+        Returns:
+            The checked reply (:func:`attn_course_grading.replies.call_reply`): ``{"value",
+            "after", "forbidden"}``.
+
+        Raises:
+            TypeError: ``message`` is not a call or a read, or holds what cannot be sent.
+            SubmissionStopped: the process had stopped, or stops now (late, gone, malformed reply).
+            the student's exception: its type (:data:`BUILTIN_ERRORS`, else a
+                :class:`SubmissionError` of its name) and message.
+        """
+        if not isinstance(message, dict) or not (type(message.get("call")) is str or type(message.get("get")) is str):
+            raise TypeError("Submission.request: message must be a dict with a 'call' or 'get' name")
         if self.stopped:
             raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}")
         try:
-            self._send(message)
+            blob = wire.encode(message, objects=True)
         except wire.NotData as error:
             raise TypeError(f"the grader cannot send {error}") from None
         seconds, name = self.limits.call_seconds, message.get("call", message.get("get"))
+        what = f"a call of {name}" if "call" in message else f"reading {name}"
         if time.monotonic() + seconds <= self._calls_deadline:
-            deadline, late = time.monotonic() + seconds, f"a call of {name} ran past {seconds:g} s"
+            deadline, late = time.monotonic() + seconds, f"{what} ran past {seconds:g} s"
         else:
             deadline = self._calls_deadline
             late = f"the checks' calls of its answers ran past {self.limits.seconds:g} s in all"
-        reply = self._receive(deadline=deadline, late=late)
+        # One deadline for the request and its reply: writing it counts against the call's time.
+        reply = self._receive(deadline=deadline, late=late) if self._send(blob, deadline, late) else None
         if reply is None:
             raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}")
-        if not isinstance(reply, dict):
-            self._stop("it sent a reply that is not a reply")
-            raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}")
+        rules = [pair[0] for pair in message.get("forbid") or []]
+        try:
+            reply = replies.call_reply(reply, arguments=len(message.get("args") or []), rules=rules)
+        except replies.MalformedReply as error:
+            self._stop(f"it sent a malformed reply to {what} ({error})")
+            raise SubmissionStopped(f"your notebook's process had stopped: {self.stopped}") from None
         if "error" in reply:
-            error = reply["error"] if isinstance(reply["error"], dict) else {}
-            name, text = str(error.get("type", "Error")), str(error.get("message", ""))[:2000]
-            kind = BUILTIN_ERRORS.get(name) or type(name if name.isidentifier() else "Error", (SubmissionError,), {})
+            error_name, text = reply["error"]["type"], reply["error"]["message"]
+            kind = BUILTIN_ERRORS.get(error_name) or type(error_name, (SubmissionError,), {})
             raise kind(text)
         return reply
 
@@ -150,15 +196,19 @@ class Submission:
         self._kill()
         with self._kill_lock:
             self._process.wait()
-        if self._user:
-            self._user.release()
-            self._user = None
-        self._drain.join(timeout=5)
+        self._release_user()
+        if hasattr(self, "_drain"):
+            self._drain.join(timeout=5)
         for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
             try:
                 stream.close()
             except OSError:
                 pass
+
+    def _release_user(self) -> None:
+        if self._user:
+            self._user.release()
+            self._user = None
 
     def __enter__(self) -> Submission:
         return self
@@ -168,16 +218,37 @@ class Submission:
 
     # --- the wire ---------------------------------------------------------------------------
 
-    def _send(self, message: dict) -> None:
-        blob = wire.encode(message, objects=True)
-        try:
-            self._process.stdin.write(struct.pack("<Q", len(blob)) + blob)
-            self._process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self._stop(self._exit_reason())
+    def _send(self, blob: bytes, deadline: float, late: str) -> bool:
+        """Write one request (an encoded message) by ``deadline``; False after stopping the process
+        (gone, or not reading: ``late`` says why, after "it stopped reading the grader's requests")."""
+        if self.stopped:
+            return False
+        pending = [memoryview(struct.pack("<Q", len(blob))), memoryview(blob)]
+        poll = select.poll()
+        poll.register(self._requests, select.POLLOUT)      # poll, not select: no limit on the fd's number
+        while pending:
+            try:
+                written = os.write(self._requests, pending[0][:1 << 16])
+            except BlockingIOError:
+                # The pipe is full: wait until it drains, for no longer than the deadline. (Write
+                # first, poll only then: a pipe reports itself writable only with a buffer slot
+                # free, though a small write may still fit in a slot's page.)
+                left = deadline - time.monotonic()
+                if left <= 0 or not poll.poll(max(1, int(left * 1000))):
+                    if time.monotonic() >= deadline:
+                        self._stop(f"it stopped reading the grader's requests: {late}")
+                        return False
+                continue
+            except OSError:                                # EPIPE: its end is closed, it is gone
+                self._stop(self._exit_reason())
+                return False
+            pending[0] = pending[0][written:]
+            if not len(pending[0]):
+                pending.pop(0)
+        return True
 
     def _receive(self, deadline: float, late: str) -> object:
-        """The next reply, or None after stopping the process (late, gone, malformed)."""
+        """The next reply, decoded, or None after stopping the process (late, gone, malformed)."""
         if self.stopped:
             return None
         try:
@@ -193,14 +264,16 @@ class Submission:
             return wire.decode(blob)
         except EOFError:
             return self._stop(self._exit_reason())
-        except ValueError as error:
-            return self._stop(f"it sent a reply that is not data ({error})")
+        except Exception as error:  # noqa: BLE001 - whatever a reply does to the reader, it stops that notebook
+            return self._stop(f"it sent a malformed reply (not data: {type(error).__name__}: {error})")
 
     def _read(self, size: int, deadline: float) -> bytes | None:
         fd, data = self._process.stdout.fileno(), bytearray()
+        poll = select.poll()
+        poll.register(fd, select.POLLIN)
         while len(data) < size:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not poll.poll(max(1, int(left * 1000))):
                 return None
             chunk = os.read(fd, min(size - len(data), 1 << 20))
             if not chunk:
@@ -210,7 +283,9 @@ class Submission:
 
     def _stop(self, reason: str) -> None:
         if self.stopped is None:
-            self.stopped = reason
+            # The reason may quote the reply (an exception's text): kept safe and short, since it
+            # goes into the student's results file.
+            self.stopped = replies.safe_text(str(reason), replies.MAX_TEXT_CHARS)
         self._kill()
         return None
 
@@ -340,20 +415,30 @@ def proportional_bytes(pids: list[int]) -> int:
 class RemoteFunction:
     """The student's function ``name``, called in their sandbox: data in, data out.
 
-    Arguments the call changes in place (tensors, caches) are changed here too, and grad mode
-    is the caller's, so a check sees what it would see calling the function in the notebook.
+    Grad mode is the caller's. What the call changes in its arguments is copied back only where
+    changing them is the call's job: the tensors a kernel launch (``index``, the grid) writes,
+    and the caches (:class:`~attn_course.core.kv_cache.KVCache`) a decoding step appends to. An
+    ordinary function's change of a tensor argument stays in the sandbox, so that an answer that
+    zeroes ``v`` or fills a mask in place cannot change what a check computes after the call.
+
+    Args:
+        submission: the running :class:`Submission`.
+        name: the answer's name in the notebook.
+        index: a kernel's launch grid (``kernel[grid]``), or None for a function.
     """
 
     def __init__(self, submission: Submission, name: str, index: object = None):
+        if not isinstance(submission, Submission):
+            raise TypeError(f"RemoteFunction: submission must be a Submission, got {type(submission).__name__}")
+        if type(name) is not str or not name.isidentifier():
+            raise TypeError(f"RemoteFunction: name must be an identifier, got {name!r}")
         self._submission, self.__name__, self._index = submission, name, index
 
     def __call__(self, *args, **kwargs):
         reply = self._submission.request({"call": self.__name__, "index": self._index, "args": list(args),
                                           "kwargs": kwargs, "grad": torch.is_grad_enabled()})
-        for original, after in zip(args, reply.get("after") or []):
-            if after is not None:
-                wire.update_in_place(original, after)
-        return reply.get("value")
+        self._copy_back(args, reply["after"])
+        return reply["value"]
 
     def call_watching(self, rules: list, *args):
         """Call it under the exercise's rules of what it may not call, watched in the sandbox
@@ -366,13 +451,14 @@ class RemoteFunction:
         reply = self._submission.request({"call": self.__name__, "index": self._index, "args": list(args),
                                           "kwargs": {}, "grad": torch.is_grad_enabled(),
                                           "forbid": [[rule.name, rule.why] for rule in rules]})
-        for original, after in zip(args, reply.get("after") or []):
-            if after is not None:
-                wire.update_in_place(original, after)
+        self._copy_back(args, reply["after"])
         by_name = {rule.name: rule for rule in rules}
-        seen = [(str(called), by_name[name]) for called, name in reply.get("forbidden") or []
-                if isinstance(called, str) and name in by_name]
-        return reply.get("value"), seen
+        return reply["value"], [(called, by_name[name]) for called, name in reply["forbidden"]]
+
+    def _copy_back(self, args: tuple, after: list) -> None:
+        """The changes of the arguments that this kind of call is meant to make (the class's rule)."""
+        for original, changed in zip(args, after):
+            wire.update_in_place(original, changed, tensors=self._index is not None)
 
     def __repr__(self) -> str:
         return f"<the submission's {self.__name__}>"
