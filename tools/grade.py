@@ -126,7 +126,6 @@ def main() -> int:
             try:
                 # Read here first, safely: a notebook refused now costs no sandbox.
                 collect.read_code_cells(notebook)
-                refused = None
             except ValueError as error:
                 refused = str(error)
         try:

@@ -283,11 +283,11 @@ def test_a_hostile_class_is_graded_and_every_row_written(tmp_path):
     solution = autograders / f"{chapter}.ipynb"
     solution.write_text(notebook_json("def double(x):\n    # BEGIN SOLUTION\n    return 2 * x\n    # END SOLUTION"))
     (tmp_path / "secret.txt").write_text("token")
-    for student, cells in (("ada", [ANSWER]),
-                           # a lone surrogate and escapes in a cell's error: once, no grades.csv at all
-                           ("surrogate", [ANSWER, "raise ValueError('\\ud800 \\x1b]0;pwned\\x07')"])):
-        (submissions / student).mkdir(parents=True)
-        (submissions / student / f"{chapter}.ipynb").write_text(notebook_json(*cells))
+    # The one honest student (two notebooks run in all: each costs a Python with torch): a lone
+    # surrogate and escapes in a cell's error once left no grades.csv at all.
+    (submissions / "ada").mkdir(parents=True)
+    (submissions / "ada" / f"{chapter}.ipynb").write_text(notebook_json(
+        ANSWER, "raise ValueError('\\ud800 \\x1b]0;pwned\\x07')"))
     expected = hostile_collect.prepare(submissions, {"solution": solution, "secret": tmp_path / "secret.txt",
                                                      "other": submissions / "ada" / f"{chapter}.ipynb"})
     (submissions / "李").mkdir()               # printable, not ASCII: shown escaped on an ASCII console
@@ -300,10 +300,13 @@ def test_a_hostile_class_is_graded_and_every_row_written(tmp_path):
     assert not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) < 0xa0 for c in completed.stdout + completed.stderr)
     with open(out / "grades.csv", encoding="utf-8", newline="") as handle:
         rows = {row["student"]: row for row in csv.DictReader(handle)}
-    assert float(rows["ada"]["total"]) == float(rows["surrogate"]["total"]) == 2 and rows["ada"]["notes"] == ""
-    assert json.loads((out / "surrogate" / f"{chapter}.json").read_text(encoding="ascii"))["questions"][0]["score"] == 2
+    assert float(rows["ada"]["total"]) == 2 and rows["ada"]["notes"] == ""
+    text = (out / "ada" / f"{chapter}.json").read_text(encoding="ascii")
+    # The error reached the feedback, written as ASCII, its escapes as JSON's; how the surrogate
+    # crossed the sandbox is the wire's business (a lone one in a result is tested above).
+    assert json.loads(text)["questions"][0]["score"] == 2 and "0;pwned\\u0007" in text
     shown = {name: name for name in expected} | {hostile_collect.FORMULA_NAME: "'" + hostile_collect.FORMULA_NAME}
-    assert set(rows) == {"ada", "surrogate", "李"} | set(shown.values())
+    assert set(rows) == {"ada", "李"} | set(shown.values())
     assert float(rows["李"]["total"]) == 0
     assert f"\\u674e {chapter}: 0 / 2 (0.0 s; stopped: the notebook was not graded: {LINK})" in completed.stdout
     for student, expectation in ((name, value["expect"]) for name, value in expected.items()):
