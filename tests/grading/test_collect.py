@@ -282,7 +282,7 @@ def test_a_hostile_class_is_graded_and_every_row_written(tmp_path):
         archive.writestr("tests/q1.py", TEST_FILE)
     solution = autograders / f"{chapter}.ipynb"
     solution.write_text(notebook_json("def double(x):\n    # BEGIN SOLUTION\n    return 2 * x\n    # END SOLUTION"))
-    (tmp_path / "secret.txt").write_text("token")
+    (tmp_path / "secret.txt").write_text("SECRET-7f3a9c")
     # The one honest student (two notebooks run in all: each costs a Python with torch): a lone
     # surrogate and escapes in a cell's error once left no grades.csv at all.
     (submissions / "ada").mkdir(parents=True)
@@ -320,6 +320,9 @@ def test_a_hostile_class_is_graded_and_every_row_written(tmp_path):
     assert feedback["questions"] == [{"name": "q1", "score": 0, "max_score": 2, "output": "the notebook was not "
                                       "graded: " + LINK}]
     assert not (out / "links_to_classmates_folder").exists()          # graded once, as ada
+    # Nothing of the secret file reached what the grader wrote or printed.
+    assert not any("SECRET" in path.read_text(encoding="utf-8") for path in out.rglob("*") if path.is_file())
+    assert "SECRET" not in completed.stdout + completed.stderr
 
 
 # --- the sandbox: a socket in a folder it sees ----------------------------------------------------------
