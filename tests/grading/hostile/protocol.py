@@ -172,7 +172,7 @@ ATTACKS = {
                                "expect": {"score": 0.0, "stopped": MALFORMED}},
     # 3: a malformed setup reply stops that notebook at once (its CPU burners with it): the
     # classmate graded alongside (the class's honest student) keeps full marks.
-    "setup_events_none_and_cpu_burners": {"chapter": CHAPTER, "cell": forged_setup("null", children=CPU_BURNERS),
+    "setup_events_none_and_cpu_burners": {"chapter": CHAPTER, "cell": forged_setup("None", children=CPU_BURNERS),
                                           "expect": {"score": 0.0, "stopped": MALFORMED}},
     "bfloat16_array_in_setup": {"chapter": CHAPTER,
                                 "cell": forged_setup('{"list": []}', kinds='{"ndarray": 0}',
