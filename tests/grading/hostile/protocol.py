@@ -5,8 +5,8 @@ against how the runner (attn_course_grading/in_sandbox.py) happens to look today
 pipes through ``/proc/self/fd``, and where a route into the runner is closed they take another.
 
 - :data:`BLOCKS_THE_PIPE`: shrinks the request pipe to one page and stops the runner reading it
-  (through the runner's globals, by the routes that once worked, and else by stopping its own
-  process as soon as it waits for its first request). The grader's write must have a deadline.
+  at the first request too large to be written then (through the runner's globals, by the routes
+  that once worked, and else by stopping its own process). The grader's write must have a deadline.
 - :data:`FORGES_A_REPLY`: defines ``forge(structure, tensors)``, which writes a reply of its own
   making on the reply pipe (the JSON structure of :mod:`attn_course_grading.wire` as it is,
   so that it can hold what the encoder would refuse). The attacks below forge setup replies
@@ -43,23 +43,38 @@ def _pipes(mode):
     return found
 '''
 
-#: Attack 1: the request pipe shrunk to one page (F_SETPIPE_SZ), and nothing reads it. A request
-#: larger than a page then cannot be written: before writes had deadlines, the grader blocked in
-#: its write forever (holding the lock under which every submission's tests run).
+#: Attack 1: the request pipe shrunk to one page (F_SETPIPE_SZ); every request that fits in it
+#: answered, and nothing read of the first that does not. That request then cannot be written:
+#: before writes had deadlines, the grader blocked in its write forever (holding the lock under
+#: which every submission's tests ran), and the whole class with it.
 BLOCKS_THE_PIPE = FINDS_THE_PIPES + '''
 import signal as _signal, sys as _sys, time as _time
+from attn_course_grading import wire as _wire
 
+_PAGE = 4096
+# What a request must exceed to block its writer: the page, and the 8 KiB that the runner's
+# buffered reader may already have taken from the pipe when it read the 8-byte length.
+_BLOCKS = _PAGE + 8192 + 8
 for _fd in _pipes(_os.O_RDONLY):
     try:
-        _fcntl.fcntl(_fd, 1031, 4096)                # F_SETPIPE_SZ: one page
+        _fcntl.fcntl(_fd, 1031, _PAGE)               # F_SETPIPE_SZ: one page
     except OSError:
         pass
 
-def _stall(*args, **kwargs):
-    _time.sleep(10**6)
+def _big(header):
+    """Whether ``header`` is a request's 8-byte length, of a request too large to be written."""
+    return type(header) is bytes and len(header) == 8 and int.from_bytes(header, "little") > _BLOCKS
 
 # Route 1, the one that worked: the runner's globals, through the cell timer's handler, through
-# __main__ or up the frames; its read_message replaced by one that never returns.
+# __main__ or up the frames; its read_message replaced by one that stops at a big request.
+def _reads_until_a_big_request(stream):
+    header = stream.read(8)
+    if len(header) < 8:
+        raise EOFError
+    if _big(header):
+        _time.sleep(10**6)
+    return _wire.decode(stream.read(int.from_bytes(header, "little")), objects=True)
+
 _places = [getattr(_signal.getsignal(_signal.SIGALRM), "__globals__", None),
            getattr(_sys.modules.get("__main__"), "__dict__", None)]
 _frame = _sys._getframe()
@@ -69,24 +84,25 @@ while _frame is not None:
 hijacked = 0
 for _place in _places:
     if isinstance(_place, dict) and callable(_place.get("read_message")):
-        _place["read_message"] = _stall
+        _place["read_message"] = _reads_until_a_big_request
         hijacked += 1
 
-# Route 2: the runner stopped whole, at the first call it makes after its setup reply's os.write
-# (that is, when it goes to read its first request). Whatever the runner binds where, a process
-# can stop itself; only the grader's deadline helps then.
+# Route 2, whatever the runner binds where: once it has sent its setup reply (its first os.write),
+# the process stops itself at the first C call it makes holding a big request's header. A process
+# can always stop itself; only the grader's deadline helps then.
 _replied = []
 
-def _stop_when_waiting(frame, event, arg):
+def _stop_at_a_big_request(frame, event, arg):
     if event != "c_call":
         return
-    if _replied:
+    if not _replied:
+        if arg is _os.write:
+            _replied.append(True)
+    elif any(_big(value) for value in frame.f_locals.values()):
         _sys.setprofile(None)
         _os.kill(_os.getpid(), _signal.SIGSTOP)
-    elif arg is _os.write:
-        _replied.append(True)
 
-_sys.setprofile(_stop_when_waiting)
+_sys.setprofile(_stop_at_a_big_request)
 '''
 
 #: Defines ``forge(structure, tensors=None)``: a reply of the student's own making on the reply pipe.
@@ -158,10 +174,11 @@ Q1_POINTS, Q4_POINTS = 2.0, 2.0
 MALFORMED = "it sent a malformed reply"
 
 ATTACKS = {
-    # 1: the class finishes; the attacker is stopped by the call's deadline (its write, or the
-    # reply's read where the request fit in the page).
+    # 1: the class finishes (before writes had deadlines, tools/grade.py never returned); the
+    # attacker answers every request under 12 KiB and is stopped by the deadline of the write of
+    # the first larger one, q5's hidden test's (chapter 03's checks today: 9.5 points before it).
     "blocks_the_request_pipe": {"chapter": CHAPTER, "cell": BLOCKS_THE_PIPE,
-                                "expect": {"score": 0.0, "stopped": "ran past"}},
+                                "expect": {"score": 9.5, "stopped": "it stopped reading the grader's requests"}},
     # 2: strings that are not UTF-8 are escaped, not fatal: the run and its results are written,
     # and only the answer that raised loses its points.
     "lone_surrogates": {"chapter": CHAPTER, "cell": LONE_SURROGATES,
