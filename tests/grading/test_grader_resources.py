@@ -1,0 +1,219 @@
+"""The grader's own resources, bounded per submission (issue 31).
+
+Each submission is graded in a process of its own (:func:`attn_course_grading.grader.grade`):
+what its answers return, and what the checks make of it, stays in that process, under its own
+memory limit and time; the class graded beside it keeps its marks, its time and its printed lines.
+The assignment here is made up (four small questions, no chapter to build) so that the whole
+file runs in well under a minute; the same attacks on chapter 03, as a hostile class's
+notebooks, are in ``hostile/resources.py``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import resource
+import subprocess
+import threading
+import time
+import zipfile
+
+import nbformat
+import pytest
+from hostile.resources import ATTACKS
+
+from attn_course_grading import grader, sandbox
+
+from helpers import require_sandbox, sandbox_installed
+
+SOLUTION_CELLS = [
+    "import time\nimport torch\n",
+    "reference = torch.arange(1024.0)          # a teaching cell: the tests' context\n",
+    "def double(x):\n    # BEGIN SOLUTION\n    return 2 * x\n    # END SOLUTION\n",
+    "def exponent(k):\n    # BEGIN SOLUTION\n    return k\n    # END SOLUTION\n",
+    "def repetitions():\n    # BEGIN SOLUTION\n    return 3\n    # END SOLUTION\n",
+]
+
+TEST_FILES = {
+    # Broadcasting allclose: an answer of shape (n, 1) makes the check hold n x 1024 numbers.
+    "q1_double": (2, '''
+@test_case(points=None, hidden=False)
+def test_q1_double_1(torch, double, reference):
+    assert torch.allclose(double(reference), 2 * reference), 'double(x) is not 2 x'
+
+@test_case(points=None, hidden=True)
+def test_q1_double_2(torch, double):
+    print("PRINTED BY A TEST")
+    assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0)), 'double(ones) is not twos'
+'''),
+    # The check's own work grows with the answer, holding the GIL: 3 ** 10**8 takes minutes.
+    "q2_power": (1, '''
+@test_case(points=None, hidden=False)
+def test_q2_power_1(exponent):
+    assert 3 ** exponent(10) == 59049, 'exponent(10) is not 10'
+'''),
+    "q3_many_calls": (1, '''
+@test_case(points=None, hidden=False)
+def test_q3_many_calls_1(torch, double):
+    for _i in range(8):
+        assert double(torch.tensor(float(_i))) == 2 * _i, 'double is wrong on a number'
+'''),
+    # A loop as long as the answer says, in torch (which releases the GIL).
+    "q4_repeat": (1, '''
+@test_case(points=None, hidden=False)
+def test_q4_repeat_1(torch, repetitions):
+    _count = 0
+    for _ in range(repetitions()):
+        _ = torch.ones(64, 64) @ torch.ones(64, 64)
+        _count += 1
+    assert _count == 3, 'repetitions() is not 3'
+'''),
+}
+HONEST = 5.0
+
+
+def make_assignment(folder: pathlib.Path) -> grader.Assignment:
+    """The made-up chapter ``99_resources``: its autograder zip and solution notebook."""
+    archive = folder / "99_resources.zip"
+    with zipfile.ZipFile(archive, "w") as handle:
+        for name, (points, body) in TEST_FILES.items():
+            handle.writestr(f"tests/{name}.py", "from otter.test_files import test_case\n\nOK_FORMAT = False\n\n"
+                                                f"name = {name!r}\npoints = {points}\n{body}")
+    solution = nbformat.v4.new_notebook()
+    solution.cells = [nbformat.v4.new_code_cell(source) for source in SOLUTION_CELLS]
+    nbformat.write(solution, archive.with_suffix(".ipynb"))
+    return grader.Assignment(archive)
+
+
+def submission(folder: pathlib.Path, student: str, replace: dict[str, str] | None = None,
+               cell: str | None = None) -> pathlib.Path:
+    """A student's notebook: the solution's cells, some answers replaced, an attack cell first."""
+    cells = [cell] if cell else []
+    for source in SOLUTION_CELLS:
+        name = next((name for name in replace or {} if source.startswith(f"def {name}(")), None)
+        cells.append(replace[name] if name else source)
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    path = folder / student / "99_resources.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def assignment(tmp_path_factory):
+    require_sandbox()
+    return make_assignment(tmp_path_factory.mktemp("assignment"))
+
+
+def grade_at_once(assignment, notebooks: dict[str, pathlib.Path], limits: sandbox.Limits) -> dict[str, dict]:
+    """Grade ``notebooks`` at the same time, one thread each, as ``make grade --jobs N`` does;
+    each result gains ``finished``: seconds from the start of all to its end."""
+    results: dict[str, dict] = {}
+    started = time.monotonic()
+
+    def one(student: str) -> None:
+        results[student] = grader.grade(assignment, notebooks[student], limits, sandboxed=sandbox_installed())
+        results[student]["finished"] = time.monotonic() - started
+
+    threads = [threading.Thread(target=one, args=(student,)) for student in notebooks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def total(result: dict) -> float:
+    return sum(question["score"] for question in result["questions"])
+
+
+def by_name(result: dict) -> dict[str, dict]:
+    return {question["name"]: question for question in result["questions"]}
+
+
+@pytest.mark.slow
+def test_an_answer_that_makes_the_checks_exhaust_memory_is_stopped_in_its_own_process(assignment, tmp_path):
+    # 2 MiB of answer that a broadcasting allclose turns into 2 GiB per intermediate tensor: more
+    # than the 2 GiB the checks may add to what the grading process held when it started.
+    hostile = submission(tmp_path, "huge", {"double": "def double(x):\n    return torch.zeros(2**19, 1)\n"})
+    honest = submission(tmp_path, "honest")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    results = grade_at_once(assignment, {"huge": hostile, "honest": honest},
+                            sandbox.Limits(seconds=60, memory_bytes=2 * 2**30))
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 128 * 2**20, f"the grader's own process grew by {grown / 2**20:.0f} MiB"
+    assert total(results["honest"]) == HONEST and results["honest"]["run"]["stopped"] is None
+    huge = by_name(results["huge"])
+    assert huge["q1_double"]["score"] == 0 and "can't allocate memory" in huge["q1_double"]["output"]
+    # Its process survived the failed allocation: the questions its answer does not spoil are graded.
+    assert huge["q2_power"]["score"] == huge["q4_repeat"]["score"] == 1
+    assert results["huge"]["run"]["grader_peak_memory_bytes"] < 1 * 2**30       # nothing was allocated
+
+
+@pytest.mark.slow
+def test_a_slow_answer_neither_delays_a_classmate_nor_silences_a_line(assignment, tmp_path, capsys):
+    # Every call sleeps 2 s, under the 3 s a call may take: 10 calls in all, past the 10 s all get.
+    slow = submission(tmp_path, "slow", {"double": "def double(x):\n    time.sleep(2)\n    return 2 * x\n"})
+    honest = submission(tmp_path, "honest")
+    printing, ticks = threading.Event(), []
+
+    def tick() -> None:                # the class's progress lines, printed meanwhile
+        while not printing.is_set():
+            ticks.append(f"tick {len(ticks)}")
+            print(ticks[-1], flush=True)
+            time.sleep(0.05)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        results = grade_at_once(assignment, {"slow": slow, "honest": honest},
+                                sandbox.Limits(seconds=10, call_seconds=3))
+    finally:
+        printing.set()
+        ticker.join()
+    slow_run = results["slow"]["run"]
+    assert total(results["honest"]) == HONEST
+    assert "10 s in all" in slow_run["stopped"], slow_run
+    # Graded beside it, not after it: the honest student's tests never waited for the slow ones.
+    assert results["honest"]["finished"] < results["slow"]["finished"] - 5, results
+    # The slow one's tests were capped: the notebook, then 10 s of calls (not 10 x 2 s).
+    assert slow_run["seconds"] < 10 + 10 + 5, slow_run
+    printed = capsys.readouterr().out.splitlines()
+    assert [line for line in printed if line.startswith("tick")] == ticks
+    assert "PRINTED BY A TEST" not in printed
+
+
+@pytest.mark.slow
+def test_checks_that_run_long_on_an_answer_are_stopped_at_the_test_phase_cap(assignment, tmp_path, monkeypatch):
+    monkeypatch.setattr(grader, "KILL_GRACE_SECONDS", 2.0)
+    marker = "sleep 613"               # a process each notebook leaves behind, if its sandbox survived
+    starts = f"import subprocess\nsubprocess.Popen({marker.split()!r}, start_new_session=True)\n"
+    # The loop yields the GIL: the grading process stops itself. 3 ** 10**8 holds it for minutes:
+    # the grader kills the grading process, and its sandbox dies with it.
+    looping = submission(tmp_path, "looping", {"repetitions": "def repetitions():\n    return 10**9\n"}, starts)
+    wedged = submission(tmp_path, "wedged", {"exponent": "def exponent(k):\n    return 10**8\n"}, starts)
+    limits = sandbox.Limits(seconds=8, call_seconds=1)
+    results = grade_at_once(assignment, {"looping": looping, "wedged": wedged}, limits)
+    cap = limits.seconds + limits.call_seconds
+    for student, graded, lost in (("looping", ["q1_double", "q2_power", "q3_many_calls"], "q4_repeat"),
+                                  ("wedged", ["q1_double"], "q2_power")):
+        run, questions = results[student]["run"], by_name(results[student])
+        assert run["stopped"] == f"the grader's tests of it ran past {cap:g} s in all", (student, run)
+        assert run["seconds"] < limits.seconds + cap + grader.KILL_GRACE_SECONDS + 5, (student, run)
+        assert [questions[name]["score"] for name in graded] == [2, 1, 1][:len(graded)], (student, questions)
+        assert questions[lost]["score"] == 0 and "not graded" in questions[lost]["output"]
+        assert list(questions) == list(TEST_FILES)        # every question, graded or not
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == [], "a sandbox outlived its grading"
+
+
+def test_the_hostile_class_attacks_are_well_formed():
+    for student, attack in ATTACKS.items():
+        assert attack["chapter"] == "03_multi_head" and ("cell" in attack or "replace" in attack), student
+        assert set(attack["expect"]) == {"score", "stopped"}, student
+        for source in [attack.get("cell", ""), *attack.get("replace", {}).values()]:
+            compile(source, student, "exec")
