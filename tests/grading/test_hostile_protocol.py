@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
-from hostile.protocol import BLOCKS_THE_PIPE, FORGES_A_REPLY, MALFORMED, forged_setup
+from hostile.protocol import BLOCKS_THE_PIPE, FORGES_A_REPLY, MALFORMED, TENSOR_EVENT, forged_setup
 
 from attn_course.core.kv_cache import KVCache
 from attn_course_grading import replies, sandbox, wire
@@ -330,7 +330,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("events, tensors", [
     ("None", "None"),                                       # attack 3
-    ('{"list": [{"tensor": 0}]}', '{"t0": torch.ones(3)}'),  # attack 2: a tensor in the events
+    (TENSOR_EVENT, '{"t0": torch.ones(3)}'),                # attack 2: a tensor in the events
 ], ids=["events-none", "tensor-in-events"])
 def test_a_malformed_setup_reply_stops_that_notebook_and_all_its_processes(events, tensors):
     cell = "import torch\n" + forged_setup(events, tensors=tensors, children=CHILDREN)

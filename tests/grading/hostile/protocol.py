@@ -167,6 +167,9 @@ ZEROES_V_IN_PLACE = ('def grouped_query_attention(q, k, v):\n'
                      '    v.zero_()\n'
                      '    return torch.zeros_like(q)\n')
 
+#: Events whose one error is a tensor (the blob's t0).
+TENSOR_EVENT = '{"list": [{"dict": [["cell", 0], ["error", {"tensor": 0}]]}]}'
+
 CHAPTER = "03_multi_head"
 HONEST = 11.0
 #: Points of the questions the attacks below replace an answer of.
@@ -184,8 +187,9 @@ ATTACKS = {
     "lone_surrogates": {"chapter": CHAPTER, "cell": LONE_SURROGATES,
                         "replace": {"split_fused_qkv": RAISES_LONE_SURROGATES},
                         "expect": {"score": HONEST - Q1_POINTS, "stopped": None}},
+    # (the grader kept an event's error as it came: a tensor, which no JSON writer takes)
     "tensor_in_setup_events": {"chapter": CHAPTER,
-                               "cell": forged_setup('{"list": [{"tensor": 0}]}', tensors='{"t0": torch.ones(3)}'),
+                               "cell": forged_setup(TENSOR_EVENT, tensors='{"t0": torch.ones(3)}'),
                                "expect": {"score": 0.0, "stopped": MALFORMED}},
     # 3: a malformed setup reply stops that notebook at once (its CPU burners with it): the
     # classmate graded alongside (the class's honest student) keeps full marks.
