@@ -64,9 +64,18 @@ class Submission:
             grader's user can reach.
 
     Attributes:
-        events: what went wrong where while the notebook ran, as its process reported it.
+        events: what went wrong where while the notebook ran, as its process reported it
+            (checked and made safe: :func:`~attn_course_grading.replies.setup_reply`).
+        kinds: ``{answer: "function" | "kernel" | "value" | "missing"}``; empty when the
+            notebook was stopped before it reported them.
         stopped: why the process stopped early, or None.
         output: the start of what the notebook printed.
+
+    Raises:
+        TypeError: an argument of the wrong type (named in the message). Nothing a submission
+            does makes the constructor raise: a late, malformed or missing setup reply sets
+            ``stopped``. If the constructor raises for any other reason (the grader's own),
+            the process it started is killed first.
     """
 
     def __init__(self, cells: list[str], answers: list[str], limits: sandbox.Limits, *, sandboxed: bool = True):
