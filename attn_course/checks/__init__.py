@@ -12,6 +12,11 @@ A check returns ``True`` when the function is right and raises :class:`CheckFail
 (an ``AssertionError``) with the diagnosis otherwise, so an exercise's test cell is a
 single line such as ``check_softmax(stable_softmax)``.
 
+Every comparison of an answer with its reference, in the checks and in the chapters' hidden tests,
+goes through :func:`matches` (:mod:`attn_course.checks.compare`): a plain tensor of the reference's
+device, shape and dtype first, values second, never broadcast. The answer is called with copies of
+its inputs, after its reference is computed.
+
 :func:`report_difference` is the chapters' one way of saying how close a result is to an
 independent reference ("max difference 4.5e-08, within the tolerance 1e-05").
 
@@ -21,6 +26,7 @@ of a failing check itself, with :func:`show_diagnosis_only` (IPython's ``set_cus
 
 from attn_course.checks.attention import check_attention, check_attention_weights
 from attn_course.checks.causal import check_causal_attention
+from attn_course.checks.compare import matches, mismatch
 from attn_course.checks.diagnosis import CheckFailed, check_close, show_diagnosis_only
 from attn_course.checks.heads import check_split_heads
 from attn_course.checks.reporting import report_difference
@@ -34,6 +40,8 @@ __all__ = [
     "check_split_heads",
     "check_causal_attention",
     "check_close",
+    "matches",
+    "mismatch",
     "report_difference",
     "show_diagnosis_only",
 ]

@@ -13,6 +13,7 @@ from attn_course.checks.diagnosis import (
     ATOL,
     CheckFailed,
     call_answer,
+    check_shape,
     same,
     watched,
 )
@@ -128,6 +129,7 @@ def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[
                     theirs[index].append(_reference_decode(model, new_ids, mistaken_caches[index], position))
             start += size
     got = torch.cat(yours, dim=1)                                            # [B, N, V]
+    check_shape(got, expected, "Your logits")                                # a plain tensor, a floating dtype
     if same(got, expected):
         return True
     for (message, _, _), pieces in zip(mistakes, theirs):
@@ -320,6 +322,7 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, prompt_leng
             past[name] = tuple(cache)
         start += size
     got = torch.cat(outputs.pop("yours"), dim=-2)                                  # [B, H, S, d]
+    check_shape(got, expected, "Your outputs")                                     # a plain tensor, a floating dtype
     if same(got, expected):
         return True
     pads = prompt_slots - torch.tensor(prompt_lengths)                             # [B]

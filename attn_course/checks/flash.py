@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, check_shape, watched
 from attn_course.checks.flash_causal_kernel import check_causal_kernel
 from attn_course.checks.flash_io import check_forward_hbm_bytes
 from attn_course.checks.flash_kernel import check_rescale_kernel
@@ -96,6 +96,8 @@ def check_merge_partial_attention(merge: Callable) -> bool:
         described = "out_a, lse_a, out_b, lse_b of shapes [2, 3, 6, 8] and [2, 3, 6]"
         got_out, got_lse = _tensors(call_answer("check_merge_partial_attention", merge, out_a, lse_a, out_b, lse_b,
                                                 described=described), 2, "out, lse")
+        check_shape(got_out, expected_out, "Your merged out")      # before any arithmetic on the answer
+        check_shape(got_lse, expected_lse, "Your merged lse")
         if logit_scale > 10 and not (torch.isfinite(got_out).all() and torch.isfinite(got_lse).all()):
             raise CheckFailed("With scores near ±300 your answer holds inf or NaN: exp(lse_a) overflows float32 "
                               "(above about 88). Work with differences, exp(lse_a - lse), where lse is the merged "
