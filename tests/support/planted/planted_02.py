@@ -223,3 +223,129 @@ PLANTED["zoe"] = {
         "float16 cannot store",
     ),
 }
+
+# Hostile students (issue 31): answers that compute nothing and scored before, each now scores 0 on its question,
+# in the notebook and under make grade. Each one fails every test of its question, the hidden ones too
+# (tests/checks/test_hostile_answers.py); tests/grading/hostile/checks.py grades them through make grade.
+
+# Empty answers: allclose of an empty tensor against anything it broadcasts with was True.
+PLANTED["eve"] = {
+    "stable_softmax": (
+        "def stable_softmax(scores):\n"
+        "    return scores.new_empty((0,) + (1,) * scores.dim())\n",
+        "q1_stable_softmax",
+        "is empty",
+    ),
+    "my_attention": (
+        "def my_attention(q, k, v, mask=None):\n"
+        "    return q.new_empty((0,) + (1,) * q.dim())\n",
+        "q2_attention_from_scratch",
+        "is empty",
+    ),
+    "predicted_score_std": (
+        "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+        "    return torch.empty(0)\n",
+        "q3_predict_score_size",
+        "a tensor of shape [0]",
+    ),
+    "fixed_attention": (
+        "def fixed_attention(q, k, v, mask):\n"
+        "    return q.new_empty((0,) + (1,) * q.dim())\n",
+        "q4_find_the_bug",
+        "is empty",
+    ),
+    "query_gradient": (
+        "def query_gradient(q, k, upstream):\n"
+        "    return q.new_empty((0,) + (1,) * q.dim())\n",
+        "q5_query_gradient",
+        "is empty",
+    ),
+}
+
+# Mutation: the answer zeroes its inputs (or fills the mask with True) and returns what the reference, computed
+# after the call from the same tensors, would then be. The checks and hidden tests now compute the reference
+# first, and the answer only ever gets copies.
+PLANTED["mallory"] = {
+    "stable_softmax": (
+        "def stable_softmax(scores):\n"
+        "    scores.zero_()\n"
+        "    return torch.full_like(scores, 1 / scores.shape[-1])\n",
+        "q1_stable_softmax",
+        "it ignores its input",
+    ),
+    "my_attention": (
+        "def my_attention(q, k, v, mask=None):\n"
+        "    v.zero_()\n"
+        "    return v.new_zeros(*q.shape[:-1], v.shape[-1])\n",
+        "q2_attention_from_scratch",
+        "differs from the reference",
+    ),
+    "fixed_attention": (
+        "def fixed_attention(q, k, v, mask):\n"
+        "    mask.fill_(True)\n"
+        "    v.zero_()\n"
+        "    return v.new_zeros(*q.shape[:-1], v.shape[-1])\n",
+        "q4_find_the_bug",
+        "differs from the reference",
+    ),
+    "query_gradient": (
+        "def query_gradient(q, k, upstream):\n"
+        "    upstream.zero_()\n"
+        "    return torch.zeros_like(q)\n",
+        "q5_query_gradient",
+        "differs from the reference",
+    ),
+}
+
+# Broadcasting: a huge answer of ones (it cost the grader 2 GB, linear in the answer), and the right values
+# with extra leading dimensions, which a bare allclose broadcast against the reference.
+PLANTED["bob"] = {
+    "stable_softmax": (
+        "def stable_softmax(scores):\n"
+        "    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n"
+        "    return (e / e.sum(dim=-1, keepdim=True)).expand(64, *scores.shape)\n",
+        "q1_stable_softmax",
+        "has shape [64, 2, 3, 6] but should have shape [2, 3, 6]",
+    ),
+    "my_attention": (
+        "def my_attention(q, k, v, mask=None):\n"
+        "    return torch.ones(2**18, 1, 1, 1, 1)\n",
+        "q2_attention_from_scratch",
+        "has shape [262144, 1, 1, 1, 1]",
+    ),
+    "fixed_attention": (
+        "def fixed_attention(q, k, v, mask):\n"
+        "    return torch.ones(2**18, 1, 1, 1, 1, dtype=q.dtype)\n",
+        "q4_find_the_bug",
+        "has shape [262144, 1, 1, 1, 1]",
+    ),
+    "query_gradient": (
+        "def query_gradient(q, k, upstream):\n"
+        "    return torch.ones(2**18, 1, 1, 1, 1, dtype=q.dtype)\n",
+        "q5_query_gradient",
+        "has shape [262144, 1, 1, 1, 1]",
+    ),
+}
+
+# Measuring instead of predicting, where the watch on random numbers does not look: from PyTorch's generator
+# through torch.ops.aten (in the sandbox, that generator is the sandbox's own, which the grader's guard used to
+# read), and from a NumPy generator of the answer's own, which gives the same answer every time.
+PLANTED["carlo"] = {
+    "predicted_score_std": (
+        "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+        "    pairs = torch.ops.aten.randn.default([2, 20000, d_k], dtype=torch.float64)\n"
+        "    return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())\n",
+        "q3_predict_score_size",
+        "it measures instead of predicting",
+    ),
+}
+PLANTED["nancy"] = {
+    "predicted_score_std": (
+        "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+        "    import numpy\n"
+        "    pairs = numpy.random.default_rng(0).standard_normal((2, 20000, d_k))\n"
+        "    return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())\n",
+        "q3_predict_score_size",
+        "a prediction is exact",
+    ),
+}

@@ -178,3 +178,53 @@ PLANTED["bea"] = {
         "You kept the first H_kv",
     ),
 }
+
+# Hostile students (issue 31): answers that compute nothing and scored before, each now scores 0 on its question,
+# in the notebook and under make grade. Each fails every test of its question, the hidden ones too
+# (tests/checks/test_hostile_answers.py); tests/grading/hostile/checks.py grades them through make grade.
+
+# Empty answers: allclose of an empty tensor against anything it broadcasts with was True.
+PLANTED["eve"] = {
+    "split_fused_qkv": (
+        "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+        "    return tuple(qkv.new_empty((0,) + (1,) * (qkv.dim() + 1)) for _ in range(3))\n",
+        "q1_split_fused_qkv",
+        "is empty",
+    ),
+    "fixed_multi_head_attention": (
+        "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+        "    return x.new_empty((0,) + (1,) * x.dim())\n",
+        "q3_find_the_bug",
+        "is empty",
+    ),
+    "grouped_query_attention": (
+        "def grouped_query_attention(q, k, v):\n"
+        "    return q.new_empty((0,) + (1,) * q.dim())\n",
+        "q4_grouped_query",
+        "is empty",
+    ),
+    "mean_pool_kv_heads": (
+        "def mean_pool_kv_heads(w, num_heads, num_kv_heads):\n"
+        "    return w.new_empty((0,) + (1,) * w.dim())\n",
+        "q5_mean_pool_kv_heads",
+        "is empty",
+    ),
+}
+
+# Mutation: zero the values in place and return zeros, the reference a check used to compute after the call.
+PLANTED["mallory"] = {
+    "grouped_query_attention": (
+        "def grouped_query_attention(q, k, v):\n"
+        "    v.zero_()\n"
+        "    return v.new_zeros(*q.shape[:-1], v.shape[-1])\n",
+        "q4_grouped_query",
+        "differs from the reference",
+    ),
+    "fixed_multi_head_attention": (
+        "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
+        "    w_o.zero_()\n"
+        "    return torch.zeros_like(x)\n",
+        "q3_find_the_bug",
+        "differs from the reference",
+    ),
+}
