@@ -11,10 +11,9 @@ scores exactly ``expect["score"]``, under make grade as under otter run.
 
 The answers are the hostile planted students of tests/support/planted/ (support.planted.HOSTILE),
 whose failure of every test of their questions, hidden tests included, is checked without otter by
-tests/checks/test_hostile_answers.py. A hostile class hands in, for each entry, the chapter's
-student notebook (``dist/student/CHAPTER.ipynb``) with the cell that starts ``def NAME(`` replaced
-by ``replace[NAME]``; every question it does not replace is left untouched and scores 0, so the
-notebook's total is 0.
+tests/checks/test_hostile_answers.py. A hostile class hands in, for each entry, a notebook of the
+chapter's imports and the answers of ``replace`` (each in place of the solution cell that starts
+``def NAME(``); every other question is unanswered and scores 0, so the notebook's total is 0.
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ def _answers(chapter: str, **planted_by_name: str) -> dict[str, str]:
     return {name: PLANTED_BY_CHAPTER[chapter][student][name][0] for name, student in planted_by_name.items()}
 
 
-#: {student: {"chapter": ..., "replace": {answer name: its code}, "expect": {"score": the notebook's total}}}.
+#: {student: {"chapter": ..., "replace": {answer name: its code}, "expect": {"score": the notebook's total,
+#: "stopped": None (graded to the end)}}}.
 #: One notebook per chapter, each of its answers a different attack (every attack on every question is run
 #: without otter by tests/checks/test_hostile_answers.py; here each attack goes once through make grade):
 #: empty (eve: ``x.new_empty((0,) + (1,) * x.dim())``, allclose of nothing was True), inputs changed in place
@@ -40,12 +40,12 @@ ATTACKS = {
         "chapter": "02_formula",
         "replace": _answers("02_formula", stable_softmax="eve", my_attention="mallory", predicted_score_std="carlo",
                             fixed_attention="bob", query_gradient="mallory"),
-        "expect": {"score": 0.0},
+        "expect": {"score": 0.0, "stopped": None},     # scored 0 by the tests, not by being stopped
     },
     "checks_attacks_03": {
         "chapter": "03_multi_head",
         "replace": _answers("03_multi_head", split_fused_qkv="eve", fixed_multi_head_attention="mallory",
                             grouped_query_attention="mallory", mean_pool_kv_heads="eve"),
-        "expect": {"score": 0.0},
+        "expect": {"score": 0.0, "stopped": None},     # scored 0 by the tests, not by being stopped
     },
 }
