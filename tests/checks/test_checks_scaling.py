@@ -34,13 +34,13 @@ def measure(d_k, std_q, std_k):
 def measure_unwatched(d_k, std_q, std_k):
     """Issue 31, attack 7: a measurement through torch.ops.aten, which the watch does not see, from the
     global generator (in the grader's sandbox that is the sandbox's own, which the grader never sees move)."""
-    pairs = torch.ops.aten.randn.default([2, 20_000, d_k], dtype=torch.float64)
+    pairs = torch.ops.aten.randn.default([2, 2000, d_k], dtype=torch.float64)
     return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())
 
 
 def measure_seeded_unwatched(d_k, std_q, std_k):
     """The same, with a NumPy generator of its own: the same answer every time, about 1 % off."""
-    pairs = np.random.default_rng(0).standard_normal((2, 20_000, d_k))
+    pairs = np.random.default_rng(0).standard_normal((2, 2000, d_k))
     return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())
 
 

@@ -6,8 +6,8 @@ computed after the call agrees, or a measurement the guard on random numbers did
 grade. The checks and hidden tests now compare with :func:`attn_course.checks.compare.matches`
 (type, device, shape and dtype before values; no broadcasting), compute every reference before the
 call from inputs the answer never sees, and ask a prediction twice and to a precision no measurement
-reaches; so each of these notebooks
-scores exactly ``expect["score"]``, under make grade as under otter run.
+reaches; so each of these notebooks scores exactly ``expect["score"]``, under make grade as under
+otter run.
 
 The answers are the hostile planted students of tests/support/planted/ (support.planted.HOSTILE),
 whose failure of every test of their questions, hidden tests included, is checked without otter by

@@ -333,7 +333,7 @@ PLANTED["bob"] = {
 PLANTED["carlo"] = {
     "predicted_score_std": (
         "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
-        "    pairs = torch.ops.aten.randn.default([2, 20000, d_k], dtype=torch.float64)\n"
+        "    pairs = torch.ops.aten.randn.default([2, 2000, d_k], dtype=torch.float64)\n"
         "    return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())\n",
         "q3_predict_score_size",
         "it measures instead of predicting",
@@ -343,7 +343,7 @@ PLANTED["nancy"] = {
     "predicted_score_std": (
         "def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
         "    import numpy\n"
-        "    pairs = numpy.random.default_rng(0).standard_normal((2, 20000, d_k))\n"
+        "    pairs = numpy.random.default_rng(0).standard_normal((2, 2000, d_k))\n"
         "    return float((pairs[0] * std_q * pairs[1] * std_k).sum(-1).std())\n",
         "q3_predict_score_size",
         "a prediction is exact",
