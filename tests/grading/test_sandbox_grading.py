@@ -24,6 +24,10 @@ import time
 import nbformat
 import pytest
 import torch
+from hostile import checks as hostile_checks
+from hostile import collect as hostile_collect
+from hostile import protocol as hostile_protocol
+from hostile import resources as hostile_resources
 from test_assignments import answers_only, write_notebook
 
 from attn_course.core.kv_cache import KVCache
@@ -148,9 +152,10 @@ def test_without_bubblewrap_make_grade_refuses_and_says_how_to_install(tmp_path)
 
 def results(grades: pathlib.Path) -> tuple[dict, dict]:
     """``({student: csv row}, {(student, chapter): result json})`` of a tools/grade.py run."""
-    with open(grades / "grades.csv") as handle:
+    with open(grades / "grades.csv", encoding="utf-8", newline="") as handle:
         rows = {row["student"]: row for row in csv.DictReader(handle)}
-    feedback = {(path.parent.name, path.stem): json.loads(path.read_text()) for path in grades.glob("*/*.json")}
+    feedback = {(path.parent.name, path.stem): json.loads(path.read_text(encoding="ascii"))
+                for path in grades.glob("*/*.json")}
     return rows, feedback
 
 
@@ -250,6 +255,22 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
     }
 
 
+#: Issue 31's attacks, each module's for its part of the grader: the protocol with the sandbox
+#: (hostile/protocol.py), the grader's own resources (hostile/resources.py), the tests themselves
+#: (hostile/checks.py: answers that mutate their inputs, return empty or broadcasting tensors, or
+#: measure where they must predict). Each says its chapter and what grading must give it.
+GRADER_ATTACKS = {**hostile_protocol.ATTACKS, **hostile_resources.ATTACKS}
+TEST_ATTACKS = hostile_checks.ATTACKS
+
+
+def attack_answers_only(solution: pathlib.Path, replace: dict[str, str]) -> nbformat.NotebookNode:
+    """The imports and only the attacking answers: every other question is unanswered (scores 0)."""
+    notebook = answers_only(solution, replace)
+    notebook.cells = notebook.cells[:1] + [cell for cell in notebook.cells[1:]
+                                           if any(cell.source == code for code in replace.values())]
+    return notebook
+
+
 def hostile_notebook(solution: pathlib.Path, attack: dict) -> nbformat.NotebookNode:
     notebook = answers_only(solution, attack.get("replace"))
     if "cell" in attack:
@@ -284,6 +305,17 @@ def hostile_class(dist, tmp_path_factory):
     students = attacks(paths, listener.getsockname()[1])
     for student, attack in students.items():
         write_notebook(hostile_notebook(solution, attack), submissions / student / f"{CHAPTER}.ipynb")
+    for student, attack in {**GRADER_ATTACKS, **TEST_ATTACKS}.items():
+        chapter_solution = dist / "autograder" / f"{attack['chapter']}.ipynb"
+        notebook = (attack_answers_only(chapter_solution, attack["replace"]) if student in TEST_ATTACKS
+                    else hostile_notebook(chapter_solution, attack))
+        write_notebook(notebook, submissions / student / f"{attack['chapter']}.ipynb")
+    for chapter in {attack["chapter"] for attack in TEST_ATTACKS.values()} - {CHAPTER}:   # honest there too
+        write_notebook(answers_only(dist / "autograder" / f"{chapter}.ipynb"),
+                       submissions / "honest" / f"{chapter}.ipynb")
+    secret = base / "secret.txt"
+    secret.write_text("the instructor's secret: 7f3a91c2\n")
+    folders = hostile_collect.prepare(submissions, {"solution": solution, "other": other, "secret": secret})
     watched = [other, ROOT / "attn_course" / "__init__.py", dist / "autograder" / f"{CHAPTER}.zip"]
     before = {path: digest(path) for path in watched}
     started = time.monotonic()
@@ -298,9 +330,11 @@ def hostile_class(dist, tmp_path_factory):
     listener.close()
     rows, feedback = results(grades)
     leftovers = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True).stdout.split()
+    feedback_bytes = {(path.parent.name, path.stem): path.stat().st_size for path in grades.glob("*/*.json")}
     return {"rows": rows, "feedback": feedback, "seconds": seconds, "output": output, "connected": connected,
             "unchanged": all(digest(path) == before[path] for path in watched), "leftovers": leftovers,
-            "students": students, "paths": paths}
+            "students": students, "paths": paths, "folders": folders, "feedback_bytes": feedback_bytes,
+            "grades": grades, "secret": secret.read_text()}
 
 
 def score(hostile_class, student):
@@ -328,18 +362,69 @@ HONEST = 11.0
 
 
 @pytest.mark.slow
+def chapter_score(hostile_class, student, chapter):
+    return sum(q["score"] for q in hostile_class["feedback"][student, chapter]["questions"])
+
+
+@pytest.mark.slow
 def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
-    assert float(hostile_class["rows"]["honest"]["possible"]) == HONEST
-    assert score(hostile_class, "honest") == HONEST, lost(hostile_class, "honest")
-    assert run_of(hostile_class, "honest")["stopped"] is None
+    assert score(hostile_class, "honest") == float(hostile_class["rows"]["honest"]["possible"])
+    assert chapter_score(hostile_class, "honest", CHAPTER) == HONEST, lost(hostile_class, "honest")
+    for (student, chapter), result in hostile_class["feedback"].items():
+        if student == "honest":
+            assert result["run"]["stopped"] is None, chapter
+            assert all(q["score"] == q["max_score"] for q in result["questions"]), (chapter, result["questions"])
 
 
 @pytest.mark.slow
 def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
-    assert set(hostile_class["rows"]) == {"honest", *hostile_class["students"]}
-    for student in hostile_class["rows"]:
-        assert run_of(hostile_class, student)["seconds"] < 30 + 10, student     # --seconds 30, plus the tests
-    assert hostile_class["seconds"] < 240
+    assert set(hostile_class["rows"]) == {"honest", *hostile_class["students"], *GRADER_ATTACKS, *TEST_ATTACKS,
+                                          *hostile_class["folders"]} - {hostile_collect.FORMULA_NAME} | {
+                                              "'" + hostile_collect.FORMULA_NAME}
+    for (student, chapter), result in hostile_class["feedback"].items():
+        assert result["run"]["seconds"] < 30 + 10 + 30, (student, chapter)  # the notebook's 30 s, its calls' 30 s
+    assert hostile_class["seconds"] < 420
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", sorted({**GRADER_ATTACKS, **TEST_ATTACKS}))
+def test_an_attack_on_the_grader_or_the_tests_gets_exactly_what_it_must(hostile_class, student):
+    """Issue 31: hung pipes, forged replies, huge or slow answers, answers that mutate their inputs,
+    return empty or broadcasting tensors, or measure instead of predicting."""
+    attack = {**GRADER_ATTACKS, **TEST_ATTACKS}[student]
+    chapter, expect = attack["chapter"], attack["expect"]
+    result = hostile_class["feedback"][student, chapter]
+    assert chapter_score(hostile_class, student, chapter) == expect["score"], (result["run"]["stopped"],
+                                                                               result["run"]["cell_errors"])
+    if "stopped" in expect:
+        if expect["stopped"] is None:
+            assert result["run"]["stopped"] is None
+        else:
+            assert expect["stopped"] in (result["run"]["stopped"] or ""), result["run"]["stopped"]
+    if "feedback_bytes_below" in expect:
+        assert hostile_class["feedback_bytes"][student, chapter] < expect["feedback_bytes_below"]
+
+
+@pytest.mark.slow
+def test_hostile_folders_are_refused_by_name_and_every_row_is_written(hostile_class):
+    """Issue 31: links to the solution, a classmate, a secret or /dev/zero, a FIFO, an oversized
+    notebook, too many cells, a linked classmate's folder, names that are not UTF-8 or printable,
+    a formula for a name."""
+    rows, console = hostile_class["rows"], hostile_class["output"]
+    for student, entry in hostile_class["folders"].items():
+        expect = entry["expect"]
+        if "student_cell" in expect:
+            assert float(rows[expect["student_cell"]]["total"]) == expect["score"]
+            continue
+        row = rows[student]
+        assert expect["refused"] in row["notes"] and expect["refused"] in console, (student, row)
+        if "score" in expect:
+            assert float(row["total"]) == expect["score"]
+    assert not any(ord(c) < 32 and c not in "\n" for c in console)          # escaped, never raw
+    secret = hostile_class["secret"].strip()
+    assert secret not in console
+    assert all(secret not in path.read_text(errors="replace") for path in hostile_class["grades"].rglob("*")
+               if path.is_file())
 
 
 @pytest.mark.slow
