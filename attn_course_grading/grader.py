@@ -40,6 +40,7 @@ import pathlib
 import pickle
 import re
 import resource
+import select
 import signal
 import sys
 import threading
@@ -466,6 +467,21 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
     os.dup2(devnull, 1)
     os.close(devnull)
     submission = None
+    running: list[Submission] = []
+
+    def end_with_the_grader() -> None:
+        # The grader's end of the pipe closes when the grader ends, however it ends (killed too):
+        # this process's end then reports an error. The fork server it was started from does not
+        # end before it does, so this is what ends it, and its sandbox, at once.
+        watch = select.poll()
+        watch.register(sending.fileno(), select.POLLERR | select.POLLHUP)
+        while not watch.poll():
+            pass
+        for started in running:
+            started.close()
+        os._exit(4)
+
+    threading.Thread(target=end_with_the_grader, daemon=True).start()
     try:
         environment = assignment.environment_from(shipped)
         # The checks may use as much memory as one process of the notebook, on top of the grader's
@@ -475,6 +491,7 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
         resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes() + limits.memory_bytes, hard))
         send("started", None)
         submission = Submission(cells, assignment.answers, limits, sandboxed=sandboxed)
+        running.append(submission)
         send("ran", _run_of(submission))
         seconds = limits.seconds + limits.call_seconds
 

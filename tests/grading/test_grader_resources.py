@@ -13,6 +13,7 @@ from __future__ import annotations
 import pathlib
 import resource
 import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -103,6 +104,19 @@ def submission(folder: pathlib.Path, student: str, replace: dict[str, str] | Non
 def assignment(tmp_path_factory):
     require_sandbox()
     return make_assignment(tmp_path_factory.mktemp("assignment"))
+
+
+def running(*argv: str) -> list[int]:
+    """The processes whose command line is exactly ``argv`` (``pgrep -f`` would also find any
+    shell whose command line merely mentions it)."""
+    found, wanted = [], [part.encode() for part in argv]
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().split(b"\0")[:-1] == wanted:
+                found.append(int(entry.name))
+        except OSError:
+            pass                           # ended meanwhile
+    return found
 
 
 def grade_at_once(assignment, notebooks: dict[str, pathlib.Path], limits: sandbox.Limits) -> dict[str, dict]:
@@ -204,12 +218,7 @@ def test_checks_that_run_long_on_an_answer_are_stopped_at_the_test_phase_cap(ass
         assert [questions[name]["score"] for name in graded] == [2, 1, 1][:len(graded)], (student, questions)
         assert questions[lost]["score"] == 0 and "not graded" in questions[lost]["output"]
         assert list(questions) == list(TEST_FILES)        # every question, graded or not
-    for _ in range(50):
-        left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-        if not left:
-            break
-        time.sleep(0.1)
-    assert left == [], "a sandbox outlived its grading"
+    assert wait_for(lambda: not running(*marker.split()), 5), "a sandbox outlived its grading"
 
 
 def test_the_hostile_class_attacks_are_well_formed():
@@ -218,3 +227,44 @@ def test_the_hostile_class_attacks_are_well_formed():
         assert set(attack["expect"]) == {"score", "stopped"}, student
         for source in [attack.get("cell", ""), *attack.get("replace", {}).values()]:
             compile(source, student, "exec")
+
+
+GRADER_KILLED_MID_WAY = '''
+import pathlib, sys
+sys.path[:0] = [{tests!r}, {grading!r}]
+import test_grader_resources as here
+from attn_course_grading import grader, sandbox
+
+if __name__ == "__main__":
+    folder = pathlib.Path({folder!r})
+    slow = ("def double(x):\\n    import subprocess\\n"
+            "    subprocess.Popen(['sleep', '619'], start_new_session=True)\\n    time.sleep(20)\\n    return 2 * x\\n")
+    notebook = here.submission(folder, "slow", {{"double": slow}})
+    grader.grade(here.make_assignment(folder), notebook, sandbox.Limits(seconds=60, call_seconds=30))
+'''
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.slow
+def test_nothing_of_a_submission_outlives_a_grader_that_is_killed(assignment, tmp_path):
+    # make grade killed (kill -9, a closed terminal) in the middle of a call of 20 s, when the
+    # grading process has nothing to send: it ends at once all the same, and its sandbox with it.
+    here = pathlib.Path(__file__).resolve().parent
+    script = tmp_path / "grade_one.py"
+    script.write_text(GRADER_KILLED_MID_WAY.format(tests=str(here.parent), grading=str(here), folder=str(tmp_path)))
+
+    process = subprocess.Popen([sys.executable, str(script)], cwd=here.parent.parent)
+    try:
+        assert wait_for(lambda: running("sleep", "619"), 60), "the answer was never called"
+    finally:
+        process.kill()
+        process.wait()
+    assert wait_for(lambda: not running("sleep", "619"), 5), "a sandbox outlived the grader"
