@@ -110,7 +110,7 @@ def class_throughput(autograders: pathlib.Path, *, students: int = 2, jobs: int 
         raise ValueError(f"class_throughput: students and jobs must be at least 1, got {students} and {jobs}")
     assignments = [Assignment(z) for z in zips]
     for assignment in assignments:          # the chapter's context is built once, not per student
-        assignment.environment()
+        assignment.shipped_context()        # (what each notebook's grading process receives)
     limits = sandbox.Limits(threads=max(1, (os.cpu_count() or 1) // jobs))
     with tempfile.TemporaryDirectory(prefix="class-") as folder:
         jobs_list = []
