@@ -334,7 +334,7 @@ def hostile_class(dist, tmp_path_factory):
     return {"rows": rows, "feedback": feedback, "seconds": seconds, "output": output, "connected": connected,
             "unchanged": all(digest(path) == before[path] for path in watched), "leftovers": leftovers,
             "students": students, "paths": paths, "folders": folders, "feedback_bytes": feedback_bytes,
-            "grades": grades, "secret": secret.read_text()}
+            "grades": grades, "secret": secret.read_text(), "submissions": submissions}
 
 
 def score(hostile_class, student):
@@ -403,6 +403,31 @@ def test_an_attack_on_the_grader_or_the_tests_gets_exactly_what_it_must(hostile_
             assert expect["stopped"] in (result["run"]["stopped"] or ""), result["run"]["stopped"]
     if "feedback_bytes_below" in expect:
         assert hostile_class["feedback_bytes"][student, chapter] < expect["feedback_bytes_below"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", sorted(TEST_ATTACKS))
+def test_an_attack_on_the_tests_scores_what_otter_run_gives(hostile_class, dist, tmp_path, student):
+    """Issue 31: the mutating, empty, broadcasting and measuring answers once scored under make grade
+    what otter run did not give (and fooled otter run too); now both give the same, question by question."""
+    from support.exercises import assign_tool
+
+    chapter = TEST_ATTACKS[student]["chapter"]
+    # The notebook make grade graded, with the student notebook's metadata (otter run reads the
+    # assignment's name there; make grade needs no metadata).
+    graded = nbformat.read(pathlib.Path(hostile_class["submissions"]) / student / f"{chapter}.ipynb", as_version=4)
+    graded.metadata = nbformat.read(dist / "student" / f"{chapter}.ipynb", as_version=4).metadata
+    notebook = write_notebook(graded, tmp_path / "submission" / f"{chapter}.ipynb")
+    tool = assign_tool()
+    completed = subprocess.run(tool.otter_command() + ["run", "-a", str(dist / "autograder" / f"{chapter}.zip"),
+                                                       "-o", str(tmp_path), str(notebook)],
+                               env=tool.kernel_environment(), capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    by_otter = {t["name"]: t for t in json.loads((tmp_path / "results.json").read_text())["tests"]
+                if "max_score" in t}
+    ours = {q["name"]: q for q in hostile_class["feedback"][student, chapter]["questions"]}
+    assert set(ours) == set(by_otter)
+    assert {name: q["score"] for name, q in ours.items()} == {name: t["score"] for name, t in by_otter.items()}
 
 
 @pytest.mark.slow
