@@ -28,11 +28,17 @@ from attn_course.flash.configs import (
 )
 from attn_course.flash.triton_mode import define_kernels, is_interpreted
 
-__all__ = ["autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs", "kernel_function", "launch",
-           "output_buffers", "runs_in_interpreter"]
+__all__ = ["TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs", "kernel_function",
+           "launch", "length_bucket", "output_buffers", "runs_in_interpreter", "tuning_key"]
 
 _interpreter_note_shown = False
 _autotuned: dict[tuple[str, int], object] = {}
+#: The winner of each tuning, by :func:`tuning_key`: the lengths bucketed, so that decoding one more
+#: token, or a batch of another length in the same bucket, reuses it instead of timing every candidate
+#: again (Triton's autotuner keys on exact values: 25 + 100 ms of benchmarking per candidate each time).
+_tuned: dict[tuple, KernelConfig] = {}
+#: The kernel arguments whose values are lengths: bucketed by :func:`length_bucket` in the tuning key.
+TUNED_LENGTHS = ("n_q", "n_k")
 
 
 def kernel_function(name: str):
@@ -169,8 +175,10 @@ def autotuned_kernel(kernel: str, head_dim: int):
     """On a GPU: ``kernel`` wrapped in ``triton.autotune`` over its candidates, built once.
 
     The autotuner times every candidate on the first call for each key (lengths, group size,
-    causality; Triton adds the tensors' dtypes) and reuses the winner afterwards. Decode
-    configurations tune only ``BLOCK_N``: its ``BLOCK_M`` follows from the rows.
+    causality; Triton adds the tensors' dtypes). :func:`launch` calls it once per
+    :func:`tuning_key` (lengths bucketed to powers of two) and launches the winner itself afterwards,
+    so that a generation loop does not re-tune at every token. Decode configurations tune only
+    ``BLOCK_N``: its ``BLOCK_M`` follows from the rows.
     """
     if (kernel, head_dim) not in _autotuned:
         import triton
@@ -184,6 +192,52 @@ def autotuned_kernel(kernel: str, head_dim: int):
         _autotuned[kernel, head_dim] = triton.autotune(configs=configs, key=["n_q", "n_k", "num_kv_groups", "CAUSAL"])(
             function)
     return _autotuned[kernel, head_dim]
+
+
+def length_bucket(n: int) -> int:
+    """The length a tuning decision is shared across: the next power of two at or above ``n``, at
+    least 16 (the smallest tile), so that lengths 1,025 to 2,048 share one tuning.
+
+    Raises:
+        TypeError, ValueError: ``n`` not an int >= 1.
+
+    Example:
+        >>> [length_bucket(n) for n in (1, 16, 17, 1000, 1024, 1025)]
+        [16, 16, 32, 1024, 1024, 2048]
+    """
+    n = _validate.integer("length_bucket", "n", n, minimum=1)
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def tuning_key(kernel: str, head_dim: int, causal: bool, arguments: dict) -> tuple:
+    """What one tuning decision is reused for: the kernel, head dimension, causality, the tensors'
+    dtypes, the other integer arguments Triton's autotuner would key on (``num_kv_groups``), and the
+    lengths (:data:`TUNED_LENGTHS`) bucketed by :func:`length_bucket`.
+
+    Args:
+        arguments: the kernel's arguments by name (tensors, ints, floats).
+
+    Example:
+        >>> tuning_key("decode", 64, False, {"n_q": 1, "n_k": 1000, "num_kv_groups": 4, "scale": 0.125})
+        ('decode', 64, False, (), (('n_k', 1024), ('n_q', 16), ('num_kv_groups', 4)))
+    """
+    dtypes = tuple(str(value.dtype) for value in arguments.values() if isinstance(value, torch.Tensor))
+    integers = tuple(sorted((name, length_bucket(value) if name in TUNED_LENGTHS else value)
+                            for name, value in arguments.items()
+                            if isinstance(value, int) and not isinstance(value, bool)
+                            and (name in TUNED_LENGTHS or name == "num_kv_groups")))
+    return (kernel, head_dim, causal, dtypes, integers)
+
+
+def _config_of(best, kernel: str, head_dim: int) -> KernelConfig | None:
+    """The candidate of ``CONFIGS`` that ``best`` (a ``triton.Config``) is, or None."""
+    sizes = getattr(best, "kwargs", {}) or {}
+    for candidate in CONFIGS[kernel, head_dim]:
+        if (sizes.get("BLOCK_N") == candidate.block_n and sizes.get("BLOCK_M", candidate.block_m) == candidate.block_m
+                and getattr(best, "num_warps", None) == candidate.num_warps
+                and getattr(best, "num_stages", None) == candidate.num_stages):
+            return candidate
+    return None
 
 
 def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, causal: bool,
@@ -201,6 +255,11 @@ def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, 
 
     if config is None and runs_in_interpreter():
         config = kernel_config(kernel, head_dim)
+    key = None
+    if config is None:
+        names = kernel_function(KERNEL_NAMES[kernel]).arg_names
+        key = tuning_key(kernel, head_dim, causal, {**dict(zip(names, args)), **constants})
+        config = _tuned.get(key)                     # tuned before for this bucket: launch its winner
     if config is not None:
         sizes = {"BLOCK_N": config.block_n} if kernel == "decode" else {"BLOCK_M": config.block_m,
                                                                        "BLOCK_N": config.block_n}
@@ -213,4 +272,8 @@ def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, 
         def grid(meta):
             return (cdiv(grid_rows, tile(meta)), batch_heads, extra_grid)
 
-        autotuned_kernel(kernel, head_dim)[grid](*args, HEAD_DIM=head_dim, CAUSAL=causal, **constants)
+        tuner = autotuned_kernel(kernel, head_dim)
+        tuner[grid](*args, HEAD_DIM=head_dim, CAUSAL=causal, **constants)
+        winner = _config_of(getattr(tuner, "best_config", None), kernel, head_dim)
+        if winner is not None:
+            _tuned[key] = winner
