@@ -5,6 +5,8 @@
                                       # (on a CPU also forward+backward memory, for training)
     python -m benchmarks flash --max-minutes 4.5      # the GPU run, bounded in time
     python -m benchmarks flash --dry-run              # the GPU code path on the CPU, tiny sizes
+    python -m benchmarks flash --profile long         # the whole GPU sweep (default: essential,
+                                                      # the first-contact check's rows)
     python -m benchmarks variants     # causal softmax, sliding window, FlexAttention, linear:
                                       # time and memory against N, and linear's crossover N
     python -m benchmarks variants --quick             # tiny sizes, a few seconds
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="sequence lengths N for flash and variants; numbers of new tokens for kv-cache")
     parser.add_argument("--max-minutes", type=_minutes, default=None,
                         help="flash on a GPU: start no new measurement after this many minutes (default: no limit)")
+    parser.add_argument("--profile", choices=["essential", "long"], default=None,
+                        help="flash on a GPU (or --dry-run): essential (default: the first-contact check's rows, "
+                             "most important first) or long (the whole sweep)")
     parser.add_argument("--dry-run", action="store_true",
                         help="flash: run the GPU benchmark's code on the CPU at tiny sizes (Triton's interpreter)")
     parser.add_argument("--quick", action="store_true",
@@ -109,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=_length, default=os.cpu_count() or 1,
                         help="grading: notebooks graded at once (default: one per core)")
     args = parser.parse_args(argv)
-    if args.name != "flash" and (args.dry_run or args.max_minutes is not None):
-        parser.error("--dry-run and --max-minutes are options of flash")
+    if args.name != "flash" and (args.dry_run or args.max_minutes is not None or args.profile is not None):
+        parser.error("--dry-run, --max-minutes and --profile are options of flash")
     if args.name == "distributed" and args.threads is not None:
         parser.error("--threads is an option of variants (distributed runs one thread per process)")
     if args.name not in ("variants", "distributed", "grading") and (args.quick or args.threads is not None):
@@ -141,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run or torch.cuda.is_available():
         from benchmarks import flash_gpu
 
-        result = flash_gpu.run_gpu_benchmark(args.out, dry_run=args.dry_run, max_minutes=args.max_minutes,
+        result = flash_gpu.run_gpu_benchmark(args.out, profile=args.profile or "essential", dry_run=args.dry_run,
+                                             max_minutes=args.max_minutes,
                                              progress=functools.partial(print, flush=True), **lengths)
         return 1 if result.stopped == "SIGTERM" else 0
     rows = flash.cpu_rows(**lengths)

@@ -1,12 +1,29 @@
-"""``python -m benchmarks.flash_gpu --warm-up JOB``: one of :func:`~benchmarks.flash_gpu.warm_up.warm_triton_cache`'s
-processes (run by :func:`~benchmarks.flash_gpu.run_gpu_benchmark`, not by hand)."""
+"""``python -m benchmarks.flash_gpu --count-compilations PROFILE``: print the kernel compilations the GPU
+benchmark's profile (``essential`` or ``long``) triggers on an H200, without running anything (for a GPU
+check's time estimate); ``python -m benchmarks.flash_gpu --warm-up JOB``: one of
+:func:`~benchmarks.flash_gpu.warm_up.warm_triton_cache`'s processes (run by
+:func:`~benchmarks.flash_gpu.run_gpu_benchmark`, not by hand)."""
 
 import json
 import sys
 
-from benchmarks.flash_gpu.warm_up import warm_up_job
+USAGE = ("usage: python -m benchmarks.flash_gpu --count-compilations {essential,long}\n"
+         "       python -m benchmarks.flash_gpu --warm-up JOB_JSON (run by run_gpu_benchmark)")
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "--warm-up":
-        sys.exit("usage: python -m benchmarks.flash_gpu --warm-up JOB_JSON (run by run_gpu_benchmark)")
-    warm_up_job(json.loads(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "--count-compilations":
+        from benchmarks.flash_gpu.kernels_used import count_compilations
+        from benchmarks.flash_gpu.run import describe_compilations, plan_phases
+        from benchmarks.flash_gpu.sizes import GPU_SIZES, PROFILES
+
+        if sys.argv[2] not in PROFILES:
+            sys.exit(f"--count-compilations: the profile must be one of {list(PROFILES)}, got {sys.argv[2]!r}\n{USAGE}")
+        counts = count_compilations(plan_phases(GPU_SIZES, None, sys.argv[2]), GPU_SIZES)
+        print(describe_compilations(counts, sys.argv[2], dry_run=True))
+        print(json.dumps(counts))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--warm-up":
+        from benchmarks.flash_gpu.warm_up import warm_up_job
+
+        warm_up_job(json.loads(sys.argv[2]))
+    else:
+        sys.exit(USAGE)

@@ -14,7 +14,7 @@ from attn_course import _validate
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
 from attn_course.measure.flash import attention_flops
-from benchmarks.flash_gpu.backends import sdpa_context
+from benchmarks.flash_gpu.backends import flex_function, sdpa_context
 from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
 from benchmarks.flash_gpu.checks import (
     check_callback,
@@ -26,34 +26,43 @@ from benchmarks.flash_gpu.checks import (
     randn,
 )
 from benchmarks.flash_gpu.clock import Clock
+from benchmarks.flash_gpu.kernels_used import prefill_kernels
 from benchmarks.flash_gpu.machine import MachineInfo, machine_info
-from benchmarks.flash_gpu.measuring import describe_error, measure, skipped
+from benchmarks.flash_gpu.measuring import Measured, describe_error, measure, skipped
 from benchmarks.flash_gpu.rows import GpuRow
 from benchmarks.flash_gpu.sizes import (
     DRY_RUN_DTYPES,
+    FLEX,
     GPU_DTYPES,
     GPU_HEAD_DIMS,
     GPU_LENGTHS,
+    METHODS,
     MODES,
     NAIVE_UP_TO,
     SDPA_BACKENDS,
 )
 
-__all__ = ["gpu_rows"]
+__all__ = ["SDPA_CONFIG", "gpu_rows"]
+
+#: What an SDPA row can say of its configuration: PyTorch picks its kernels' tiles inside and exposes none.
+SDPA_CONFIG = "chosen inside PyTorch's kernel (not exposed)"
 
 
 def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] = GPU_HEAD_DIMS,
              dtypes: Sequence[torch.dtype] | None = None, causal: Sequence[bool] = (False, True),
-             modes: Sequence[str] = MODES, tokens: int = 16384, model_dim: int = 2048, seed: int = 0,
+             modes: Sequence[str] = MODES, tokens: int = 16384, model_dim: int = 2048, group_size: int = 1,
+             seed: int = 0,
              device: str = "cuda", deadline: float | None = None, on_row: Callable[[GpuRow], None] | None = None,
              progress: Callable[[str], None] | None = None, machine: MachineInfo | None = None) -> list[GpuRow]:
-    """TFLOP/s of our Triton kernel, SDPA's backends and naive attention, forward and backward.
+    """TFLOP/s of our Triton kernel, SDPA's backends, FlexAttention compiled and naive attention,
+    forward and backward.
 
     Batch and heads follow the FlashAttention papers: ``B = tokens / N`` sequences (at least 1)
-    of ``H = model_dim / d`` heads. Every (dtype, d, causal, N) gives one row per method and
-    mode; a method that is unavailable or raises gives ``status="skipped"`` rows with the reason.
-    Naive attention is skipped above N = 8192 and where its N × N float32 matrices would not
-    fit in free memory.
+    of ``H = model_dim / d`` heads, of which every ``group_size`` share one key/value head
+    (grouped-query prefill: ``H_kv = H / group_size``). Every (dtype, d, causal, N) gives one row
+    per method and mode, naming the path and configuration that ran; a method that is unavailable
+    or raises gives ``status="skipped"`` rows with the reason. Naive attention is skipped above
+    N = 4096 and where its N × N float32 matrices would not fit in free memory.
 
     Args:
         lengths: sequence lengths N, measured in this order.
@@ -63,6 +72,9 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
         modes: a subset of ``"forward"``, ``"backward"``, ``"forward+backward"``.
         tokens: B · N per measurement.
         model_dim: H · d per measurement.
+        group_size: query heads per key/value head; must divide every ``H``. SDPA gets the
+            grouped K/V with ``enable_gqa=True`` (a backend that refuses it is skipped with the
+            reason), naive attention expands them inside its call.
         seed: for the random inputs, ``>= 0`` (a generator on the device; the global RNG is not touched).
         device: ``"cuda"``, or ``"cpu"`` for the dry run (Triton's interpreter, a wall-clock timer).
         deadline: a ``time.monotonic()`` value; a measurement that would start later becomes a
@@ -78,7 +90,7 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
         TypeError: an argument of the wrong type (a size not an int, a dtype not a floating
             ``torch.dtype``, a callback not callable).
         ValueError: empty or non-positive sizes, a head dim that does not divide ``model_dim``,
-            an unknown mode, a negative seed, or an unknown device.
+            a ``group_size`` that does not divide the heads, an unknown mode, a negative seed, or an unknown device.
         RuntimeError: ``device="cuda"`` without a CUDA GPU.
     """
     where = "gpu_rows"
@@ -95,6 +107,11 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
     for index, head_dim in enumerate(head_dims):
         if model_dim % head_dim:
             raise ValueError(f"{where}: head_dims[{index}] must divide model_dim={model_dim}, got {head_dim}")
+    group_size = _validate.integer(where, "group_size", group_size, minimum=1)
+    for index, head_dim in enumerate(head_dims):
+        if (model_dim // head_dim) % group_size:
+            raise ValueError(f"{where}: group_size must divide the heads H = model_dim / head_dims[{index}] = "
+                             f"{model_dim // head_dim}, got {group_size}")
     seed = _validate.integer(where, "seed", seed, minimum=0)
     deadline = check_deadline(where, deadline)
     on_row, progress = check_callback(where, "on_row", on_row), check_callback(where, "progress", progress)
@@ -116,63 +133,102 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
                     started = time.perf_counter()
                     batch, heads = max(1, tokens // n), model_dim // head_dim
                     config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, causal=is_causal,
-                                  batch=batch, heads=heads, n=n)
+                                  batch=batch, heads=heads, kv_heads=heads // group_size, n=n)
                     found = one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline)
                     clock.empty_cache()
-                    for method, results in found.items():
+                    for method, (results, kernels) in found.items():
                         for mode, result in results.items():
                             flops = attention_flops(batch, heads, n, head_dim, causal=is_causal, mode=mode)
                             ms = result.milliseconds
-                            row = GpuRow(method=method, **config, mode=mode, status=result.status, milliseconds=ms,
-                                         tflops=None if ms is None else flops / ms / 1e9,
+                            path, launched = kernels(mode) if result.status == "ok" else kernels(None)
+                            row = GpuRow(method=method, path=path, **config, mode=mode, status=result.status,
+                                         milliseconds=ms, tflops=None if ms is None else flops / ms / 1e9,
                                          max_difference=result.max_difference, first_call_s=result.first_call_s,
-                                         reason=result.reason, **dataclasses.asdict(machine))
+                                         reason=result.reason, config=launched, **dataclasses.asdict(machine))
                             rows.append(row)
                             if on_row:
                                 on_row(row)
                     if progress:
                         progress(progress_line(rows[-len(found) * len(modes):], config,
                                                 time.perf_counter() - started))
+                    found = None       # its closures hold this configuration's inputs: free them now
     return rows
 
 
 def one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline):
-    """{method: {mode: Measured}} for one (dtype, d, causal, N)."""
-    methods = ["ours (Triton)", *SDPA_BACKENDS, "naive"]
-    if past(deadline):
-        return {method: skipped(TIME_BUDGET_SPENT, modes) for method in methods}
-    shape = (config["batch"], config["heads"], config["n"], config["head_dim"])
+    """{method: ({mode: Measured}, kernels)} for one (dtype, d, causal, N); ``kernels(mode)`` gives
+    the row's (path, config), read after the measurement (``kernels(None)`` for a skipped row)."""
     device, causal, n = clock.device, config["causal"], config["n"]
+    b, h, h_kv, d = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
+    group = h // h_kv
+
+    def fixed(path, launched=""):
+        return lambda mode: (path, launched)
+
+    paths = {"ours (Triton)": fixed("pointer or tma (did not run)"),
+             "naive": fixed("naive", "self_attention: float32 N x N scores and weights, no tiles"),
+             FLEX: fixed("flex-compiled" if device.type == "cuda" else "flex-eager"),
+             **{method: fixed(method.replace(" ", "-"), SDPA_CONFIG) for method in SDPA_BACKENDS}}
+    if past(deadline):
+        return {method: (skipped(TIME_BUDGET_SPENT, modes), paths[method]) for method in METHODS}
     try:
-        q, k, v, grad_out = (randn(shape, dtype, device, generator) for _ in range(4))
+        q, grad_out = (randn((b, h, n, d), dtype, device, generator) for _ in range(2))
+        k, v = (randn((b, h_kv, n, d), dtype, device, generator) for _ in range(2))
     except Exception as error:   # out of memory
-        return {method: skipped(describe_error(error), modes) for method in methods}
+        return {method: (skipped(describe_error(error), modes), paths[method]) for method in METHODS}
     q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def wide(t):   # grouped K/V expanded to H heads, for the methods that take no grouped heads
+        return t if group == 1 else t.repeat_interleave(group, dim=1)
+
     try:
         with torch.no_grad():
-            reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+            reference = F.scaled_dot_product_attention(q.float(), wide(k).float(), wide(v).float(), is_causal=causal)
     except Exception:   # no reference: the rows say nothing about differences
         reference = None
     mask = causal_mask(n, device=device) if causal else None
+    gqa = {"enable_gqa": True} if group > 1 else {}
     functions = {"ours (Triton)": lambda q, k, v: flash_attention(q, k, v, causal=causal),
-                 "naive": lambda q, k, v: self_attention(q, k, v, mask)[0]}
+                 "naive": lambda q, k, v: self_attention(q, wide(k), wide(v), mask)[0]}
     for method in SDPA_BACKENDS:
-        functions[method] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        functions[method] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
+    paths["ours (Triton)"] = lambda mode: (prefill_kernels(q, k, v, mode) if mode else
+                                           ("pointer or tma (did not run)", ""))
     # Naive keeps about five B·H·N·N float32 matrices for its backward (scores, weights, their gradients).
-    naive_bytes = 5 * 4 * q.shape[0] * q.shape[1] * n * n
+    naive_bytes = 5 * 4 * b * h * n * n
     found = {}
-    for method in methods:
+    for method in METHODS:
+        method_modes = modes
         if method == "naive" and n > NAIVE_UP_TO:
-            found[method] = skipped(f"naive is left out above N = {NAIVE_UP_TO}: its N x N float32 matrices "
-                                     "take tens of GB and seconds a call; the time goes to the kernels", modes)
+            found[method] = (skipped(f"naive is left out above N = {NAIVE_UP_TO}: its N x N float32 matrices "
+                                     "take GBs and milliseconds a call; the time goes to the kernels", modes),
+                             paths[method])
             continue
         if method == "naive" and naive_bytes > 0.8 * clock.free_bytes():
-            found[method] = skipped(f"needs about {naive_bytes / 2**30:.0f} GiB for its N x N float32 "
-                                     f"matrices, {clock.free_bytes() / 2**30:.0f} GiB free", modes)
+            found[method] = (skipped(f"needs about {naive_bytes / 2**30:.0f} GiB for its N x N float32 "
+                                     f"matrices, {clock.free_bytes() / 2**30:.0f} GiB free", modes), paths[method])
             continue
+        note = ""
+        if method == FLEX:
+            try:
+                functions[method], path, launched, note = flex_function(causal, n, device, group > 1)
+            except Exception as error:   # no FlexAttention in this torch, or no mask for this shape
+                found[method] = (skipped(describe_error(error), modes), paths[method])
+                continue
+            paths[method] = fixed(path, launched)
+            if device.type != "cuda":    # FlexAttention has no backward on the CPU
+                method_modes = [mode for mode in modes if mode == "forward"]
         context = sdpa_context(method) if method in SDPA_BACKENDS else contextlib.nullcontext()
         with context:
-            found[method] = measure(functions[method], q, k, v, grad_out, reference, modes, clock, deadline)
+            results = measure(functions[method], q, k, v, grad_out, reference, method_modes, clock, deadline)
+        for mode in modes:
+            if mode not in results:
+                results[mode] = Measured("skipped", reason=f"{note}; FlexAttention has no backward on the CPU")
+            elif note and results[mode].status == "ok":
+                results[mode] = dataclasses.replace(results[mode], reason=note)
+        found[method] = ({mode: results[mode] for mode in modes}, paths[method])
+        if method == FLEX and device.type == "cuda":
+            functions[method] = None      # the compiled graphs and their memory go before the next method
     return found   # the inputs are freed as this returns; the caller empties the cache
 
 
@@ -184,4 +240,5 @@ def progress_line(rows: Sequence[GpuRow], config: dict, seconds: float) -> str:
         parts.append(f"{method} " + "/".join("-" if r.tflops is None else f"{r.tflops:.3g}" for r in values))
     mask = "causal" if config["causal"] else "full"
     return (f"{config['dtype']} d={config['head_dim']} {mask} N={config['n']} (B={config['batch']} "
-            f"H={config['heads']}) TFLOP/s {'/'.join(modes)}: " + ", ".join(parts) + f"  [{seconds:.1f} s]")
+            f"H={config['heads']} H_kv={config['kv_heads']}) TFLOP/s {'/'.join(modes)}: " + ", ".join(parts)
+            + f"  [{seconds:.1f} s]")

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from benchmarks.flash_gpu.sizes import SDPA_BACKENDS
 
-__all__ = ["ours_decode", "sdpa_context", "sdpa_has_enable_gqa"]
+__all__ = ["flex_function", "ours_decode", "sdpa_context", "sdpa_has_enable_gqa"]
 
 
 def sdpa_context(method: str):
@@ -48,3 +48,44 @@ def ours_decode() -> tuple[str, Callable, str]:
             return ("ours (flash_attention)", triton_attention.flash_attention,
                     f"no decode_attention ({error}); flash_attention timed")
     return "ours (decode_attention)", decode_attention, ""
+
+
+def flex_function(causal: bool, n: int, device: torch.device,
+                  grouped: bool) -> tuple[Callable, str, str, str]:
+    """(fn, path, config, note): FlexAttention for one shape, its causal block mask made once, here.
+
+    On a GPU ``fn`` is ``torch.compile(flex_attention, dynamic=False)``: one static compilation per
+    shape, as a model of fixed shape gets (the default would recompile the second shape with
+    dynamic sizes). Compiled caches are dropped first (``torch.compiler.reset()``), so that
+    configuration after configuration never reaches Dynamo's recompile limit, past which it
+    would run eagerly without saying so in the row. Its first call compiles; the row's
+    ``first_call_s`` holds that, the timing does not. On the CPU dry run FlexAttention runs
+    eagerly (Inductor's Triton kernels need a GPU): the same mask and call, forward only.
+
+    Raises:
+        ImportError, RuntimeError: this torch has no FlexAttention, or the mask cannot be built
+            (the caller records the row as skipped with the reason).
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal_mod(b, h, q_index, kv_index):
+        return q_index >= kv_index
+
+    # B=None, H=None: one mask broadcast over sequences and heads (the causal mask is the same in each).
+    block_mask = create_block_mask(causal_mod, None, None, n, n, device=device) if causal else None
+    if device.type == "cuda":
+        torch.compiler.reset()
+        attend, path = torch.compile(flex_attention, dynamic=False), "flex-compiled"
+        note = ""
+    else:
+        attend, path = flex_attention, "flex-eager"
+        note = "CPU dry run: flex_attention eagerly (torch.compile's Triton kernels need a GPU)"
+    blocks = "none (no mask)" if block_mask is None else f"block_mask BLOCK_SIZE={tuple(block_mask.BLOCK_SIZE)}"
+    config = f"{blocks}; kernel options: Inductor's defaults for this d and dtype (not read back)"
+
+    def fn(q, k, v):
+        if device.type != "cuda":   # eager FlexAttention refuses CPU inputs that require grad
+            q, k, v = q.detach(), k.detach(), v.detach()
+        return attend(q, k, v, block_mask=block_mask, enable_gqa=grouped)
+
+    return fn, path, config, note

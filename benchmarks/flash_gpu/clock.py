@@ -10,7 +10,22 @@ import torch
 from attn_course.measure.memory import available_memory_bytes
 from attn_course.measure.timing import best_time, gpu_milliseconds, gpu_timer_name, timed
 
-__all__ = ["Clock"]
+__all__ = ["Clock", "capture_graph"]
+
+
+def capture_graph(call: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
+    """``call()`` captured in a ``torch.cuda.CUDAGraph``, after two warm-up calls on a side stream."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    torch.cuda.synchronize(device)
+    return graph
 
 
 class Clock:
@@ -34,6 +49,36 @@ class Clock:
         if self.device.type == "cuda":
             return gpu_milliseconds(call)
         return 1000 * best_time(call, self.repeats)
+
+    def graphed_milliseconds(self, call: Callable[[], object]) -> tuple[float, str, str, float | None]:
+        """Milliseconds of one ``call()`` replayed from a CUDA graph: no Python launch overhead.
+
+        One call is captured in a ``torch.cuda.CUDAGraph`` (after two calls on a side stream, as
+        PyTorch's CUDA-graph notes ask, so that lazy initialisation is not captured) and this
+        device's timer times ``graph.replay``. ``do_bench`` flushes the L2 cache before each replay,
+        so a small KV cache is read from HBM as a model's next layer would; Triton's
+        ``do_bench_cudagraph`` unrolls many calls into one graph without flushing, and would time
+        a cache of a few MiB from L2. Where capture fails (or on the CPU) the call is timed plainly.
+
+        Returns:
+            ``(milliseconds, timing, note, plain_milliseconds)``: ``timing`` is ``"cuda graph"`` or
+            ``"plain"``; ``note`` says why a graph was not used; ``plain_milliseconds`` is the same
+            call timed without a graph (None when that is ``milliseconds`` itself).
+        """
+        if self.device.type != "cuda":
+            return self.milliseconds(call), "plain", "CPU dry run: no CUDA graphs, timed without one", None
+        try:
+            graph = capture_graph(call, self.device)
+        except Exception as error:   # a call that synchronises, or allocates in a way capture refuses
+            torch.cuda.synchronize(self.device)
+            lines = str(error).strip().splitlines() or [""]
+            note = (f"CUDA graph capture failed ({type(error).__name__}: {lines[0][:200]}): timed without a "
+                    "graph, Python's launch overhead included")
+            return self.milliseconds(call), "plain", note, None
+        try:
+            return self.milliseconds(graph.replay), "cuda graph", "", self.milliseconds(call)
+        finally:
+            del graph
 
     def first_call(self, call: Callable[[], Any]) -> tuple[Any, float]:
         """``call()`` once, untouched by any warm-up (Triton compiles or autotunes there): its result and seconds."""

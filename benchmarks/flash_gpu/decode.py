@@ -12,10 +12,12 @@ import torch.nn.functional as F
 
 from attn_course import _validate
 from attn_course.core.attention import self_attention
+from benchmarks.flash_gpu.attention import SDPA_CONFIG
 from benchmarks.flash_gpu.backends import ours_decode, sdpa_context, sdpa_has_enable_gqa
 from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
 from benchmarks.flash_gpu.checks import check_callback, check_deadline, check_device, check_dtypes, nonempty_ints, randn
 from benchmarks.flash_gpu.clock import Clock
+from benchmarks.flash_gpu.kernels_used import decode_config
 from benchmarks.flash_gpu.machine import MachineInfo, machine_info
 from benchmarks.flash_gpu.measuring import Measured, describe_error, measure, recorded_warnings, skipped
 from benchmarks.flash_gpu.rows import DecodeRow
@@ -30,6 +32,11 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
                 on_row: Callable[[DecodeRow], None] | None = None, progress: Callable[[str], None] | None = None,
                 machine: MachineInfo | None = None) -> list[DecodeRow]:
     """Decoding time and achieved K/V bandwidth: our decode kernel against SDPA's backends.
+
+    Each call is timed replayed from a CUDA graph (:meth:`Clock.graphed_milliseconds`): below
+    about 8k keys a decoding step takes less GPU time than Python takes to launch it, and timed
+    plainly it measured that overhead. Where capture fails the row is timed plainly and says why
+    (``timing``, ``reason``); ``plain_milliseconds`` holds the plain time for comparison.
 
     Decoding is memory-bound: N_q new queries read the whole cache (K and V, ``2 · B · H_kv ·
     N_k · d`` elements) for ``4 · B · H · N_q · N_k · d`` FLOPs, so the number to compare is the
@@ -88,12 +95,14 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
                 new = []
                 measured = one_decode(config, dtype, clock, generator, deadline)
                 clock.empty_cache()
-                for method, layout, result in measured:
+                for method, layout, result, (path, launched) in measured:
                     ms = result.milliseconds
-                    row = DecodeRow(method=method, **config, kv_layout=layout, status=result.status,
-                                    milliseconds=ms, kv_gbps=None if ms is None else kv_bytes / ms / 1e6,
+                    row = DecodeRow(method=method, path=path, **config, kv_layout=layout, status=result.status,
+                                    timing=result.timing, milliseconds=ms,
+                                    plain_milliseconds=result.plain_milliseconds,
+                                    kv_gbps=None if ms is None else kv_bytes / ms / 1e6,
                                     max_difference=result.max_difference, first_call_s=result.first_call_s,
-                                    reason=result.reason, **dataclasses.asdict(machine))
+                                    reason=result.reason, config=launched, **dataclasses.asdict(machine))
                     new.append(row)
                     if on_row:
                         on_row(row)
@@ -106,14 +115,16 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
 
 
 def one_decode(config, dtype, clock, generator, deadline):
-    """[(method, kv_layout, Measured)] for one (dtype, N_q, N_k)."""
+    """[(method, kv_layout, Measured, (path, config))] for one (dtype, N_q, N_k)."""
     ours_name, ours, ours_note = ours_decode()
     methods = [ours_name, *SDPA_BACKENDS, "naive"]
     expanded_layout = "expanded (repeat_interleave, outside the timing)"
     layouts = {ours_name: "grouped (in place)", "naive": expanded_layout}
+    ours_path = "flash-decoding" if ours_name == "ours (decode_attention)" else "flash_attention"
+    paths = {ours_name: ours_path, "naive": "naive", **{m: m.replace(" ", "-") for m in SDPA_BACKENDS}}
     if past(deadline):
-        return [(method, layouts.get(method, ""), skipped(TIME_BUDGET_SPENT, ["forward"])["forward"])
-                for method in methods]
+        return [(method, layouts.get(method, ""), skipped(TIME_BUDGET_SPENT, ["forward"])["forward"],
+                 (paths[method], "")) for method in methods]
     device = clock.device
     b, h, h_kv, d = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
     try:
@@ -122,7 +133,7 @@ def one_decode(config, dtype, clock, generator, deadline):
         k_wide, v_wide = (t.repeat_interleave(h // h_kv, dim=1) for t in (k, v))     # [B, H, N_k, d]
     except Exception as error:   # out of memory
         failed = Measured("skipped", reason=describe_error(error))
-        return [(method, layouts.get(method, ""), failed) for method in methods]
+        return [(method, layouts.get(method, ""), failed, (paths[method], "")) for method in methods]
     try:
         with torch.no_grad():
             reference = F.scaled_dot_product_attention(q.float(), k_wide.float(), v_wide.float())
@@ -139,10 +150,13 @@ def one_decode(config, dtype, clock, generator, deadline):
             fn, layouts[method], note = sdpa_decode_function(method, q, k, v, k_wide, v_wide, expanded_layout)
         context = sdpa_context(method) if method in SDPA_BACKENDS else contextlib.nullcontext()
         with context:
-            result = measure(fn, q, k, v, None, reference, ["forward"], clock, deadline)["forward"]
+            result = measure(fn, q, k, v, None, reference, ["forward"], clock, deadline, graphed=True)["forward"]
         if note:
             result = dataclasses.replace(result, reason=f"{result.reason}; {note}" if result.reason else note)
-        found.append((method, layouts[method], result))
+        launched = SDPA_CONFIG if method in SDPA_BACKENDS else ""
+        if method == ours_name and result.status == "ok" and ours_path == "flash-decoding":
+            launched = decode_config(q, k)     # read now: the autotuner's choice is this call's
+        found.append((method, layouts[method], result, (paths[method], launched)))
     return found   # the inputs are freed as this returns; the caller empties the cache
 
 

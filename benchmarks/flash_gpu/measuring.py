@@ -24,6 +24,8 @@ class Measured:
     max_difference: float | None = None
     first_call_s: float | None = None
     reason: str = ""
+    timing: str = ""
+    plain_milliseconds: float | None = None
 
 
 def skipped(reason: str, modes: Sequence[str]) -> dict[str, Measured]:
@@ -49,8 +51,9 @@ def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
 
 def measure(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor | None,
              reference: torch.Tensor | None, modes: Sequence[str], clock: Clock,
-             deadline: float | None) -> dict[str, Measured]:
-    """Time ``fn(q, k, v)`` in each mode; never raises for what ``fn`` raises (the row says it)."""
+             deadline: float | None, *, graphed: bool = False) -> dict[str, Measured]:
+    """Time ``fn(q, k, v)`` in each mode; never raises for what ``fn`` raises (the row says it).
+    ``graphed``: the forward is replayed from a CUDA graph (:meth:`Clock.graphed_milliseconds`)."""
     if past(deadline):
         return skipped(TIME_BUDGET_SPENT, modes)
     inputs = (q, k, v)
@@ -87,7 +90,11 @@ def measure(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
                     torch.autograd.grad(fn(q, k, v), inputs, grad_out)
             else:
                 raise ValueError(f"unknown mode {mode!r}")
-            results[mode] = Measured("ok", clock.milliseconds(call), difference, first)
+            if graphed and mode == "forward":
+                ms, timing, note, plain = clock.graphed_milliseconds(call)
+                results[mode] = Measured("ok", ms, difference, first, note, timing, plain)
+            else:
+                results[mode] = Measured("ok", clock.milliseconds(call), difference, first, timing="plain")
         except Exception as error:
             results[mode] = Measured("skipped", reason=describe_error(error))
         finally:

@@ -14,7 +14,8 @@ __all__ = ["plot_gpu_rows"]
 
 
 def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.PathLike, *, title: str) -> None:
-    """Save a PNG of :func:`gpu_rows` (TFLOP/s against N, one panel per dtype, d, mask and mode)
+    """Save a PNG of :func:`gpu_rows` (TFLOP/s against N, one panel per dtype, d, mask, mode and
+    grouped-query layout)
     or :func:`decode_rows` (K/V GB/s against N_k, one panel per dtype and N_q). Skipped rows
     are left out.
 
@@ -45,8 +46,9 @@ def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.P
             return (r.dtype, r.n_q)
         x_of, y_of, ylabel, xlabel = (lambda r: r.n_k), (lambda r: r.kv_gbps), "K/V GB/s", "N_k (KV cache length)"
     else:
-        def panel_of(r):
-            return (r.dtype, r.head_dim, r.causal, r.mode)
+        def panel_of(r):   # grouped-query rows get panels of their own
+            return (r.dtype, r.head_dim, r.causal, r.mode, f"H={r.heads}/H_kv={r.kv_heads}" if r.kv_heads < r.heads
+                    else "")
         x_of, y_of, ylabel, xlabel = (lambda r: r.n), (lambda r: r.tflops), "TFLOP/s", "N"
     panels = list(dict.fromkeys(panel_of(r) for r in rows))
     columns = min(len(panels), 2 if decode else 3)
@@ -60,7 +62,7 @@ def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.P
         if decode:
             name = f"{panel[0]} N_q={panel[1]}"
         else:
-            name = f"{panel[0]} d={panel[1]} {'causal' if panel[2] else 'full'} {panel[3]}"
+            name = f"{panel[0]} d={panel[1]} {'causal' if panel[2] else 'full'} {panel[3]} {panel[4]}".rstrip()
         axis.set_xscale("log", base=2)
         ticks = sorted({x_of(r) for r in rows})
         axis.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks], fontsize=7)

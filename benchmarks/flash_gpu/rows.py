@@ -12,9 +12,14 @@ class GpuRow:
     """One (configuration, method, mode) of :func:`gpu_rows`.
 
     Attributes:
-        method: ``"ours (Triton)"``, ``"sdpa flash"``, ``"sdpa efficient"``, ``"sdpa cudnn"`` or ``"naive"``.
+        method: ``"ours (Triton)"``, ``"sdpa flash"``, ``"sdpa efficient"``, ``"sdpa cudnn"``,
+            ``"flex compiled"`` (``torch.compile(flex_attention)``) or ``"naive"``.
+        path: which code ran: ``"tma"`` or ``"pointer"`` (our forward; ``"tma+pointer"`` forward and
+            backward), ``"sdpa-flash"``, ``"sdpa-efficient"``, ``"sdpa-cudnn"``, ``"flex-compiled"``,
+            ``"naive"``; ``" (interpreter)"`` or ``"flex-eager"`` on the CPU dry run.
         dtype: e.g. ``"float16"``.
-        head_dim, causal, batch, heads, n: d, the mask, B, H and N of ``q``, ``k``, ``v`` ``[B, H, N, d]``.
+        head_dim, causal, batch, heads, kv_heads, n: d, the mask, B, H, H_kv and N of ``q`` ``[B, H, N, d]``
+            and ``k``, ``v`` ``[B, H_kv, N, d]`` (``kv_heads < heads``: grouped-query prefill).
         mode: ``"forward"``, ``"backward"`` or ``"forward+backward"``.
         status: ``"ok"``, or ``"skipped"`` (then ``reason`` says why and the numbers are None).
         milliseconds: the median of ``triton.testing.do_bench`` on a GPU (the best of a few
@@ -24,15 +29,19 @@ class GpuRow:
         first_call_s: seconds of the first call (Triton compiles, or autotunes, there), forward
             for ``"forward"``, backward for ``"backward"``.
         reason: why a row is skipped, or a note on a measured one.
+        config: the launch configuration that ran, per kernel (tile sizes, warps, stages; ours from
+            the autotuner's ``best_config`` or the launcher's fixed choice), or what is known of it.
         gpu, driver, cuda, torch_version, triton_version: the :class:`MachineInfo`.
     """
 
     method: str
+    path: str
     dtype: str
     head_dim: int
     causal: bool
     batch: int
     heads: int
+    kv_heads: int
     n: int
     mode: str
     status: str
@@ -41,6 +50,7 @@ class GpuRow:
     max_difference: float | None
     first_call_s: float | None
     reason: str
+    config: str
     gpu: str
     driver: str
     cuda: str
@@ -55,17 +65,25 @@ class DecodeRow:
     Attributes:
         method: ``"ours (decode_attention)"`` (or ``"ours (flash_attention)"`` where there is no
             ``decode_attention``), an SDPA backend, or ``"naive"``.
+        path: ``"flash-decoding"`` (ours), ``"sdpa-flash"``, ``"sdpa-efficient"``, ``"sdpa-cudnn"`` or ``"naive"``.
         dtype, head_dim, batch, heads, kv_heads, n_q, n_k: of ``q [B, H, N_q, d]`` and
             ``k``, ``v`` ``[B, H_kv, N_k, d]``.
         kv_layout: how the method saw grouped K/V: ``"grouped (in place)"``, ``"grouped
             (enable_gqa=True)"``, or ``"expanded (repeat_interleave, outside the timing)"``.
-        status, milliseconds, max_difference, first_call_s, reason: as in :class:`GpuRow`.
+        status, milliseconds, max_difference, first_call_s, reason, config: as in :class:`GpuRow`
+            (ours' config adds ``BLOCK_M``, the key splits and the merge kernel's width).
+        timing: ``"cuda graph"`` (one call captured in a ``torch.cuda.CUDAGraph``, its replay timed:
+            no Python launch overhead in ``milliseconds``) or ``"plain"`` (capture failed or the CPU
+            dry run; ``reason`` says why).
+        plain_milliseconds: the same call timed without a graph (Python's launch overhead
+            included), for comparison; None when ``timing`` is ``"plain"``.
         kv_gbps: the cache's bytes (K and V, ``2 · B · H_kv · N_k · d`` elements) over the time,
             in 10⁹ bytes per second: the same bytes for every method, so it ranks them like the time.
         gpu, driver, cuda, torch_version, triton_version: the :class:`MachineInfo`.
     """
 
     method: str
+    path: str
     dtype: str
     head_dim: int
     batch: int
@@ -75,11 +93,14 @@ class DecodeRow:
     n_k: int
     kv_layout: str
     status: str
+    timing: str
     milliseconds: float | None
+    plain_milliseconds: float | None
     kv_gbps: float | None
     max_difference: float | None
     first_call_s: float | None
     reason: str
+    config: str
     gpu: str
     driver: str
     cuda: str
@@ -93,13 +114,16 @@ class SummaryRow:
 
     Attributes:
         kind: ``"attention"`` (:class:`GpuRow`) or ``"decode"`` (:class:`DecodeRow`).
-        dtype, head_dim, causal, n_q, n_k, mode: the configuration (``n_q == n_k == N`` for attention).
+        dtype, head_dim, heads, kv_heads, causal, n_q, n_k, mode: the configuration (``n_q == n_k == N``
+            for attention; ``kv_heads < heads`` for grouped-query rows).
         ours_ms: our time, or None when ours did not run.
         best_sdpa: the fastest SDPA backend that ran, or ``""``.
         best_sdpa_ms: its time, or None.
         ratio: ``best_sdpa_ms / ours_ms``: ours in units of SDPA's best speed (> 1: ours faster).
         target: the goal for this ratio (forward 1.0, backward 0.8 at N ≥ 4096), or None.
         meets_target: ``ratio >= target``, or None without a target or a ratio.
+        flex_ms: FlexAttention compiled's time, or None (decoding, or it did not run).
+        flex_ratio: ``flex_ms / ours_ms`` (> 1: ours faster), or None.
         note: why there is no ratio.
         gpu, driver, cuda, torch_version, triton_version: the :class:`MachineInfo`.
     """
@@ -107,6 +131,8 @@ class SummaryRow:
     kind: str
     dtype: str
     head_dim: int
+    heads: int
+    kv_heads: int
     causal: bool
     n_q: int
     n_k: int
@@ -117,6 +143,8 @@ class SummaryRow:
     ratio: float | None
     target: float | None
     meets_target: bool | None
+    flex_ms: float | None
+    flex_ratio: float | None
     note: str
     gpu: str
     driver: str

@@ -8,6 +8,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+import torch
+
 from attn_course import _validate
 from benchmarks.flash_gpu.attention import gpu_rows
 from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, Terminated, sigterm_stops
@@ -15,14 +17,33 @@ from benchmarks.flash_gpu.checks import check_callback, check_device, nonempty_i
 from benchmarks.flash_gpu.clock import Clock
 from benchmarks.flash_gpu.csv_stream import CsvStream, write_table
 from benchmarks.flash_gpu.decode import decode_rows
+from benchmarks.flash_gpu.kernels_used import count_compilations
 from benchmarks.flash_gpu.machine import machine_facts, machine_info
 from benchmarks.flash_gpu.plots import plot_gpu_rows
 from benchmarks.flash_gpu.rows import DecodeRow, GpuRow, SummaryRow
-from benchmarks.flash_gpu.sizes import DECODE_QUERY_LENGTHS, DRY_RUN, GPU_SIZES, WARM_UP_SECONDS
+from benchmarks.flash_gpu.sizes import DECODE_QUERY_LENGTHS, DRY_RUN, GPU_SIZES, PROFILES, WARM_UP_SECONDS
 from benchmarks.flash_gpu.summary import print_summary, speedup_summary
 from benchmarks.flash_gpu.warm_up import warm_triton_cache, warm_up_jobs
 
-__all__ = ["GpuBenchmarkResult", "plan_phases", "run_gpu_benchmark"]
+__all__ = ["GpuBenchmarkResult", "describe_compilations", "plan_phases", "run_gpu_benchmark"]
+
+
+def describe_compilations(compilations: dict, profile: str, dry_run: bool = False) -> str:
+    """One line for :func:`~benchmarks.flash_gpu.kernels_used.count_compilations`' counts."""
+    kernels = ", ".join(f"{kernel} {count}" for kernel, count in compilations["by_kernel"].items())
+    where = "on an H200 (assumed: TMA forward, 132 multiprocessors)" if dry_run else "on this GPU"
+    return (f"kernel compilations of the {profile} profile {where}: ours {compilations['ours']} distinct (kernel, "
+            f"config, dtype, d, causal) [{kernels}], up to {compilations['ours_with_group']} with Triton's "
+            f"group-size-1 specialisation; FlexAttention compiled {compilations['flex']} graphs (per shape: "
+            "inference, training forward, backward)")
+
+
+def check_profile(where: str, profile: object) -> str:
+    if not isinstance(profile, str):
+        raise TypeError(f"{where}: profile must be a str, one of {list(PROFILES)}, got {type(profile).__name__}")
+    if profile not in PROFILES:
+        raise ValueError(f"{where}: profile must be one of {list(PROFILES)}, got {profile!r}")
+    return profile
 
 
 @dataclasses.dataclass
@@ -46,25 +67,55 @@ class GpuBenchmarkResult:
     stopped: str
 
 
-def plan_phases(sizes: dict, lengths: Sequence[int] | None) -> list[tuple[str, dict]]:
-    """The measurements in order of importance: long sequences in the first dtype (both d, both
-    masks, all modes), decoding at N_q = 1, the second dtype, decoding at N_q = 16 and in the
-    second dtype, and the short sequences last."""
-    lengths = list(lengths or sizes["lengths"])
-    long = [n for n in lengths if n >= sizes["long_from"]]
-    short = [n for n in lengths if n < sizes["long_from"]]
+def plan_phases(sizes: dict, lengths: Sequence[int] | None, profile: str = "long") -> list[tuple[str, dict]]:
+    """The measurements in order of importance, as ``[(kind, options)]``.
+
+    ``"essential"`` (issue 32's first-contact rows): float16 over both d, both masks and all
+    modes at the profile's N (4096 and 16384 on a GPU), one decode row set (the first dtype,
+    N_q = 1), one grouped-query prefill row set (the first dtype, causal, H = 32 over H_kv = 8),
+    then bfloat16 as float16. ``"long"``: long sequences in the first dtype, decoding at N_q = 1,
+    the second dtype, decoding at N_q = 16 and in the second dtype, grouped-query prefill in
+    every dtype and mask, and the short sequences last. ``lengths`` replaces the attention N.
+
+    Raises:
+        TypeError, ValueError: ``profile`` not a str, or not one of :data:`PROFILES`.
+    """
+    check_profile("plan_phases", profile)
+    full = list(lengths or sizes["lengths"])
     first, *others = sizes["dtypes"]
-    phases = [("attention", dict(dtypes=[first], lengths=long)),
-              ("decode", dict(dtypes=[first], query_lengths=[1]))]
-    phases += [("attention", dict(dtypes=others, lengths=long))]
-    phases += [("decode", dict(dtypes=[first], query_lengths=[16])),
-               ("decode", dict(dtypes=others, query_lengths=list(DECODE_QUERY_LENGTHS)))]
-    phases += [("attention", dict(dtypes=list(sizes["dtypes"]), lengths=short))]
+    decode, gqa = sizes["decode"], sizes["gqa"]
+
+    def attention(dtypes, chosen, causal=(False, True)):
+        return ("attention", dict(dtypes=list(dtypes), lengths=list(chosen), head_dims=list(sizes["head_dims"]),
+                                  causal=list(causal), tokens=sizes["tokens"], model_dim=sizes["model_dim"],
+                                  group_size=1))
+
+    def grouped(dtypes, causal):
+        return ("attention", dict(dtypes=list(dtypes), lengths=list(lengths or gqa["lengths"]),
+                                  head_dims=[gqa["head_dim"]], causal=list(causal), tokens=gqa["tokens"],
+                                  model_dim=gqa["heads"] * gqa["head_dim"],
+                                  group_size=gqa["heads"] // gqa["kv_heads"]))
+
+    def decoding(dtypes, query_lengths, kv_lengths):
+        return ("decode", dict(dtypes=list(dtypes), query_lengths=list(query_lengths), kv_lengths=list(kv_lengths)))
+
+    if profile == "essential":
+        chosen = list(lengths or sizes["essential_lengths"])
+        phases = [attention([first], chosen), decoding([first], [1], decode["essential_kv_lengths"]),
+                  grouped([first], [True]), attention(others, chosen)]
+    else:
+        long = [n for n in full if n >= sizes["long_from"]]
+        short = [n for n in full if n < sizes["long_from"]]
+        phases = [attention([first], long), decoding([first], [1], decode["kv_lengths"]), attention(others, long),
+                  decoding([first], [16], decode["kv_lengths"]),
+                  decoding(others, DECODE_QUERY_LENGTHS, decode["kv_lengths"]),
+                  grouped(sizes["dtypes"], (False, True)), attention(sizes["dtypes"], short)]
     return [(kind, options) for kind, options in phases if options["dtypes"] and options.get("lengths", [1])]
 
 
-def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None = None, dry_run: bool = False,
-                      max_minutes: float | None = None, decode: bool = True, warm_up: bool = True,
+def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", lengths: Sequence[int] | None = None,
+                      dry_run: bool = False, max_minutes: float | None = None, decode: bool = True,
+                      warm_up: bool = True,
                       progress: Callable[[str], None] | None = print) -> GpuBenchmarkResult:
     """The whole GPU benchmark, most important measurements first, each row written as measured.
 
@@ -76,16 +127,19 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
     more); SIGTERM, as from ``timeout``, stops the run the same way and the summary and
     plots are still written.
 
-    Cost on an H200 (estimate, not yet measured): ours has 2 or 3 autotuning candidates per kernel,
-    so about 60 compilations of a few seconds each, done first in parallel (:func:`_warm_triton_cache`,
-    about 30 s with 10 processes); the autotuner then times the candidates once per N (about 1 s
-    per configuration); then 48 configurations × 5 methods × 3 modes of ``do_bench`` at 0.05 to
-    1 s each, and 28 decoding configurations × 5 methods: about 4 minutes in all. The budget
-    cuts whatever does not fit, short N last.
+    The kernel compilations the plan triggers (:func:`~benchmarks.flash_gpu.kernels_used.count_compilations`)
+    are printed first and recorded in ``machine.json`` (``"compilations"``); ``python -m
+    benchmarks.flash_gpu --count-compilations essential`` prints them without running anything.
+    Ours are compiled first in parallel (:func:`warm_triton_cache`); FlexAttention compiles in its
+    first call of each shape (``first_call_s``, not in the timing). The budget cuts whatever does
+    not fit, least important last.
 
     Args:
         out: the folder for the files (created if missing).
-        lengths: sequence lengths N for the attention rows (default: 512 … 16384; the dry run's 64, 128).
+        profile: ``"essential"`` (the first-contact check's rows, issue 32) or ``"long"`` (the
+            whole sweep); see :func:`plan_phases`.
+        lengths: sequence lengths N for the attention rows (default: the profile's; the dry run's
+            are tiny).
         dry_run: run on the CPU at tiny sizes (:data:`DRY_RUN`): the kernels in Triton's
             interpreter, float16 and float32, a wall-clock timer.
         max_minutes: the time budget, > 0; None: no limit.
@@ -100,13 +154,14 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
 
     Raises:
         TypeError: an argument of the wrong type.
-        ValueError: a non-positive ``max_minutes`` or length.
+        ValueError: an unknown profile, a non-positive ``max_minutes`` or length.
         RuntimeError: no CUDA GPU and not ``dry_run``.
     """
     where = "run_gpu_benchmark"
     out = _validate.path(where, "out", out)
     if lengths is not None:
         lengths = nonempty_ints(where, "lengths", lengths)
+    check_profile(where, profile)
     dry_run = _validate.boolean(where, "dry_run", dry_run)
     decode = _validate.boolean(where, "decode", decode)
     warm_up = _validate.boolean(where, "warm_up", warm_up)
@@ -122,17 +177,28 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
     files = {"rows": out / "flash-gpu.csv", "decode": out / "flash-gpu-decode.csv",
              "summary": out / "flash-gpu-summary.csv", "machine": out / "machine.json"}
     streams = {"rows": CsvStream(files["rows"], GpuRow), "decode": CsvStream(files["decode"], DecodeRow)}
-    plan = plan_phases(sizes, lengths)
+    plan = plan_phases(sizes, lengths, profile)
     if not decode:
         plan = [phase for phase in plan if phase[0] != "decode"]
+    # The GPU's count even on the dry run: the number a GPU check's time estimate needs.
+    gpu_plan = plan_phases(GPU_SIZES, lengths, profile)
+    if not decode:
+        gpu_plan = [phase for phase in gpu_plan if phase[0] != "decode"]
+    if device.type == "cuda":
+        compilations = count_compilations(gpu_plan, GPU_SIZES, tma=torch.cuda.get_device_capability()[0] == 9,
+                                          multiprocessors=torch.cuda.get_device_properties(0).multi_processor_count)
+    else:
+        compilations = count_compilations(gpu_plan, GPU_SIZES)
     rows, decode_found, summary = [], [], []
-    facts = {"machine": dataclasses.asdict(machine), **machine_facts(device), "dry_run": dry_run,
+    facts = {"machine": dataclasses.asdict(machine), **machine_facts(device), "dry_run": dry_run, "profile": profile,
+             "compilations": compilations,
              "timer": Clock(device).name, "max_minutes": max_minutes, "started": started_at,
              "plan": [{"kind": kind, **{k: [str(x) for x in v] if k == "dtypes" else v for k, v in options.items()}}
                       for kind, options in plan],
              "sizes": {k: v for k, v in sizes.items() if k not in ("dtypes", "lengths")}}
-    progress(f"# {machine.title()}; timer: {facts['timer']}; budget: "
+    progress(f"# {machine.title()}; timer: {facts['timer']}; profile: {profile}; budget: "
              f"{'none' if max_minutes is None else f'{max_minutes:g} min'}")
+    progress(f"# {describe_compilations(compilations, profile, dry_run)}")
 
     def write_summary(stopped: str) -> list[SummaryRow]:
         """Rewrite the summary and ``machine.json`` from the rows so far: a killed run keeps both."""
@@ -145,11 +211,17 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
         files["machine"].write_text(json.dumps(facts, indent=2, default=str) + "\n")
         return summary
 
+    def keep(found: list, stream: CsvStream) -> Callable[[object], None]:
+        def on_row(row):
+            stream.write(row)
+            found.append(row)
+        return on_row
+
     stopped = ""
     try:
         with sigterm_stops():
             if warm_up:
-                jobs = warm_up_jobs(sizes, dry_run)
+                jobs = warm_up_jobs(plan, sizes, dry_run)
                 progress(f"## warming Triton's cache: {len(jobs)} processes at once (at most {WARM_UP_SECONDS} s)")
                 facts["warm_up"] = warm_triton_cache(jobs, timeout_s=WARM_UP_SECONDS, interpret=dry_run)
                 progress(f"warm-up: {facts['warm_up']['seconds']} s, "
@@ -159,15 +231,14 @@ def run_gpu_benchmark(out: str | os.PathLike, *, lengths: Sequence[int] | None =
                 common = dict(device=device.type, deadline=deadline, progress=progress, machine=machine)
                 progress(f"## phase {index}/{len(plan)}: {kind} {options}  "
                          f"[{time.monotonic() - started:.0f} s so far]".replace("torch.", ""))
+                # Rows are kept as they come, not as a phase returns them: a phase cut short by SIGTERM
+                # still counts in the summary and machine.json with what it measured.
                 if kind == "attention":
-                    rows += gpu_rows(options["lengths"], dtypes=options["dtypes"], head_dims=sizes["head_dims"],
-                                     tokens=sizes["tokens"], model_dim=sizes["model_dim"], on_row=streams["rows"].write,
-                                     seed=index, **common)
+                    gpu_rows(**options, on_row=keep(rows, streams["rows"]), seed=index, **common)
                 else:
-                    decode_found += decode_rows(sizes["decode"]["kv_lengths"], query_lengths=options["query_lengths"],
-                                                dtypes=options["dtypes"], on_row=streams["decode"].write, seed=index,
-                                                **{k: v for k, v in sizes["decode"].items() if k != "kv_lengths"},
-                                                **common)
+                    shape = {k: v for k, v in sizes["decode"].items() if not k.endswith("kv_lengths")}
+                    decode_rows(**options, **shape, on_row=keep(decode_found, streams["decode"]), seed=index,
+                                **common)
                 write_summary("running")
             if any(r.reason == TIME_BUDGET_SPENT for r in rows + decode_found):
                 stopped = "max_minutes"

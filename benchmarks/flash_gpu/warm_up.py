@@ -6,29 +6,46 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 
-from benchmarks.flash_gpu.backends import ours_decode
+from benchmarks.flash_gpu.backends import flex_function, ours_decode
 from benchmarks.flash_gpu.sizes import DECODE_QUERY_LENGTHS
 
 __all__ = ["warm_triton_cache", "warm_up_job", "warm_up_jobs"]
 
 
-def warm_up_jobs(sizes: dict, dry_run: bool) -> list[dict]:
-    """One job per kernel specialization the run will need: (dtype, d, causal) for attention and one per
-    dtype for decoding. The dry run warms only the first, to run the code, not to save time."""
+def warm_up_jobs(plan: list[tuple[str, dict]], sizes: dict, dry_run: bool) -> list[dict]:
+    """One job per kernel specialization the plan (:func:`~benchmarks.flash_gpu.run.plan_phases`) needs:
+    (dtype, d, causal, group size) for attention, one per dtype for decoding, then one per shape for
+    FlexAttention compiled (Inductor's on-disk caches, like Triton's, serve the benchmark's process).
+    The dry run warms only the first, to run the code, not to save time."""
     device = "cpu" if dry_run else "cuda"
     n = 64 if dry_run else 1024            # a multiple of 16, like every N measured: the same specialization
-    jobs = [dict(kind="attention", dtype=str(dtype).removeprefix("torch."), head_dim=d, causal=causal, n=n,
-                 heads=sizes["model_dim"] // d, device=device)
-            for dtype in sizes["dtypes"] for d in sizes["head_dims"] for causal in (False, True)]
-    decode = sizes["decode"]
-    decoding = [dict(kind="decode", dtype=str(dtype).removeprefix("torch."), head_dim=decode["head_dim"],
-                     causal=False, n=decode["kv_lengths"][0], heads=decode["heads"], kv_heads=decode["kv_heads"],
-                     batch=decode["batch"], device=device) for dtype in sizes["dtypes"]]
-    return jobs[:1] if dry_run else jobs + decoding
+    jobs, decoding, flex = [], [], []
+    for kind, options in plan:
+        for dtype in options["dtypes"]:
+            dtype = str(dtype).removeprefix("torch.")
+            if kind == "decode":
+                decode = sizes["decode"]
+                decoding.append(dict(kind="decode", dtype=dtype, head_dim=decode["head_dim"], causal=False,
+                                     n=decode["kv_lengths"][0], heads=decode["heads"], kv_heads=decode["kv_heads"],
+                                     batch=decode["batch"], device=device))
+                continue
+            for d in options["head_dims"]:
+                heads = options["model_dim"] // d
+                kv_heads = heads // options["group_size"]
+                for causal in options["causal"]:
+                    jobs.append(dict(kind="attention", dtype=dtype, head_dim=d, causal=causal, n=n, heads=heads,
+                                     kv_heads=kv_heads, device=device))
+                    # FlexAttention compiles per shape (dynamic=False): each measured N is a job.
+                    flex += [dict(kind="flex", dtype=dtype, head_dim=d, causal=causal, n=length, heads=heads,
+                                  kv_heads=kv_heads, batch=max(1, options["tokens"] // length), device=device)
+                             for length in options["lengths"]]
+    unique = list({json.dumps(job, sort_keys=True): job for job in jobs + decoding + flex}.values())
+    return unique[:1] if dry_run else unique
 
 
 def warm_up_job(job: dict) -> None:
@@ -38,10 +55,21 @@ def warm_up_job(job: dict) -> None:
 
     dtype, device, d = getattr(torch, job["dtype"]), job["device"], job["head_dim"]
     if job["kind"] == "attention":
-        q, k, v = (torch.randn(1, job["heads"], job["n"], d, dtype=dtype, device=device, requires_grad=True)
-                   for _ in range(3))
+        q = torch.randn(1, job["heads"], job["n"], d, dtype=dtype, device=device, requires_grad=True)
+        k, v = (torch.randn(1, job.get("kv_heads", job["heads"]), job["n"], d, dtype=dtype, device=device,
+                            requires_grad=True) for _ in range(2))
         out = triton_attention.flash_attention(q, k, v, causal=job["causal"])
         out.backward(torch.randn_like(out))
+    elif job["kind"] == "flex":
+        fn, _, _, _ = flex_function(job["causal"], job["n"], torch.device(device), job["kv_heads"] < job["heads"])
+        q = torch.randn(job["batch"], job["heads"], job["n"], d, dtype=dtype, device=device, requires_grad=True)
+        k, v = (torch.randn(job["batch"], job["kv_heads"], job["n"], d, dtype=dtype, device=device,
+                            requires_grad=True) for _ in range(2))
+        with torch.no_grad():                 # the graph the forward rows time
+            fn(q, k, v)
+        if device == "cuda":                  # the training graphs; no backward on the CPU
+            out = fn(q, k, v)
+            out.backward(torch.randn_like(out))
     else:
         _, decode, _ = ours_decode()
         k, v = (torch.randn(job["batch"], job["kv_heads"], job["n"], d, dtype=dtype, device=device) for _ in range(2))
@@ -51,32 +79,46 @@ def warm_up_job(job: dict) -> None:
         torch.cuda.synchronize()
 
 
-def warm_triton_cache(jobs: list[dict], *, timeout_s: float, interpret: bool) -> dict:
-    """Run the warm-up jobs in parallel processes (compiling is single-threaded and CPU-bound;
-    a GPU machine has cores to spare). Failures are reported, never raised: it is only a warm-up."""
+def warm_triton_cache(jobs: list[dict], *, timeout_s: float, interpret: bool,
+                      parallel: int | None = None) -> dict:
+    """Run the warm-up jobs in parallel processes, at most ``parallel`` at once (default: one per
+    core; compiling is single-threaded and CPU-bound, and a GPU machine has cores to spare), in
+    the jobs' order. Failures are reported, never raised: it is only a warm-up."""
     started = time.monotonic()
+    parallel = parallel or os.cpu_count() or 1
     # The same environment as this process (Triton's cache key includes some TRITON_* variables),
-    # but for the dry run's interpreter.
-    env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else dict(os.environ)
-    processes = [subprocess.Popen([sys.executable, "-m", "benchmarks.flash_gpu", "--warm-up", json.dumps(job)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-                 for job in jobs]
-    failures = []
+    # but for the dry run's interpreter; one Inductor compile thread per process, since the
+    # processes already fill the cores (the thread count is not part of Inductor's cache key).
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    waiting, running, failures = list(jobs), [], []
     try:
-        for job, process in zip(jobs, processes):
-            try:
-                output, _ = process.communicate(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                output, _ = process.communicate()
-                failures.append(f"{job}: timed out after {timeout_s:.0f} s")
-                continue
-            if process.returncode:
-                last = (output or "").strip().splitlines()[-1:] or ["no output"]
-                failures.append(f"{job}: exit status {process.returncode}: {last[0][:300]}")
-    finally:   # SIGTERM while waiting: leave no warm-up process behind
-        for process in processes:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                job, log = waiting.pop(0), tempfile.TemporaryFile("w+")
+                running.append((job, log, subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.flash_gpu", "--warm-up", json.dumps(job)],
+                    stdout=log, stderr=subprocess.STDOUT, text=True, env=env)))
+            time.sleep(0.1)
+            for entry in list(running):
+                job, log, process = entry
+                if process.poll() is None:
+                    continue
+                running.remove(entry)
+                if process.returncode:
+                    log.seek(0)
+                    last = log.read().strip().splitlines()[-1:] or ["no output"]
+                    failures.append(f"{job}: exit status {process.returncode}: {last[0][:300]}")
+                log.close()
+            if time.monotonic() - started > timeout_s:
+                failures += [f"{job}: timed out after {timeout_s:.0f} s" for job, _, _ in running]
+                failures += [f"{job}: not started within {timeout_s:.0f} s" for job in waiting]
+                break
+    finally:   # SIGTERM while waiting, or the timeout: leave no warm-up process behind
+        for _, log, process in running:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+            log.close()
     return {"jobs": len(jobs), "seconds": round(time.monotonic() - started, 1), "failures": failures}

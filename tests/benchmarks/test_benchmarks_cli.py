@@ -71,7 +71,9 @@ def test_main_variants_writes_one_row_per_variant_and_n_and_the_crossovers(tmp_p
     (["variants", "--lengths", "0"], "must be >= 1, got 0"),
     (["kv-cache", "--quick"], "--quick and --threads are options of variants"),
     (["variants", "--threads", "0"], "must be >= 1, got 0"),
-    (["variants", "--dry-run"], "--dry-run and --max-minutes are options of flash"),
+    (["variants", "--dry-run"], "--dry-run, --max-minutes and --profile are options of flash"),
+    (["kv-cache", "--profile", "long"], "--dry-run, --max-minutes and --profile are options of flash"),
+    (["flash", "--profile", "short"], "invalid choice: 'short'"),
     (["distributed", "--threads", "2"], "--threads is an option of variants"),
     (["kv-cache", "--quick"], "--quick also of distributed"),
 ])

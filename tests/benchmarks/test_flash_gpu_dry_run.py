@@ -15,6 +15,7 @@ from made_up_rows import DECODE_COLUMNS, GPU_COLUMNS, SUMMARY_COLUMNS, read_csv
 
 import benchmarks
 from benchmarks import flash_gpu
+from benchmarks.flash_gpu.run import plan_phases
 
 REPO = pathlib.Path(benchmarks.__file__).parent.parent
 
@@ -44,8 +45,11 @@ def test_dry_run_writes_every_file_with_its_columns(dry_run):
     assert facts["dry_run"] is True and facts["stopped"] == "complete" and facts["not_reached"] == 0
     assert facts["warm_up"]["jobs"] == 1 and facts["warm_up"]["failures"] == []
     assert facts["machine"]["torch_version"] == torch.__version__ and [p["kind"] for p in facts["plan"]] == [
-        "attention", "decode", "attention", "decode", "decode", "attention"]
+        "attention", "decode", "attention", "attention"]             # the essential profile, the default
+    assert facts["profile"] == "essential" and facts["compilations"] == flash_gpu.count_compilations(
+        plan_phases(flash_gpu.GPU_SIZES, None, "essential"), flash_gpu.GPU_SIZES)      # an H200's count
     assert "torch " + torch.__version__ in completed.stdout and "ours/SDPA" in completed.stdout
+    assert "kernel compilations of the essential profile on an H200" in completed.stdout
 
 
 @pytest.mark.slow   # about 25 s: Triton's interpreter
@@ -53,8 +57,9 @@ def test_dry_run_measures_ours_naive_and_sdpa_and_skips_the_cuda_backends_with_a
     out = dry_run[0]
     _, rows = read_csv(out / "flash-gpu.csv")
     sizes = flash_gpu.DRY_RUN
-    configurations = len(sizes["dtypes"]) * len(sizes["head_dims"]) * 2 * len(sizes["lengths"])
-    assert len(rows) == configurations * 5 * 3
+    configurations = len(sizes["dtypes"]) * len(sizes["head_dims"]) * 2 * len(sizes["essential_lengths"])
+    configurations += len(sizes["gqa"]["lengths"])                   # grouped-query prefill: one dtype, causal
+    assert len(rows) == configurations * 6 * 3
     by_method = {}
     for row in rows:
         by_method.setdefault(row["method"], []).append(row)
@@ -64,15 +69,40 @@ def test_dry_run_measures_ours_naive_and_sdpa_and_skips_the_cuda_backends_with_a
     for method in ("sdpa efficient", "sdpa cudnn"):             # CUDA-only: recorded, not raised
         assert {row["status"] for row in by_method[method]} == {"skipped"}
         assert all("No viable backend" in row["reason"] or "RuntimeError" in row["reason"] for row in by_method[method])
+    # Every row names the path and, where one ran, the configuration.
+    assert {row["path"] for row in by_method["ours (Triton)"]} == {"pointer (interpreter)"}
+    assert all(row["config"].startswith("forward BLOCK_M=128") for row in by_method["ours (Triton)"]
+               if row["mode"] == "forward")
+    assert all("dkdv BLOCK_M=" in row["config"] and "dq BLOCK_M=" in row["config"]
+               for row in by_method["ours (Triton)"] if row["mode"] != "forward")
+    assert {row["path"] for row in by_method["sdpa flash"]} == {"sdpa-flash"}
+    # FlexAttention: eagerly on the CPU, forward only, the backward skipped with the reason.
+    flex = by_method["flex compiled"]
+    assert {(row["mode"], row["status"], row["path"]) for row in flex} == {
+        ("forward", "ok", "flex-eager"), ("backward", "skipped", "flex-eager"),
+        ("forward+backward", "skipped", "flex-eager")}
+    assert all("no backward on the CPU" in row["reason"] for row in flex if row["status"] == "skipped")
+    assert any("block_mask BLOCK_SIZE=" in row["config"] for row in flex if row["causal"] == "True")
+    # Grouped-query prefill rows: H_kv < H, every method that ran matching SDPA.
+    grouped = [row for row in rows if int(row["kv_heads"]) < int(row["heads"])]
+    assert grouped and {row["causal"] for row in grouped} == {"True"}
+    assert {row["status"] for row in grouped if row["method"] in ("ours (Triton)", "sdpa flash", "naive")} == {"ok"}
     # The most important measurements come first: the longest N in the first dtype.
-    assert (rows[0]["dtype"], rows[0]["n"]) == ("float16", str(max(sizes["lengths"])))
+    assert (rows[0]["dtype"], rows[0]["n"]) == ("float16", str(max(sizes["essential_lengths"])))
     _, decode = read_csv(out / "flash-gpu-decode.csv")
     ours = [row for row in decode if row["method"].startswith("ours")]
     assert ours and {row["status"] for row in ours} == {"ok"} and all(float(r["kv_gbps"]) > 0 for r in ours)
-    assert {row["n_q"] for row in decode} == {"1", "16"}
+    assert {row["path"] for row in ours} == {"flash-decoding"} and all("splits=" in row["config"] for row in ours)
+    assert {row["n_q"] for row in decode} == {"1"}                   # one decode row set
+    # The CUDA-graph branch's fallback: timed plainly, and the row says why.
+    measured = [row for row in decode if row["status"] == "ok"]
+    assert {row["timing"] for row in measured} == {"plain"}
+    assert all(row["reason"].startswith("CPU dry run: no CUDA graphs") for row in measured)
     _, summary = read_csv(out / "flash-gpu-summary.csv")
     judged = [row for row in summary if row["target"]]
     assert judged and all(row["best_sdpa"] == "sdpa flash" and float(row["ratio"]) > 0 for row in judged)
+    forward = [row for row in summary if row["kind"] == "attention" and row["mode"] == "forward"]
+    assert forward and all(float(row["flex_ratio"]) > 0 for row in forward)
 
 
 @pytest.mark.slow   # about 25 s: Triton's interpreter

@@ -13,7 +13,7 @@ from made_up_rows import GPU_COLUMNS, MACHINE, decode_row, gpu_row, read_csv
 
 import benchmarks
 from benchmarks import flash_gpu
-from benchmarks.flash_gpu import machine, warm_up
+from benchmarks.flash_gpu import machine, run, warm_up
 
 REPO = pathlib.Path(benchmarks.__file__).parent.parent
 
@@ -55,6 +55,7 @@ def test_plots_draw_gpu_and_decode_rows(tmp_path):
     ({"causal": (False, 1)}, TypeError, r"causal\[1\] must be a bool, got int"),
     ({"modes": ("forward", "sideways")}, ValueError, r"modes\[1\] must be one of \['forward'"),
     ({"tokens": 0}, ValueError, r"tokens must be >= 1, got 0"),
+    ({"group_size": 3}, ValueError, r"group_size must divide the heads H = model_dim / head_dims\[0\] = 16, got 3"),
     ({"deadline": "soon"}, TypeError, r"deadline must be a time.monotonic\(\) value or None, got str"),
     ({"on_row": 3}, TypeError, r"on_row must be callable or None, got int"),
     ({"machine": "H200"}, TypeError, r"machine must be a MachineInfo or None, got str"),
@@ -92,7 +93,7 @@ def test_a_spent_budget_records_every_measurement_as_skipped_without_running_it(
     past = time.monotonic() - 1
     rows = flash_gpu.gpu_rows((64, 128), head_dims=(16,), dtypes=(torch.float32,), tokens=128, model_dim=32,
                               device="cpu", deadline=past, machine=MACHINE)
-    assert len(rows) == 2 * 2 * 5 * 3      # N, causal, method, mode
+    assert len(rows) == 2 * 2 * 6 * 3      # N, causal, method, mode
     assert {(r.status, r.reason, r.milliseconds) for r in rows} == {("skipped", flash_gpu.TIME_BUDGET_SPENT, None)}
     decode = flash_gpu.decode_rows((256,), query_lengths=(1, 16), dtypes=(torch.float32,), batch=1, heads=2,
                                    kv_heads=1, head_dim=16, device="cpu", deadline=past, machine=MACHINE)
@@ -199,16 +200,24 @@ def test_driver_version_without_nvidia_smi_comes_from_proc(monkeypatch, text, dr
 
 
 def test_warm_up_jobs_cover_every_specialization_and_run_in_process():
-    jobs = warm_up.warm_up_jobs(flash_gpu.GPU_SIZES, dry_run=False)
-    attention = {(j["dtype"], j["head_dim"], j["causal"]) for j in jobs if j["kind"] == "attention"}
-    assert attention == {(t, d, c) for t in ("float16", "bfloat16") for d in (128, 64) for c in (False, True)}
-    assert {j["dtype"] for j in jobs if j["kind"] == "decode"} == {"float16", "bfloat16"}
+    plan = run.plan_phases(flash_gpu.GPU_SIZES, None, "essential")
+    jobs = warm_up.warm_up_jobs(plan, flash_gpu.GPU_SIZES, dry_run=False)
+    attention = {(j["dtype"], j["head_dim"], j["causal"], j["heads"] // j["kv_heads"]) for j in jobs
+                 if j["kind"] == "attention"}
+    assert attention == {(t, d, c, 1) for t in ("float16", "bfloat16") for d in (128, 64) for c in (False, True)} | {
+        ("float16", 128, True, 4)}                                   # the grouped-query prefill
+    assert {j["dtype"] for j in jobs if j["kind"] == "decode"} == {"float16"}
     assert all(j["n"] % 16 == 0 and j["device"] == "cuda" for j in jobs)   # the measured N's specialization
+    flex = [j for j in jobs if j["kind"] == "flex"]                  # one per measured shape, after ours
+    assert len(flex) == 18 and {j["n"] for j in flex} == {4096, 16384} and jobs[-1]["kind"] == "flex"
     sizes = {**flash_gpu.DRY_RUN, "decode": {**flash_gpu.DRY_RUN["decode"], "kv_lengths": (64,)}}
-    for job in warm_up.warm_up_jobs(sizes, dry_run=True) + [dict(
-            kind="decode", dtype="float32", head_dim=16, causal=False, n=64, heads=4, kv_heads=2, batch=1,
-            device="cpu")]:
-        warm_up.warm_up_job({**job, "head_dim": 16, "heads": 2 if job["kind"] == "attention" else 4})
+    dry_plan = run.plan_phases(sizes, None, "essential")
+    for job in warm_up.warm_up_jobs(dry_plan, sizes, dry_run=True) + [
+            dict(kind="decode", dtype="float32", head_dim=16, causal=False, n=64, heads=4, kv_heads=2, batch=1,
+                 device="cpu"),
+            dict(kind="flex", dtype="float32", head_dim=16, causal=True, n=64, heads=4, kv_heads=2, batch=1,
+                 device="cpu")]:
+        warm_up.warm_up_job({**job, "head_dim": 16, "heads": 4, "kv_heads": 2})
 
 
 def test_a_failing_warm_up_is_reported_not_raised():

@@ -1,0 +1,166 @@
+"""Which of our kernels ran, in which launch configuration, read back after a measurement, and how
+many kernel compilations a profile triggers.
+
+Nothing here changes the kernels: the forward's path is the launcher's own switch
+(:func:`~attn_course.flash.tma_attention.tma_forward_supported`) asked about the same inputs; the
+TMA forward's configuration is :func:`~attn_course.flash.tma_attention.tma_forward_config`, which
+the launcher passes unchanged; an autotuned kernel's is its ``triton.autotune`` object's
+``best_config`` (:func:`~attn_course.flash.launch.autotuned_kernel` returns the object the
+launcher uses; Triton sets ``best_config`` on every launch, so right after a measurement it is the
+configuration that measurement ran); in Triton's interpreter it is the first candidate
+(:func:`~attn_course.flash.configs.kernel_config`), as :func:`~attn_course.flash.launch.launch`
+picks. Flash-decoding's ``BLOCK_M`` and number of key splits are recomputed with the launcher's
+own public functions (:func:`~attn_course.flash.decode.decode_num_splits`), not read back: the
+launcher keeps neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["count_compilations", "decode_config", "describe_config", "prefill_kernels"]
+
+
+def describe_config(config: object) -> str:
+    """``"BLOCK_M=128 BLOCK_N=64 warps=4 stages=3"`` for a ``triton.Config``, a
+    :class:`~attn_course.flash.configs.KernelConfig` or :func:`tma_forward_config`'s dict."""
+    if isinstance(config, dict):
+        return (f"BLOCK_M={config['block_m']} BLOCK_N={config['block_n']} warps={config['num_warps']} "
+                f"stages={config['num_stages']}")
+    if hasattr(config, "kwargs"):   # triton.Config
+        sizes = " ".join(f"{name}={value}" for name, value in sorted(config.kwargs.items()))
+        return f"{sizes} warps={config.num_warps} stages={config.num_stages}"
+    return (f"BLOCK_M={config.block_m} BLOCK_N={config.block_n} warps={config.num_warps} "
+            f"stages={config.num_stages}")
+
+
+def _chosen(kernel: str, head_dim: int) -> str:
+    """The configuration ``kernel`` last ran with for ``head_dim``: the autotuner's, or the interpreter's default."""
+    from attn_course.flash.configs import kernel_config
+    from attn_course.flash.launch import autotuned_kernel, runs_in_interpreter
+
+    if runs_in_interpreter():
+        chosen = describe_config(kernel_config(kernel, head_dim))
+        if kernel == "decode":   # its BLOCK_M comes from the rows, not the configuration
+            chosen = chosen.split(" ", 1)[1]
+        return chosen + " (interpreter: the first candidate)"
+    best = getattr(autotuned_kernel(kernel, head_dim), "best_config", None)
+    if best is None:
+        return "not known (the autotuner has not run)"
+    return describe_config(best)
+
+
+def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str) -> tuple[str, str]:
+    """(path, config) of :func:`~attn_course.flash.flash_attention` on these inputs in ``mode``,
+    read after it ran: ``"tma"`` or ``"pointer"`` for the forward, the backward always ``"pointer"``."""
+    from attn_course.flash.launch import runs_in_interpreter
+    from attn_course.flash.tma_attention import tma_forward_config, tma_forward_supported
+
+    head_dim = q.shape[-1]
+    paths, parts = [], []
+    if mode in ("forward", "forward+backward"):
+        # The launcher allocates its own contiguous output, so asking without one asks what it asked.
+        if tma_forward_supported(q.detach(), k.detach(), v.detach()):
+            paths.append("tma")
+            parts.append("forward(tma) " + describe_config(tma_forward_config(head_dim)))
+        else:
+            paths.append("pointer")
+            parts.append("forward " + _chosen("forward", head_dim))
+    if mode in ("backward", "forward+backward"):
+        if "pointer" not in paths:
+            paths.append("pointer")
+        parts += [f"dkdv {_chosen('backward_dkdv', head_dim)}", f"dq {_chosen('backward_dq', head_dim)}"]
+    path = "+".join(paths) + (" (interpreter)" if runs_in_interpreter() else "")
+    return path, "; ".join(parts)
+
+
+def _decode_layout(batch: int, heads: int, kv_heads: int, n_q: int, n_k: int,
+                   multiprocessors: int) -> tuple[int, int]:
+    """(BLOCK_M, key splits) flash-decoding launches with, by the launcher's own rule."""
+    from attn_course.flash.configs import DECODE_BLOCK_M
+    from attn_course.flash.decode import decode_num_splits
+    from attn_course.flash.launch import cdiv
+
+    groups = heads // kv_heads
+    block_m = DECODE_BLOCK_M[0] if groups * n_q <= DECODE_BLOCK_M[0] else DECODE_BLOCK_M[1]
+    splits = decode_num_splits(batch, kv_heads, n_k, cdiv(groups * n_q, block_m), multiprocessors=multiprocessors)
+    return block_m, splits
+
+
+def decode_config(q: torch.Tensor, k: torch.Tensor) -> str:
+    """The configuration :func:`~attn_course.flash.decode_attention` ran with on ``q``, ``k``, read after it ran."""
+    from attn_course.flash.decode import decode_merge_width
+
+    batch, heads, n_q, head_dim = q.shape
+    multiprocessors = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+    block_m, splits = _decode_layout(batch, heads, k.shape[1], n_q, k.shape[2], multiprocessors)
+    return (f"decode {_chosen('decode', head_dim)} BLOCK_M={block_m}; splits={splits} "
+            f"(recomputed by the launcher's rule); merge SPLITS={decode_merge_width(splits)} warps=4")
+
+
+def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bool = True,
+                       multiprocessors: int = 132) -> dict:
+    """The distinct kernel compilations a plan of :func:`~benchmarks.flash_gpu.run.plan_phases` triggers.
+
+    Ours: one per (kernel, configuration, dtype, head dim, causal), every autotuning candidate
+    included (the autotuner compiles each to time it). Triton also specialises on integer
+    arguments equal to 1 and on divisibility by 16, so grouped-query rows (group size 4, not 1)
+    can compile the same tuple again: ``ours_with_group`` counts that too, an upper estimate.
+    Flash-decoding's merge kernel is compiled per width (``SPLITS``), which follows N_k.
+    FlexAttention compiled: per shape (``dynamic=False``) an inference graph (the forward timed
+    under ``torch.no_grad``), a training forward and its backward.
+
+    Args:
+        plan: ``[(kind, options)]`` as :func:`~benchmarks.flash_gpu.run.plan_phases` returns.
+        sizes: :data:`~benchmarks.flash_gpu.sizes.GPU_SIZES` or the dry run's.
+        tma: the forward takes the TMA kernel (a Hopper GPU) rather than the autotuned pointer one.
+        multiprocessors: the GPU's (132 on an H100 or H200), for flash-decoding's splits.
+
+    Returns:
+        ``{"ours": int, "ours_with_group": int, "flex": int, "by_kernel": {kernel: int}}``.
+    """
+    from attn_course.flash.configs import CONFIGS
+    from attn_course.flash.decode import decode_merge_width
+    from attn_course.flash.tma_attention import tma_forward_config
+
+    ours, flex = set(), set()
+    for kind, options in plan:
+        for dtype in options["dtypes"]:
+            dtype = str(dtype).removeprefix("torch.")
+            if kind == "decode":
+                decode = sizes["decode"]
+                d, group = decode["head_dim"], decode["heads"] // decode["kv_heads"]
+                for c in CONFIGS["decode", d]:
+                    ours.add(("decode", describe_config(c), dtype, d, False, group == 1))
+                for n_q in options["query_lengths"]:
+                    for n_k in options["kv_lengths"]:
+                        _, splits = _decode_layout(decode["batch"], decode["heads"], decode["kv_heads"], n_q, n_k,
+                                                   multiprocessors)
+                        ours.add(("decode_merge", f"SPLITS={decode_merge_width(splits)} warps=4", dtype, d, False,
+                                  True))
+                continue
+            group = options["group_size"]
+            for d in options["head_dims"]:
+                for causal in options["causal"]:
+                    modes = options.get("modes", ("forward", "backward", "forward+backward"))
+                    kernels = [("backward_dkdv", c) for c in CONFIGS["backward_dkdv", d]]
+                    kernels += [("backward_dq", c) for c in CONFIGS["backward_dq", d]]
+                    if tma:
+                        kernels.append(("forward_tma", tma_forward_config(d)))
+                    else:
+                        kernels += [("forward", c) for c in CONFIGS["forward", d]]
+                    for kernel, config in kernels:
+                        ours.add((kernel, describe_config(config), dtype, d, causal, group == 1))
+                    for n in options["lengths"]:
+                        shape = (dtype, d, causal, n, group)
+                        flex.add((*shape, "inference"))
+                        if any(mode != "forward" for mode in modes) or "forward" in modes:
+                            # measure() makes its first call with gradients on, whatever the mode
+                            flex.update({(*shape, "training forward"), (*shape, "backward")})
+    by_kernel: dict[str, int] = {}
+    for entry in {entry[:5] for entry in ours}:
+        by_kernel[entry[0]] = by_kernel.get(entry[0], 0) + 1
+    return {"ours": len({entry[:5] for entry in ours}), "ours_with_group": len(ours), "flex": len(flex),
+            "by_kernel": dict(sorted(by_kernel.items()))}
