@@ -55,11 +55,16 @@ _CANDIDATES = {
         64: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4)],
         128: [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
     },
-    # dK/dV: block_n keys held per program, block_m queries streamed per step.
+    # dK/dV: block_n keys held per program, block_m queries streamed per step. The program
+    # holds K, V and the float32 dK, dV of its keys for the whole loop, plus the P, dP, dS tiles
+    # of each step: chosen so that no sm_90 build spills registers (tests/flash/test_flash_spills.py).
+    # At d = 128, 64-query steps spill with 4 or 8 warps and any pipelining depth; 32 do not, and
+    # 128 keys fit with one stage (two reach 254 of the 255 registers). A 128-key tile needs 8
+    # warps at d = 64 (4 warps spill).
     "backward_dkdv": {
         16: [(64, 64, 4, 3)], 32: [(64, 64, 4, 3)],
-        64: [(64, 64, 4, 3), (32, 128, 4, 3)],
-        128: [(64, 64, 8, 2), (32, 128, 8, 2)],
+        64: [(64, 64, 4, 3), (32, 128, 8, 2)],
+        128: [(32, 64, 8, 2), (32, 128, 8, 1)],
     },
     # dQ: block_m queries held per program, block_n keys streamed per step.
     "backward_dq": {
