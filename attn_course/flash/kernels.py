@@ -48,10 +48,14 @@ def forward_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
                        BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
     """Steps 5-6 over key tiles ``key_begin .. key_end``; ``MASKED`` tiles check bounds and causality."""
     for key_start in range(key_begin, key_end, BLOCK_N):
-        keys = key_start + tl.arange(0, BLOCK_N)                              # [BLOCK_N]
+        keys = key_start + tl.arange(0, BLOCK_N)                              # [BLOCK_N] positions
+        # The tile's first key in int64: key_start * stride can pass 2**31 elements (a cache of
+        # millions of keys, a packed QKV view); offsets within the tile stay small, in int32.
+        # tl.cast, not .to: in the interpreter the loop variable is a Python int.
+        first_key, tile_keys = tl.cast(key_start, tl.int64), tl.arange(0, BLOCK_N)
         # K is loaded transposed, [d, BLOCK_N], so the score tile is one matrix product.
-        k_pointers = k_base + keys[None, :] * stride_kn + dims[:, None] * stride_kd
-        v_pointers = v_base + keys[:, None] * stride_vn + dims[None, :] * stride_vd
+        k_pointers = k_base + first_key * stride_kn + tile_keys[None, :] * stride_kn + dims[:, None] * stride_kd
+        v_pointers = v_base + first_key * stride_vn + tile_keys[:, None] * stride_vn + dims[None, :] * stride_vd
         if MASKED:
             k_t = tl.load(k_pointers, mask=keys[None, :] < n_k, other=0.0)
             v = tl.load(v_pointers, mask=keys[:, None] < n_k, other=0.0)      # [BLOCK_N, d]
@@ -96,12 +100,14 @@ def attention_forward_kernel(
     kv_head = head // num_kv_groups
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)      # [BLOCK_M] query positions
     dims = tl.arange(0, HEAD_DIM)                      # [HEAD_DIM]
-    q_base = Q + batch * stride_qb + head * stride_qh
+    # The tile's first row in int64, as for the keys: its offset can pass 2**31 elements.
+    first_row, tile_rows = tl.cast(tile * BLOCK_M, tl.int64), tl.arange(0, BLOCK_M)
+    q_base = Q + batch * stride_qb + head * stride_qh + first_row * stride_qn
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
 
     # 2. Load my queries once; they stay on chip for the whole loop.
-    q = tl.load(q_base + rows[:, None] * stride_qn + dims[None, :] * stride_qd,
+    q = tl.load(q_base + tile_rows[:, None] * stride_qn + dims[None, :] * stride_qd,
                 mask=rows[:, None] < n_q, other=0.0)                          # [BLOCK_M, d]
     scale_log2 = scale * LOG2_E
 
@@ -133,8 +139,8 @@ def attention_forward_kernel(
 
     # 7. Normalise once, write the output tile and the log-sum-exp for the backward pass.
     out = acc / row_sum[:, None]
-    o_base = Out + batch * stride_ob + head * stride_oh
-    tl.store(o_base + rows[:, None] * stride_on + dims[None, :] * stride_od,
+    o_base = Out + batch * stride_ob + head * stride_oh + first_row * stride_on
+    tl.store(o_base + tile_rows[:, None] * stride_on + dims[None, :] * stride_od,
              out.to(Out.dtype.element_ty), mask=rows[:, None] < n_q)
     lse = (row_max + tl.log2(row_sum)) * LN_2                                  # natural log
     tl.store(LSE + batch_head.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
