@@ -28,8 +28,8 @@ from attn_course.flash.configs import (
 )
 from attn_course.flash.triton_mode import define_kernels, is_interpreted
 
-__all__ = ["TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs", "kernel_function",
-           "launch", "length_bucket", "output_buffers", "runs_in_interpreter", "tuning_key"]
+__all__ = ["ENABLE_FP_FUSION", "TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs",
+           "kernel_function", "launch", "length_bucket", "output_buffers", "runs_in_interpreter", "tuning_key"]
 
 _interpreter_note_shown = False
 _autotuned: dict[tuple[str, int], object] = {}
@@ -39,6 +39,10 @@ _autotuned: dict[tuple[str, int], object] = {}
 _tuned: dict[tuple, KernelConfig] = {}
 #: The kernel arguments whose values are lengths: bucketed by :func:`length_bucket` in the tuning key.
 TUNED_LENGTHS = ("n_q", "n_k")
+#: Fused multiply-adds in the compiled kernels, passed explicitly: it is Triton's default up to 3.9,
+#: which warns that ``TRITON_DEFAULT_FP_FUSION`` turns it off by default in 3.10, and the accuracy
+#: rule the kernels are tested against (``attn_course.flash.accuracy``) was tuned with it on.
+ENABLE_FP_FUSION = True
 
 
 def kernel_function(name: str):
@@ -266,14 +270,14 @@ def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, 
         grid = (cdiv(grid_rows, tile(sizes)), batch_heads, extra_grid)
         kernel_function(KERNEL_NAMES[kernel])[grid](
             *args, HEAD_DIM=head_dim, CAUSAL=causal, **sizes, **constants,
-            num_warps=config.num_warps, num_stages=config.num_stages,
+            num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=ENABLE_FP_FUSION,
         )
     else:
         def grid(meta):
             return (cdiv(grid_rows, tile(meta)), batch_heads, extra_grid)
 
         tuner = autotuned_kernel(kernel, head_dim)
-        tuner[grid](*args, HEAD_DIM=head_dim, CAUSAL=causal, **constants)
+        tuner[grid](*args, HEAD_DIM=head_dim, CAUSAL=causal, enable_fp_fusion=ENABLE_FP_FUSION, **constants)
         winner = _config_of(getattr(tuner, "best_config", None), kernel, head_dim)
         if winner is not None:
             _tuned[key] = winner

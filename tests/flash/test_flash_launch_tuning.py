@@ -42,6 +42,7 @@ class FakeTuner:
 
     def __getitem__(self, grid):
         def run(*args, **constants):
+            assert constants["enable_fp_fusion"] is True
             key = tuple(a for a in args if isinstance(a, int))
             if key not in self.seen:
                 self.seen.add(key)
@@ -78,6 +79,7 @@ def test_a_50_token_generation_loop_tunes_once_per_length_bucket(on_a_fake_gpu):
     assert len(kernel.fixed_launches) == 48                  # every other step launches the winner
     assert {o["BLOCK_N"] for o in kernel.fixed_launches} == {candidate.block_n}
     assert {o["num_warps"] for o in kernel.fixed_launches} == {candidate.num_warps}
+    assert {o["enable_fp_fusion"] for o in kernel.fixed_launches} == {True}    # explicit, whatever Triton's default
 
 
 def test_another_dtype_or_group_count_is_tuned_apart(on_a_fake_gpu):
