@@ -192,7 +192,7 @@ def one_configuration(flash_attention, config, dtype, modes, clock, generator, d
                  "naive": lambda q, k, v: self_attention(q, wide(k), wide(v), mask)[0]}
     for method in SDPA_BACKENDS:
         functions[method] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
-    paths["ours (Triton)"] = lambda mode: (prefill_kernels(q, k, v, mode) if mode else
+    paths["ours (Triton)"] = lambda mode: (prefill_kernels(q, k, v, mode, causal=causal) if mode else
                                            ("pointer or tma (did not run)", ""))
     # Naive keeps about five B·H·N·N float32 matrices for its backward (scores, weights, their gradients).
     naive_bytes = 5 * 4 * b * h * n * n

@@ -1,17 +1,18 @@
 """Which of our kernels ran, in which launch configuration, read back after a measurement, and how
 many kernel compilations a profile triggers.
 
-Nothing here changes the kernels: the forward's path is the launcher's own switch
+Nothing here changes the kernels. The forward's path is the launcher's own switch
 (:func:`~attn_course.flash.tma_attention.tma_forward_supported`) asked about the same inputs; the
 TMA forward's configuration is :func:`~attn_course.flash.tma_attention.tma_forward_config`, which
-the launcher passes unchanged; an autotuned kernel's is its ``triton.autotune`` object's
-``best_config`` (:func:`~attn_course.flash.launch.autotuned_kernel` returns the object the
-launcher uses; Triton sets ``best_config`` on every launch, so right after a measurement it is the
-configuration that measurement ran); in Triton's interpreter it is the first candidate
-(:func:`~attn_course.flash.configs.kernel_config`), as :func:`~attn_course.flash.launch.launch`
-picks. Flash-decoding's ``BLOCK_M`` and number of key splits are recomputed with the launcher's
-own public functions (:func:`~attn_course.flash.decode.decode_num_splits`), not read back: the
-launcher keeps neither.
+the launcher passes unchanged. An autotuned kernel's configuration is the launcher's winner for the
+inputs' length bucket (:func:`~attn_course.flash.launch.launch` tunes once per
+:func:`~attn_course.flash.launch.tuning_key` and launches that winner itself afterwards; its table,
+``launch._tuned``, has no public reader, so it is matched here), else the ``best_config`` of the
+``triton.autotune`` object the launcher uses (:func:`~attn_course.flash.launch.autotuned_kernel`;
+Triton sets it at every tuned launch). In Triton's interpreter it is the first candidate
+(:func:`~attn_course.flash.configs.kernel_config`), as the launcher picks. Flash-decoding's
+``BLOCK_M`` and number of key splits are recomputed with the launcher's own public functions
+(:func:`~attn_course.flash.decode.decode_num_splits`), not read back: the launcher keeps neither.
 """
 
 from __future__ import annotations
@@ -36,29 +37,43 @@ def describe_config(config: object) -> str:
             f"stages={config.num_stages}")
 
 
-def _chosen(kernel: str, head_dim: int) -> str:
-    """The configuration ``kernel`` last ran with for ``head_dim``: the autotuner's, or the interpreter's default."""
+def _chosen(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q: int, n_k: int,
+            groups: int) -> str:
+    """The configuration ``kernel`` ran with for these inputs: the interpreter's default, the
+    launcher's tuned winner for their length bucket, or the autotuner's last ``best_config``."""
+    from attn_course.flash import launch
     from attn_course.flash.configs import kernel_config
-    from attn_course.flash.launch import autotuned_kernel, runs_in_interpreter
 
-    if runs_in_interpreter():
+    if launch.runs_in_interpreter():
         chosen = describe_config(kernel_config(kernel, head_dim))
         if kernel == "decode":   # its BLOCK_M comes from the rows, not the configuration
             chosen = chosen.split(" ", 1)[1]
         return chosen + " (interpreter: the first candidate)"
-    best = getattr(autotuned_kernel(kernel, head_dim), "best_config", None)
+    # The launcher tunes once per length bucket and launches that winner afterwards, keyed by
+    # tuning_key; it has no public reader of its table, so the table is matched here.
+    tuned = getattr(launch, "_tuned", None)
+    if isinstance(tuned, dict) and hasattr(launch, "length_bucket"):
+        want = {"n_q": launch.length_bucket(n_q), "n_k": launch.length_bucket(n_k), "num_kv_groups": groups}
+        for key, config in list(tuned.items()):
+            if (isinstance(key, tuple) and len(key) == 5 and key[:3] == (kernel, head_dim, causal)
+                    and str(dtype) in key[3] and all(dict(key[4]).get(name, value) == value
+                                                     for name, value in want.items())):
+                return describe_config(config)
+    best = getattr(launch.autotuned_kernel(kernel, head_dim), "best_config", None)
     if best is None:
         return "not known (the autotuner has not run)"
-    return describe_config(best)
+    return describe_config(best) + " (the autotuner's last choice)"
 
 
-def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str) -> tuple[str, str]:
+def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, *,
+                    causal: bool) -> tuple[str, str]:
     """(path, config) of :func:`~attn_course.flash.flash_attention` on these inputs in ``mode``,
     read after it ran: ``"tma"`` or ``"pointer"`` for the forward, the backward always ``"pointer"``."""
     from attn_course.flash.launch import runs_in_interpreter
     from attn_course.flash.tma_attention import tma_forward_config, tma_forward_supported
 
     head_dim = q.shape[-1]
+    shape = dict(causal=causal, dtype=q.dtype, n_q=q.shape[2], n_k=k.shape[2], groups=q.shape[1] // k.shape[1])
     paths, parts = [], []
     if mode in ("forward", "forward+backward"):
         # The launcher allocates its own contiguous output, so asking without one asks what it asked.
@@ -67,11 +82,12 @@ def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str
             parts.append("forward(tma) " + describe_config(tma_forward_config(head_dim)))
         else:
             paths.append("pointer")
-            parts.append("forward " + _chosen("forward", head_dim))
+            parts.append("forward " + _chosen("forward", head_dim, **shape))
     if mode in ("backward", "forward+backward"):
         if "pointer" not in paths:
             paths.append("pointer")
-        parts += [f"dkdv {_chosen('backward_dkdv', head_dim)}", f"dq {_chosen('backward_dq', head_dim)}"]
+        parts += [f"dkdv {_chosen('backward_dkdv', head_dim, **shape)}",
+                  f"dq {_chosen('backward_dq', head_dim, **shape)}"]
     path = "+".join(paths) + (" (interpreter)" if runs_in_interpreter() else "")
     return path, "; ".join(parts)
 
@@ -89,14 +105,16 @@ def _decode_layout(batch: int, heads: int, kv_heads: int, n_q: int, n_k: int,
     return block_m, splits
 
 
-def decode_config(q: torch.Tensor, k: torch.Tensor) -> str:
+def decode_config(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False) -> str:
     """The configuration :func:`~attn_course.flash.decode_attention` ran with on ``q``, ``k``, read after it ran."""
     from attn_course.flash.decode import decode_merge_width
 
     batch, heads, n_q, head_dim = q.shape
     multiprocessors = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
     block_m, splits = _decode_layout(batch, heads, k.shape[1], n_q, k.shape[2], multiprocessors)
-    return (f"decode {_chosen('decode', head_dim)} BLOCK_M={block_m}; splits={splits} "
+    chosen = _chosen("decode", head_dim, causal=causal, dtype=q.dtype, n_q=n_q, n_k=k.shape[2],
+                     groups=heads // k.shape[1])
+    return (f"decode {chosen} BLOCK_M={block_m}; splits={splits} "
             f"(recomputed by the launcher's rule); merge SPLITS={decode_merge_width(splits)} warps=4")
 
 

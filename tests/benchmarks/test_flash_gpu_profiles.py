@@ -109,34 +109,44 @@ def test_describe_config_reads_triton_configs_kernel_configs_and_the_tma_dict():
 
 def test_prefill_kernels_in_the_interpreter_name_the_pointer_path_and_first_candidates():
     q = k = v = torch.zeros(1, 2, 64, 64)
-    path, config = kernels_used.prefill_kernels(q, k, v, "forward+backward")
+    path, config = kernels_used.prefill_kernels(q, k, v, "forward+backward", causal=True)
     assert path == "pointer (interpreter)"
     assert config.startswith("forward BLOCK_M=128 BLOCK_N=64 warps=4 stages=3 (interpreter") and "; dq " in config
 
 
-def test_prefill_kernels_on_a_gpu_read_the_tma_switch_and_the_autotuners_best_config(monkeypatch):
-    """The GPU side with the launcher's answers made up: the TMA switch says yes, the autotuners chose."""
+def test_prefill_kernels_on_a_gpu_read_the_tma_switch_and_the_launchers_tuned_winner(monkeypatch):
+    """The GPU side with the launcher's answers made up: the TMA switch, its table of tuned winners
+    (the exact bucket matched: another length's or dtype's winner is not taken), the autotuner."""
     import triton
 
     from attn_course.flash import launch, tma_attention
+    from attn_course.flash.configs import CONFIGS
 
     class Tuned:
         best_config = triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=2)
 
+    dkdv, dq = CONFIGS["backward_dkdv", 128][-1], CONFIGS["backward_dq", 128][-1]
+    fp16 = ("torch.float16",) * 4
+    table = {("backward_dkdv", 128, True, fp16, (("n_k", 1024), ("n_q", 1024), ("num_kv_groups", 1))): dkdv,
+             ("backward_dkdv", 128, True, fp16, (("n_k", 2048), ("n_q", 2048), ("num_kv_groups", 1))): dq,
+             ("backward_dq", 128, True, ("torch.bfloat16",), (("n_k", 1024), ("n_q", 1024),
+                                                             ("num_kv_groups", 1))): dkdv,
+             ("backward_dq", 128, True, fp16, (("n_k", 1024), ("n_q", 1024), ("num_kv_groups", 1))): dq}
     monkeypatch.setattr(launch, "runs_in_interpreter", lambda: False)
     monkeypatch.setattr(launch, "autotuned_kernel", lambda kernel, head_dim: Tuned())
+    monkeypatch.setattr(launch, "_tuned", table)
     monkeypatch.setattr(tma_attention, "tma_forward_supported", lambda q, k, v, out=None: True)
-    q = k = v = torch.zeros(1, 2, 64, 128)
-    assert kernels_used.prefill_kernels(q, k, v, "forward") == (
+    q = k = v = torch.zeros(1, 2, 1000, 128, dtype=torch.float16)            # bucket 1024
+    assert kernels_used.prefill_kernels(q, k, v, "forward", causal=True) == (
         "tma", "forward(tma) BLOCK_M=128 BLOCK_N=64 warps=8 stages=3")
-    path, config = kernels_used.prefill_kernels(q, k, v, "forward+backward")
+    path, config = kernels_used.prefill_kernels(q, k, v, "forward+backward", causal=True)
     assert path == "tma+pointer" and config.endswith(
-        "; dkdv BLOCK_M=32 BLOCK_N=128 warps=8 stages=2; dq BLOCK_M=32 BLOCK_N=128 warps=8 stages=2")
+        f"; dkdv {kernels_used.describe_config(dkdv)}; dq {kernels_used.describe_config(dq)}")
     monkeypatch.setattr(tma_attention, "tma_forward_supported", lambda q, k, v, out=None: False)
-    assert kernels_used.prefill_kernels(q, k, v, "forward") == ("pointer", "forward BLOCK_M=32 BLOCK_N=128 warps=8 "
-                                                                           "stages=2")
+    assert kernels_used.prefill_kernels(q, k, v, "forward", causal=True) == (
+        "pointer", "forward BLOCK_M=32 BLOCK_N=128 warps=8 stages=2 (the autotuner's last choice)")
     Tuned.best_config = None
-    assert kernels_used.prefill_kernels(q, k, v, "backward")[1].startswith("dkdv not known")
+    assert kernels_used.prefill_kernels(q, k, v, "backward", causal=False)[1].startswith("dkdv not known")
 
 
 def test_decode_is_timed_from_a_cuda_graph_or_plainly_with_the_reason(monkeypatch):
