@@ -19,7 +19,15 @@ from attn_course.flash.configs import (
     DECODE_SPLIT_ALIGN,
     KernelConfig,
 )
-from attn_course.flash.launch import cdiv, check_config, check_kernel_inputs, kernel_function, launch, output_buffers
+from attn_course.flash.launch import (
+    ENABLE_FP_FUSION,
+    cdiv,
+    check_config,
+    check_kernel_inputs,
+    kernel_function,
+    launch,
+    output_buffers,
+)
 
 __all__ = ["attention_decode_forward", "decode_merge_width", "decode_num_splits"]
 
@@ -114,7 +122,7 @@ def attention_decode_forward(q, k, v, *, causal: bool = False, scale: float | No
            extra_grid=row_chunks, BLOCK_M=block_m)
     kernel_function("attention_decode_merge_kernel")[(batch * heads * n_q,)](
         partial_out, partial_lse, out, lse, *out.stride(), heads, n_q, num_splits,
-        HEAD_DIM=head_dim, SPLITS=decode_merge_width(num_splits), num_warps=4)
+        HEAD_DIM=head_dim, SPLITS=decode_merge_width(num_splits), num_warps=4, enable_fp_fusion=ENABLE_FP_FUSION)
     return out, lse
 
 

@@ -13,7 +13,7 @@ import torch
 
 from attn_course import _validate
 from attn_course.flash.configs import GPU_DTYPES, SUPPORTED_HEAD_DIMS
-from attn_course.flash.launch import cdiv, check_kernel_inputs, kernel_function, output_buffers
+from attn_course.flash.launch import ENABLE_FP_FUSION, cdiv, check_kernel_inputs, kernel_function, output_buffers
 from attn_course.flash.triton_mode import is_interpreted
 
 __all__ = [
@@ -227,7 +227,7 @@ def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: flo
     launch = kernel[grid]
     arguments = (q, k, v, out, lse, *strides, heads, heads // k.shape[1], n_q, n_k, scale)
     options = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-                   num_warps=num_warps, num_stages=num_stages)
+                   num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=ENABLE_FP_FUSION)
     if is_interpreted(kernel):
         launch(*arguments, **options)
     else:
