@@ -227,6 +227,16 @@ def test_a_failing_warm_up_is_reported_not_raised():
     assert "no_such_dtype" in report["failures"][0]
 
 
+def test_warm_up_runs_at_most_parallel_processes_and_stops_at_its_timeout():
+    jobs = [dict(kind="attention", dtype="no_such_dtype", head_dim=16, causal=causal, n=16, heads=1, device="cpu")
+            for causal in (False, True)]
+    started = time.monotonic()
+    report = warm_up.warm_triton_cache(jobs, timeout_s=0.5, interpret=True, parallel=1)
+    assert time.monotonic() - started < 30 and report["jobs"] == 2
+    assert [failure.rsplit("}: ", 1)[1] for failure in report["failures"]] == [
+        "timed out after 0 s", "not started within 0 s"]
+
+
 def test_sigterm_stops_raises_terminated_inside_the_block_and_restores_the_handler():
     from benchmarks.flash_gpu.budget import Terminated, past, sigterm_stops
 
