@@ -12,6 +12,10 @@ import torch
 
 pytest.importorskip("triton")
 
+# On a GPU, each kernel in its default configuration: one compilation per specialisation, not one
+# per autotuning candidate (autotuning is tested in test_flash_configs.py).
+from gpu_setup import pinned_configs  # noqa: E402, F401
+
 from attn_course.flash import launch, triton_attention  # noqa: E402
 from attn_course.flash.triton_attention import attention_backward, attention_forward, flash_attention  # noqa: E402
 
