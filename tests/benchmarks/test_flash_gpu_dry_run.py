@@ -87,6 +87,9 @@ def test_dry_run_measures_ours_naive_and_sdpa_and_skips_the_cuda_backends_with_a
     grouped = [row for row in rows if int(row["kv_heads"]) < int(row["heads"])]
     assert grouped and {row["causal"] for row in grouped} == {"True"}
     assert {row["status"] for row in grouped if row["method"] in ("ours (Triton)", "sdpa flash", "naive")} == {"ok"}
+    # A backend refusing enable_gqa is tried again on K/V expanded inside the call (here it refuses all).
+    assert {row["path"] for row in grouped if row["method"] == "sdpa cudnn"} == {"sdpa-cudnn (K/V expanded)"}
+    assert all("enable_gqa=True refused" in row["reason"] for row in grouped if row["method"] == "sdpa cudnn")
     # The most important measurements come first: the longest N in the first dtype.
     assert (rows[0]["dtype"], rows[0]["n"]) == ("float16", str(max(sizes["essential_lengths"])))
     _, decode = read_csv(out / "flash-gpu-decode.csv")
