@@ -34,21 +34,24 @@ _TRITON_DTYPE = {"float16": "*fp16", "bfloat16": "*bf16"}
 
 _CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "SPLITS")
 _TENSORS = ("Q", "K", "V", "Out", "dOut", "dQ", "dK", "dV")   # in the input dtype
-_STATISTICS = ("LSE", "Delta", "PartialOut", "PartialLSE")     # float32
+_STATISTICS = ("LSE", "Delta", "LSE2", "PartialOut", "PartialLSE")     # float32
 _MERGE = "decode_merge"                                         # flash-decoding's second kernel
 _MERGE_KERNEL = "attention_decode_merge_kernel"
 _TMA = "forward_tma"                                            # the forward over tensor descriptors
 _TMA_KERNEL = "attention_forward_tma_kernel"
+_DELTA = "backward_delta"                                       # the backward's Δ and base-2 LSE
+_DELTA_KERNEL = "attention_backward_delta_kernel"
 
 
 class Case(NamedTuple):
     """One compilation: a kernel in one configuration, for one GPU.
 
     Attributes:
-        kernel: a key of :data:`~attn_course.flash.configs.KERNEL_NAMES`, ``"decode_merge"`` or
-            ``"forward_tma"``.
-        config: index into :func:`~attn_course.flash.configs.kernel_configs` (0 for the merge and
-            the TMA forward, whose configuration is :func:`~attn_course.flash.tma_attention.tma_forward_config`).
+        kernel: a key of :data:`~attn_course.flash.configs.KERNEL_NAMES`, ``"decode_merge"``,
+            ``"forward_tma"`` or ``"backward_delta"``.
+        config: index into :func:`~attn_course.flash.configs.kernel_configs` (0 for the merge, the
+            Δ kernel, whose rows are ``DELTA_BLOCK_M``, and the TMA forward, whose configuration is
+            :func:`~attn_course.flash.tma_attention.tma_forward_config`).
         head_dim, dtype, causal, capability: the specialisation and the target (80 or 90).
         block_m: the decode kernel's rows per program (one of ``DECODE_BLOCK_M``), else the config's.
         splits: the merge kernel's ``SPLITS`` (else 0).
@@ -131,7 +134,7 @@ def compile_case(case: Case):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from attn_course.flash.configs import KERNEL_NAMES, kernel_configs
+    from attn_course.flash.configs import DELTA_BLOCK_M, KERNEL_NAMES, kernel_configs
     from attn_course.flash.launch import kernel_function as defined
     from attn_course.flash.launch import runs_in_interpreter
     from attn_course.flash.tma_attention import tma_forward_config
@@ -143,6 +146,10 @@ def compile_case(case: Case):
     if case.kernel == _MERGE:
         kernel_function = defined(_MERGE_KERNEL)
         constants = {"HEAD_DIM": case.head_dim, "SPLITS": case.splits}
+        options = {"num_warps": 4, "num_stages": 1}
+    elif case.kernel == _DELTA:
+        kernel_function = defined(_DELTA_KERNEL)
+        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": DELTA_BLOCK_M}
         options = {"num_warps": 4, "num_stages": 1}
     elif case.kernel == _TMA:
         config = tma_forward_config(case.head_dim)
@@ -157,7 +164,7 @@ def compile_case(case: Case):
         constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": block_m, "BLOCK_N": config.block_n, "CAUSAL": case.causal}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     else:
-        raise ValueError(f"compile_kernel: kernel must be one of {sorted([*KERNEL_NAMES, _MERGE, _TMA])}, "
+        raise ValueError(f"compile_kernel: kernel must be one of {sorted([*KERNEL_NAMES, _MERGE, _TMA, _DELTA])}, "
                          f"got {case.kernel!r}")
     if case.groups not in (0, 1):
         raise ValueError(f"compile_kernel: groups must be 0 (a run-time count) or 1, got {case.groups!r}")
@@ -393,7 +400,8 @@ def all_cases() -> list[Case]:
     Every candidate configuration of every kernel, head dim and causal flag, for sm_80 and sm_90,
     in float16; the default candidate in bfloat16 too (the dtype changes neither the tile shapes
     nor the shared memory, both being 2-byte types, only the conversions); the decode kernel at
-    each of its row widths; the merge kernel at the smallest and largest ``SPLITS``.
+    each of its row widths; the merge kernel at the smallest and largest ``SPLITS``; the Δ
+    kernel in both dtypes.
     """
     from attn_course.flash.configs import (
         DECODE_BLOCK_M,
@@ -415,6 +423,9 @@ def all_cases() -> list[Case]:
             SUPPORTED_HEAD_DIMS, sorted(_TRITON_DTYPE), sorted(SHARED_MEMORY_LIMIT),
             (decode_merge_width(1), decode_merge_width(DECODE_MAX_SPLITS))):
         cases.append(Case(_MERGE, 0, head_dim, dtype, False, capability, splits=splits))
+    for head_dim, dtype, capability in itertools.product(SUPPORTED_HEAD_DIMS, sorted(_TRITON_DTYPE),
+                                                         sorted(SHARED_MEMORY_LIMIT)):
+        cases.append(Case(_DELTA, 0, head_dim, dtype, False, capability))
     return cases
 
 
@@ -432,6 +443,8 @@ def essential_cases() -> list[Case]:
                 and case.block_m in (0, 16) and case.splits in (0, 128)
         if case.kernel == _MERGE:
             return case.splits == 128
+        if case.kernel == _DELTA:
+            return True
         return case.config == 0 or (case.head_dim in (64, 128) and case.causal)
 
     return [case for case in all_cases() if wanted(case)]
@@ -441,7 +454,8 @@ def spill_cases(capability: int = 90) -> list[Case]:
     """The cases whose registers the spill test reads: every candidate configuration the
     launcher or the autotuner can select of the forward and the two backward kernels, every head
     dim, causal or not, with one query head per key/value head (``G = 1``, the JIT's constant)
-    and with more (a run-time ``G``), in float16 and, for the default candidates, bfloat16.
+    and with more (a run-time ``G``), in float16 and, for the default candidates, bfloat16; and
+    the backward's Δ kernel at every head dim.
 
     Raises:
         ValueError: a capability other than 80 or 90.
@@ -450,7 +464,8 @@ def spill_cases(capability: int = 90) -> list[Case]:
         raise ValueError(f"spill_cases: capability must be one of {sorted(SHARED_MEMORY_LIMIT)}, got {capability!r}")
     return [case._replace(groups=groups) for case in all_cases()
             if case.capability == capability and case.kernel in ("forward", "backward_dkdv", "backward_dq")
-            for groups in (1, 0)]
+            for groups in (1, 0)] + [case for case in all_cases() if case.capability == capability
+                                     and case.kernel == _DELTA and case.dtype == "float16"]
 
 
 def main(argv: list[str]) -> int:

@@ -19,6 +19,7 @@ __all__ = [
     "DECODE_MAX_QUERIES",
     "DECODE_MAX_SPLITS",
     "DECODE_SPLIT_ALIGN",
+    "DELTA_BLOCK_M",
     "GPU_DTYPES",
     "INTERPRETER_DTYPES",
     "KERNEL_MODULES",
@@ -98,6 +99,7 @@ KERNEL_MODULES = {
     "attention_decode_merge_kernel": "attn_course.flash.kernels",
     "attention_backward_dkdv_kernel": "attn_course.flash.kernels_backward",
     "attention_backward_dq_kernel": "attn_course.flash.kernels_backward",
+    "attention_backward_delta_kernel": "attn_course.flash.kernels_backward",
     "attention_forward_tma_kernel": "attn_course.flash.kernels_tma",
 }
 # Flash-decoding: at most this many queries; rows (query head, query) per decode program, the
@@ -107,6 +109,8 @@ DECODE_MAX_QUERIES = 16
 DECODE_BLOCK_M = (16, 64)
 DECODE_MAX_SPLITS = 128
 DECODE_SPLIT_ALIGN = 128
+# The backward's first kernel (Δ = rowsum(dO ∘ O) and the base-2 log-sum-exp): query rows per program.
+DELTA_BLOCK_M = 64
 
 
 def kernel_configs(kernel: str, head_dim: int) -> tuple[KernelConfig, ...]:

@@ -5,7 +5,8 @@ tensor, scores in base 2, the log-sum-exp ``LSE`` (base 2 here: the launcher con
 so that ``P = exp2(s₂ - LSE₂)`` is recomputed tile by tile without being stored, grouped-query
 heads read in place, bottom-right causal masks, and masks only on the tiles that need them.
 The gradient of the softmax needs one more number per query row, ``Δ = rowsum(dO ∘ O)``,
-which the launcher computes before the kernels run.
+which a third, small kernel (:func:`attention_backward_delta_kernel`) computes before the two
+run, together with the log-sum-exp in base 2.
 
 The launchers load this file through :func:`~attn_course.flash.triton_mode.define_kernels`.
 """
@@ -220,3 +221,36 @@ def attention_backward_dq_kernel(
 
     out_offsets = batch_head.to(tl.int64) * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
     tl.store(dQ + out_offsets, (dq * scale).to(dQ.dtype.element_ty), mask=rows[:, None] < n_q)
+
+
+@triton.jit
+def attention_backward_delta_kernel(
+    Out, dOut, LSE, Delta, LSE2,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    num_heads, n_q,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Grid ``(cdiv(N_q, BLOCK_M), B·H)``: what both backward kernels read per query row.
+
+    ``Δ_i = Σ_d dO_id · O_id`` in float32 (the softmax's gradient needs it: ``Σ_j P_ij dP_ij = Δ_i``),
+    and the log-sum-exp in base 2 (``LSE₂ = log2(e) · LSE``, so that the kernels' ``exp2(s₂ - LSE₂)``
+    needs no ``log2 e`` per tile). One pass over ``O`` and ``dO`` in their own dtype and strides,
+    where PyTorch would write float32 copies of both and their product to memory first.
+    ``LSE``, ``Delta``, ``LSE2`` are contiguous float32 ``[B, H, N_q]``.
+    """
+    tile = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = (batch_head // num_heads).to(tl.int64)
+    head = (batch_head % num_heads).to(tl.int64)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # [BLOCK_M]
+    dims = tl.arange(0, HEAD_DIM)
+    inside = rows < n_q
+    o = tl.load(Out + batch * stride_ob + head * stride_oh + rows[:, None] * stride_on + dims[None, :] * stride_od,
+                mask=inside[:, None], other=0.0)                              # [BLOCK_M, d]
+    do = tl.load(dOut + batch * stride_dob + head * stride_doh + rows[:, None] * stride_don
+                 + dims[None, :] * stride_dod, mask=inside[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)              # [BLOCK_M]
+    stats = batch_head.to(tl.int64) * n_q + rows
+    tl.store(Delta + stats, delta, mask=inside)
+    tl.store(LSE2 + stats, tl.load(LSE + stats, mask=inside, other=0.0) * LOG2_E, mask=inside)

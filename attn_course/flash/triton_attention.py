@@ -24,6 +24,7 @@ from attn_course.flash.configs import (  # noqa: F401  (the names chapter 07 and
     DECODE_BLOCK_M,
     DECODE_MAX_QUERIES,
     DECODE_MAX_SPLITS,
+    DELTA_BLOCK_M,
     GPU_DTYPES,
     INTERPRETER_DTYPES,
     KERNEL_NAMES,
@@ -34,8 +35,10 @@ from attn_course.flash.configs import (  # noqa: F401  (the names chapter 07 and
 )
 from attn_course.flash.decode import attention_decode_forward, decode_merge_width, decode_num_splits  # noqa: F401
 from attn_course.flash.launch import (
+    cdiv,
     check_config,
     check_kernel_inputs,
+    kernel_function,
     launch,
     output_buffers,
     runs_in_interpreter,
@@ -47,6 +50,7 @@ __all__ = [
     "SUPPORTED_HEAD_DIMS",
     "KernelConfig",
     "attention_backward",
+    "attention_backward_delta",
     "attention_forward",
     "flash_attention",
     "decode_attention",
@@ -56,9 +60,6 @@ __all__ = [
     "kernel_configs",
     "runs_in_interpreter",
 ]
-
-# Base 2 once in the launcher, so that the backward kernels' exp2(s₂ - LSE₂) needs no log2(e) per tile.
-_LOG2_E = 1.4426950408889634
 
 
 def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None, out=None, lse=None,
@@ -108,6 +109,42 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
     return out, lse
 
 
+def attention_backward_delta(grad_out, out, lse):
+    """What both backward kernels read per query row, computed by one small kernel.
+
+    Args:
+        grad_out, out: ``[B, H, N_q, d]``, the same dtype and device, any strides.
+        lse: float32 ``[B, H, N_q]``, the forward's log-sum-exp (natural log).
+
+    Returns:
+        ``(delta, lse_base2)``, contiguous float32 ``[B, H, N_q]``: ``delta[b, h, i] =
+        Σ_d grad_out[b, h, i, d] · out[b, h, i, d]`` (accumulated in float32) and ``lse · log2(e)``.
+
+    Raises:
+        TypeError: non-tensors; ValueError: mismatched shapes, dtypes or devices, or ``d`` unsupported.
+    """
+    where = "attention_backward_delta"
+    _validate.four_d(where, grad_out=grad_out, out=out)
+    _validate.tensor(where, "lse", lse)
+    _validate.same_dtype_and_device(where, out=out, grad_out=grad_out)
+    if grad_out.shape != out.shape:
+        raise ValueError(f"{where}: grad_out must be shaped like out {_validate.shape_str(out)}, got "
+                         f"{_validate.shape_str(grad_out)}")
+    if out.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{where}: head dimension d must be one of {SUPPORTED_HEAD_DIMS}, got {out.shape[-1]}")
+    if lse.shape != out.shape[:3] or lse.dtype != torch.float32 or lse.device != out.device:
+        raise ValueError(f"{where}: lse must be float32 [B, H, N_q] = {list(out.shape[:3])} on {out.device}, got "
+                         f"{_validate.shape_str(lse)} {lse.dtype} on {lse.device}")
+    batch, heads, n_q, head_dim = out.shape
+    lse = lse.contiguous()
+    delta = torch.empty(out.shape[:3], dtype=torch.float32, device=out.device)
+    lse_base2 = torch.empty_like(delta)
+    kernel_function("attention_backward_delta_kernel")[(cdiv(n_q, DELTA_BLOCK_M), batch * heads)](
+        out, grad_out, lse, delta, lse_base2, *out.stride(), *grad_out.stride(), heads, n_q,
+        HEAD_DIM=head_dim, BLOCK_M=DELTA_BLOCK_M, num_warps=4, num_stages=1)
+    return delta, lse_base2
+
+
 def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, scale: float | None = None,
                        grad_q=None, grad_k=None, grad_v=None, dkdv_config: KernelConfig | None = None,
                        dq_config: KernelConfig | None = None):
@@ -136,10 +173,10 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
                          f"{_validate.shape_str(grad_out)} and {_validate.shape_str(out)}")
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
-    # Δ_i = Σ_d dO_id · O_id = Σ_j P_ij dP_ij: the one per-row number the softmax's gradient needs.
-    delta = (grad_out.float() * out.float()).sum(dim=-1).contiguous()          # [B, H, N_q]
-    # Base 2 once here, so that the kernels' exp2(s₂ - LSE₂) needs no log2(e) per tile.
-    lse_base2 = (lse * _LOG2_E).contiguous()
+    # Δ_i = Σ_d dO_id · O_id = Σ_j P_ij dP_ij: the one per-row number the softmax's gradient needs,
+    # and the log-sum-exp in base 2 (the kernels' exp2(s₂ - LSE₂) then needs no log2(e) per tile);
+    # one kernel, no float32 copies of dO and O.
+    delta, lse_base2 = attention_backward_delta(grad_out, out, lse)             # [B, H, N_q] each
     grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device) if grad_q is None else grad_q
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device) if grad_k is None else grad_k
     grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device) if grad_v is None else grad_v

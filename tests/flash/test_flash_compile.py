@@ -60,9 +60,10 @@ def test_every_configuration_compiles_for_sm80_and_sm90(compile_report):
 def test_hopper_code_uses_warp_group_matrix_multiplies(compile_report):
     # On sm_90 every tile product of 64 rows or more must become wgmma (Hopper's tensor-core
     # instruction); mma.sync alone would leave much of an H100/H200 unused. The decode kernel's
-    # 16-row tiles are below wgmma's 64-row minimum, and the merge has no matrix product.
+    # 16-row tiles are below wgmma's 64-row minimum; the merge and the backward's Δ kernel have
+    # no matrix product.
     for line in compile_report:
-        wide_tiles = not line.startswith(("decode[", "decode_merge")) or "block_m=64" in line
+        wide_tiles = not line.startswith(("decode[", "decode_merge", "backward_delta")) or "block_m=64" in line
         if "sm_90" in line and wide_tiles:
             assert "wgmma=True" in line, line
         if "sm_80" in line:
