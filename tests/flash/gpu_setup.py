@@ -124,6 +124,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("gpu_setup")
     group.addoption("--gpu-shard-plan", default=None, help="a shard plan (tools/gpu_check_shards.txt)")
     group.addoption("--gpu-shard", default=None, help="run only this shard of the plan")
+    group.addoption("--gpu-shard-coverage", action="store_true",
+                    help="run nothing; say which shard of the plan holds each collected test (the dry run's check)")
 
 
 def read_shard_plan(path: str) -> dict[str, list[str]]:
@@ -147,21 +149,37 @@ def _in_slice(spec: str, function_id: str, position: int, count: int) -> bool:
     return index * count // slices <= position < (index + 1) * count // slices
 
 
-def pytest_collection_modifyitems(config, items):
-    plan_path, shard = config.getoption("--gpu-shard-plan"), config.getoption("--gpu-shard")
-    if not plan_path or not shard:
-        return
-    plan = read_shard_plan(plan_path)
-    if shard not in plan:
-        raise pytest.UsageError(f"--gpu-shard {shard!r} is not in {plan_path} (shards: {sorted(plan)})")
+def _shards_of(plan: dict[str, list[str]], items) -> list[list[str]]:
+    """For each item, the shards of ``plan`` that hold it."""
     counts, positions = {}, []
     for item in items:
         function_id = item.nodeid.split("[", 1)[0]
         positions.append((function_id, counts.get(function_id, 0)))
         counts[function_id] = counts.get(function_id, 0) + 1
+    return [[name for name, specs in plan.items()
+             if any(_in_slice(spec, function_id, position, counts[function_id]) for spec in specs)]
+            for function_id, position in positions]
+
+
+@pytest.hookimpl(trylast=True)      # after -m and -k have deselected theirs
+def pytest_collection_modifyitems(config, items):
+    plan_path, shard = config.getoption("--gpu-shard-plan"), config.getoption("--gpu-shard")
+    if not plan_path:
+        return
+    plan = read_shard_plan(plan_path)
+    if config.getoption("--gpu-shard-coverage"):
+        holders = _shards_of(plan, items)
+        wrong = [f"{item.nodeid}: in {shards or 'no shard'}"
+                 for item, shards in zip(items, holders) if len(shards) != 1]
+        print(f"\ngpu_setup: {len(items)} tests, {len(items) - len(wrong)} in exactly one of the {len(plan)} shards"
+              + "".join(f"\n  {line}" for line in wrong))
+        config.hook.pytest_deselected(items=list(items))
+        items[:] = []
+        return
+    if shard not in plan:
+        raise pytest.UsageError(f"--gpu-shard {shard!r} is not in {plan_path} (shards: {sorted(plan)})")
     kept, dropped = [], []
-    for item, (function_id, position) in zip(items, positions):
-        wanted = any(_in_slice(spec, function_id, position, counts[function_id]) for spec in plan[shard])
-        (kept if wanted else dropped).append(item)
+    for item, shards in zip(items, _shards_of(plan, items)):
+        (kept if shard in shards else dropped).append(item)
     items[:] = kept
     config.hook.pytest_deselected(items=dropped)
