@@ -134,30 +134,36 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
                     batch, heads = max(1, tokens // n), model_dim // head_dim
                     config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, causal=is_causal,
                                   batch=batch, heads=heads, kv_heads=heads // group_size, n=n)
-                    found = one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline)
-                    clock.empty_cache()
-                    for method, (results, kernels) in found.items():
-                        for mode, result in results.items():
-                            flops = attention_flops(batch, heads, n, head_dim, causal=is_causal, mode=mode)
+                    new = []
+
+                    def emit(method, results, kernels, config=config, new=new):
+                        """Write one method's rows the moment it is measured (before the next compiles)."""
+                        for mode in modes:
+                            result = results[mode]
+                            flops = attention_flops(config["batch"], config["heads"], config["n"], config["head_dim"],
+                                                    causal=config["causal"], mode=mode)
                             ms = result.milliseconds
                             path, launched = kernels(mode) if result.status == "ok" else kernels(None)
                             row = GpuRow(method=method, path=path, **config, mode=mode, status=result.status,
                                          milliseconds=ms, tflops=None if ms is None else flops / ms / 1e9,
                                          max_difference=result.max_difference, first_call_s=result.first_call_s,
                                          reason=result.reason, config=launched, **dataclasses.asdict(machine))
-                            rows.append(row)
+                            new.append(row)
                             if on_row:
                                 on_row(row)
+
+                    one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline, emit)
+                    clock.empty_cache()
+                    rows += new
                     if progress:
-                        progress(progress_line(rows[-len(found) * len(modes):], config,
-                                                time.perf_counter() - started))
-                    found = None       # its closures hold this configuration's inputs: free them now
+                        progress(progress_line(new, config, time.perf_counter() - started))
     return rows
 
 
-def one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline):
-    """{method: ({mode: Measured}, kernels)} for one (dtype, d, causal, N); ``kernels(mode)`` gives
-    the row's (path, config), read after the measurement (``kernels(None)`` for a skipped row)."""
+def one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline, emit):
+    """Measure one (dtype, d, causal, N): ``emit(method, {mode: Measured}, kernels)`` for each method as
+    it is measured; ``kernels(mode)`` gives the row's (path, config), read then (``kernels(None)``
+    for a skipped row)."""
     device, causal, n = clock.device, config["causal"], config["n"]
     b, h, h_kv, d = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
     group = h // h_kv
@@ -170,12 +176,16 @@ def one_configuration(flash_attention, config, dtype, modes, clock, generator, d
              FLEX: fixed("flex-compiled" if device.type == "cuda" else "flex-eager"),
              **{method: fixed(method.replace(" ", "-"), SDPA_CONFIG) for method in SDPA_BACKENDS}}
     if past(deadline):
-        return {method: (skipped(TIME_BUDGET_SPENT, modes), paths[method]) for method in METHODS}
+        for method in METHODS:
+            emit(method, skipped(TIME_BUDGET_SPENT, modes), paths[method])
+        return
     try:
         q, grad_out = (randn((b, h, n, d), dtype, device, generator) for _ in range(2))
         k, v = (randn((b, h_kv, n, d), dtype, device, generator) for _ in range(2))
     except Exception as error:   # out of memory
-        return {method: (skipped(describe_error(error), modes), paths[method]) for method in METHODS}
+        for method in METHODS:
+            emit(method, skipped(describe_error(error), modes), paths[method])
+        return
     q, k, v = (t.requires_grad_() for t in (q, k, v))
 
     def wide(t):   # grouped K/V expanded to H heads, for the methods that take no grouped heads
@@ -196,24 +206,22 @@ def one_configuration(flash_attention, config, dtype, modes, clock, generator, d
                                            ("pointer or tma (did not run)", ""))
     # Naive keeps about five B·H·N·N float32 matrices for its backward (scores, weights, their gradients).
     naive_bytes = 5 * 4 * b * h * n * n
-    found = {}
     for method in METHODS:
         method_modes = modes
         if method == "naive" and n > NAIVE_UP_TO:
-            found[method] = (skipped(f"naive is left out above N = {NAIVE_UP_TO}: its N x N float32 matrices "
-                                     "take GBs and milliseconds a call; the time goes to the kernels", modes),
-                             paths[method])
+            emit(method, skipped(f"naive is left out above N = {NAIVE_UP_TO}: its N x N float32 matrices take "
+                                 "GBs and milliseconds a call; the time goes to the kernels", modes), paths[method])
             continue
         if method == "naive" and naive_bytes > 0.8 * clock.free_bytes():
-            found[method] = (skipped(f"needs about {naive_bytes / 2**30:.0f} GiB for its N x N float32 "
-                                     f"matrices, {clock.free_bytes() / 2**30:.0f} GiB free", modes), paths[method])
+            emit(method, skipped(f"needs about {naive_bytes / 2**30:.0f} GiB for its N x N float32 matrices, "
+                                 f"{clock.free_bytes() / 2**30:.0f} GiB free", modes), paths[method])
             continue
         note = ""
         if method == FLEX:
             try:
                 functions[method], path, launched, note = flex_function(causal, n, device, group > 1)
             except Exception as error:   # no FlexAttention in this torch, or no mask for this shape
-                found[method] = (skipped(describe_error(error), modes), paths[method])
+                emit(method, skipped(describe_error(error), modes), paths[method])
                 continue
             paths[method] = fixed(path, launched)
             if device.type != "cuda":    # FlexAttention has no backward on the CPU
@@ -225,7 +233,7 @@ def one_configuration(flash_attention, config, dtype, modes, clock, generator, d
                     with torch.no_grad():
                         _, seconds = clock.first_call(lambda: functions[FLEX](q, k, v))
                 except Exception as error:
-                    found[method] = (skipped(describe_error(error), modes), paths[method])
+                    emit(method, skipped(describe_error(error), modes), paths[method])
                     continue
                 note = f"torch.compile: inference graph compiled in {seconds:.1f} s, the training graph in first_call_s"
         context = sdpa_context(method) if method in SDPA_BACKENDS else contextlib.nullcontext()
@@ -247,10 +255,10 @@ def one_configuration(flash_attention, config, dtype, modes, clock, generator, d
                 results[mode] = Measured("skipped", reason=f"{note}; FlexAttention has no backward on the CPU")
             elif note and results[mode].status == "ok" and (mode == "forward" or device.type != "cuda"):
                 results[mode] = dataclasses.replace(results[mode], reason=note)
-        found[method] = ({mode: results[mode] for mode in modes}, paths[method])
+        emit(method, results, paths[method])
         if method == FLEX and device.type == "cuda":
             functions[method] = None      # the compiled graphs and their memory go before the next method
-    return found   # the inputs are freed as this returns; the caller empties the cache
+    # The inputs are freed as this returns (the rows' kernels(...) have been read); the caller empties the cache.
 
 
 def progress_line(rows: Sequence[GpuRow], config: dict, seconds: float) -> str:
