@@ -41,7 +41,7 @@ say() { echo "== [$((SECONDS - started)) s] $*" | tee -a "$out/status.txt"; }
 
 # TIMEOUTS, first profile: the estimate behind them (tools/count_compiles.py counts the distinct
 # kernel specialisations on the CPU; a cold sm_90 compile took 0.9 to 4.5 s here, 2 to 6 s assumed):
-# - tests: 118 distinct compilations, 138 over the 12 shards (a few shared ones compile in two);
+# - tests: 128 distinct compilations, 138 over the 12 shards (a few shared ones compile in two);
 #   the largest shard needs 12: 24 to 72 s, plus about 10 s to start (torch, CUDA, collection) and
 #   a few seconds of tests: 40 to 90 s, so 95 s. 12 processes on 16 cores, the warm-up niced.
 # - benchmark warm-up, in the background meanwhile: the essential rows' 44 to 52 compilations over
