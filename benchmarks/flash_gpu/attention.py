@@ -50,8 +50,8 @@ SDPA_CONFIG = "chosen inside PyTorch's kernel (not exposed)"
 
 def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] = GPU_HEAD_DIMS,
              dtypes: Sequence[torch.dtype] | None = None, causal: Sequence[bool] = (False, True),
-             modes: Sequence[str] = MODES, tokens: int = 16384, model_dim: int = 2048, group_size: int = 1,
-             seed: int = 0,
+             modes: Sequence[str] = MODES, methods: Sequence[str] = METHODS, tokens: int = 16384,
+             model_dim: int = 2048, group_size: int = 1, seed: int = 0,
              device: str = "cuda", deadline: float | None = None, on_row: Callable[[GpuRow], None] | None = None,
              progress: Callable[[str], None] | None = None, machine: MachineInfo | None = None) -> list[GpuRow]:
     """TFLOP/s of our Triton kernel, SDPA's backends, FlexAttention compiled and naive attention,
@@ -70,6 +70,8 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
         dtypes: floating dtypes; default float16 and bfloat16 on a GPU, float16 and float32 on the CPU.
         causal: the mask settings to measure, e.g. ``(False, True)``.
         modes: a subset of ``"forward"``, ``"backward"``, ``"forward+backward"``.
+        methods: a subset of :data:`~benchmarks.flash_gpu.sizes.METHODS`, measured in that table's
+            order (the runs measure FlexAttention in phases of its own, after ours and SDPA's).
         tokens: B · N per measurement.
         model_dim: H · d per measurement.
         group_size: query heads per key/value head; must divide every ``H``. SDPA gets the
@@ -90,7 +92,8 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
         TypeError: an argument of the wrong type (a size not an int, a dtype not a floating
             ``torch.dtype``, a callback not callable).
         ValueError: empty or non-positive sizes, a head dim that does not divide ``model_dim``,
-            a ``group_size`` that does not divide the heads, an unknown mode, a negative seed, or an unknown device.
+            a ``group_size`` that does not divide the heads, an unknown mode or method, a negative
+            seed, or an unknown device.
         RuntimeError: ``device="cuda"`` without a CUDA GPU.
     """
     where = "gpu_rows"
@@ -102,6 +105,13 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
     if not causal:
         raise ValueError(f"{where}: causal must not be empty")
     modes = check_modes(where, modes)
+    methods = _validate.labels(where, "methods", methods)
+    for index, method in enumerate(methods):
+        if method not in METHODS:
+            raise ValueError(f"{where}: methods[{index}] must be one of {list(METHODS)}, got {method!r}")
+    if not methods:
+        raise ValueError(f"{where}: methods must not be empty")
+    methods = [method for method in METHODS if method in methods]
     tokens = _validate.integer(where, "tokens", tokens, minimum=1)
     model_dim = _validate.integer(where, "model_dim", model_dim, minimum=1)
     for index, head_dim in enumerate(head_dims):
@@ -152,7 +162,8 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
                             if on_row:
                                 on_row(row)
 
-                    one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline, emit)
+                    one_configuration(flash_attention, config, dtype, modes, methods, clock, generator, deadline,
+                                      emit)
                     clock.empty_cache()
                     rows += new
                     if progress:
@@ -160,7 +171,7 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
     return rows
 
 
-def one_configuration(flash_attention, config, dtype, modes, clock, generator, deadline, emit):
+def one_configuration(flash_attention, config, dtype, modes, methods, clock, generator, deadline, emit):
     """Measure one (dtype, d, causal, N): ``emit(method, {mode: Measured}, kernels)`` for each method as
     it is measured; ``kernels(mode)`` gives the row's (path, config), read then (``kernels(None)``
     for a skipped row)."""
@@ -176,14 +187,14 @@ def one_configuration(flash_attention, config, dtype, modes, clock, generator, d
              FLEX: fixed("flex-compiled" if device.type == "cuda" else "flex-eager"),
              **{method: fixed(method.replace(" ", "-"), SDPA_CONFIG) for method in SDPA_BACKENDS}}
     if past(deadline):
-        for method in METHODS:
+        for method in methods:
             emit(method, skipped(TIME_BUDGET_SPENT, modes), paths[method])
         return
     try:
         q, grad_out = (randn((b, h, n, d), dtype, device, generator) for _ in range(2))
         k, v = (randn((b, h_kv, n, d), dtype, device, generator) for _ in range(2))
     except Exception as error:   # out of memory
-        for method in METHODS:
+        for method in methods:
             emit(method, skipped(describe_error(error), modes), paths[method])
         return
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -206,7 +217,7 @@ def one_configuration(flash_attention, config, dtype, modes, clock, generator, d
                                            ("pointer or tma (did not run)", ""))
     # Naive keeps about five B·H·N·N float32 matrices for its backward (scores, weights, their gradients).
     naive_bytes = 5 * 4 * b * h * n * n
-    for method in METHODS:
+    for method in methods:
         method_modes = modes
         if method == "naive" and n > NAIVE_UP_TO:
             emit(method, skipped(f"naive is left out above N = {NAIVE_UP_TO}: its N x N float32 matrices take "

@@ -160,6 +160,7 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
                                   True))
                 continue
             group = options["group_size"]
+            methods = options.get("methods", ("ours (Triton)", "flex compiled"))
             for d in options["head_dims"]:
                 for causal in options["causal"]:
                     modes = options.get("modes", ("forward", "backward", "forward+backward"))
@@ -169,8 +170,11 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
                         kernels.append(("forward_tma", tma_forward_config(d)))
                     else:
                         kernels += [("forward", c) for c in CONFIGS["forward", d]]
-                    for kernel, config in kernels:
-                        ours.add((kernel, describe_config(config), dtype, d, causal, group == 1))
+                    if "ours (Triton)" in methods:
+                        for kernel, config in kernels:
+                            ours.add((kernel, describe_config(config), dtype, d, causal, group == 1))
+                    if "flex compiled" not in methods:
+                        continue
                     for n in options["lengths"]:
                         shape = (dtype, d, causal, n, group)
                         flex.add((*shape, "inference"))

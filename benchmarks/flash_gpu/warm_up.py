@@ -34,12 +34,16 @@ def warm_up_jobs(plan: list[tuple[str, dict]], sizes: dict, dry_run: bool) -> li
                                      n=decode["kv_lengths"][0], heads=decode["heads"], kv_heads=decode["kv_heads"],
                                      batch=decode["batch"], device=device))
                 continue
+            methods = options.get("methods", ("ours (Triton)", "flex compiled"))
             for d in options["head_dims"]:
                 heads = options["model_dim"] // d
                 kv_heads = heads // options["group_size"]
                 for causal in options["causal"]:
-                    jobs.append(dict(kind="attention", dtype=dtype, head_dim=d, causal=causal, n=n, heads=heads,
-                                     kv_heads=kv_heads, device=device))
+                    if "ours (Triton)" in methods:
+                        jobs.append(dict(kind="attention", dtype=dtype, head_dim=d, causal=causal, n=n, heads=heads,
+                                         kv_heads=kv_heads, device=device))
+                    if "flex compiled" not in methods:
+                        continue
                     # FlexAttention compiles per shape (dynamic=False): each measured N is a job.
                     flex += [dict(kind="flex", dtype=dtype, head_dim=d, causal=causal, n=length, heads=heads,
                                   kv_heads=kv_heads, batch=max(1, options["tokens"] // length), device=device)

@@ -45,7 +45,8 @@ def test_dry_run_writes_every_file_with_its_columns(dry_run):
     assert facts["dry_run"] is True and facts["stopped"] == "complete" and facts["not_reached"] == 0
     assert facts["warm_up"]["jobs"] == 1 and facts["warm_up"]["failures"] == []
     assert facts["machine"]["torch_version"] == torch.__version__ and [p["kind"] for p in facts["plan"]] == [
-        "attention", "decode", "attention", "attention"]             # the essential profile, the default
+        "attention", "decode", "attention", "attention", "attention", "attention", "attention"]   # the essential
+    # profile, the default: FlexAttention's phases last
     assert facts["profile"] == "essential" and facts["compilations"] == flash_gpu.count_compilations(
         plan_phases(flash_gpu.GPU_SIZES, None, "essential"), flash_gpu.GPU_SIZES)      # an H200's count
     assert "torch " + torch.__version__ in completed.stdout and "ours/SDPA" in completed.stdout

@@ -55,6 +55,8 @@ def test_plots_draw_gpu_and_decode_rows(tmp_path):
     ({"causal": (False, 1)}, TypeError, r"causal\[1\] must be a bool, got int"),
     ({"modes": ("forward", "sideways")}, ValueError, r"modes\[1\] must be one of \['forward'"),
     ({"tokens": 0}, ValueError, r"tokens must be >= 1, got 0"),
+    ({"methods": ("naive", "magic")}, ValueError, r"methods\[1\] must be one of \['ours \(Triton\)'"),
+    ({"methods": ()}, ValueError, r"methods must not be empty"),
     ({"group_size": 3}, ValueError, r"group_size must divide the heads H = model_dim / head_dims\[0\] = 16, got 3"),
     ({"deadline": "soon"}, TypeError, r"deadline must be a time.monotonic\(\) value or None, got str"),
     ({"on_row": 3}, TypeError, r"on_row must be callable or None, got int"),
