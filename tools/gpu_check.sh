@@ -44,10 +44,13 @@ say() { echo "== [$((SECONDS - started)) s] $*" | tee -a "$out/status.txt"; }
 # - tests: 128 distinct compilations, 138 over the 12 shards (a few shared ones compile in two);
 #   the largest shard needs 12: 24 to 72 s, plus about 10 s to start (torch, CUDA, collection) and
 #   a few seconds of tests: 40 to 90 s, so 95 s. 12 processes on 16 cores, the warm-up niced.
-# - benchmark warm-up, in the background meanwhile: the essential rows' 44 to 52 compilations over
-#   10 processes, 5 or 6 each: 10 to 36 s after start-up, done before the tests end.
-# - benchmark: its own warm-up then finds Triton's cache warm (start-up only, about 15 s), then
-#   measures the essential rows, most important first, until 1.3 min; killed at 115 s.
+# - benchmark warm-up, in the background meanwhile (niced: the 12 test processes keep their cores):
+#   its own jobs for the essential rows, one process each (28 at the time of writing): ours' 44 to
+#   49 compilations over 10 of them, 5 or 6 each (10 to 36 s after start-up, done before the tests
+#   end), and FlexAttention's 54 graphs over 18 (stopped when the tests end, if not done by then).
+# - benchmark: its own warm-up then finds the caches warm (start-up only, about 15 s), then
+#   measures the essential rows, ours against SDPA first and FlexAttention after, until 1.3 min;
+#   killed at 115 s (the rows measured by then are in the CSVs).
 # Worst case 20 + 100 + 120 = 240 s, whatever happens (each step is killed at its limit).
 case $profile in
     first) test_timeout=95; bench_timeout=115; bench_minutes=1.3; bench_profile=essential; marks="not slow" ;;
