@@ -12,7 +12,7 @@ import torch
 
 from attn_course import _validate
 from benchmarks.flash_gpu.attention import gpu_rows
-from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, Terminated, sigterm_stops
+from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, Terminated, past, sigterm_stops
 from benchmarks.flash_gpu.checks import check_callback, check_device, nonempty_ints
 from benchmarks.flash_gpu.clock import Clock
 from benchmarks.flash_gpu.csv_stream import CsvStream, write_table
@@ -163,8 +163,9 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
             interpreter, float16 and float32, a wall-clock timer.
         max_minutes: the time budget, > 0; None: no limit.
         decode: also run :func:`decode_rows`.
-        warm_up: first compile the kernels into Triton's on-disk cache in parallel processes, one
-            per (dtype, d, causal) and per dtype for decoding (at most 120 s, inside the budget;
+        warm_up: first compile our kernels into Triton's on-disk cache in parallel processes, one
+            per (dtype, d, causal, group size) and per dtype for decoding, and FlexAttention's shapes
+            into Inductor's just before its first phase (each at most 120 s, inside the budget;
             a failure there is reported in ``machine.json``, not raised).
         progress: called with each line of progress text (None: silent).
 
@@ -230,6 +231,16 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
         files["machine"].write_text(json.dumps(facts, indent=2, default=str) + "\n")
         return summary
 
+    def warm(jobs: list[dict], what: str) -> dict:
+        """Run warm-up jobs in parallel, within the budget left; report and return what happened."""
+        limit = WARM_UP_SECONDS if deadline is None else max(1.0, min(WARM_UP_SECONDS, deadline - time.monotonic()))
+        progress(f"## warming {what}: {len(jobs)} processes, at most {os.cpu_count()} at once (at most "
+                 f"{limit:.0f} s)")
+        report = warm_triton_cache(jobs, timeout_s=limit, interpret=dry_run)
+        progress(f"warm-up: {report['seconds']} s, {len(report['failures'])} failed"
+                 + "".join(f"\n  {failure}" for failure in report["failures"]))
+        return report
+
     def keep(found: list, stream: CsvStream) -> Callable[[object], None]:
         def on_row(row):
             stream.write(row)
@@ -239,14 +250,16 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
     stopped = ""
     try:
         with sigterm_stops():
+            jobs = warm_up_jobs(plan, sizes, dry_run) if warm_up else []
+            # Ours first; FlexAttention's shapes just before its first phase, and only if the budget
+            # reaches it (its compiles would otherwise delay ours against SDPA's, the rows that matter most).
+            flex_jobs = [job for job in jobs if job["kind"] == "flex"]
             if warm_up:
-                jobs = warm_up_jobs(plan, sizes, dry_run)
-                progress(f"## warming Triton's cache: {len(jobs)} processes at once (at most {WARM_UP_SECONDS} s)")
-                facts["warm_up"] = warm_triton_cache(jobs, timeout_s=WARM_UP_SECONDS, interpret=dry_run)
-                progress(f"warm-up: {facts['warm_up']['seconds']} s, "
-                         f"{len(facts['warm_up']['failures'])} failed" + "".join(
-                             f"\n  {failure}" for failure in facts["warm_up"]["failures"]))
+                facts["warm_up"] = warm([job for job in jobs if job["kind"] != "flex"], "Triton's cache")
             for index, (kind, options) in enumerate(plan, 1):
+                if flex_jobs and FLEX in options.get("methods", ()) and not past(deadline):
+                    facts["warm_up_flex"] = warm(flex_jobs, "Inductor's caches for FlexAttention")
+                    flex_jobs = []
                 common = dict(device=device.type, deadline=deadline, progress=progress, machine=machine)
                 progress(f"## phase {index}/{len(plan)}: {kind} {options}  "
                          f"[{time.monotonic() - started:.0f} s so far]".replace("torch.", ""))

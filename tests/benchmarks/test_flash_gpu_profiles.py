@@ -192,3 +192,23 @@ def test_the_summary_keeps_grouped_query_rows_apart_and_compares_with_flex():
     assert summary[32, 32].ratio == 0.5 and summary[32, 32].flex_ratio == 1.5 and summary[32, 32].flex_ms == 3.0
     assert summary[32, 8].ratio == 1.5 and summary[32, 8].flex_ms is None
     assert MACHINE.gpu == summary[32, 8].gpu
+
+
+def test_flex_attention_is_warmed_up_just_before_its_first_phase_and_ours_first(tmp_path, monkeypatch):
+    """The run's order with the measuring made up: ours' warm-up, the phases without FlexAttention,
+    then FlexAttention's warm-up, then its phases."""
+    calls, lines = [], []
+    monkeypatch.setattr(run, "warm_up_jobs", lambda plan, sizes, dry_run: [dict(kind="attention"), dict(kind="flex"),
+                                                                           dict(kind="decode")])
+    monkeypatch.setattr(run, "warm_triton_cache", lambda jobs, timeout_s, interpret: calls.append(
+        ([job["kind"] for job in jobs], lines[-1])) or {"jobs": len(jobs), "seconds": 0.0, "failures": []})
+    monkeypatch.setattr(run, "gpu_rows", lambda *args, **kwargs: [])
+    monkeypatch.setattr(run, "decode_rows", lambda *args, **kwargs: [])
+    flash_gpu.run_gpu_benchmark(tmp_path, dry_run=True, progress=lines.append)
+    assert [kinds for kinds, _ in calls] == [["attention", "decode"], ["flex"]]
+    assert calls[1][1].startswith("## warming Inductor's caches for FlexAttention: 1 processes")
+    phases = [line for line in lines if line.startswith("## ")]
+    assert phases.index(calls[1][1]) == 5 and phases[4].startswith("## phase 4/7") and "flex" not in phases[4]
+    assert "'methods': ['flex compiled']" in phases[6]
+    facts = json.loads((tmp_path / "machine.json").read_text())
+    assert facts["warm_up"]["jobs"] == 2 and facts["warm_up_flex"]["jobs"] == 1
