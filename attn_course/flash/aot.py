@@ -32,7 +32,7 @@ SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 _TRITON_DTYPE = {"float16": "*fp16", "bfloat16": "*bf16"}
 
 
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "SPLITS")
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "SPLITS", "ATOMIC_DQ")
 _TENSORS = ("Q", "K", "V", "Out", "dOut", "dQ", "dK", "dV")   # in the input dtype
 _STATISTICS = ("LSE", "Delta", "LSE2", "PartialOut", "PartialLSE")     # float32
 _MERGE = "decode_merge"                                         # flash-decoding's second kernel
@@ -58,6 +58,8 @@ class Case(NamedTuple):
         groups: 0 compiles ``num_kv_groups`` as a run-time integer (what a launch with ``G > 1``
             query heads per key/value head gets), 1 as the constant 1 (the JIT specialises an
             integer argument equal to 1, so ``G = 1`` launches get that variant, loop unrolled).
+        atomic_dq: the dK/dV kernel's ``ATOMIC_DQ`` (dQ by atomic adds, the optional
+            five-product backward); False for every other kernel.
     """
 
     kernel: str
@@ -69,12 +71,14 @@ class Case(NamedTuple):
     block_m: int = 0
     splits: int = 0
     groups: int = 0
+    atomic_dq: bool = False
 
     @property
     def name(self) -> str:
         shape = f" block_m={self.block_m}" if self.kernel == "decode" else ""
         shape += f" splits={self.splits}" if self.kernel == _MERGE else ""
         shape += " G=1" if self.groups == 1 else ""
+        shape += " atomic_dq" if self.atomic_dq else ""
         return (f"{self.kernel}[{self.config}]{shape} d={self.head_dim} {self.dtype} causal={self.causal} "
                 f"sm_{self.capability}")
 
@@ -162,10 +166,14 @@ def compile_case(case: Case):
         kernel_function = defined(KERNEL_NAMES[case.kernel])
         block_m = case.block_m if case.kernel == "decode" else config.block_m
         constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": block_m, "BLOCK_N": config.block_n, "CAUSAL": case.causal}
+        if case.kernel == "backward_dkdv":
+            constants["ATOMIC_DQ"] = case.atomic_dq
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     else:
         raise ValueError(f"compile_kernel: kernel must be one of {sorted([*KERNEL_NAMES, _MERGE, _TMA, _DELTA])}, "
                          f"got {case.kernel!r}")
+    if case.atomic_dq and case.kernel != "backward_dkdv":
+        raise ValueError(f"compile_kernel: atomic_dq is an option of the backward_dkdv kernel, not {case.kernel!r}")
     if case.groups not in (0, 1):
         raise ValueError(f"compile_kernel: groups must be 0 (a run-time count) or 1, got {case.groups!r}")
     signature, strides, attributes = _signature(kernel_function, _TRITON_DTYPE[case.dtype],
@@ -454,18 +462,24 @@ def spill_cases(capability: int = 90) -> list[Case]:
     """The cases whose registers the spill test reads: every candidate configuration the
     launcher or the autotuner can select of the forward and the two backward kernels, every head
     dim, causal or not, with one query head per key/value head (``G = 1``, the JIT's constant)
-    and with more (a run-time ``G``), in float16 and, for the default candidates, bfloat16; and
-    the backward's Δ kernel at every head dim.
+    and with more (a run-time ``G``), in float16 and, for the default candidates, bfloat16; the
+    backward's Δ kernel at every head dim; and the optional atomic-dQ dK/dV kernel in the
+    configuration it runs by default (:func:`~attn_course.flash.configs.atomic_dq_config`).
 
     Raises:
         ValueError: a capability other than 80 or 90.
     """
+    from attn_course.flash.configs import SUPPORTED_HEAD_DIMS, atomic_dq_config, kernel_configs
+
     if capability not in SHARED_MEMORY_LIMIT:
         raise ValueError(f"spill_cases: capability must be one of {sorted(SHARED_MEMORY_LIMIT)}, got {capability!r}")
     return [case._replace(groups=groups) for case in all_cases()
             if case.capability == capability and case.kernel in ("forward", "backward_dkdv", "backward_dq")
             for groups in (1, 0)] + [case for case in all_cases() if case.capability == capability
-                                     and case.kernel == _DELTA and case.dtype == "float16"]
+                                     and case.kernel == _DELTA and case.dtype == "float16"] + [
+        Case("backward_dkdv", kernel_configs("backward_dkdv", head_dim).index(atomic_dq_config(head_dim)),
+             head_dim, "float16", causal, capability, groups=groups, atomic_dq=True)
+        for head_dim, causal, groups in itertools.product(SUPPORTED_HEAD_DIMS, (False, True), (1, 0))]
 
 
 def main(argv: list[str]) -> int:

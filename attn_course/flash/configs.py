@@ -26,6 +26,7 @@ __all__ = [
     "KERNEL_NAMES",
     "SUPPORTED_HEAD_DIMS",
     "KernelConfig",
+    "atomic_dq_config",
     "kernel_config",
     "kernel_configs",
 ]
@@ -146,3 +147,20 @@ def kernel_config(kernel: str, head_dim: int) -> KernelConfig:
     if (kernel, head_dim) not in CONFIGS:
         raise ValueError(f"kernel_config: head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim!r}")
     return CONFIGS[kernel, head_dim][0]
+
+
+def atomic_dq_config(head_dim: int) -> KernelConfig:
+    """The dK/dV configuration of the optional atomic-dQ backward
+    (``attention_backward(..., deterministic=False)``) when none is given: the candidate with the
+    widest key tile (the first of those), since each program adds into every dQ row it visits, so
+    ``N_k / block_n`` atomic adds land on each element of dQ. No sm_90 build of it spills
+    (``tests/flash/test_flash_spills.py``); at d = 64 the default (64, 64, 4, 3) would, by 8 bytes.
+
+    Raises:
+        ValueError: an unsupported head dimension.
+
+    Example:
+        >>> atomic_dq_config(64)
+        KernelConfig(block_m=32, block_n=128, num_warps=8, num_stages=2)
+    """
+    return max(kernel_configs("backward_dkdv", head_dim), key=lambda config: config.block_n)

@@ -18,10 +18,11 @@ from attn_course.flash.kernels import LOG2_E
 
 
 @triton.jit
-def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, stats_group,
+def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_group,
                       stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod,
-                      keys, dims, n_q, num_kv_groups, causal_offset, scale_log2, row_begin, row_end,
-                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                      keys, dims, n_q, num_kv_groups, causal_offset, scale, scale_log2, row_begin, row_end,
+                      BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                      ATOMIC_DQ: tl.constexpr):
     """dK, dV contributions of query tiles ``row_begin .. row_end`` of every query head of the group.
 
     One loop runs over (query head, query tile) pairs, head-major, rather than a loop over the
@@ -32,7 +33,9 @@ def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, stats_group,
     offset are those of the group's first query head; head ``g`` of the group is ``g`` head strides on.
 
     Keys past ``N_k`` need no mask here: they are zero rows of ``k``/``v`` whose own (unstored)
-    rows of dK/dV are the only ones they touch. ``MASKED`` tiles check query bounds and causality.
+    rows of dK/dV are the only ones they touch (and add zero to dQ). ``MASKED`` tiles check query
+    bounds and causality. ``ATOMIC_DQ``: also add this tile's ``scale · dS K`` into the float32
+    ``dQ`` with atomic adds (a fifth matrix product, in place of the dQ kernel's three).
     """
     tiles = tl.cdiv(tl.maximum(row_end - row_begin, 0), BLOCK_M)               # per query head
     for step in range(0, num_kv_groups * tiles):
@@ -63,18 +66,24 @@ def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, stats_group,
         dp_t = tl.dot(v, tl.trans(do))                                        # (dO Vᵀ)ᵀ
         ds_t = p_t * (dp_t - delta[None, :])                                  # [BLOCK_N, BLOCK_M]
         dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk)                    # += dSᵀ Q
+        if ATOMIC_DQ:
+            # Other key tiles add into the same rows at the same time, in no fixed order: float32
+            # sums in a varying order, so dQ may differ in its last bits from run to run.
+            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k) * scale                 # [BLOCK_M, d]
+            tl.atomic_add(dQ + stats[:, None] * dims.shape[0] + dims[None, :], dq, mask=rows[:, None] < n_q)
     return dk, dv
 
 
 @triton.jit
 def attention_backward_dkdv_kernel(
-    Q, K, V, dOut, LSE, Delta, dK, dV,
+    Q, K, V, dOut, LSE, Delta, dK, dV, dQ,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_don, stride_dod,
     num_heads, num_kv_groups, n_q, n_k, scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     """Grid ``(cdiv(N_k, BLOCK_N), B·H_kv)``: dK and dV of one tile of keys per program.
 
@@ -84,6 +93,11 @@ def attention_backward_dkdv_kernel(
     are matrix products. With grouped-query attention the program loops over the
     ``num_kv_groups`` query heads that share its key/value head and sums over them in
     registers. ``LSE`` is in base 2 here. ``dK``/``dV`` are contiguous ``[B, H_kv, N_k, d]``.
+
+    ``ATOMIC_DQ`` (FlashAttention-2's way): the program also adds its share of ``dQ = scale · dS K``
+    into ``dQ``, contiguous float32 ``[B, H, N_q, d]`` and zero beforehand, by atomic adds; the dQ
+    kernel is then not run. Five matrix products per tile instead of seven (4 here, 3 there), but
+    the sums' order, and so the last bits of dQ, vary between runs. Otherwise ``dQ`` is unused.
     """
     tile = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
@@ -119,19 +133,22 @@ def attention_backward_dkdv_kernel(
     q_group = Q + batch * stride_qb + first_head * stride_qh
     do_group = dOut + batch * stride_dob + first_head * stride_doh
     stats_group = (batch * num_heads + first_head) * n_q
-    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, stats_group,
+    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_group,
                                stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, keys, dims,
-                               n_q, num_kv_groups, causal_offset, scale_log2,
-                               band_begin, band_end, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL)
-    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, stats_group,
+                               n_q, num_kv_groups, causal_offset, scale, scale_log2,
+                               band_begin, band_end, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL,
+                               ATOMIC_DQ=ATOMIC_DQ)
+    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_group,
                                stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, keys, dims,
-                               n_q, num_kv_groups, causal_offset, scale_log2,
-                               band_end, full_tiles_end, BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL)
-    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, stats_group,
+                               n_q, num_kv_groups, causal_offset, scale, scale_log2,
+                               band_end, full_tiles_end, BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL,
+                               ATOMIC_DQ=ATOMIC_DQ)
+    dk, dv = dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_group,
                                stride_qh, stride_qn, stride_qd, stride_doh, stride_don, stride_dod, keys, dims,
-                               n_q, num_kv_groups, causal_offset, scale_log2,
+                               n_q, num_kv_groups, causal_offset, scale, scale_log2,
                                tl.maximum(full_tiles_end, band_end), n_q,
-                               BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL)
+                               BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL,
+                               ATOMIC_DQ=ATOMIC_DQ)
 
     out_offsets = batch_kv_head.to(tl.int64) * n_k * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :]
     tl.store(dK + out_offsets, (dk * scale).to(dK.dtype.element_ty), mask=keys[:, None] < n_k)

@@ -30,6 +30,7 @@ from attn_course.flash.configs import (  # noqa: F401  (the names chapter 07 and
     KERNEL_NAMES,
     SUPPORTED_HEAD_DIMS,
     KernelConfig,
+    atomic_dq_config,
     kernel_config,
     kernel_configs,
 )
@@ -147,8 +148,8 @@ def attention_backward_delta(grad_out, out, lse):
 
 def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, scale: float | None = None,
                        grad_q=None, grad_k=None, grad_v=None, dkdv_config: KernelConfig | None = None,
-                       dq_config: KernelConfig | None = None):
-    """Run the two backward kernels: gradients of the loss with respect to q, k and v.
+                       dq_config: KernelConfig | None = None, deterministic: bool = True):
+    """Run the backward kernels: gradients of the loss with respect to q, k and v.
 
     Args:
         grad_out: ``[B, H, N_q, d]``, the gradient of the loss with respect to ``out``.
@@ -157,6 +158,14 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
         grad_q, grad_k, grad_v: optional contiguous output buffers.
         dkdv_config, dq_config: one of :func:`kernel_configs` ``("backward_dkdv", d)`` and
             ``("backward_dq", d)``; default: autotuned on a GPU, the first in the interpreter.
+        deterministic: ``True`` (default): dK/dV in one kernel, dQ in another, each gradient
+            summed in a fixed order, so the same inputs give the same bits every run; seven
+            matrix products per pair of tiles (the dQ kernel recomputes ``P`` and ``dP``).
+            ``False``: FlashAttention-2's five, the dK/dV kernel adding each tile's share of dQ
+            into a float32 buffer by atomic adds, whose order varies, so dQ's last bits may vary
+            between runs. That path runs ``dkdv_config`` or :func:`~attn_course.flash.configs.atomic_dq_config`,
+            never the autotuner, which would time it by running it several times and add dQ as
+            often; ``dq_config`` is not used.
 
     Returns:
         ``(grad_q, grad_k, grad_v)``, contiguous, in the input dtype, shaped like ``q``, ``k``, ``v``;
@@ -184,17 +193,27 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
         if buffer.shape != like.shape or buffer.dtype != like.dtype or not buffer.is_contiguous():
             raise ValueError(f"{where}: {name} must be contiguous, shaped and typed like its input, got "
                              f"{_validate.shape_str(buffer)} {buffer.dtype}")
+    _validate.boolean(where, "deterministic", deterministic)
     dkdv_config = check_config(where, "dkdv_config", dkdv_config, "backward_dkdv", head_dim)
     dq_config = check_config(where, "dq_config", dq_config, "backward_dq", head_dim)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride())
     kv_heads = k.shape[1]
+    if deterministic:
+        dq_sums = grad_q                      # not read: the dQ kernel writes grad_q itself
+    else:
+        dq_sums = torch.zeros(q.shape, dtype=torch.float32, device=q.device)     # [B, H, N_q, d]
+        dkdv_config = dkdv_config or atomic_dq_config(head_dim)
     # dK/dV: one program per key tile of each key/value head, looping over its group's query heads.
     launch("backward_dkdv", n_k, batch * kv_heads,
-           q, k, v, grad_out, lse_base2, delta, grad_k, grad_v, *strides,
-           heads, heads // kv_heads, n_q, n_k, scale, head_dim=head_dim, causal=causal, config=dkdv_config)
-    launch("backward_dq", n_q, batch * heads,
-           q, k, v, grad_out, lse_base2, delta, grad_q, *strides,
-           heads, heads // kv_heads, n_q, n_k, scale, head_dim=head_dim, causal=causal, config=dq_config)
+           q, k, v, grad_out, lse_base2, delta, grad_k, grad_v, dq_sums, *strides,
+           heads, heads // kv_heads, n_q, n_k, scale, head_dim=head_dim, causal=causal, config=dkdv_config,
+           ATOMIC_DQ=not deterministic)
+    if deterministic:
+        launch("backward_dq", n_q, batch * heads,
+               q, k, v, grad_out, lse_base2, delta, grad_q, *strides,
+               heads, heads // kv_heads, n_q, n_k, scale, head_dim=head_dim, causal=causal, config=dq_config)
+    else:
+        grad_q.copy_(dq_sums)
     return grad_q, grad_k, grad_v
 
 
