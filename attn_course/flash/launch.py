@@ -29,7 +29,8 @@ from attn_course.flash.configs import (
 from attn_course.flash.triton_mode import define_kernels, is_interpreted
 
 __all__ = ["ENABLE_FP_FUSION", "TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs",
-           "kernel_function", "launch", "length_bucket", "output_buffers", "runs_in_interpreter", "tuning_key"]
+           "kernel_function", "launch", "length_bucket", "output_buffers", "runs_in_interpreter", "tuned_configs",
+           "tuning_key"]
 
 _interpreter_note_shown = False
 _autotuned: dict[tuple[str, int], object] = {}
@@ -231,6 +232,12 @@ def tuning_key(kernel: str, head_dim: int, causal: bool, arguments: dict) -> tup
                             if isinstance(value, int) and not isinstance(value, bool)
                             and (name in TUNED_LENGTHS or name == "num_kv_groups")))
     return (kernel, head_dim, causal, dtypes, integers)
+
+
+def tuned_configs() -> dict[tuple, KernelConfig]:
+    """The winners of this process's tunings so far, by :func:`tuning_key` (a copy): what
+    :func:`launch` runs for inputs in each bucket. Empty in the interpreter, which never tunes."""
+    return dict(_tuned)
 
 
 def _config_of(best, kernel: str, head_dim: int) -> KernelConfig | None:

@@ -6,8 +6,8 @@ Nothing here changes the kernels. The forward's path is the launcher's own switc
 TMA forward's configuration is :func:`~attn_course.flash.tma_attention.tma_forward_config`, which
 the launcher passes unchanged. An autotuned kernel's configuration is the launcher's winner for the
 inputs' length bucket (:func:`~attn_course.flash.launch.launch` tunes once per
-:func:`~attn_course.flash.launch.tuning_key` and launches that winner itself afterwards; its table,
-``launch._tuned``, has no public reader, so it is matched here), else the ``best_config`` of the
+:func:`~attn_course.flash.launch.tuning_key` and launches that winner itself afterwards; its table is
+:func:`~attn_course.flash.launch.tuned_configs`), else the ``best_config`` of the
 ``triton.autotune`` object the launcher uses (:func:`~attn_course.flash.launch.autotuned_kernel`;
 Triton sets it at every tuned launch). In Triton's interpreter it is the first candidate
 (:func:`~attn_course.flash.configs.kernel_config`), as the launcher picks. Flash-decoding's
@@ -50,9 +50,9 @@ def _chosen(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q
             chosen = chosen.split(" ", 1)[1]
         return chosen + " (interpreter: the first candidate)"
     # The launcher tunes once per length bucket and launches that winner afterwards, keyed by
-    # tuning_key; it has no public reader of its table, so the table is matched here.
-    tuned = getattr(launch, "_tuned", None)
-    if isinstance(tuned, dict) and hasattr(launch, "length_bucket"):
+    # tuning_key: the winner for these inputs' bucket is in its table.
+    tuned = launch.tuned_configs()
+    if tuned:
         want = {"n_q": launch.length_bucket(n_q), "n_k": launch.length_bucket(n_k), "num_kv_groups": groups}
         for key, config in list(tuned.items()):
             if (isinstance(key, tuple) and len(key) == 5 and key[:3] == (kernel, head_dim, causal)

@@ -139,7 +139,7 @@ def test_prefill_kernels_on_a_gpu_read_the_tma_switch_and_the_launchers_tuned_wi
              ("backward_dq", 128, True, fp16, (("n_k", 1024), ("n_q", 1024), ("num_kv_groups", 1))): dq}
     monkeypatch.setattr(launch, "runs_in_interpreter", lambda: False)
     monkeypatch.setattr(launch, "autotuned_kernel", lambda kernel, head_dim: Tuned())
-    monkeypatch.setattr(launch, "_tuned", table)
+    monkeypatch.setattr(launch, "tuned_configs", lambda: table)
     monkeypatch.setattr(tma_attention, "tma_forward_supported", lambda q, k, v, out=None: True)
     q = k = v = torch.zeros(1, 2, 1000, 128, dtype=torch.float16)            # bucket 1024
     assert kernels_used.prefill_kernels(q, k, v, "forward", causal=True) == (

@@ -80,6 +80,7 @@ def test_a_50_token_generation_loop_tunes_once_per_length_bucket(on_a_fake_gpu):
     assert {o["BLOCK_N"] for o in kernel.fixed_launches} == {candidate.block_n}
     assert {o["num_warps"] for o in kernel.fixed_launches} == {candidate.num_warps}
     assert {o["enable_fp_fusion"] for o in kernel.fixed_launches} == {True}    # explicit, whatever Triton's default
+    assert list(launch.tuned_configs().values()) == [candidate, candidate]        # the two buckets' winners
 
 
 def test_another_dtype_or_group_count_is_tuned_apart(on_a_fake_gpu):
