@@ -61,12 +61,13 @@ _CANDIDATES = {
     # holds K, V and the float32 dK, dV of its keys for the whole loop, plus the P, dP, dS tiles
     # of each step: chosen so that no sm_90 build spills registers (tests/flash/test_flash_spills.py).
     # At d = 128, 64-query steps spill with 4 or 8 warps and any pipelining depth; 32 do not, and
-    # 128 keys fit with one stage (two reach 254 of the 255 registers). A 128-key tile needs 8
-    # warps at d = 64 (4 warps spill).
+    # 128 keys fit with 16-query steps (with 32, one stage fits sm_90 but ptxas spills 12 KB for
+    # sm_80; two stages reach 254 of sm_90's 255 registers). A 128-key tile needs 8 warps at
+    # d = 64 (4 warps spill).
     "backward_dkdv": {
         16: [(64, 64, 4, 3)], 32: [(64, 64, 4, 3)],
         64: [(64, 64, 4, 3), (32, 128, 8, 2)],
-        128: [(32, 64, 8, 2), (32, 128, 8, 1)],
+        128: [(32, 64, 8, 2), (16, 128, 8, 2)],
     },
     # dQ: block_m queries held per program, block_n keys streamed per step.
     "backward_dq": {
