@@ -18,6 +18,7 @@ from benchmarks.flash_gpu.backends import flex_function, sdpa_context
 from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
 from benchmarks.flash_gpu.checks import (
     check_callback,
+    check_choices,
     check_deadline,
     check_device,
     check_dtypes,
@@ -105,12 +106,7 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
     if not causal:
         raise ValueError(f"{where}: causal must not be empty")
     modes = check_modes(where, modes)
-    methods = _validate.labels(where, "methods", methods)
-    for index, method in enumerate(methods):
-        if method not in METHODS:
-            raise ValueError(f"{where}: methods[{index}] must be one of {list(METHODS)}, got {method!r}")
-    if not methods:
-        raise ValueError(f"{where}: methods must not be empty")
+    methods = check_choices(where, "methods", methods, METHODS)
     methods = [method for method in METHODS if method in methods]
     tokens = _validate.integer(where, "tokens", tokens, minimum=1)
     model_dim = _validate.integer(where, "model_dim", model_dim, minimum=1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -40,14 +40,19 @@ def nonempty_ints(where: str, name: str, values: object, minimum: int = 1) -> li
     return values
 
 
+def check_choices(where: str, name: str, values: object, allowed: Sequence[str]) -> list[str]:
+    """``values``, a non-empty sequence of labels each one of ``allowed``; or the error naming the first that is not."""
+    values = _validate.labels(where, name, values)
+    for index, value in enumerate(values):
+        if value not in allowed:
+            raise ValueError(f"{where}: {name}[{index}] must be one of {list(allowed)}, got {value!r}")
+    if not values:
+        raise ValueError(f"{where}: {name} must not be empty")
+    return values
+
+
 def check_modes(where: str, modes: object) -> list[str]:
-    modes = _validate.labels(where, "modes", modes)
-    for index, mode in enumerate(modes):
-        if mode not in MODES:
-            raise ValueError(f"{where}: modes[{index}] must be one of {list(MODES)}, got {mode!r}")
-    if not modes:
-        raise ValueError(f"{where}: modes must not be empty")
-    return modes
+    return check_choices(where, "modes", modes, MODES)
 
 
 def check_deadline(where: str, deadline: object) -> float | None:

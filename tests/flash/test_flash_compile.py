@@ -9,10 +9,7 @@ A process has one Triton mode (:mod:`attn_course.flash.triton_mode`), so compila
 subprocesses with ``TRITON_INTERPRET=0``, two shards in parallel. The compiling tests are marked slow.
 """
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -20,25 +17,14 @@ pytest.importorskip("triton")
 
 from attn_course.flash.aot import SHARED_MEMORY_LIMIT, essential_cases  # noqa: E402
 
+from helpers import run_aot_shards  # noqa: E402
+
 SHARDS = 2
 
 
 @pytest.fixture(scope="module")
 def compile_report():
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1", "OMP_NUM_THREADS": "1"}
-    processes = [
-        subprocess.Popen([sys.executable, "-m", "attn_course.flash.aot", f"{shard}/{SHARDS}"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for shard in range(SHARDS)
-    ]
-    lines, errors = [], []
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=900)
-        lines += stdout.splitlines()
-        if process.returncode not in (0, 1):   # 1 means "compiled, but something is too big"
-            errors.append(stderr[-3000:])
-    assert not errors, "\n".join(errors)
-    return lines
+    return run_aot_shards(shards=SHARDS)
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Registers and spills of the FlashAttention kernels, read without a GPU.
 
-:func:`~attn_course.flash.aot.resource_usage` re-assembles a kernel's PTX with the ``ptxas`` that
+:func:`~attn_course.flash.aot_resources.resource_usage` re-assembles a kernel's PTX with the ``ptxas`` that
 Triton ships and reads its report; its parsing is tested here on captured reports. The slow test
 compiles every configuration the launcher or the autotuner can select of the forward and the
 two backward kernels for sm_90 (:func:`~attn_course.flash.aot.spill_cases`: every head dim,
@@ -14,14 +14,14 @@ Compilation runs in subprocesses with ``TRITON_INTERPRET=0`` (a process has one 
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("triton")
 
-from attn_course.flash import aot  # noqa: E402
+from attn_course.flash import aot, aot_resources  # noqa: E402
+
+from helpers import run_aot_shards  # noqa: E402
 
 # What ptxas-blackwell 13.4 printed for the dK/dV kernel at d = 64 with a run-time group count.
 SPILLING_REPORT = """\
@@ -47,44 +47,44 @@ ptxas info    : Used 132 registers, used 1 barriers, 544 bytes cmem[0]
 
 
 def test_parses_registers_and_spills_of_the_named_function():
-    assert aot.parse_ptxas_log(SPILLING_REPORT, "attention_backward_dkdv_kernel") == {
+    assert aot_resources.parse_ptxas_log(SPILLING_REPORT, "attention_backward_dkdv_kernel") == {
         "registers": 255, "spill_stores": 72, "spill_loads": 72, "stack": 72}
-    assert aot.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "second_kernel") == {
+    assert aot_resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "second_kernel") == {
         "registers": 132, "spill_stores": 0, "spill_loads": 0, "stack": 0}
-    assert aot.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "first_kernel")["spill_stores"] == 4
+    assert aot_resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "first_kernel")["spill_stores"] == 4
 
 
 def test_a_report_without_the_function_or_its_figures_is_refused_by_name():
     with pytest.raises(ValueError, match=r"no register and spill report for 'other_kernel'.*'first_kernel'"):
-        aot.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "other_kernel")
+        aot_resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "other_kernel")
     without_registers = SPILLING_REPORT.replace("Used 255 registers", "Used registers")
     with pytest.raises(ValueError, match="ptxas must run with -v"):
-        aot.parse_ptxas_log(without_registers, "attention_backward_dkdv_kernel")
+        aot_resources.parse_ptxas_log(without_registers, "attention_backward_dkdv_kernel")
     with pytest.raises(ValueError, match=r"functions reported: \[\]"):
-        aot.parse_ptxas_log("", "attention_backward_dkdv_kernel")    # what a ptxas without -v prints
+        aot_resources.parse_ptxas_log("", "attention_backward_dkdv_kernel")    # what a ptxas without -v prints
     with pytest.raises(TypeError, match="parse_ptxas_log: log must be a str, got bytes"):
-        aot.parse_ptxas_log(SPILLING_REPORT.encode(), "attention_backward_dkdv_kernel")
+        aot_resources.parse_ptxas_log(SPILLING_REPORT.encode(), "attention_backward_dkdv_kernel")
     with pytest.raises(TypeError, match="parse_ptxas_log: kernel_name must be a str, got NoneType"):
-        aot.parse_ptxas_log(SPILLING_REPORT, None)
+        aot_resources.parse_ptxas_log(SPILLING_REPORT, None)
 
 
 def test_shipped_assemblers_prefer_the_newer_ptxas_for_hopper():
     try:
-        hopper, ampere = aot.shipped_assemblers(90), aot.shipped_assemblers(80)
+        hopper, ampere = aot_resources.shipped_assemblers(90), aot_resources.shipped_assemblers(80)
     except FileNotFoundError as error:
         pytest.skip(str(error))
     assert sorted(hopper) == sorted(ampere) and all(os.path.isabs(path) for path in hopper)
     if len(hopper) == 2:
         assert os.path.basename(hopper[0]) == "ptxas-blackwell" and os.path.basename(ampere[0]) == "ptxas"
     with pytest.raises(TypeError, match="shipped_assemblers: capability must be an int, got str"):
-        aot.shipped_assemblers("90")
+        aot_resources.shipped_assemblers("90")
     with pytest.raises(ValueError, match="compute capability times ten"):
-        aot.shipped_assemblers(9)
+        aot_resources.shipped_assemblers(9)
 
 
 def test_resource_usage_refuses_what_is_not_a_compiled_kernel():
     with pytest.raises(TypeError, match=r"resource_usage: compiled must be a kernel compiled by triton.compile"):
-        aot.resource_usage("kernel.ptx")
+        aot_resources.resource_usage("kernel.ptx")
 
 
 def test_spill_cases_cover_every_selectable_configuration_with_both_group_counts():
@@ -109,20 +109,7 @@ LINE = re.compile(r"(?P<case>.+): shared (?P<shared>\d+) limit \d+ wgmma=\w+ reg
 
 @pytest.fixture(scope="module")
 def sm90_resources():
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1", "OMP_NUM_THREADS": "1"}
-    processes = [
-        subprocess.Popen([sys.executable, "-m", "attn_course.flash.aot", "--spills", f"{shard}/{SHARDS}"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for shard in range(SHARDS)
-    ]
-    lines, errors = [], []
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=900)
-        lines += stdout.splitlines()
-        if process.returncode not in (0, 1):   # 1 means "compiled, but something spills or is too big"
-            errors.append(stderr[-3000:])
-    assert not errors, "\n".join(errors)
-    return [LINE.match(line) for line in lines]
+    return [LINE.match(line) for line in run_aot_shards("--spills", shards=SHARDS)]
 
 
 @pytest.mark.slow
