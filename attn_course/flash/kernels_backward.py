@@ -40,10 +40,16 @@ def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_grou
     tiles = tl.cdiv(tl.maximum(row_end - row_begin, 0), BLOCK_M)               # per query head
     for step in range(0, num_kv_groups * tiles):
         member = step // tiles
-        rows = row_begin + (step - member * tiles) * BLOCK_M + tl.arange(0, BLOCK_M)    # [BLOCK_M]
+        first_row = row_begin + (step - member * tiles) * BLOCK_M
+        rows = first_row + tl.arange(0, BLOCK_M)                              # [BLOCK_M]
         member = member.to(tl.int64)
-        q_pointers = q_group + member * stride_qh + rows[None, :] * stride_qn + dims[:, None] * stride_qd
-        do_pointers = do_group + member * stride_doh + rows[:, None] * stride_don + dims[None, :] * stride_dod
+        # The tile's first row in int64 (its offset can pass 2**31 elements), as in the forward;
+        # offsets within the tile stay int32.
+        first_row, tile_rows = tl.cast(first_row, tl.int64), tl.arange(0, BLOCK_M)
+        q_pointers = (q_group + member * stride_qh + first_row * stride_qn + tile_rows[None, :] * stride_qn
+                      + dims[:, None] * stride_qd)
+        do_pointers = (do_group + member * stride_doh + first_row * stride_don + tile_rows[:, None] * stride_don
+                       + dims[None, :] * stride_dod)
         stats = stats_group + member * n_q + rows                                 # [BLOCK_M]
         if MASKED:
             q_t = tl.load(q_pointers, mask=rows[None, :] < n_q, other=0.0)    # [d, BLOCK_M]
@@ -106,13 +112,15 @@ def attention_backward_dkdv_kernel(
     kv_head = (batch_kv_head % num_kv_heads).to(tl.int64)
     keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)                             # [BLOCK_N]
     dims = tl.arange(0, HEAD_DIM)
+    # The tile's first key in int64: key position x row stride can pass 2**31 elements.
+    first_key, tile_keys = tl.cast(tile * BLOCK_N, tl.int64), tl.arange(0, BLOCK_N)
 
     # My keys and values, loaded once; they stay on chip for all the group's query tiles.
-    k = tl.load(K + batch * stride_kb + kv_head * stride_kh + keys[:, None] * stride_kn + dims[None, :] * stride_kd,
-                mask=keys[:, None] < n_k, other=0.0)                          # [BLOCK_N, d]
+    k = tl.load(K + batch * stride_kb + kv_head * stride_kh + first_key * stride_kn + tile_keys[:, None] * stride_kn
+                + dims[None, :] * stride_kd, mask=keys[:, None] < n_k, other=0.0)          # [BLOCK_N, d]
     scale_log2 = scale * LOG2_E
-    v = tl.load(V + batch * stride_vb + kv_head * stride_vh + keys[:, None] * stride_vn + dims[None, :] * stride_vd,
-                mask=keys[:, None] < n_k, other=0.0)                          # [BLOCK_N, d]
+    v = tl.load(V + batch * stride_vb + kv_head * stride_vh + first_key * stride_vn + tile_keys[:, None] * stride_vn
+                + dims[None, :] * stride_vd, mask=keys[:, None] < n_k, other=0.0)          # [BLOCK_N, d]
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
 
@@ -150,7 +158,8 @@ def attention_backward_dkdv_kernel(
                                BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL,
                                ATOMIC_DQ=ATOMIC_DQ)
 
-    out_offsets = batch_kv_head.to(tl.int64) * n_k * HEAD_DIM + keys[:, None] * HEAD_DIM + dims[None, :]
+    out_offsets = ((batch_kv_head.to(tl.int64) * n_k + first_key) * HEAD_DIM + tile_keys[:, None] * HEAD_DIM
+                   + dims[None, :])
     tl.store(dK + out_offsets, (dk * scale).to(dK.dtype.element_ty), mask=keys[:, None] < n_k)
     tl.store(dV + out_offsets, dv.to(dV.dtype.element_ty), mask=keys[:, None] < n_k)
 
@@ -162,8 +171,10 @@ def dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, st
     """dQ contributions of key tiles ``key_begin .. key_end``; ``MASKED`` tiles check bounds and causality."""
     for key_start in range(key_begin, key_end, BLOCK_N):
         keys = key_start + tl.arange(0, BLOCK_N)
-        k_pointers = k_base + keys[:, None] * stride_kn + dims[None, :] * stride_kd
-        v_pointers = v_base + keys[None, :] * stride_vn + dims[:, None] * stride_vd
+        # The tile's first key in int64, as in the forward (tl.cast: the interpreter's loop variable is an int).
+        first_key, tile_keys = tl.cast(key_start, tl.int64), tl.arange(0, BLOCK_N)
+        k_pointers = k_base + first_key * stride_kn + tile_keys[:, None] * stride_kn + dims[None, :] * stride_kd
+        v_pointers = v_base + first_key * stride_vn + tile_keys[None, :] * stride_vn + dims[:, None] * stride_vd
         if MASKED:
             k = tl.load(k_pointers, mask=keys[:, None] < n_k, other=0.0)      # [BLOCK_N, d]
             v_t = tl.load(v_pointers, mask=keys[None, :] < n_k, other=0.0)    # [d, BLOCK_N]
@@ -205,15 +216,17 @@ def attention_backward_dq_kernel(
     kv_head = head // num_kv_groups
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # [BLOCK_M]
     dims = tl.arange(0, HEAD_DIM)
+    # The tile's first row in int64: its offset can pass 2**31 elements.
+    first_row, tile_rows = tl.cast(tile * BLOCK_M, tl.int64), tl.arange(0, BLOCK_M)
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
     stats_base = batch_head.to(tl.int64) * n_q
 
-    q = tl.load(Q + batch * stride_qb + head * stride_qh + rows[:, None] * stride_qn + dims[None, :] * stride_qd,
-                mask=rows[:, None] < n_q, other=0.0)                          # [BLOCK_M, d]
+    q = tl.load(Q + batch * stride_qb + head * stride_qh + first_row * stride_qn + tile_rows[:, None] * stride_qn
+                + dims[None, :] * stride_qd, mask=rows[:, None] < n_q, other=0.0)          # [BLOCK_M, d]
     scale_log2 = scale * LOG2_E
-    do = tl.load(dOut + batch * stride_dob + head * stride_doh + rows[:, None] * stride_don
-                 + dims[None, :] * stride_dod, mask=rows[:, None] < n_q, other=0.0)
+    do = tl.load(dOut + batch * stride_dob + head * stride_doh + first_row * stride_don
+                 + tile_rows[:, None] * stride_don + dims[None, :] * stride_dod, mask=rows[:, None] < n_q, other=0.0)
     lse = tl.load(LSE + stats_base + rows, mask=rows < n_q, other=0.0)
     delta = tl.load(Delta + stats_base + rows, mask=rows < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -236,7 +249,8 @@ def attention_backward_dq_kernel(
                        rows, dims, n_k, causal_offset, scale_log2, unmasked_end, key_end,
                        BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL)
 
-    out_offsets = batch_head.to(tl.int64) * n_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :]
+    out_offsets = ((batch_head.to(tl.int64) * n_q + first_row) * HEAD_DIM + tile_rows[:, None] * HEAD_DIM
+                   + dims[None, :])
     tl.store(dQ + out_offsets, (dq * scale).to(dQ.dtype.element_ty), mask=rows[:, None] < n_q)
 
 
@@ -263,10 +277,11 @@ def attention_backward_delta_kernel(
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # [BLOCK_M]
     dims = tl.arange(0, HEAD_DIM)
     inside = rows < n_q
-    o = tl.load(Out + batch * stride_ob + head * stride_oh + rows[:, None] * stride_on + dims[None, :] * stride_od,
-                mask=inside[:, None], other=0.0)                              # [BLOCK_M, d]
-    do = tl.load(dOut + batch * stride_dob + head * stride_doh + rows[:, None] * stride_don
-                 + dims[None, :] * stride_dod, mask=inside[:, None], other=0.0)
+    first_row, tile_rows = tl.cast(tile * BLOCK_M, tl.int64), tl.arange(0, BLOCK_M)   # int64, as above
+    o = tl.load(Out + batch * stride_ob + head * stride_oh + first_row * stride_on + tile_rows[:, None] * stride_on
+                + dims[None, :] * stride_od, mask=inside[:, None], other=0.0)            # [BLOCK_M, d]
+    do = tl.load(dOut + batch * stride_dob + head * stride_doh + first_row * stride_don
+                 + tile_rows[:, None] * stride_don + dims[None, :] * stride_dod, mask=inside[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)              # [BLOCK_M]
     stats = batch_head.to(tl.int64) * n_q + rows
     tl.store(Delta + stats, delta, mask=inside)

@@ -1,11 +1,13 @@
-"""The forward and decoding kernels address rows past 2**31 elements (issue 32, hardening).
+"""The forward, decoding and backward kernels address rows past 2**31 elements (issue 32, hardening).
 
 A row's offset is its position times the row stride; in int32 it wraps once that product passes
 2**31 elements: a packed ``[B, N, 3, H, d]`` QKV view past about 174k tokens, a KV cache past two
-million keys. The kernels advance each tile's first row in int64. Here q, k and v are views into one
-buffer of just over 2**31 float16 elements with a row stride of 2**23, so their row 256 starts at
-2**31: the buffer is left uninitialised by torch.empty and only the rows the kernel reads are
-written (about 257 pages). Each case runs in a child process: with the offsets wrapping, the
+million keys. The kernels advance each tile's first row in int64. Here q, k and v (and, for the
+backward, the output and its gradient) are views into one buffer of just over 2**31 float16
+elements with a row stride of 2**23, so their row 256 starts at 2**31: the buffer is left
+uninitialised by torch.empty and only the rows the kernels read are written (about 257 pages).
+The backward's three kernels (Δ, dK/dV, dQ; and the atomic-dQ dK/dV kernel) must give on those
+views exactly the gradients they give on contiguous copies. Each case runs in a child process: with the offsets wrapping, the
 interpreter reads far outside the buffer and the process dies instead of failing.
 """
 
@@ -21,27 +23,36 @@ CHILD = textwrap.dedent('''
     import torch
     from attn_course.flash.triton_mode import use_interpreter_without_gpu
     use_interpreter_without_gpu()
-    from attn_course.flash.triton_attention import decode_attention, flash_attention
+    from attn_course.flash.triton_attention import (attention_backward, attention_forward, decode_attention,
+                                                    flash_attention)
 
     n, d, row_stride = 257, 16, 2**23               # row 256 starts at 256 * 2**23 = 2**31 elements
-    buffer = torch.empty((n - 1) * row_stride + 3 * d, dtype=torch.float16)
+    buffer = torch.empty((n - 1) * row_stride + 5 * d, dtype=torch.float16)
     generator = torch.Generator().manual_seed(0)
     views = [buffer.as_strided((1, 1, n, d), (n * row_stride, n * row_stride, row_stride, 1), offset)
-             for offset in (0, d, 2 * d)]             # q, k, v interleaved in each row, as in packed QKV
+             for offset in (0, d, 2 * d, 3 * d, 4 * d)]   # q, k, v (out, dO) interleaved in each row, as packed QKV
     for view in views:
         view.copy_(torch.randn(1, 1, n, d, generator=generator).half())
-    q, k, v = views
+    q, k, v, out, grad_out = views
     copies = [view.clone() for view in views]          # the same numbers, contiguous
     KIND = None
     if KIND == "forward":
-        far, near = flash_attention(q, k, v, causal=True), flash_attention(*copies, causal=True)
+        far, near = flash_attention(q, k, v, causal=True), flash_attention(*copies[:3], causal=True)
+    elif KIND == "backward":                            # the Δ, dK/dV and dQ kernels, then dQ by atomic adds
+        _, lse = attention_forward(*copies[:3], causal=True)
+        out.copy_(_)
+        copies[3].copy_(_)
+        far = torch.cat([torch.cat(attention_backward(grad_out, q, k, v, out, lse, causal=True, deterministic=mode))
+                         for mode in (True, False)])
+        near = torch.cat([torch.cat(attention_backward(copies[4], *copies[:4], lse, causal=True, deterministic=mode))
+                          for mode in (True, False)])
     else:                                               # one query against 257 cached keys
-        far, near = decode_attention(q[:, :, -1:], k, v), decode_attention(copies[0][:, :, -1:], *copies[1:])
+        far, near = decode_attention(q[:, :, -1:], k, v), decode_attention(copies[0][:, :, -1:], *copies[1:3])
     print("EQUAL" if torch.equal(far, near) else f"DIFFERENT {(far.float() - near.float()).abs().max().item()}")
 ''')
 
 
-@pytest.mark.parametrize("kind", ["forward", "decode"])
+@pytest.mark.parametrize("kind", ["forward", "decode", "backward"])
 def test_rows_past_two_to_the_31_elements_are_read_where_they_are(kind):
     completed = subprocess.run([sys.executable, "-c", CHILD.replace("KIND = None", f"KIND = {kind!r}")],
                                capture_output=True, text=True, timeout=300)
