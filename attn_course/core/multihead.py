@@ -179,6 +179,44 @@ class MultiHeadAttention(nn.Module):
             >>> output.shape
             torch.Size([2, 4, 16])
         """
+        output, weights = self.attend_heads(query, key, value, mask=mask, is_causal=is_causal, kv_cache=kv_cache,
+                                            need_weights=need_weights, positions=positions)   # [B, H, N_q, d]
+        return self.out_proj(merge_heads(output)), weights               # [B, N_q, E]
+
+    def attend_heads(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        kv_cache: KVCache | None = None,
+        need_weights: bool = True,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` up to the heads' outputs, before they are merged and projected by ``out_proj``.
+
+        ``forward(...)`` is ``out_proj(merge_heads(z))`` of this ``z``; a model that needs each head's
+        own contribution to the output (chapter 11's circuits) projects each head's slice of ``z``
+        by its own columns of ``out_proj.weight``.
+
+        Args:
+            query, key, value, mask, is_causal, kv_cache, need_weights, positions: as in :meth:`forward`.
+
+        Returns:
+            ``(z [B, H, N_q, d], attention_weights [B, H, N_q, N_k] or None)``.
+
+        Raises:
+            TypeError, ValueError: as :meth:`forward`.
+
+        Example:
+            >>> attention = MultiHeadAttention(embed_dim=16, num_heads=4)
+            >>> x = torch.randn(2, 5, 16)                                   # [B, N, E]
+            >>> z, weights = attention.attend_heads(x, is_causal=True)
+            >>> z.shape, torch.allclose(attention.out_proj(merge_heads(z)), attention(x, is_causal=True)[0])
+            (torch.Size([2, 4, 5, 4]), True)
+        """
         key, value, positions = self._check_call(query, key, value, kv_cache, positions)
         rope = self.rope if key is query else None                       # cross-attention is not rotated
         q = split_heads(self.q_proj(query), self.num_heads)              # [B, H, N_q, d]
@@ -192,8 +230,7 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache.update(k, v, positions=positions, rotate=rope)   # [B, H_kv, N_k, d], rotated
         elif rope is not None:
             k = rope(k, positions)                                       # [B, H_kv, N_k, d]
-        output, weights = self._attend(q, k, v, mask, is_causal, need_weights)   # [B, H, N_q, d]
-        return self.out_proj(merge_heads(output)), weights               # [B, N_q, E]
+        return self._attend(q, k, v, mask, is_causal, need_weights)      # [B, H, N_q, d], weights
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                 is_causal: bool, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
