@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # course machines instead of resolving a multi-GB CUDA build. On a GPU box, override:
 #   make lab TORCH_SPEC=torch
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= notebooks,grading,site,test
+EXTRAS     ?= notebooks,grading,site,test,hub
 # The .venv's kernelspec comes first, ahead of any user-level "python3" kernel.
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 # Keep runs offline and reproducible.
@@ -29,10 +29,13 @@ KERNEL := $(VENV)/share/jupyter/kernels/python3/kernel.json
 KERNEL_DISPLAY_NAME := Python 3 (ipykernel)
 # JupyterLab settings for this course: never ask about, or fetch, the Jupyter news feed.
 OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+# The hub's proxy, configurable-http-proxy, from npm into deploy/jupyterhub/node_modules (never globally).
+HUB_DIR := deploy/jupyterhub
+PROXY := $(HUB_DIR)/node_modules/.attn-course-installed
 
-.PHONY: venv lab test lint unit notebooks execute assignments grade site clean
+.PHONY: venv lab test lint unit notebooks execute assignments grade site clean hub handout handout-link collect
 
-venv: $(STAMP) $(KERNEL) $(OVERRIDES)
+venv: $(STAMP) $(KERNEL) $(OVERRIDES) $(PROXY)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +52,17 @@ $(KERNEL): $(STAMP) Makefile
 $(OVERRIDES): tools/jupyterlab-overrides.json $(STAMP)
 	mkdir -p $(dir $@)
 	cp $< $@
+
+# configurable-http-proxy at package-lock.json's versions (npm ci: nothing resolved anew), for the hub
+# (deploy/jupyterhub/) and its test (tests/hub/). Without npm nothing else needs it: the hub test then
+# skips, except in CI, where .ci/run installs npm first.
+$(PROXY): $(HUB_DIR)/package.json $(HUB_DIR)/package-lock.json
+	@if command -v npm > /dev/null 2>&1; then \
+		echo "npm ci in $(HUB_DIR) (configurable-http-proxy)"; \
+		cd $(HUB_DIR) && npm ci --no-audit --no-fund --loglevel=error > /dev/null && touch node_modules/.attn-course-installed; \
+	else \
+		echo "npm not found: no configurable-http-proxy, so the hub test (tests/hub/) will skip; install npm, then make venv"; \
+	fi
 
 # JupyterLab's flags (offline: no update checks, no news, no extension catalogue) live in
 # tools/lab.py, which the browser tests start the server with too. Extra options: LAB_ARGS=...
@@ -92,6 +106,27 @@ grade: venv $(if $(wildcard dist/autograder/*.zip),,assignments)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student)"; exit 2; }
 	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades \
 		$(if $(filter-out 0,$(TRUSTED)),--trusted) $(GRADE_ARGS)
+
+# A class on JupyterHub (INSTRUCTORS.md section 6): the hub on this machine (deploy/jupyterhub/), the
+# student notebooks committed into a git repository for nbgitpuller, the link that hands them out,
+# and the students' notebooks gathered from the hub's homes into SUBMISSIONS for `make grade`.
+HANDOUT_BRANCH ?= main
+hub: venv
+	$(BIN)/jupyterhub -f $(HUB_DIR)/jupyterhub_config.py $(HUB_ARGS)
+
+handout: venv $(if $(wildcard dist/student/*.ipynb),,assignments)
+	@test -n "$(HANDOUT_REPO)" || { echo "usage: make handout HANDOUT_REPO=DIR (the git repository students pull)"; exit 2; }
+	$(BIN)/python tools/handout.py publish --student dist/student --repo "$(HANDOUT_REPO)" --branch "$(HANDOUT_BRANCH)"
+
+handout-link: venv
+	@test -n "$(HUB_URL)" && test -n "$(HANDOUT_URL)" || { echo "usage: make handout-link HUB_URL=https://hub.example.org HANDOUT_URL=GIT_URL [CHAPTER=02_formula]"; exit 2; }
+	@$(BIN)/python tools/handout.py link --hub "$(HUB_URL)" --repo "$(HANDOUT_URL)" --branch "$(HANDOUT_BRANCH)" \
+		$(if $(CHAPTER),--open "$(CHAPTER).ipynb")
+
+collect: venv
+	@test -n "$(HOMES)" || { echo "usage: make collect HOMES=/home [SUBMISSIONS=submissions] [CHAPTERS=02_formula,...]"; exit 2; }
+	$(BIN)/python tools/collect_submissions.py "$(HOMES)" --out "$(or $(SUBMISSIONS),submissions)" \
+		$(if $(CHAPTERS),--chapters "$(CHAPTERS)") $(COLLECT_ARGS)
 
 # The course as a static website in build/site/ (README: "The course as a website"), built from
 # the committed, executed chapters without running them; the students' version of the exercises.
