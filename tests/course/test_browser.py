@@ -37,6 +37,7 @@ from support.browser import (
     TIMEOUT_MS,
     missing_browser,
     require_browser,
+    wait_for_kernel_idle,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -99,21 +100,7 @@ def open_notebook(browser, lab: Lab, notebook: str, requests: list[str] | None =
     workspace = re.sub(r"[^A-Za-z0-9]+", "-", notebook.removesuffix(".ipynb"))
     try:
         page.goto(f"{lab.base}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={lab.token}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell")
-        # The execution indicator says "idle" before any kernel exists, too: wait for the
-        # toolbar to name a kernel and for that kernel to be idle, or for JupyterLab to ask
-        # which kernel to start (a notebook without kernelspec): then accept its offer, this
-        # environment's python3, and wait again.
-        kernel_idle = """() => {
-            const name = document.querySelector('.jp-Toolbar-kernelName')?.textContent.trim();
-            const status = document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status;
-            return name && name !== 'No Kernel' && status === 'idle';
-        }"""
-        page.wait_for_function(f"() => ({kernel_idle})() || document.querySelector('.jp-Dialog') !== null")
-        select = page.locator(".jp-Dialog .jp-Dialog-button", has_text=re.compile(r"^Select$"))
-        if select.count():
-            select.click()
-        page.wait_for_function(kernel_idle)
+        wait_for_kernel_idle(page)
     except Exception:
         screenshot_on_failure(page, workspace)
         raise

@@ -1,10 +1,12 @@
 """Whether the browser tests can run here: Chromium's path and flags, and the skip (or, in CI, the failure)
-when it is missing. Used by conftest.py's ``chromium`` and ``browser`` fixtures and by the browser tests."""
+when it is missing; and waiting for a notebook's kernel in JupyterLab. Used by conftest.py's ``chromium`` and
+``browser`` fixtures and by the browser tests (tests/course/test_browser.py, tests/hub/test_hub.py)."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 
 import pytest
@@ -48,3 +50,24 @@ def require_browser() -> str:
     pytest.skip(f"browser tests skipped: {reason}")
 
 
+
+
+# JupyterLab's execution indicator says "idle" before any kernel exists, too: a kernel is ready when the
+# toolbar names one and the indicator says idle.
+_KERNEL_IDLE = """() => {
+    const name = document.querySelector('.jp-Toolbar-kernelName')?.textContent.trim();
+    const status = document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status;
+    return name && name !== 'No Kernel' && status === 'idle';
+}"""
+
+
+def wait_for_kernel_idle(page) -> None:
+    """Wait until the notebook open in ``page`` (Playwright's Page, in JupyterLab) has a kernel that is
+    idle, or for JupyterLab to ask which kernel to start (a notebook without kernelspec): then accept
+    its offer, this environment's python3, and wait again."""
+    page.wait_for_selector(".jp-Notebook .jp-Cell")
+    page.wait_for_function(f"() => ({_KERNEL_IDLE})() || document.querySelector('.jp-Dialog') !== null")
+    select = page.locator(".jp-Dialog .jp-Dialog-button", has_text=re.compile(r"^Select$"))
+    if select.count():
+        select.click()
+    page.wait_for_function(_KERNEL_IDLE)
