@@ -92,7 +92,8 @@ def test_the_good_notebooks_are_collected_and_everything_else_is_reported(homes,
     assert {user: sorted(chapters) for user, chapters in found.notebooks.items()} == {
         "ada": CHAPTERS, "carol": ["01_intuition"]}
     assert found.refused == []
-    assert (out / "ada" / "02_formula.ipynb").read_bytes() == (homes / "ada" / "attn-course" / "02_formula.ipynb").read_bytes()
+    original = homes / "ada" / "attn-course" / "02_formula.ipynb"
+    assert (out / "ada" / "02_formula.ipynb").read_bytes() == original.read_bytes()
 
 
 def test_a_class_with_nothing_refused_exits_0_and_a_second_collection_replaces_the_first(tmp_path):

@@ -84,7 +84,8 @@ def test_where_both_changed_the_same_cell_the_students_version_wins(course):
     answered = nbformat.read(mine, as_version=4)
     answered.cells[2].source = ANSWER
     nbformat.write(answered, mine)
-    write(chapter("Chapter 02", stub="def stable_softmax(scores: torch.Tensor):\n    ..."), student / "02_formula.ipynb")
+    changed_stub = chapter("Chapter 02", stub="def stable_softmax(scores: torch.Tensor):\n    ...")
+    write(changed_stub, student / "02_formula.ipynb")
     handout.publish(student, repo)
     pull(repo, home)
     assert sources(mine)[2] == ANSWER

@@ -100,6 +100,22 @@ def answer_and_check(page, answer: str) -> str:
     return output_text(check)
 
 
+def assert_course_environment(page, context, hub, student: str) -> None:
+    """The student's server is the one deploy/jupyterhub/jupyterhub_config.py describes: the
+    course's kernel, tools/lab.py's offline flags, the course's JupyterLab settings."""
+    kernel = page.locator(".jp-Toolbar-kernelName").first.text_content().strip()
+    carried = nbformat.read(ROOT / "notebooks" / f"{CHAPTER}.ipynb", as_version=4).metadata.kernelspec.display_name
+    assert kernel == carried
+    config = page.evaluate("() => JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    assert config["news"] == {"disabled": True}                     # --LabApp.news_url=None
+    assert config["extensionManager"]["name"] == "read-only"         # --LabApp.extension_manager=readonly
+    settings = context.request.get(
+        f"{hub.url}/user/{student}/lab/api/settings/@jupyterlab/apputils-extension:notification").json()
+    expected = json.loads((ROOT / "tools" / "jupyterlab-overrides.json").read_text())
+    for name, value in expected["@jupyterlab/apputils-extension:notification"].items():
+        assert settings["schema"]["properties"][name]["default"] == value, name
+
+
 @pytest.mark.slow
 def test_two_students_on_a_hub_hand_out_answer_collect_grade(hub_tools, browser, tmp_path):
     began = time.monotonic()
@@ -125,6 +141,7 @@ def test_two_students_on_a_hub_hand_out_answer_collect_grade(hub_tools, browser,
             feedback = {student: answer_and_check(page, ANSWERS[student]) for student, page in pages.items()}
             timings["jupyterhub start to both students seeing feedback (s)"] = round(
                 time.monotonic() - hub.started, 1)
+            assert_course_environment(pages["ada"], contexts["ada"], hub, "ada")
             # The course's feedback, in the page: ada's passes, grace's names the overflow.
             assert f"{QUESTION} passed" in feedback["ada"], feedback["ada"]
             assert "overflow" in feedback["grace"].lower() and "passed" not in feedback["grace"], feedback["grace"]

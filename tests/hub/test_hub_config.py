@@ -15,8 +15,9 @@ import pytest
 import yaml
 from traitlets.config.loader import PyFileConfigLoader
 
-from support import hub as hub_support
 from tools import lab
+
+from support import hub as hub_support
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "jupyterhub"
@@ -54,7 +55,8 @@ def test_the_idle_culler_runs_as_a_service_with_the_scopes_it_needs(monkeypatch,
     assert role["services"] == [service["name"]]
     # jupyterhub-idle-culler's README: the scopes it needs to find idle servers and stop them.
     assert set(role["scopes"]) == {"list:users", "read:users:activity", "read:servers", "delete:servers"}
-    completed = subprocess.run([sys.executable, "-m", "jupyterhub_idle_culler", "--help"], capture_output=True, text=True)
+    completed = subprocess.run([sys.executable, "-m", "jupyterhub_idle_culler", "--help"],
+                               capture_output=True, text=True)
     assert completed.returncode == 0 and "--timeout" in completed.stdout
 
 
