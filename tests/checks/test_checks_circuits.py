@@ -1,0 +1,200 @@
+"""Chapter 11's exercise checks: the solutions pass, each known mistake gets its own hint, the course's own
+scores are refused by name, and the references agree with scores written as loops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_course.checks import CheckFailed
+from attn_course.checks.circuits import (
+    check_fixed_induction_scores,
+    check_induction_score,
+    check_previous_token_detector,
+    stripe_mean,
+)
+
+
+def hint(check, fn) -> str:
+    with pytest.raises(CheckFailed) as failed:
+        check(fn)
+    return str(failed.value)
+
+
+def loop_score(pattern: torch.Tensor, back: int, start: int, *, transposed: bool = False,
+               divisor: int | None = None) -> torch.Tensor:
+    """Σ over queries i ≥ start of pattern[..., i, i − back], one Python step at a time (float64)."""
+    n = pattern.shape[-1]
+    total = torch.zeros(pattern.shape[:-2], dtype=torch.float64)
+    for i in range(start, n):
+        total += (pattern[..., i - back, i] if transposed else pattern[..., i, i - back]).double()
+    return total / (n - start if divisor is None else divisor)
+
+
+# The solutions, written as loops over query positions (not as the checks' references).
+def induction(pattern, period):
+    return loop_score(pattern, period - 1, period)
+
+
+def previous_token(pattern):
+    return loop_score(pattern, 1, 1)
+
+
+def fixed(patterns, period):
+    return loop_score(patterns, period - 1, period).mean(dim=1)
+
+
+# --- the reference --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("back, start", [(0, 0), (1, 1), (2, 5), (4, 5), (5, 5)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_stripe_mean_equals_a_loop_over_the_queries(back, start, transposed):
+    pattern = torch.rand(2, 3, 7, 7, generator=torch.Generator().manual_seed(back + 10 * start))
+    assert torch.allclose(stripe_mean(pattern, back, start, transposed=transposed),
+                          loop_score(pattern, back, start, transposed=transposed), atol=1e-12)
+
+
+def test_the_checks_references_agree_with_the_courses_scores():
+    # The checks do not use attn_course.circuits (the answers may not), but must mean the same scores.
+    from attn_course.circuits.scores import induction_score, previous_token_score
+
+    pattern = torch.softmax(torch.randn(3, 4, 10, 10, generator=torch.Generator().manual_seed(0)), -1).double()
+    for period in (1, 3, 5, 9):
+        assert torch.allclose(stripe_mean(pattern, period - 1, period), induction_score(pattern, period), atol=1e-12)
+    assert torch.allclose(stripe_mean(pattern, 1, 1), previous_token_score(pattern), atol=1e-12)
+
+
+def test_a_perfect_induction_pattern_scores_one():
+    n, period = 8, 4
+    perfect = torch.zeros(n, n)
+    perfect[torch.arange(period, n), torch.arange(period, n) - period + 1] = 1.0
+    assert stripe_mean(perfect, period - 1, period).item() == 1.0
+    assert stripe_mean(perfect, period, period).item() == 0.0            # the off-by-one sees none of it
+
+
+def test_stripe_mean_refuses_a_pattern_that_is_not_square_and_a_stripe_outside_it():
+    with pytest.raises(ValueError, match=r"\[\.\.\., N, N\]"):
+        stripe_mean(torch.zeros(3, 4), 1, 1)
+    with pytest.raises(ValueError, match="outside"):
+        stripe_mean(torch.zeros(4, 4), 2, 1)
+
+
+# --- (a) the induction score ---------------------------------------------------------------------------
+
+def test_induction_solution_passes():
+    assert check_induction_score(induction)
+
+
+def test_a_float_answer_for_one_pattern_is_accepted():
+    assert check_induction_score(lambda p, period: induction(p, period) if p.dim() > 2
+                                 else float(induction(p, period)))
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda p, period: loop_score(p, period, period), "the earlier copy of token i itself"),
+    (lambda p, period: p.diagonal(-period, -2, -1).mean(-1), "the earlier copy of token i itself"),
+    (lambda p, period: p.diagonal(1 - period, -2, -1).mean(-1), "includes i = period − 1"),
+    (lambda p, period: loop_score(p, period - 2, period) if period >= 2 else induction(p, period),
+     "one past the right key"),
+    (lambda p, period: loop_score(p, period + 1, period + 1), "one further back"),
+    (lambda p, period: induction(p.transpose(-2, -1), period), "transposed"),
+    (lambda p, period: loop_score(p, period - 1, period, divisor=1), "the sum of the right entries"),
+    (lambda p, period: loop_score(p, period - 1, period, divisor=p.shape[-1]), "You divided by N"),
+    (lambda p, period: induction(p, p.shape[-1] // 2), "not half the length"),
+    (lambda p, period: induction(p, period).mean(), "one number for the whole tensor"),
+    (lambda p, period: p.diagonal(1 - period, -2, -1), "one entry per query position"),
+    (lambda p, period: torch.zeros(p.shape[:-2]), "differs from the reference"),
+    (lambda p, period: ..., "returns nothing yet"),
+    (lambda p, period: "high", "a tensor of scores"),
+])
+def test_each_induction_mistake_gets_its_hint(fn, fragment):
+    assert fragment in hint(check_induction_score, fn)
+
+
+def test_the_courses_induction_score_is_refused_by_name():
+    from attn_course.circuits.scores import induction_score
+
+    assert "calls induction_score, which this exercise forbids" in hint(check_induction_score, induction_score)
+
+
+# --- (c) the previous-token detector ---------------------------------------------------------------------
+
+def test_previous_token_solution_passes():
+    assert check_previous_token_detector(previous_token)
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda p: p.diagonal(0, -2, -1).mean(-1), "the diagonal"),
+    (lambda p: loop_score(p, 0, 1), "the diagonal"),
+    (lambda p: p.diagonal(1, -2, -1).mean(-1), "pattern[..., i − 1, i]"),
+    (lambda p: previous_token(p.transpose(-2, -1)), "pattern[..., i − 1, i]"),
+    (lambda p: (p * torch.eye(p.shape[-1], dtype=p.dtype).roll(-1, dims=1)).sum(-1).mean(-1), "wrapped around"),
+    (lambda p: loop_score(p, 2, 2), "two tokens back"),
+    (lambda p: loop_score(p, 1, 1, divisor=1), "the sum of the right entries"),
+    (lambda p: loop_score(p, 1, 1, divisor=p.shape[-1]), "You divided by N"),
+    (lambda p: previous_token(p).mean(), "one number for the whole tensor"),
+    (lambda p: p.diagonal(-1, -2, -1), "one entry per query position"),
+])
+def test_each_previous_token_mistake_gets_its_hint(fn, fragment):
+    assert fragment in hint(check_previous_token_detector, fn)
+
+
+def test_the_courses_previous_token_score_is_refused_by_name():
+    from attn_course.circuits.scores import previous_token_score
+
+    message = hint(check_previous_token_detector, lambda p: previous_token_score(p))
+    assert "calls previous_token_score, which this exercise forbids" in message
+
+
+# --- (d) the classmate's scores, fixed --------------------------------------------------------------------
+
+def test_fixed_solution_passes():
+    assert check_fixed_induction_scores(fixed)
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda ps, period: ps.diagonal(-period, -2, -1).mean(dim=(1, -1)), "the classmate's scores, unchanged"),
+    (lambda ps, period: ps.diagonal(1 - period, -2, -1).mean(dim=(1, -1)), "includes i = period − 1"),
+    (lambda ps, period: ps.diagonal(-period - 1, -2, -1).mean(dim=(1, -1)), "one further back"),
+    (lambda ps, period: ps.diagonal(2 - period, -2, -1)[..., 2:].mean(dim=(1, -1)), "one past the right key"),
+    (lambda ps, period: fixed(ps.transpose(-2, -1), period), "transposed"),
+    (lambda ps, period: loop_score(ps, period - 1, period, divisor=ps.shape[-1]).mean(dim=1), "You divided by N"),
+    (lambda ps, period: loop_score(ps, period - 1, period, divisor=1).mean(dim=1), "the sum of the right entries"),
+    (lambda ps, period: fixed(ps, ps.shape[-1] // 2), "not half the length"),
+    (lambda ps, period: loop_score(ps, period - 1, period).mean(dim=2), "you averaged over the heads"),
+    (lambda ps, period: loop_score(ps, period - 1, period), "average over the batch too"),
+])
+def test_each_fixing_mistake_gets_its_hint(fn, fragment):
+    assert fragment in hint(check_fixed_induction_scores, fn)
+
+
+def test_the_courses_score_is_refused_in_the_fix_too():
+    from attn_course.circuits.scores import induction_score
+
+    message = hint(check_fixed_induction_scores, lambda ps, period: induction_score(ps, period).mean(dim=1))
+    assert "calls induction_score, which this exercise forbids" in message
+
+
+# --- what every check shares -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check", [check_induction_score, check_previous_token_detector, check_fixed_induction_scores])
+def test_a_check_refuses_what_is_not_a_function(check):
+    with pytest.raises(TypeError, match="expected your function"):
+        check(torch.zeros(3))
+
+
+def test_the_checks_leave_the_callers_random_state_as_it_was():
+    state = torch.random.get_rng_state()
+    check_induction_score(induction)
+    check_previous_token_detector(previous_token)
+    check_fixed_induction_scores(fixed)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_an_answer_that_changes_its_input_in_place_cannot_change_the_reference():
+    def zeroes_then_scores(pattern, period):
+        score = induction(pattern, period)
+        pattern.zero_()
+        return score
+
+    assert check_induction_score(zeroes_then_scores)
