@@ -30,7 +30,7 @@ SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 _TRITON_DTYPE = {"float16": "*fp16", "bfloat16": "*bf16"}
 
 
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "SPLITS", "ATOMIC_DQ")
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "SPLITS", "ATOMIC_DQ", "HOST_DESCRIPTORS", "WARP_SPECIALIZE")
 _TENSORS = ("Q", "K", "V", "Out", "dOut", "dQ", "dK", "dV")   # in the input dtype
 _STATISTICS = ("LSE", "Delta", "LSE2", "PartialOut", "PartialLSE")     # float32
 _MERGE = "decode_merge"                                         # flash-decoding's second kernel
@@ -47,9 +47,9 @@ class Case(NamedTuple):
     Attributes:
         kernel: a key of :data:`~attn_course.flash.configs.KERNEL_NAMES`, ``"decode_merge"``,
             ``"forward_tma"`` or ``"backward_delta"``.
-        config: index into :func:`~attn_course.flash.configs.kernel_configs` (0 for the merge, the
-            Δ kernel, whose rows are ``DELTA_BLOCK_M``, and the TMA forward, whose configuration is
-            :func:`~attn_course.flash.tma_attention.tma_forward_config`).
+        config: index into :func:`~attn_course.flash.configs.kernel_configs`, for the TMA forward
+            into :func:`~attn_course.flash.tma_configs.tma_forward_configs` (0 for the merge and the
+            Δ kernel, whose rows are ``DELTA_BLOCK_M``).
         head_dim, dtype, causal, capability: the specialisation and the target (80 or 90).
         block_m: the decode kernel's rows per program (one of ``DECODE_BLOCK_M``), else the config's.
         splits: the merge kernel's ``SPLITS`` (else 0).
@@ -58,6 +58,9 @@ class Case(NamedTuple):
             integer argument equal to 1, so ``G = 1`` launches get that variant, loop unrolled).
         atomic_dq: the dK/dV kernel's ``ATOMIC_DQ`` (dQ by atomic adds, the optional
             five-product backward); False for every other kernel.
+        device_descriptors: the TMA forward with descriptors built in the kernel (the fallback where
+            Triton has no host-side ``TensorDescriptor``); else it takes host descriptors.
+        warp_specialize: the TMA forward's ``WARP_SPECIALIZE`` option.
     """
 
     kernel: str
@@ -70,6 +73,8 @@ class Case(NamedTuple):
     splits: int = 0
     groups: int = 0
     atomic_dq: bool = False
+    device_descriptors: bool = False
+    warp_specialize: bool = False
 
     @property
     def name(self) -> str:
@@ -77,12 +82,14 @@ class Case(NamedTuple):
         shape += f" splits={self.splits}" if self.kernel == _MERGE else ""
         shape += " G=1" if self.groups == 1 else ""
         shape += " atomic_dq" if self.atomic_dq else ""
+        shape += " device_descriptors" if self.device_descriptors else ""
+        shape += " warp_specialize" if self.warp_specialize else ""
         return (f"{self.kernel}[{self.config}]{shape} d={self.head_dim} {self.dtype} causal={self.causal} "
                 f"sm_{self.capability}")
 
 
-def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = True, groups: int = 0
-               ) -> tuple[dict[str, str], dict[str, int], dict]:
+def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = True, groups: int = 0,
+               descriptors: dict[str, list[int]] | None = None) -> tuple[dict[str, str], dict[str, int], dict]:
     """Triton's type string for each kernel parameter, specialised as the JIT specialises a
     launch on contiguous, 16-byte-aligned tensors.
 
@@ -96,6 +103,9 @@ def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = Tr
     ``aligned_strides=False`` leaves the strides plain ``i32`` too (the TMA forward: its
     descriptors carry the strides, and it has no last-dimension strides). ``groups=1`` makes
     ``num_kv_groups`` the constant 1, as a launch with one query head per key/value head has it.
+    ``descriptors`` maps tensor parameters to the block shapes of the host-side tensor descriptors
+    passed in their place (``tensordesc<fp16[1, 1, 128, 64]>``, as the JIT types a
+    ``TensorDescriptor`` argument).
 
     Returns:
         ``(signature, extra constants, attributes)`` for :class:`triton.compiler.ASTSource`.
@@ -112,6 +122,9 @@ def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = Tr
         elif name.startswith("stride_") and name.endswith("d"):      # stride_qd, ..., stride_dod
             signature[name] = "constexpr"
             constants[name] = 1
+        elif descriptors and name in descriptors:
+            block = ",".join(str(size) for size in descriptors[name])
+            signature[name] = f"tensordesc<{pointer_type.removeprefix('*')}[{block}]>"
         elif name in _TENSORS or name in _STATISTICS:
             signature[name] = pointer_type if name in _TENSORS else "*fp32"
             attributes[(index,)] = [["tt.divisibility", 16]]
@@ -139,12 +152,13 @@ def compile_case(case: Case):
     from attn_course.flash.configs import DELTA_BLOCK_M, KERNEL_NAMES, kernel_configs
     from attn_course.flash.launch import kernel_function as defined
     from attn_course.flash.launch import runs_in_interpreter
-    from attn_course.flash.tma_attention import tma_forward_config
+    from attn_course.flash.tma_configs import tma_forward_configs
 
     if runs_in_interpreter():
         raise RuntimeError("compile_kernel: Triton is in interpreter mode; run with TRITON_INTERPRET=0")
     if case.dtype not in _TRITON_DTYPE:
         raise ValueError(f"compile_kernel: dtype must be one of {sorted(_TRITON_DTYPE)}, got {case.dtype!r}")
+    descriptors = None
     if case.kernel == _MERGE:
         kernel_function = defined(_MERGE_KERNEL)
         constants = {"HEAD_DIM": case.head_dim, "SPLITS": case.splits}
@@ -154,11 +168,15 @@ def compile_case(case: Case):
         constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": DELTA_BLOCK_M}
         options = {"num_warps": 4, "num_stages": 1}
     elif case.kernel == _TMA:
-        config = tma_forward_config(case.head_dim)
+        config = tma_forward_configs(case.head_dim)[case.config]
         kernel_function = defined(_TMA_KERNEL)
-        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": config["block_m"], "BLOCK_N": config["block_n"],
-                     "CAUSAL": case.causal}
-        options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
+                     "CAUSAL": case.causal, "HOST_DESCRIPTORS": not case.device_descriptors,
+                     "WARP_SPECIALIZE": case.warp_specialize}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        if not case.device_descriptors:
+            rows = {"Q": config.block_m, "Out": config.block_m, "K": config.block_n, "V": config.block_n}
+            descriptors = {name: [1, 1, size, case.head_dim] for name, size in rows.items()}
     elif case.kernel in KERNEL_NAMES:
         config = kernel_configs(case.kernel, case.head_dim)[case.config]
         kernel_function = defined(KERNEL_NAMES[case.kernel])
@@ -172,10 +190,14 @@ def compile_case(case: Case):
                          f"got {case.kernel!r}")
     if case.atomic_dq and case.kernel != "backward_dkdv":
         raise ValueError(f"compile_kernel: atomic_dq is an option of the backward_dkdv kernel, not {case.kernel!r}")
+    if (case.device_descriptors or case.warp_specialize) and case.kernel != _TMA:
+        raise ValueError(f"compile_kernel: device_descriptors and warp_specialize are options of the TMA forward, "
+                         f"not {case.kernel!r}")
     if case.groups not in (0, 1):
         raise ValueError(f"compile_kernel: groups must be 0 (a run-time count) or 1, got {case.groups!r}")
     signature, strides, attributes = _signature(kernel_function, _TRITON_DTYPE[case.dtype],
-                                                aligned_strides=case.kernel != _TMA, groups=case.groups)
+                                                aligned_strides=case.kernel != _TMA, groups=case.groups,
+                                                descriptors=descriptors)
     source = ASTSource(fn=kernel_function, signature=signature, constexprs={**constants, **strides}, attrs=attributes)
     return triton.compile(source, target=GPUTarget("cuda", case.capability, 32), options=options)
 
@@ -199,16 +221,20 @@ def compile_kernel(kernel: str, head_dim: int, dtype: str, causal: bool, capabil
     return compile_case(Case(kernel, config, head_dim, dtype, causal, capability, block_m=DECODE_BLOCK_M[0]))
 
 
-def compile_tma_forward(head_dim: int, dtype: str, causal: bool, *, capability: int = 90):
+def compile_tma_forward(head_dim: int, dtype: str, causal: bool, *, capability: int = 90, config: int = 0,
+                        device_descriptors: bool = False, warp_specialize: bool = False):
     """Compile the tensor-descriptor forward (:mod:`attn_course.flash.kernels_tma`) for
-    ``sm_<capability>`` in its tested configuration
-    (:func:`~attn_course.flash.tma_attention.tma_forward_config`), without a GPU.
+    ``sm_<capability>`` in its ``config``-th candidate configuration
+    (:func:`~attn_course.flash.tma_configs.tma_forward_configs`; 0 is the default), without a GPU.
 
     Args:
         head_dim: 16, 32, 64 or 128.
         dtype: ``"float16"`` or ``"bfloat16"``.
         causal: the ``CAUSAL`` specialisation.
         capability: CUDA compute capability times ten; 90 (H100/H200) is the one TMA is for.
+        config: index into the candidates.
+        device_descriptors: descriptors built in the kernel (the fallback) instead of on the host.
+        warp_specialize: the warp-specialised unmasked loop (off by default in the launcher).
 
     Returns:
         Triton's compiled kernel: ``.asm["ptx"]`` the PTX, ``.metadata.shared`` shared memory in bytes.
@@ -217,7 +243,8 @@ def compile_tma_forward(head_dim: int, dtype: str, causal: bool, *, capability: 
         RuntimeError: Triton is in interpreter mode (run with ``TRITON_INTERPRET=0``).
         ValueError: an unsupported head dimension or dtype.
     """
-    return compile_case(Case(_TMA, 0, head_dim, dtype, causal, capability))
+    return compile_case(Case(_TMA, config, head_dim, dtype, causal, capability,
+                             device_descriptors=device_descriptors, warp_specialize=warp_specialize))
 
 
 def all_cases() -> list[Case]:
@@ -282,7 +309,9 @@ def spill_cases(capability: int = 90) -> list[Case]:
     head dim, causal or not, with one query head per key/value head (``G = 1``, the JIT's
     constant) and with more (a run-time ``G``); the backward's Δ kernel at every head dim; and the
     optional atomic-dQ dK/dV kernel in the configuration it runs by default
-    (:func:`~attn_course.flash.configs.atomic_dq_config`), with both group counts.
+    (:func:`~attn_course.flash.configs.atomic_dq_config`), with both group counts; and, for sm_90,
+    the TMA forward in every candidate :func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps
+    for an H100/H200 (:data:`~attn_course.flash.tma_configs.HOPPER_LIMITS`), causal or not.
 
     bfloat16 is left out to halve the compile time: its registers, spills and shared memory were
     those of float16 in all 48 default-candidate cases measured (Triton 3.9, ptxas 13.4; the
@@ -292,6 +321,7 @@ def spill_cases(capability: int = 90) -> list[Case]:
         ValueError: a capability other than 80 or 90.
     """
     from attn_course.flash.configs import SUPPORTED_HEAD_DIMS, atomic_dq_config, kernel_configs
+    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
 
     if capability not in SHARED_MEMORY_LIMIT:
         raise ValueError(f"spill_cases: capability must be one of {sorted(SHARED_MEMORY_LIMIT)}, got {capability!r}")
@@ -302,7 +332,10 @@ def spill_cases(capability: int = 90) -> list[Case]:
     atomic = [Case("backward_dkdv", kernel_configs("backward_dkdv", head_dim).index(atomic_dq_config(head_dim)),
                    head_dim, "float16", causal, capability, groups=groups, atomic_dq=True)
               for head_dim, causal, groups in itertools.product(SUPPORTED_HEAD_DIMS, (False, True), (1, 0))]
-    return tiled + delta + atomic
+    tma = [Case(_TMA, candidates.index(config), head_dim, "float16", causal, capability)
+           for head_dim in SUPPORTED_HEAD_DIMS for candidates in [tma_forward_configs(head_dim)]
+           for config in prune_tma_configs(candidates, head_dim, **HOPPER_LIMITS) for causal in (False, True)]
+    return tiled + delta + atomic + (tma if capability == 90 else [])
 
 
 def main(argv: list[str]) -> int:

@@ -10,10 +10,16 @@ all of them:
 * Tensors are addressed through their strides, so non-contiguous inputs work.
 * Scores are kept in base 2: ``s₂ = (q · k) · scale · log₂e`` so that ``exp`` becomes
   the cheaper ``exp2``; ``exp2(s₂ - m₂) = exp(s - m)``. The factor is computed once per
-  program and multiplied into each float32 score tile right before the subtraction, which the
-  compiler fuses into one FMA (as Triton's tutorial does). Pre-scaling Q or K instead would
-  round ``q · scale`` to float16 once more: measured here, that doubles the float16 LSE error
-  and breaks the FlashAttention error rule, for no saving (the FMA costs what the subtraction did).
+  program. The forward and decoding kernels here multiply it into each float32 score tile and
+  subtract the row maximum after: the product feeds both the maximum and the subtraction, so
+  each score costs a multiply and a subtraction (issue 32 read FMUL + FADD + MUFU per score in
+  the sm_90 SASS). The TMA forward (:mod:`attn_course.flash.kernels_tma`, Hopper's path) folds
+  the factor in after the maximum, as Triton's tutorial does, ``m₂ = max(q · k) · scale·log₂e``
+  (the scale is positive) and ``exp2(q·k · scale·log₂e - m₂)``: one FMA per score
+  (``tests/flash/test_flash_tma.py`` counts them in its sm_90 PTX). The backward's recomputation
+  ``exp2(q·k · scale·log₂e - LSE₂)`` is one FMA too. Pre-scaling Q or K instead would round
+  ``q · scale`` to float16 once more: measured here, that doubles the float16 LSE error and
+  breaks the FlashAttention error rule, for no saving.
 * ``LSE`` holds each query row's log-sum-exp, ``[B·H, N_q]`` in float32: natural log from the
   forward (what users see), base 2 into the backward (the launcher converts it once), so the
   backward recomputes ``P = exp2(s₂ - LSE₂)`` without storing it and without a per-tile ``log₂e``.
@@ -25,6 +31,9 @@ all of them:
 * Masks only where needed: each loop runs in stages, as in Triton's fused-attention tutorial.
   Tiles that every row sees in full (strictly below the diagonal, and not the partial last
   tile) run with no mask at all; only the diagonal band and the partial last tile are masked.
+* Causal forward programs take their query tiles in reverse order: program 0 of each head runs
+  the last query tile, which sees the most keys, so the heaviest programs start first and the
+  light ones fill the GPU's last wave.
 
 The launchers load this file through :func:`~attn_course.flash.triton_mode.define_kernels`,
 which defines its kernels compiled for a GPU or, without one, for Triton's interpreter.
@@ -93,7 +102,11 @@ def attention_forward_kernel(
     """Grid ``(cdiv(N_q, BLOCK_M), B·H)``: one tile of BLOCK_M queries per program."""
     # 1. Which rows are mine: query tile `tile` of head `head` in batch `batch`; the keys and
     #    values are those of the head's group, `head // num_kv_groups` (grouped-query attention).
+    #    Causal: the last query tile sees the most keys, so it is launched first (tile 0 of the
+    #    grid takes it): the heaviest programs start first and the light ones fill the tail.
     tile = tl.program_id(0)
+    if CAUSAL:
+        tile = tl.num_programs(0) - 1 - tile
     batch_head = tl.program_id(1)
     batch = (batch_head // num_heads).to(tl.int64)   # int64: offsets can pass 2**31
     head = (batch_head % num_heads).to(tl.int64)

@@ -29,8 +29,8 @@ from attn_course.flash.configs import (
 from attn_course.flash.triton_mode import define_kernels, is_interpreted
 
 __all__ = ["ENABLE_FP_FUSION", "TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs",
-           "kernel_function", "launch", "length_bucket", "output_buffers", "runs_in_interpreter", "tuned_configs",
-           "tuning_key"]
+           "kernel_function", "launch", "length_bucket", "output_buffers", "record_tuned", "runs_in_interpreter",
+           "tuned_config", "tuned_configs", "tuning_key"]
 
 _interpreter_note_shown = False
 _autotuned: dict[tuple[str, int], object] = {}
@@ -238,6 +238,25 @@ def tuned_configs() -> dict[tuple, KernelConfig]:
     """The winners of this process's tunings so far, by :func:`tuning_key` (a copy): what
     :func:`launch` runs for inputs in each bucket. Empty in the interpreter, which never tunes."""
     return dict(_tuned)
+
+
+def tuned_config(key: tuple) -> KernelConfig | None:
+    """The winner recorded for ``key`` (a :func:`tuning_key`), or None: what a launcher that tunes
+    by itself (:func:`~attn_course.flash.tma_attention.attention_forward_tma`) looks up first."""
+    return _tuned.get(key)
+
+
+def record_tuned(key: tuple, config: KernelConfig) -> None:
+    """Record ``config`` as the winner for ``key`` (a :func:`tuning_key`), beside :func:`launch`'s own.
+
+    Raises:
+        TypeError: ``key`` not a tuple, ``config`` not a :class:`~attn_course.flash.configs.KernelConfig`.
+    """
+    if not isinstance(key, tuple):
+        raise TypeError(f"record_tuned: key must be a tuple from tuning_key, got {type(key).__name__}")
+    if not isinstance(config, KernelConfig):
+        raise TypeError(f"record_tuned: config must be a KernelConfig, got {type(config).__name__}")
+    _tuned[key] = config
 
 
 def _config_of(best, kernel: str, head_dim: int) -> KernelConfig | None:

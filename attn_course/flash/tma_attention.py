@@ -1,32 +1,62 @@
 """Launch the FlashAttention forward over tensor descriptors (TMA), the kernel of :mod:`attn_course.flash.kernels_tma`.
 
-:func:`tma_forward_supported` is the launcher's switch: a Hopper GPU, a Triton with device-side
-tensor descriptors, and layouts TMA can read. :func:`attention_forward_tma` checks its inputs as
-every kernel launcher does (:func:`~attn_course.flash.launch.check_kernel_inputs`), plus TMA's
-layout rules, and runs the kernel on the GPU or, without one, in Triton's interpreter.
+:func:`tma_forward_supported` is the launcher's switch: a Hopper GPU, a Triton with tensor
+descriptors, and layouts TMA can read. :func:`attention_forward_tma` checks its inputs as every
+kernel launcher does (:func:`~attn_course.flash.launch.check_kernel_inputs`), plus TMA's layout
+rules, builds the four descriptors on the host once per call (Triton's
+``triton.tools.tensor_descriptor.TensorDescriptor``; where a Triton lacks it, the kernel builds them
+itself), and runs the kernel on the GPU or, without one, in Triton's interpreter. Given no
+configuration on a GPU, it tunes: :func:`tuned_tma_config` times the candidates of
+:func:`~attn_course.flash.tma_configs.tma_forward_configs` that
+:func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps for this GPU's limits, once per
+length bucket (:func:`~attn_course.flash.launch.tuning_key`), and launches the winner afterwards.
+
+The warp-specialised unmasked loop (``warp_specialize=True``, where the installed Triton's
+``tl.range`` has the option) is off by default: Triton's issues report the Hopper warp-specialisation
+pass crashing for exactly this shape, "a small FA2-like causal two-loop descriptor kernel"
+(triton-lang/triton#9728, Triton 3.4 on an H100), and Triton enabled it on Hopper for the
+tutorial's attention only without causality and with on-device descriptors (triton-lang/triton#7658);
+it has never been run on a GPU here.
 Ahead-of-time compilation for sm_90 is :func:`~attn_course.flash.aot.compile_tma_forward`.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from attn_course import _validate
-from attn_course.flash.configs import GPU_DTYPES, SUPPORTED_HEAD_DIMS
-from attn_course.flash.launch import ENABLE_FP_FUSION, cdiv, check_kernel_inputs, kernel_function, output_buffers
+from attn_course.flash.configs import GPU_DTYPES, SUPPORTED_HEAD_DIMS, KernelConfig
+from attn_course.flash.launch import (
+    ENABLE_FP_FUSION,
+    cdiv,
+    check_kernel_inputs,
+    kernel_function,
+    output_buffers,
+    record_tuned,
+    tuned_config,
+    tuning_key,
+)
+from attn_course.flash.tma_configs import prune_tma_configs, tma_forward_configs
 from attn_course.flash.triton_mode import is_interpreted
 
 __all__ = [
     "TMA_ALIGNMENT",
     "attention_forward_tma",
     "has_device_tensor_descriptors",
+    "host_tensor_descriptor",
     "tma_forward_config",
     "tma_forward_supported",
+    "tuned_tma_config",
+    "warp_specialize_supported",
 ]
 
 #: TMA needs base addresses and all strides but the last in multiples of this many bytes.
 TMA_ALIGNMENT = 16
-
+#: Milliseconds of warm-up and of timed runs per candidate when tuning (``triton.testing.do_bench``;
+#: Triton's autotuner takes 25 and 100): once per length bucket, so a rough ranking is enough.
+TUNING_WARMUP_MS, TUNING_REP_MS = 10, 40
 
 
 def has_device_tensor_descriptors() -> bool:
@@ -38,14 +68,34 @@ def has_device_tensor_descriptors() -> bool:
     return hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
 
 
-def tma_forward_config(head_dim: int) -> dict[str, int]:
-    """The launch configuration of the TMA forward for ``head_dim`` on sm_90.
+def host_tensor_descriptor():
+    """Triton's host-side ``TensorDescriptor`` class (``triton.tools.tensor_descriptor``, in Triton
+    3.4 and later, 3.6 to 3.9 included), or None where this Triton has none."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
 
-    The pointer forward's (:func:`~attn_course.flash.triton_attention.kernel_config`): 128 query
-    rows and 64 key rows per tile, 4 warps (8 for ``d = 128``: the float32 accumulator, 128 × 128,
-    would take 128 registers per thread over 4 warps), 3 pipeline stages (K and V tiles in flight
-    while the previous one is multiplied). ``tests/flash/test_flash_tma.py`` compiles each for sm_90:
-    66,560 bytes of shared memory for ``d = 64``, 132,096 for ``d = 128`` (the limit is 232,448).
+
+def warp_specialize_supported() -> bool:
+    """Whether this Triton's ``tl.range`` takes ``warp_specialize`` (the option of :func:`attention_forward_tma`)."""
+    import triton.language as tl
+
+    try:
+        return "warp_specialize" in inspect.signature(tl.range).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def tma_forward_config(head_dim: int) -> dict[str, int]:
+    """The default launch configuration of the TMA forward for ``head_dim``: the first of
+    :func:`~attn_course.flash.tma_configs.tma_forward_configs`, which the GPU check's pinned tests
+    run and the tuning times first.
+
+    128 query rows per program, 3 stages of 64 keys with 4 warps for ``d`` up to 64; 128 keys with
+    8 warps and 2 stages for ``d = 128`` (8 warps on 128 x 64 tiles is what Triton's tutorial
+    prunes on Hopper). ``tests/flash/test_flash_tma.py`` compiles every candidate for sm_90.
 
     Args:
         head_dim: 16, 32, 64 or 128.
@@ -56,10 +106,14 @@ def tma_forward_config(head_dim: int) -> dict[str, int]:
 
     Raises:
         ValueError: another head dimension.
+
+    Example:
+        >>> tma_forward_config(128)
+        {'block_m': 128, 'block_n': 128, 'num_warps': 8, 'num_stages': 2}
     """
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"tma_forward_config: head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim!r}")
-    return {"block_m": 128, "block_n": 64, "num_warps": 8 if head_dim == 128 else 4, "num_stages": 3}
+    return dict(vars(tma_forward_configs(head_dim)[0]))
 
 
 def _tma_kernel():
@@ -88,9 +142,9 @@ def _layout_problem(name: str, tensor: torch.Tensor) -> str | None:
 def tma_forward_supported(q, k, v, out=None) -> bool:
     """Whether :func:`attention_forward_tma` should run on these inputs: the launcher's switch.
 
-    True only on a Hopper GPU (CUDA capability 9.x: H100, H200), with a Triton that builds tensor
-    descriptors in kernels (:func:`has_device_tensor_descriptors`), float16 or bfloat16 tensors on
-    that GPU, ``d`` in 16, 32, 64, 128, and layouts TMA can read: last-dimension stride 1, the
+    True only on a Hopper GPU (CUDA capability 9.x: H100, H200), with a Triton that has tensor
+    descriptors (:func:`host_tensor_descriptor` or :func:`has_device_tensor_descriptors`), float16
+    or bfloat16 tensors on that GPU, ``d`` in 16, 32, 64, 128, and layouts TMA can read: last-dimension stride 1, the
     other strides and each data pointer multiples of :data:`TMA_ALIGNMENT` bytes. False in
     Triton's interpreter (it runs the kernel, see the tests, but gains nothing from TMA). Shapes
     are not checked here; :func:`attention_forward_tma` does that.
@@ -108,7 +162,8 @@ def tma_forward_supported(q, k, v, out=None) -> bool:
     tensors = {"q": q, "k": k, "v": v, **({} if out is None else {"out": out})}
     for name, tensor in tensors.items():
         _validate.tensor("tma_forward_supported", name, tensor)
-    if not has_device_tensor_descriptors() or is_interpreted(_tma_kernel()):
+    descriptors = host_tensor_descriptor() is not None or has_device_tensor_descriptors()
+    if not descriptors or is_interpreted(_tma_kernel()):
         return False
     if not all(t.is_cuda and t.device == q.device and t.dtype == q.dtype and t.dim() == 4 for t in tensors.values()):
         return False
@@ -172,14 +227,105 @@ def _check_tma_inputs(where, q, k, v, out, lse, causal, scale) -> float:
     return scale
 
 
+def _descriptor_strides(tensor: torch.Tensor) -> list[int]:
+    """``tensor``'s strides for a ``[B, heads, N, d]`` descriptor. A dimension of size 1 never
+    moves the address, so its stride, which TMA would still check for alignment, is replaced by
+    the one a contiguous layout would have there (a multiple of the row stride)."""
+    strides = list(tensor.stride())
+    for axis in (1, 0):
+        if tensor.shape[axis] == 1:
+            strides[axis] = strides[axis + 1] * tensor.shape[axis + 1]
+    return strides
+
+
+def _launch(q, k, v, out, lse, causal: bool, scale: float, config: KernelConfig, warp_specialize: bool,
+            host_descriptors: bool) -> None:
+    """One launch of the TMA kernel in ``config``; the inputs were checked."""
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    kernel = _tma_kernel()
+    tensors = (q, k, v, out)
+    if host_descriptors:
+        # Built here, once per call: the kernel receives each as its base, shape and 64-bit strides.
+        descriptor = host_tensor_descriptor()
+        rows = (config.block_m, config.block_n, config.block_n, config.block_m)
+        tensors = tuple(descriptor(t, list(t.shape), _descriptor_strides(t), [1, 1, size, head_dim])
+                        for t, size in zip(tensors, rows))
+    # Strides of the last dimension are 1 (checked), so the kernel takes only the other three.
+    strides = [stride for t in (q, k, v, out) for stride in _descriptor_strides(t)[:3]]
+    arguments = (*tensors, lse, *strides, heads, heads // k.shape[1], n_q, n_k, scale)
+    options = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, CAUSAL=causal,
+                   HOST_DESCRIPTORS=host_descriptors, WARP_SPECIALIZE=warp_specialize,
+                   num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=ENABLE_FP_FUSION)
+    launch = kernel[(cdiv(n_q, config.block_m), batch * heads)]
+    if is_interpreted(kernel):
+        launch(*arguments, **options)
+    else:
+        if not host_descriptors:
+            _ensure_allocator()
+        with torch.cuda.device(q.device):   # Triton launches on the current device
+            launch(*arguments, **options)
+
+
+def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_specialize: bool = False,
+                     host_descriptors: bool = True) -> KernelConfig:
+    """The configuration the TMA forward runs for these inputs on a GPU: tuned once per length bucket.
+
+    The winner recorded for their :func:`~attn_course.flash.launch.tuning_key` (lengths rounded up
+    to powers of two) if there is one; otherwise each candidate that
+    :func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps for this GPU (its
+    ``max_shared_mem``, ``max_num_regs`` and capability) is timed with ``triton.testing.do_bench``
+    on these inputs (each compiled on first use), and the fastest is recorded and returned. The
+    timing runs write ``out`` and ``lse``. In Triton's interpreter: the default, untimed.
+    ``tests/flash/gpu_setup.py`` replaces this function on a GPU by the default for every test but
+    the one that tests the tuning.
+
+    Args:
+        q, k, v, out, lse: checked inputs of :func:`attention_forward_tma`.
+        causal, scale, warp_specialize, host_descriptors: as there (part of what is timed).
+
+    Returns:
+        A :class:`~attn_course.flash.configs.KernelConfig`, one of
+        :func:`~attn_course.flash.tma_configs.tma_forward_configs`.
+    """
+    head_dim = q.shape[-1]
+    candidates = tma_forward_configs(head_dim)
+    if is_interpreted(_tma_kernel()):
+        return candidates[0]
+    lengths = {"n_q": q.shape[2], "n_k": k.shape[2], "num_kv_groups": q.shape[1] // k.shape[1]}
+    variant = "forward_tma" + ("+ws" if warp_specialize else "") + ("" if host_descriptors else "+device")
+    key = tuning_key(variant, head_dim, causal, {"q": q, "k": k, "v": v, "out": out, **lengths})
+    winner = tuned_config(key)
+    if winner is None:
+        import triton
+        import triton.testing
+
+        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        limits = triton.runtime.driver.active.utils.get_device_properties(device)
+        major, minor = torch.cuda.get_device_capability(q.device)
+        kept = prune_tma_configs(candidates, head_dim, shared_memory_limit=limits["max_shared_mem"],
+                                 registers_per_block=limits["max_num_regs"], capability=10 * major + minor,
+                                 element_bytes=q.element_size())
+        times = {}
+        for config in kept:
+            times[config] = triton.testing.do_bench(
+                lambda config=config: _launch(q, k, v, out, lse, causal, scale, config, warp_specialize,
+                                              host_descriptors), warmup=TUNING_WARMUP_MS, rep=TUNING_REP_MS)
+        winner = min(kept, key=lambda config: times[config])
+        record_tuned(key, winner)
+    return winner
+
+
 def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: float | None = None,
-                          block_m: int = 128, block_n: int = 64, num_warps: int | None = None,
-                          num_stages: int = 3):
+                          block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                          num_stages: int | None = None, warp_specialize: bool = False,
+                          host_descriptors: bool | None = None):
     """Run the TMA forward kernel: attention output and each row's log-sum-exp, into ``out``, ``lse``.
 
     The counterpart of :func:`~attn_course.flash.triton_attention.attention_forward` for the TMA
     path; a launcher picks it when :func:`tma_forward_supported` says so. Runs on a GPU, or in
-    Triton's interpreter (float16, float32) when that is Triton's mode.
+    Triton's interpreter (float16, float32) when that is Triton's mode. Causal query tiles are
+    launched heaviest first (the last query tile, which sees the most keys, as program 0).
 
     Args:
         q: ``[B, H, N_q, d]``; k, v: ``[B, H_kv, N_k, d]`` with ``H % H_kv == 0`` (grouped-query),
@@ -190,18 +336,25 @@ def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: flo
         causal: bottom-right aligned: query ``i`` sees keys ``0 .. i + N_k - N_q`` (needs ``N_q <= N_k``).
         scale: softmax scale, default ``1 / sqrt(d)``.
         block_m, block_n: query and key rows per tile, powers of two, 16 to 256 (TMA's tile limit).
-        num_warps: default 8 for ``d = 128``, else 4. num_stages: software pipelining depth.
-            :func:`tma_forward_config` gives the tested configuration per head dimension.
+        num_warps, num_stages: warps per program and software pipelining depth. With none of the
+            four given: :func:`tuned_tma_config` (tuned on a GPU, the default in the interpreter);
+            with some, the others from :func:`tma_forward_config`.
+        warp_specialize: the unmasked loop as ``tl.range(..., warp_specialize=True)``; off by
+            default (see the module), only where :func:`warp_specialize_supported`.
+        host_descriptors: build the descriptors on the host (``None``: where :func:`host_tensor_descriptor`
+            exists), else in the kernel.
 
     Returns:
         ``(out, lse)``: ``out`` holds ``softmax(scale · q kᵀ) v``, ``lse[b, h, i] = log Σ_j exp(scale · q_i · k_j)``
         over the visible keys (natural log).
 
     Raises:
-        TypeError: non-tensors, a non-bool ``causal``, non-int block sizes, an unsupported dtype.
+        TypeError: non-tensors, a non-bool ``causal``/``warp_specialize``/``host_descriptors``,
+            non-int block sizes, an unsupported dtype.
         ValueError: mismatched shapes, empty inputs, causal with ``N_q > N_k``, a head dimension
             other than 16, 32, 64, 128, an ``lse`` of the wrong shape or dtype, a layout TMA cannot
-            read (the message names the tensor), bad block sizes or launch options.
+            read (the message names the tensor), bad block sizes or launch options, an option this
+            Triton lacks.
         RuntimeError: CPU tensors while Triton is in GPU mode.
 
     Example (on a Hopper GPU; not run as a doctest)::
@@ -209,29 +362,32 @@ def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: flo
             q = k = v = torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16)
             out, lse = torch.empty_like(q), torch.empty(1, 2, 100, device="cuda")
             if tma_forward_supported(q, k, v, out):  # a Hopper GPU
-                _ = attention_forward_tma(q, k, v, out, lse, causal=True, **tma_forward_config(64))
+                _ = attention_forward_tma(q, k, v, out, lse, causal=True)   # tuned for this bucket
     """
     where = "attention_forward_tma"
     scale = _check_tma_inputs(where, q, k, v, out, lse, causal, scale)
-    block_m = _power_of_two(where, "block_m", block_m, 16, 256)
-    block_n = _power_of_two(where, "block_n", block_n, 16, 256)
-    num_warps = (8 if q.shape[-1] == 128 else 4) if num_warps is None else num_warps
-    num_warps = _power_of_two(where, "num_warps", num_warps, 1, 32)
-    num_stages = _validate.integer(where, "num_stages", num_stages, minimum=1)
-    batch, heads, n_q, head_dim = q.shape
-    n_k = k.shape[2]
-    # Strides of the last dimension are 1 (checked), so the kernel takes only the other three.
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
-    grid = (cdiv(n_q, block_m), batch * heads)
-    kernel = _tma_kernel()
-    launch = kernel[grid]
-    arguments = (q, k, v, out, lse, *strides, heads, heads // k.shape[1], n_q, n_k, scale)
-    options = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=causal,
-                   num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=ENABLE_FP_FUSION)
-    if is_interpreted(kernel):
-        launch(*arguments, **options)
+    _validate.boolean(where, "warp_specialize", warp_specialize)
+    if warp_specialize and not warp_specialize_supported():
+        raise ValueError(f"{where}: warp_specialize=True needs a Triton whose tl.range takes warp_specialize, "
+                         "got one whose tl.range does not")
+    if host_descriptors is None:
+        host_descriptors = host_tensor_descriptor() is not None
+    _validate.boolean(where, "host_descriptors", host_descriptors)
+    if host_descriptors and host_tensor_descriptor() is None:
+        raise ValueError(f"{where}: host_descriptors=True needs triton.tools.tensor_descriptor.TensorDescriptor, "
+                         "which this Triton lacks")
+    if not host_descriptors and not has_device_tensor_descriptors():
+        raise ValueError(f"{where}: host_descriptors=False needs tl.make_tensor_descriptor, which this Triton lacks")
+    sizes = {"block_m": block_m, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    if all(value is None for value in sizes.values()):
+        config = tuned_tma_config(q, k, v, out, lse, causal=causal, scale=scale, warp_specialize=warp_specialize,
+                                  host_descriptors=host_descriptors)
     else:
-        _ensure_allocator()
-        with torch.cuda.device(q.device):   # Triton launches on the current device
-            launch(*arguments, **options)
+        sizes = {name: tma_forward_config(q.shape[-1])[name] if value is None else value
+                 for name, value in sizes.items()}
+        config = KernelConfig(block_m=_power_of_two(where, "block_m", sizes["block_m"], 16, 256),
+                              block_n=_power_of_two(where, "block_n", sizes["block_n"], 16, 256),
+                              num_warps=_power_of_two(where, "num_warps", sizes["num_warps"], 1, 32),
+                              num_stages=_validate.integer(where, "num_stages", sizes["num_stages"], minimum=1))
+    _launch(q, k, v, out, lse, causal, scale, config, warp_specialize, host_descriptors)
     return out, lse

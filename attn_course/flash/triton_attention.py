@@ -44,7 +44,7 @@ from attn_course.flash.launch import (
     output_buffers,
     runs_in_interpreter,
 )
-from attn_course.flash.tma_attention import attention_forward_tma, tma_forward_config, tma_forward_supported
+from attn_course.flash.tma_attention import attention_forward_tma, tma_forward_supported
 
 __all__ = [
     "CONFIGS",
@@ -102,8 +102,8 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
                              "with device-side tensor descriptors, and 16-byte aligned inputs with stride 1 "
                              "along d; these inputs do not qualify (tma=None chooses by itself)")
         if supported and (tma or config is None):
-            return attention_forward_tma(q, k, v, out, lse, causal=causal, scale=scale,
-                                         **tma_forward_config(head_dim))
+            # Tuned on this GPU once per length bucket over the pruned candidates.
+            return attention_forward_tma(q, k, v, out, lse, causal=causal, scale=scale)
     launch("forward", n_q, batch * heads,
            q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
            heads, heads // k.shape[1], n_q, n_k, scale, head_dim=head_dim, causal=causal, config=config)

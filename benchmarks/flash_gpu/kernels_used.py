@@ -2,10 +2,11 @@
 many kernel compilations a profile triggers.
 
 Nothing here changes the kernels. The forward's path is the launcher's own switch
-(:func:`~attn_course.flash.tma_attention.tma_forward_supported`) asked about the same inputs; the
-TMA forward's configuration is :func:`~attn_course.flash.tma_attention.tma_forward_config`, which
-the launcher passes unchanged. An autotuned kernel's configuration is the launcher's winner for the
-inputs' length bucket (:func:`~attn_course.flash.launch.launch` tunes once per
+(:func:`~attn_course.flash.tma_attention.tma_forward_supported`) asked about the same inputs. The
+TMA forward tunes by itself over its pruned candidates once per length bucket and records the winner
+in the launcher's table under kernel ``"forward_tma"``
+(:func:`~attn_course.flash.tma_attention.tuned_tma_config`). An autotuned kernel's configuration is
+the launcher's winner for the inputs' length bucket (:func:`~attn_course.flash.launch.launch` tunes once per
 :func:`~attn_course.flash.launch.tuning_key` and launches that winner itself afterwards; its table is
 :func:`~attn_course.flash.launch.tuned_configs`), else the ``best_config`` of the
 ``triton.autotune`` object the launcher uses (:func:`~attn_course.flash.launch.autotuned_kernel`;
@@ -37,6 +38,20 @@ def describe_config(config: object) -> str:
             f"stages={config.num_stages}")
 
 
+def _tuned_winner(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q: int, n_k: int,
+                  groups: int):
+    """The launcher's recorded winner for ``kernel`` on inputs of this length bucket, or None."""
+    from attn_course.flash import launch
+
+    want = {"n_q": launch.length_bucket(n_q), "n_k": launch.length_bucket(n_k), "num_kv_groups": groups}
+    for key, config in list(launch.tuned_configs().items()):
+        if (isinstance(key, tuple) and len(key) == 5 and key[:3] == (kernel, head_dim, causal)
+                and str(dtype) in key[3] and all(dict(key[4]).get(name, value) == value
+                                                 for name, value in want.items())):
+            return config
+    return None
+
+
 def _chosen(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q: int, n_k: int,
             groups: int) -> str:
     """The configuration ``kernel`` ran with for these inputs: the interpreter's default, the
@@ -51,18 +66,23 @@ def _chosen(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q
         return chosen + " (interpreter: the first candidate)"
     # The launcher tunes once per length bucket and launches that winner afterwards, keyed by
     # tuning_key: the winner for these inputs' bucket is in its table.
-    tuned = launch.tuned_configs()
-    if tuned:
-        want = {"n_q": launch.length_bucket(n_q), "n_k": launch.length_bucket(n_k), "num_kv_groups": groups}
-        for key, config in list(tuned.items()):
-            if (isinstance(key, tuple) and len(key) == 5 and key[:3] == (kernel, head_dim, causal)
-                    and str(dtype) in key[3] and all(dict(key[4]).get(name, value) == value
-                                                     for name, value in want.items())):
-                return describe_config(config)
+    winner = _tuned_winner(kernel, head_dim, causal=causal, dtype=dtype, n_q=n_q, n_k=n_k, groups=groups)
+    if winner is not None:
+        return describe_config(winner)
     best = getattr(launch.autotuned_kernel(kernel, head_dim), "best_config", None)
     if best is None:
         return "not known (the autotuner has not run)"
     return describe_config(best) + " (the autotuner's last choice)"
+
+
+def _tma_chosen(head_dim: int, **shape) -> str:
+    """The TMA forward's configuration for these inputs: its recorded winner for their length bucket."""
+    from attn_course.flash.tma_attention import tma_forward_config
+
+    winner = _tuned_winner("forward_tma", head_dim, **shape)
+    if winner is not None:
+        return describe_config(winner)
+    return describe_config(tma_forward_config(head_dim)) + " (the default: no tuning recorded for this bucket)"
 
 
 def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, *,
@@ -70,7 +90,7 @@ def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str
     """(path, config) of :func:`~attn_course.flash.flash_attention` on these inputs in ``mode``,
     read after it ran: ``"tma"`` or ``"pointer"`` for the forward, the backward always ``"pointer"``."""
     from attn_course.flash.launch import runs_in_interpreter
-    from attn_course.flash.tma_attention import tma_forward_config, tma_forward_supported
+    from attn_course.flash.tma_attention import tma_forward_supported
 
     head_dim = q.shape[-1]
     shape = dict(causal=causal, dtype=q.dtype, n_q=q.shape[2], n_k=k.shape[2], groups=q.shape[1] // k.shape[1])
@@ -79,7 +99,7 @@ def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str
         # The launcher allocates its own contiguous output, so asking without one asks what it asked.
         if tma_forward_supported(q.detach(), k.detach(), v.detach()):
             paths.append("tma")
-            parts.append("forward(tma) " + describe_config(tma_forward_config(head_dim)))
+            parts.append("forward(tma) " + _tma_chosen(head_dim, **shape))
         else:
             paths.append("pointer")
             parts.append("forward " + _chosen("forward", head_dim, **shape))
@@ -133,7 +153,9 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
     Args:
         plan: ``[(kind, options)]`` as :func:`~benchmarks.flash_gpu.run.plan_phases` returns.
         sizes: :data:`~benchmarks.flash_gpu.sizes.GPU_SIZES` or the dry run's.
-        tma: the forward takes the TMA kernel (a Hopper GPU) rather than the autotuned pointer one.
+        tma: the forward takes the TMA kernel (a Hopper GPU, tuned over the candidates
+            :func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps for an H100/H200) rather
+            than the autotuned pointer one.
         multiprocessors: the GPU's (132 on an H100 or H200), for flash-decoding's splits.
 
     Returns:
@@ -141,7 +163,7 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
     """
     from attn_course.flash.configs import CONFIGS
     from attn_course.flash.decode import decode_merge_width
-    from attn_course.flash.tma_attention import tma_forward_config
+    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
 
     ours, flex = set(), set()
     for kind, options in plan:
@@ -167,7 +189,8 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
                     kernels = [("backward_dkdv", c) for c in CONFIGS["backward_dkdv", d]]
                     kernels += [("backward_dq", c) for c in CONFIGS["backward_dq", d]]
                     if tma:
-                        kernels.append(("forward_tma", tma_forward_config(d)))
+                        kernels += [("forward_tma", c)
+                                    for c in prune_tma_configs(tma_forward_configs(d), d, **HOPPER_LIMITS)]
                     else:
                         kernels += [("forward", c) for c in CONFIGS["forward", d]]
                     if "ours (Triton)" in methods:

@@ -67,6 +67,7 @@ def test_the_long_profile_runs_to_its_end_under_a_spent_budget(tmp_path):
 def test_the_essential_profile_counts_every_autotuning_candidate_once_per_dtype_and_mask():
     """The count a GPU check's time estimate rests on, from the candidates in attn_course.flash.configs."""
     from attn_course.flash.configs import CONFIGS
+    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
 
     plan = run.plan_phases(flash_gpu.GPU_SIZES, None, "essential")
     counts = kernels_used.count_compilations(plan, flash_gpu.GPU_SIZES)
@@ -74,14 +75,18 @@ def test_the_essential_profile_counts_every_autotuning_candidate_once_per_dtype_
     def candidates(kernel):   # float16 and bfloat16, both masks, d = 64 and 128
         return 2 * 2 * sum(len(CONFIGS[kernel, d]) for d in (64, 128))
 
+    def tma_kept(d):          # the TMA forward tunes over what the pruning keeps on an H200
+        return len(prune_tma_configs(tma_forward_configs(d), d, **HOPPER_LIMITS))
+
     expected = {"backward_dkdv": candidates("backward_dkdv"), "backward_dq": candidates("backward_dq"),
-                "decode": len(CONFIGS["decode", 128]), "forward_tma": 2 * 2 * 2}
+                "decode": len(CONFIGS["decode", 128]), "forward_tma": 2 * 2 * (tma_kept(64) + tma_kept(128))}
+    assert expected["forward_tma"] == 2 * 2 * (4 + 2)
     assert {k: v for k, v in counts["by_kernel"].items() if k != "decode_merge"} == expected
     assert 1 <= counts["by_kernel"]["decode_merge"] <= 4                # one width per N_k at most
     assert counts["ours"] == sum(counts["by_kernel"].values())
-    # The grouped-query rows (float16, d = 128, causal) again, as group size 4: the TMA forward and
+    # The grouped-query rows (float16, d = 128, causal) again, as group size 4: the TMA forward's and
     # both backward kernels' candidates.
-    grouped = 1 + len(CONFIGS["backward_dkdv", 128]) + len(CONFIGS["backward_dq", 128])
+    grouped = tma_kept(128) + len(CONFIGS["backward_dkdv", 128]) + len(CONFIGS["backward_dq", 128])
     assert counts["ours_with_group"] == counts["ours"] + grouped
     assert counts["flex"] == (16 + 2) * 3                   # per shape: inference, training forward, backward
     pointer = kernels_used.count_compilations(plan, flash_gpu.GPU_SIZES, tma=False)
@@ -109,7 +114,7 @@ def test_describe_config_reads_triton_configs_kernel_configs_and_the_tma_dict():
     assert kernels_used.describe_config(triton.Config({"BLOCK_N": 64, "BLOCK_M": 128}, num_warps=8, num_stages=2)
                                         ) == "BLOCK_M=128 BLOCK_N=64 warps=8 stages=2"
     assert kernels_used.describe_config(kernel_config("forward", 64)) == "BLOCK_M=128 BLOCK_N=64 warps=4 stages=3"
-    assert kernels_used.describe_config(tma_forward_config(128)) == "BLOCK_M=128 BLOCK_N=64 warps=8 stages=3"
+    assert kernels_used.describe_config(tma_forward_config(128)) == "BLOCK_M=128 BLOCK_N=128 warps=8 stages=2"
 
 
 def test_prefill_kernels_in_the_interpreter_name_the_pointer_path_and_first_candidates():
@@ -143,7 +148,14 @@ def test_prefill_kernels_on_a_gpu_read_the_tma_switch_and_the_launchers_tuned_wi
     monkeypatch.setattr(tma_attention, "tma_forward_supported", lambda q, k, v, out=None: True)
     q = k = v = torch.zeros(1, 2, 1000, 128, dtype=torch.float16)            # bucket 1024
     assert kernels_used.prefill_kernels(q, k, v, "forward", causal=True) == (
-        "tma", "forward(tma) BLOCK_M=128 BLOCK_N=64 warps=8 stages=3")
+        "tma", "forward(tma) BLOCK_M=128 BLOCK_N=128 warps=8 stages=2 (the default: no tuning recorded for "
+               "this bucket)")
+    # The TMA forward's own tuning records its winner under "forward_tma" (q, k, v, out: four dtypes).
+    tma_winner = CONFIGS["backward_dq", 128][0]           # any KernelConfig stands for a winner here
+    table[("forward_tma", 128, True, fp16, (("n_k", 1024), ("n_q", 1024), ("num_kv_groups", 1)))] = tma_winner
+    table[("forward_tma", 128, False, fp16, (("n_k", 1024), ("n_q", 1024), ("num_kv_groups", 1)))] = dkdv
+    assert kernels_used.prefill_kernels(q, k, v, "forward", causal=True) == (
+        "tma", "forward(tma) " + kernels_used.describe_config(tma_winner))
     path, config = kernels_used.prefill_kernels(q, k, v, "forward+backward", causal=True)
     assert path == "tma+pointer" and config.endswith(
         f"; dkdv {kernels_used.describe_config(dkdv)}; dq {kernels_used.describe_config(dq)}")

@@ -11,8 +11,11 @@
   always does. Autotuning compiles every candidate and times each one per shape; pinned, each
   kernel specialisation compiles once, which is what lets ``tools/gpu_check.sh`` fit its time.
   :func:`autotuned_kernel` is the launcher's real autotuner, for the one test of autotuning
-  (``test_flash_configs.py``). ``tools/gpu_check.sh`` also loads this module as a plugin
-  (``-p gpu_setup``), so that the other kernel tests (``test_flash_tma.py``) are pinned too, and
+  (``test_flash_configs.py``). Likewise the TMA forward's tuning
+  (:func:`~attn_course.flash.tma_attention.tuned_tma_config`) answers its default on a GPU;
+  :func:`tuned_tma_config` is the real one, for its one test (``test_flash_tma.py``).
+  ``tools/gpu_check.sh`` also loads this module as a plugin (``-p gpu_setup``), so that the other
+  kernel tests (``test_flash_tma.py``) are pinned too, and
   with ``GPU_CHECK_COMPILE_LOG=FILE`` this plugin appends one JSON line per Triton compilation to
   FILE (the kernel's specialisation and the seconds it took): the check's real compile count.
 
@@ -26,18 +29,20 @@ import time
 import pytest
 import torch
 
-from attn_course.flash import launch
+from attn_course.flash import launch, tma_attention
 from attn_course.flash.configs import KERNEL_NAMES, kernel_config
+from attn_course.flash.tma_configs import tma_forward_configs
 
 from support.flash_rule import DEVICE, DTYPES
 
-__all__ = ["DEVICE", "DTYPES", "PRECISE_DTYPE", "autotuned_kernel", "pinned_configs", "round_off"]
+__all__ = ["DEVICE", "DTYPES", "PRECISE_DTYPE", "autotuned_kernel", "pinned_configs", "round_off", "tuned_tma_config"]
 
 ON_GPU = DEVICE == "cuda"
 PRECISE_DTYPE = torch.float16 if ON_GPU else torch.float32
 
-# The launcher's autotuner, kept before pinned_configs replaces it on a GPU.
+# The launcher's autotuner and the TMA forward's tuning, kept before pinned_configs replaces them on a GPU.
 autotuned_kernel = launch.autotuned_kernel
+tuned_tma_config = tma_attention.tuned_tma_config
 
 # A few units in the last place of values of order 1: what two computations of the same numbers
 # in a different order (splits, tiles) may differ by.
@@ -73,6 +78,12 @@ def pinned_configs(monkeypatch):
     """On a GPU, every launch the autotuner would take runs the default configuration (see the module)."""
     if ON_GPU:
         monkeypatch.setattr(launch, "autotuned_kernel", _PinnedKernel)
+        monkeypatch.setattr(tma_attention, "tuned_tma_config", _pinned_tma_config)
+
+
+def _pinned_tma_config(q, k, v, out, lse, **options):
+    """Stands in for :func:`~attn_course.flash.tma_attention.tuned_tma_config`: the default, untimed."""
+    return tma_forward_configs(q.shape[-1])[0]
 
 
 def pytest_configure(config):

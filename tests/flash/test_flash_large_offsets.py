@@ -7,8 +7,9 @@ backward, the output and its gradient) are views into one buffer of just over 2*
 elements with a row stride of 2**23, so their row 256 starts at 2**31: the buffer is left
 uninitialised by torch.empty and only the rows the kernels read are written (about 257 pages).
 The backward's three kernels (Δ, dK/dV, dQ; and the atomic-dQ dK/dV kernel) must give on those
-views exactly the gradients they give on contiguous copies. Each case runs in a child process: with the offsets wrapping, the
-interpreter reads far outside the buffer and the process dies instead of failing.
+views exactly the gradients they give on contiguous copies. Each case runs in a child process:
+with the offsets wrapping, the interpreter reads far outside the buffer and the process dies
+instead of failing.
 """
 
 from __future__ import annotations

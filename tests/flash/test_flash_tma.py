@@ -29,6 +29,12 @@ from attn_course.flash.tma_attention import (  # noqa: E402
     tma_forward_config,
     tma_forward_supported,
 )
+from attn_course.flash.tma_configs import (  # noqa: E402
+    HOPPER_LIMITS,
+    estimated_shared_memory,
+    prune_tma_configs,
+    tma_forward_configs,
+)
 
 from support.flash_rule import assert_flash_rule as shared_flash_rule  # noqa: E402
 from support.flash_rule import random_inputs as inputs_and_grad  # noqa: E402
@@ -117,6 +123,85 @@ def test_query_sees_only_its_bottom_right_keys():
     assert difference[0] == 0 and (difference[1:] > 0).all()
 
 
+def test_descriptors_built_in_the_kernel_give_what_host_descriptors_give():
+    # The fallback for a Triton without triton.tools.tensor_descriptor: the same tiles, the same bits.
+    from attn_course.flash.tma_attention import has_device_tensor_descriptors, host_tensor_descriptor
+
+    if host_tensor_descriptor() is None or not has_device_tensor_descriptors():
+        pytest.skip("this Triton lacks one of the two kinds of tensor descriptors")
+    q, k, v = random_inputs(2, 4, 2, 90, 150, 32, DTYPES[0], seed=5)
+    results = []
+    for host in (True, False):
+        if ON_GPU and not tma_forward_supported(q, k, v):
+            pytest.skip("the TMA forward needs a Hopper GPU")
+        out, lse = torch.full_like(q, float("nan")), torch.empty(q.shape[:3], device=q.device)
+        results.append(attention_forward_tma(q, k, v, out, lse, causal=True, host_descriptors=host,
+                                             **launch_options(32)))
+    torch.testing.assert_close(results[0], results[1], atol=0, rtol=0)
+    assert torch.isfinite(results[0][0]).all()
+
+
+def test_the_warp_specialised_option_changes_no_result():
+    from attn_course.flash.tma_attention import warp_specialize_supported
+
+    if ON_GPU:
+        pytest.skip("warp specialisation is off by default on a GPU (it crashes Triton's compiler at d = 64)")
+    if not warp_specialize_supported():
+        pytest.skip("this Triton's tl.range has no warp_specialize")
+    q, k, v = random_inputs(1, 2, 2, 100, 100, 32, DTYPES[0], seed=6)
+    plain = run_tma(q, k, v, causal=True)
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+    specialised = attention_forward_tma(q, k, v, out, lse, causal=True, warp_specialize=True, **INTERPRETER_TILES)
+    torch.testing.assert_close(specialised, plain, atol=0, rtol=0)
+
+
+def test_without_a_configuration_the_interpreter_runs_the_default(monkeypatch):
+    # attention_forward_tma with no sizes asks tuned_tma_config, which in the interpreter times
+    # nothing and answers the first candidate; the result is that configuration's, bit for bit.
+    from attn_course.flash import tma_attention
+
+    if ON_GPU:
+        pytest.skip("on a GPU the configuration is tuned (test_tuning_on_a_gpu_picks_a_kept_candidate)")
+    q, k, v = random_inputs(1, 2, 1, 130, 130, 16, torch.float16, seed=7)
+    buffers_ = (torch.empty_like(q), torch.empty(q.shape[:3]))
+    chosen = tma_attention.tuned_tma_config(q, k, v, *buffers_, causal=True, scale=0.25)
+    assert chosen == tma_forward_configs(16)[0]
+    default, _ = attention_forward_tma(q, k, v, *buffers_, causal=True)
+    explicit, _ = attention_forward_tma(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3]), causal=True,
+                                        **tma_forward_config(16))
+    torch.testing.assert_close(default, explicit, atol=0, rtol=0)
+
+
+def test_tuning_on_a_gpu_picks_a_kept_candidate_once_per_length_bucket(monkeypatch):
+    """The one test of the TMA forward's tuning on a GPU (gpu_setup pins every other test to the default)."""
+    import triton
+
+    from attn_course.flash import launch, tma_attention
+
+    if not ON_GPU:
+        pytest.skip("tuning times candidates on a GPU; the interpreter runs the default")
+    import gpu_setup
+
+    monkeypatch.setattr(tma_attention, "tuned_tma_config", gpu_setup.tuned_tma_config)
+    q, k, v = random_inputs(1, 4, 4, 1000, 1000, 64, torch.float16, seed=8)
+    if not tma_forward_supported(q, k, v):
+        pytest.skip("the TMA forward needs a Hopper GPU")
+    out, lse = attention_forward_tma(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3], device=q.device),
+                                     causal=True)
+    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
+    entries = {key: config for key, config in launch.tuned_configs().items() if key[0] == "forward_tma"}
+    device = triton.runtime.driver.active.utils.get_device_properties(q.device.index or 0)
+    kept = prune_tma_configs(tma_forward_configs(64), 64, shared_memory_limit=device["max_shared_mem"],
+                             registers_per_block=device["max_num_regs"], capability=90)
+    assert len(entries) == 1 and next(iter(entries.values())) in kept
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, *a, **kw: calls.append(fn) or 1.0)
+    attention_forward_tma(q[:, :, :900], k[:, :, :900], v[:, :, :900], torch.empty_like(q[:, :, :900]),
+                          torch.empty(1, 4, 900, device=q.device), causal=True)       # the same bucket, 1024
+    assert calls == [], "a second length in the bucket timed the candidates again"
+
+
 # ---------------------------------------------------------------------------------------------
 # The launcher's checks
 # ---------------------------------------------------------------------------------------------
@@ -162,6 +247,23 @@ def test_clear_errors_for_buffers_shapes_and_options():
         attention_forward_tma(q, k, v, out, lse, block_n="64")
     with pytest.raises(TypeError, match=r"causal must be a bool, got int"):
         attention_forward_tma(q, k, v, out, lse, causal=1)
+    with pytest.raises(TypeError, match=r"attention_forward_tma: warp_specialize must be a bool, got str"):
+        attention_forward_tma(q, k, v, out, lse, warp_specialize="yes")
+    with pytest.raises(TypeError, match=r"attention_forward_tma: host_descriptors must be a bool, got int"):
+        attention_forward_tma(q, k, v, out, lse, host_descriptors=1)
+
+
+def test_options_this_triton_lacks_are_refused_by_name(monkeypatch):
+    from attn_course.flash import tma_attention
+
+    q, k, v = random_inputs(1, 2, 2, 8, 8, 16, torch.float16)
+    out, lse = buffers(q)
+    monkeypatch.setattr(tma_attention, "warp_specialize_supported", lambda: False)
+    with pytest.raises(ValueError, match=r"warp_specialize=True needs a Triton whose tl.range takes warp_specialize"):
+        attention_forward_tma(q, k, v, out, lse, warp_specialize=True)
+    monkeypatch.setattr(tma_attention, "host_tensor_descriptor", lambda: None)
+    with pytest.raises(ValueError, match=r"host_descriptors=True needs triton.tools.tensor_descriptor"):
+        attention_forward_tma(q, k, v, out, lse, host_descriptors=True)
 
 
 def test_supported_only_on_hopper_with_layouts_tma_can_read():
@@ -211,19 +313,28 @@ def test_allocator_is_installed_only_when_none_is_set():
 # ---------------------------------------------------------------------------------------------
 
 SM90_SHARED_MEMORY_LIMIT = 227 * 1024   # bytes per thread block on H100/H200
-AOT_CASES = [(head_dim, dtype, causal) for head_dim in (64, 128) for dtype in ("float16", "bfloat16")
-             for causal in (False, True)]
+# Every candidate of the two head dims with several (the others have one, compiled by the spill
+# test), causal or not, float16; the defaults in bfloat16 too; the in-kernel descriptors (the
+# fallback for a Triton without host descriptors) once.
+AOT_CASES = [(head_dim, index, "float16", causal, False) for head_dim in (64, 128)
+             for index in range(len(tma_forward_configs(head_dim))) for causal in (False, True)]
+AOT_CASES += [(head_dim, 0, "bfloat16", True, False) for head_dim in (64, 128)] + [(64, 0, "float16", True, True)]
 COMPILE_SCRIPT = """
 import json, re, sys, time
 from attn_course.flash.aot import compile_tma_forward
-for head_dim, dtype, causal in json.loads(sys.argv[1]):
+from attn_course.flash.aot_resources import resource_usage
+for head_dim, index, dtype, causal, device in json.loads(sys.argv[1]):
     start = time.perf_counter()
-    compiled = compile_tma_forward(head_dim, dtype, causal)
+    compiled = compile_tma_forward(head_dim, dtype, causal, config=index, device_descriptors=device)
+    usage = resource_usage(compiled)
     seconds = time.perf_counter() - start
     ptx = compiled.asm["ptx"]
     found = sorted(set(re.findall(r"cp\\.async\\.bulk\\.tensor[\\w.:]*|wgmma\\.mma_async[\\w.]*", ptx)))
-    print(json.dumps({"case": [head_dim, dtype, causal], "shared": compiled.metadata.shared,
-                      "seconds": round(seconds, 2), "found": found}), flush=True)
+    ops = {op: len(re.findall(r"\\b" + re.escape(op) + r"\\b", ptx)) for op in ("fma.rn.f32", "sub.f32")}
+    ops["ex2"] = len(re.findall(r"\\bex2\\.approx", ptx))
+    print(json.dumps({"case": [head_dim, index, dtype, causal, device], "shared": compiled.metadata.shared,
+                      "registers": usage.registers, "spill": usage.spill_stores + usage.spill_loads + usage.stack,
+                      "seconds": round(seconds, 2), "found": found, "ops": ops}), flush=True)
 """
 
 
@@ -233,19 +344,55 @@ def sm90_report():
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(AOT_CASES)], env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    return {tuple(line["case"]): line for line in map(json.loads, result.stdout.splitlines())}
+    report = {tuple(line["case"]): line for line in map(json.loads, result.stdout.splitlines())}
+    table = [f"{'d':>3} {'config (m, n, warps, stages)':<28} {'dtype':<8} {'causal':<6} {'regs':>4} {'spill':>5} "
+             f"{'shared':>6} {'kept':>4}"]
+    for (head_dim, index, dtype, causal, device), line in report.items():
+        config = tma_forward_configs(head_dim)[index]
+        kept = config in prune_tma_configs(tma_forward_configs(head_dim), head_dim, **HOPPER_LIMITS)
+        shape = (config.block_m, config.block_n, config.num_warps, config.num_stages)
+        table.append(f"{head_dim:>3} {str(shape) + (' in-kernel desc.' if device else ''):<28} {dtype:<8} "
+                     f"{str(causal):<6} {line['registers']:>4} {line['spill']:>5} {line['shared']:>6} {str(kept):>4}")
+    print("\n" + "\n".join(table))
+    return report
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head_dim, dtype, causal", AOT_CASES)
-def test_sm90_build_moves_tiles_by_tma_and_multiplies_with_wgmma(sm90_report, head_dim, dtype, causal):
-    line = sm90_report[head_dim, dtype, causal]
+@pytest.mark.parametrize("head_dim, index, dtype, causal, device", AOT_CASES)
+def test_sm90_build_moves_tiles_by_tma_and_multiplies_with_wgmma(sm90_report, head_dim, index, dtype, causal, device):
+    line = sm90_report[head_dim, index, dtype, causal, device]
     loads = [name for name in line["found"] if name.startswith("cp.async.bulk.tensor") and ".global.mbarrier" in name]
     stores = [name for name in line["found"] if name.startswith("cp.async.bulk.tensor") and ".global.shared" in name]
     assert loads, f"no TMA load (cp.async.bulk.tensor ... shared <- global) in the PTX: {line['found']}"
     assert stores, f"no TMA store (cp.async.bulk.tensor ... global <- shared) in the PTX: {line['found']}"
     assert any(name.startswith("wgmma.mma_async") for name in line["found"]), line["found"]
-    assert 0 < line["shared"] <= SM90_SHARED_MEMORY_LIMIT, line
+    # The pruning's shared-memory estimate never falls short of what the build takes.
+    config = tma_forward_configs(head_dim)[index]
+    assert 0 < line["shared"] <= estimated_shared_memory(config, head_dim), line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sm90_build_of_every_candidate_kept_for_hopper_fits_without_spilling(sm90_report, head_dim):
+    candidates = tma_forward_configs(head_dim)
+    kept = prune_tma_configs(candidates, head_dim, **HOPPER_LIMITS)
+    assert kept and kept[0] == candidates[0], "the default must survive the pruning on an H100/H200"
+    for config in kept:
+        for causal in (False, True):
+            line = sm90_report[head_dim, candidates.index(config), "float16", causal, False]
+            assert line["spill"] == 0 and line["registers"] <= 255, (config, line)
+            assert line["shared"] <= SM90_SHARED_MEMORY_LIMIT, (config, line)
+
+
+@pytest.mark.slow
+def test_sm90_build_costs_each_score_one_fma_before_its_exp2(sm90_report):
+    # The scale is folded after the row maximum: exp2(s * scale_log2 - m) is one FMA per score.
+    # Scaling first and subtracting after (FMUL + FADD) would put at least one sub.f32 per score
+    # of a tile per thread (128 x 64 scores over 128 threads: 64) in each of the two loops.
+    line = sm90_report[64, 0, "float16", True, False]
+    scores_per_thread = 128 * 64 // 128
+    assert line["ops"]["sub.f32"] < scores_per_thread, line["ops"]
+    assert line["ops"]["fma.rn.f32"] >= line["ops"]["ex2"] > 0, line["ops"]
 
 
 def test_compile_refuses_interpreter_mode():
