@@ -15,15 +15,18 @@ keys its cache with) and prints the distinct keys per test file (each file is it
 process in the check, so each compiles its own) and per kernel. Where the GPU takes another path:
 
 * decoding's default split count follows the GPU's multiprocessors: simulated for an H200's 132;
-* the forward with no ``config`` takes the TMA kernel on Hopper, one configuration per head dim
-  like the pointer kernel's default here: the same number of specialisations;
+* the forward with no ``config`` takes the TMA kernel on Hopper, pinned by ``gpu_setup`` to one
+  configuration per head dim like the pointer kernel's default here: the same number of
+  specialisations; the one test of its tuning (skipped here) compiles every candidate
+  ``prune_tma_configs`` keeps at d = 64 on an H200: added;
 * the interpreter's float32 becomes float16 or bfloat16 on a GPU: the count here is an upper bound
   (two interpreter dtypes may become one GPU dtype, never the reverse);
 * test_flash_configs.py's autotuning test uses d = 64 on a GPU (every candidate compiled and
   timed), d = 16 with one candidate here: added from ``CONFIGS``.
 
 Then the benchmark's rows at N in {4096, 16384} (``python -m benchmarks flash --lengths 4096 16384``,
-its autotuned launches: every candidate of each backward kernel, the TMA forward, decoding at d = 128
+its autotuned launches: every candidate of each backward kernel, the TMA forward's kept candidates,
+decoding at d = 128
 for both query lengths and dtypes), counted from the same tables (``attn_course.flash.configs``,
 ``benchmarks.flash_gpu.sizes``), and the benchmark's own count for its essential profile where it
 has one (``python -m benchmarks.flash_gpu --count-compilations essential``).
@@ -130,22 +133,36 @@ def autotuning_test_extra() -> int:
     return sum(len(kernel_configs(kernel, 64)) - len(kernel_configs(kernel, 16)) for kernel in ("forward", "decode"))
 
 
+TMA_TUNING_TEST = "tests/flash/test_flash_tma.py::test_tuning_on_a_gpu_picks_a_kept_candidate_once_per_length_bucket"
+
+
+def tma_tuning_test_extra() -> int:
+    """Compilations the TMA forward's tuning test adds on a GPU (it is skipped in the interpreter):
+    every candidate the pruning keeps for an H200 at d = 64, float16, causal."""
+    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
+
+    return len(prune_tma_configs(tma_forward_configs(64), 64, **HOPPER_LIMITS))
+
+
 def benchmark_compiles(lengths=(4096, 16384)) -> dict[str, int]:
     """The compilations of the benchmark's essential rows, from the tables the code launches from.
 
-    Attention: per dtype, d and causal flag, the TMA forward (one configuration), and every candidate
-    of the two backward kernels (autotuned). All N are multiples of 16 (one specialisation for both).
+    Attention: per dtype, d and causal flag, the TMA forward's candidates kept for an H200 (tuned),
+    and every candidate of the two backward kernels (autotuned). All N are multiples of 16 (one
+    specialisation for both).
     Decoding (d = 128, grouped heads): every decode candidate at each BLOCK_M its query lengths need,
     and the merge at each SPLITS width the kv lengths give on an H200.
     """
     sys.path.insert(0, str(ROOT))
     from attn_course.flash.configs import DECODE_BLOCK_M, kernel_configs
     from attn_course.flash.decode import decode_merge_width, decode_num_splits
+    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
     from benchmarks.flash_gpu.sizes import DECODE_QUERY_LENGTHS, GPU_SIZES
 
     assert all(n % 16 == 0 for n in lengths), "one specialisation per N class; recount for N not divisible by 16"
     dtypes, head_dims = GPU_SIZES["dtypes"], GPU_SIZES["head_dims"]
-    attention = {"forward (TMA)": len(dtypes) * len(head_dims) * 2}
+    kept = sum(len(prune_tma_configs(tma_forward_configs(d), d, **HOPPER_LIMITS)) for d in head_dims)
+    attention = {"forward (TMA)": len(dtypes) * 2 * kept}
     for kernel in ("backward_dkdv", "backward_dq"):
         attention[kernel] = len(dtypes) * 2 * sum(len(kernel_configs(kernel, d)) for d in head_dims)
     decode = GPU_SIZES["decode"]
@@ -252,12 +269,15 @@ def main(argv: list[str]) -> int:
     seconds = time.monotonic() - started
     per_file = {name: len(keys) for name, keys in sorted(recorder.by_file.items())}
     per_kernel = collections.Counter(key[0] for key in recorder.keys)
-    extra = autotuning_test_extra()
+    extra, tma_extra = autotuning_test_extra(), tma_tuning_test_extra()
     bench = benchmark_compiles()
     report = {"tests_exit_status": int(status), "launches": recorder.launches, "distinct": len(recorder.keys),
               "per_file": per_file, "per_kernel": dict(per_kernel), "autotuning_test_extra_on_gpu": extra,
+              "tma_tuning_test_extra_on_gpu": tma_extra,
               "per_file_on_gpu": {**per_file, "tests/flash/test_flash_configs.py":
-                                  per_file.get("tests/flash/test_flash_configs.py", 0) + extra},
+                                  per_file.get("tests/flash/test_flash_configs.py", 0) + extra,
+                                  "tests/flash/test_flash_tma.py":
+                                  per_file.get("tests/flash/test_flash_tma.py", 0) + tma_extra},
               "benchmark_essential": bench, "benchmark_essential_total": sum(bench.values()),
               "benchmark_own_count": benchmark_own_count(),
               "interpreter_seconds": round(seconds, 1)}
@@ -266,7 +286,7 @@ def main(argv: list[str]) -> int:
     report["by_test"] = {test: sorted(index[key] for key in keys) for test, keys in recorder.by_test.items()}
     if args.plan:
         autotune = "tests/flash/test_flash_configs.py::test_the_autotuned_launch_runs"
-        plan = plan_shards(recorder.by_test, args.shards, args.most, {autotune: extra})
+        plan = plan_shards(recorder.by_test, args.shards, args.most, {autotune: extra, TMA_TUNING_TEST: tma_extra})
         write_plan(plan, args.plan)
         report["shards"] = {name: len(keys) for name, keys, specs in plan if specs}
     if args.calibrate:

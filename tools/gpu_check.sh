@@ -12,8 +12,9 @@
 # 1. machine facts: nvidia-smi, Python, torch, Triton, CUDA, which packages  -> machine.txt   (<= 20 s)
 # 2. the kernel tests on CUDA, in float16/bfloat16 on the GPU, in parallel shards (compiling is
 #    CPU-bound and single-threaded; the machine has 16 cores); each kernel in its default
-#    configuration (tests/flash/gpu_setup.py, loaded as a plugin: no autotuning but in its one
-#    test), so each specialisation compiles once; every compilation is logged
+#    configuration (tests/flash/gpu_setup.py, loaded as a plugin: no autotuning but in its two
+#    tests, the pointer kernels' autotuner and the TMA forward's tuning over its pruned candidates),
+#    so each specialisation compiles once; every compilation is logged
 #                                        -> tests-*.txt, compiles.jsonl  (<= 95 s / 240 s)
 #    Meanwhile the benchmark's kernels compile into Triton's on-disk cache in the background
 #    (its own warm-up jobs)                                         -> warm-up.txt
@@ -41,13 +42,17 @@ say() { echo "== [$((SECONDS - started)) s] $*" | tee -a "$out/status.txt"; }
 
 # TIMEOUTS, first profile: the estimate behind them (tools/count_compiles.py counts the distinct
 # kernel specialisations on the CPU; a cold sm_90 compile took 0.9 to 4.5 s here, 2 to 6 s assumed):
-# - tests: 128 distinct compilations, 138 over the 12 shards (a few shared ones compile in two);
-#   the largest shard needs 12: 24 to 72 s, plus about 10 s to start (torch, CUDA, collection) and
-#   a few seconds of tests: 40 to 90 s, so 95 s. 12 processes on 16 cores, the warm-up niced.
+# - tests: 132 distinct compilations counted in the interpreter, 136 on a GPU (the TMA forward's
+#   one tuning test compiles the 4 candidates kept at d = 64), 147 over the 12 shards (a few shared
+#   ones compile in two; tools/count_compiles.py --plan --shards 12 --most 8); the largest shard
+#   needs 13: 26 to 78 s, plus about 10 s to start (torch, CUDA, collection) and a few seconds of
+#   tests: 40 to 90 s, so 95 s. 12 processes on 16 cores, the warm-up niced.
 # - benchmark warm-up, in the background meanwhile (niced: the 12 test processes keep their cores):
-#   its own jobs for the essential rows, one process each (28 at the time of writing): ours' 44 to
-#   49 compilations over 10 of them, 5 or 6 each (10 to 36 s after start-up, done before the tests
-#   end), and FlexAttention's 54 graphs over 18 (stopped when the tests end, if not done by then).
+#   its own jobs for the essential rows, one process each (28 at the time of writing): ours' 60 to
+#   66 compilations (the TMA forward's 24: its candidates kept for an H200, 4 at d = 64 and 2 at
+#   d = 128, per dtype and mask) over 10 of them, 6 or 7 each (12 to 42 s after start-up, done
+#   before the tests end), and FlexAttention's 54 graphs over 18 (stopped when the tests end, if
+#   not done by then).
 # - benchmark: its own warm-up then finds the caches warm (start-up only, about 15 s), then
 #   measures the essential rows, ours against SDPA first and FlexAttention after, until 1.3 min;
 #   killed at 115 s (the rows measured by then are in the CSVs).
@@ -61,7 +66,7 @@ say "gpu_check, profile $profile: tests <= $test_timeout s, benchmark ($bench_pr
 
 # The test shards, "NAME|PYTEST ARGUMENTS", one process each, all at once. A process compiles its
 # kernels one after another, so the first profile's shards are balanced by the compilations each
-# needs (tools/gpu_check_shards.txt, written by tools/count_compiles.py --plan: at most 12 each);
+# needs (tools/gpu_check_shards.txt, written by tools/count_compiles.py --plan: at most 13 each);
 # the long profile runs one process per file, slow tests included.
 test_files="tests/flash/test_flash_triton.py tests/flash/test_flash_triton_gqa_causal.py tests/flash/test_flash_decode.py
             tests/flash/test_flash_tma.py tests/flash/test_flash_configs.py"
