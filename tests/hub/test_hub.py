@@ -207,5 +207,7 @@ def test_two_students_on_a_hub_hand_out_answer_collect_grade(hub_tools, browser,
 
     timings["whole test (s)"] = round(time.monotonic() - began, 1)
     ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "hub_timings.json").write_text(json.dumps(timings, indent=1) + "\n")
+    scores = {student: rows[student][column] for student in ANSWERS}
+    report = {"timings": timings, "feedback": feedback, "scores": scores}
+    (ARTIFACTS / "hub_timings.json").write_text(json.dumps(report, indent=1) + "\n")
     print(timings)
