@@ -4,10 +4,11 @@
 Triton ships and reads its report; its parsing is tested here on captured reports. The slow test
 compiles every configuration the launcher or the autotuner can select of the forward and the
 two backward kernels for sm_90 (:func:`~attn_course.flash.aot.spill_cases`: every head dim,
-causal or not, one query head per key/value head and more, float16), the backward's Δ kernel
-and the optional atomic-dQ dK/dV kernel, and fails on any spill: a spilled register lives in
-local memory, off chip, and is stored and reloaded on every tile. 100 builds, about 70 s on
-2 cores with an empty Triton cache.
+causal or not, one query head per key/value head and more, float16), the backward's Δ kernel,
+the optional atomic-dQ dK/dV kernel and the TMA forward in every candidate kept for an H100/H200,
+and fails on any spill: a spilled register lives in local memory, off chip, and is stored and
+reloaded on every tile. 116 builds: 265 s here on 2 cores shared with other work, from an empty
+Triton cache (the 100 without the TMA forward took about 70 s on an idle machine).
 Compilation runs in subprocesses with ``TRITON_INTERPRET=0`` (a process has one Triton mode,
 :mod:`attn_course.flash.triton_mode`), two shards in parallel.
 """
@@ -98,6 +99,14 @@ def test_spill_cases_cover_every_selectable_configuration_with_both_group_counts
                 for causal in (False, True):
                     for groups in (0, 1):
                         assert aot.Case(kernel, index, head_dim, "float16", causal, 90, groups=groups) in cases
+    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
+
+    for head_dim in (16, 32, 64, 128):
+        candidates = tma_forward_configs(head_dim)
+        for config in prune_tma_configs(candidates, head_dim, **HOPPER_LIMITS):
+            for causal in (False, True):
+                assert aot.Case("forward_tma", candidates.index(config), head_dim, "float16", causal, 90) in cases
+    assert not [case for case in aot.spill_cases(80) if case.kernel == "forward_tma"]   # TMA is Hopper's
     with pytest.raises(ValueError, match=r"spill_cases: capability must be one of \[80, 90\], got 70"):
         aot.spill_cases(70)
 
