@@ -134,7 +134,7 @@ site: venv
 	$(BIN)/python tools/site.py --out build/site
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache dist grades
+	rm -rf $(VENV) .pytest_cache .ruff_cache dist grades $(HUB_DIR)/node_modules
 
 # Re-run every chapter in a fresh kernel and save it with outputs (after code changes).
 execute: venv

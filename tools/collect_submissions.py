@@ -173,6 +173,13 @@ def write_collection(out: os.PathLike | str, report: Collected, notebooks: dict)
     """
     if not isinstance(out, (str, os.PathLike)):
         raise TypeError(f"write_collection: out must be a path, got {type(out).__name__}")
+    if not isinstance(report, Collected):
+        raise TypeError(f"write_collection: report must be a Collected (collect_homes), got {type(report).__name__}")
+    if not isinstance(notebooks, dict) or not all(
+            isinstance(chapters, dict) and all(isinstance(data, bytes) for data in chapters.values())
+            for chapters in notebooks.values()):
+        raise TypeError("write_collection: notebooks must be {user: {chapter: bytes}} (collect_homes), "
+                        f"got {type(notebooks).__name__}")
     out = pathlib.Path(out)
     if out.is_symlink() or out.exists() and not out.is_dir():
         raise ValueError(f"write_collection: out must be a folder, got {out}")
@@ -189,9 +196,11 @@ def write_collection(out: os.PathLike | str, report: Collected, notebooks: dict)
     (out / REPORT).write_text("\n".join(report.lines()) + "\n", encoding="utf-8")
 
 
-def handed_out_chapters(student: pathlib.Path) -> list[str]:
-    """The chapters handed out: the notebooks of ``dist/student``."""
-    return sorted(path.stem for path in student.glob("*.ipynb"))
+def handed_out_chapters(student: os.PathLike | str) -> list[str]:
+    """The chapters handed out: the names of the notebooks in ``student`` (``dist/student``)."""
+    if not isinstance(student, (str, os.PathLike)):
+        raise TypeError(f"handed_out_chapters: student must be a path, got {type(student).__name__}")
+    return sorted(path.stem for path in pathlib.Path(student).glob("*.ipynb"))
 
 
 def main(argv: list[str] | None = None) -> int:

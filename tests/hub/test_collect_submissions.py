@@ -131,6 +131,9 @@ def test_collect_homes_checks_its_arguments(tmp_path):
         collect_submissions.collect_homes(tmp_path, CHAPTERS, inside="../elsewhere")
     with pytest.raises(TypeError, match="homes must be a path, got int"):
         collect_submissions.collect_homes(3, CHAPTERS)
+    with pytest.raises(TypeError, match="notebooks must be"):
+        collect_submissions.write_collection(tmp_path / "out", collect_submissions.Collected(), {"ada": {"02": "text"}})
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_folder_export_with_the_notebooks_in_each_home_itself(tmp_path):
