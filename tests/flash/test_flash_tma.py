@@ -190,7 +190,8 @@ def test_tuning_on_a_gpu_picks_a_kept_candidate_once_per_length_bucket(monkeypat
                                      causal=True)
     reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
-    entries = {key: config for key, config in launch.tuned_configs().items() if key[0] == "forward_tma"}
+    entries = {key: config for key, config in launch.tuned_configs().items()   # this test's bucket only
+               if key[:3] == ("forward_tma", 64, True) and dict(key[4]).get("n_q") == 1024}
     device = triton.runtime.driver.active.utils.get_device_properties(q.device.index or 0)
     kept = prune_tma_configs(tma_forward_configs(64), 64, shared_memory_limit=device["max_shared_mem"],
                              registers_per_block=device["max_num_regs"], capability=90)
