@@ -1,6 +1,7 @@
 """What attention heads learn (chapter 11): induction heads in an attention-only transformer, found and broken.
 
-- :mod:`~attn_course.circuits.scores`: :func:`previous_token_score`, :func:`induction_score`;
+- :mod:`~attn_course.circuits.scores`: :func:`previous_token_score`, :func:`induction_score`,
+  :func:`duplicate_token_score`;
 - :mod:`~attn_course.circuits.recording`: :func:`record_patterns`, :func:`record_head_outputs` through the
   model's hook points;
 - :mod:`~attn_course.circuits.losses`: per-token losses, the repeated half and the first half;
@@ -22,7 +23,7 @@ from attn_course.circuits.composition import (
 from attn_course.circuits.losses import first_half_span, loss_from_logits, repeated_span, span_loss, token_losses
 from attn_course.circuits.ov_circuit import CopyingScores, copying_scores, full_ov_circuit
 from attn_course.circuits.recording import record, record_head_outputs, record_patterns
-from attn_course.circuits.scores import induction_score, previous_token_score
+from attn_course.circuits.scores import duplicate_token_score, induction_score, previous_token_score
 from attn_course.circuits.training import (
     InductionHistory,
     InductionSetup,
@@ -32,7 +33,7 @@ from attn_course.circuits.training import (
 )
 
 __all__ = [
-    "previous_token_score", "induction_score",
+    "previous_token_score", "induction_score", "duplicate_token_score",
     "record", "record_patterns", "record_head_outputs",
     "token_losses", "span_loss", "loss_from_logits", "repeated_span", "first_half_span",
     "ov_matrix", "qk_matrix", "composition_score", "composition_scores", "random_composition_baseline",

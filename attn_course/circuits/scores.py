@@ -1,4 +1,4 @@
-"""What a head attends to, as one number per head: the previous-token and induction scores.
+"""What a head attends to, as one number per head: the previous-token, induction and duplicate-token scores.
 
 For attention weights ``pattern [..., N, N]`` (query rows, key columns, rows summing to 1):
 
@@ -6,7 +6,12 @@ For attention weights ``pattern [..., N, N]`` (query rows, key columns, rows sum
   token just before (1 for a perfect previous-token head);
 - induction score, on a sequence of period ``P`` (token ``i`` equals token ``i − P``): the mean over
   ``i ≥ P`` of ``pattern[..., i, i − P + 1]``, the weight on the token *after* the earlier occurrence of
-  the current one, the token an induction head copies (Olsson et al. 2022's "prefix matching").
+  the current one, the token an induction head copies (Olsson et al. 2022's "prefix matching");
+- duplicate-token score, on the same sequence: the mean over ``i ≥ P`` of ``pattern[..., i, i − P]``, the
+  weight on the earlier copy of the current token itself (one position before the induction target: the
+  off-by-one of the induction score). A layer-0 duplicate-token head is the other way a two-layer model
+  can find the repeat: it tells position ``i`` where its twin sits, and a layer-1 head reads the position
+  after it through Q-composition.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import torch
 
 from attn_course import _validate
 
-__all__ = ["previous_token_score", "induction_score", "check_pattern"]
+__all__ = ["previous_token_score", "induction_score", "duplicate_token_score", "check_pattern"]
 
 
 def check_pattern(where: str, pattern: object, name: str = "pattern") -> torch.Tensor:
@@ -93,3 +98,33 @@ def induction_score(pattern: torch.Tensor, period: int) -> torch.Tensor:
     # Entries (i, i - P + 1) for i >= P: the diagonal at offset -(P - 1), from its row P - 1 + 1 on.
     diagonal = torch.diagonal(pattern, offset=-(period - 1), dim1=-2, dim2=-1)   # [..., N - P + 1], rows P-1 ..
     return diagonal[..., 1:].mean(dim=-1)                                         # rows P .. N - 1
+
+
+def duplicate_token_score(pattern: torch.Tensor, period: int) -> torch.Tensor:
+    """The mean weight each query puts on the earlier occurrence of its own token (``period`` back).
+
+    Args:
+        pattern: attention weights ``[..., N, N]`` on a sequence whose token ``i`` equals token ``i − period``.
+        period: ``P``, in ``1 .. N − 1``.
+
+    Returns:
+        ``pattern.shape[:-2]``: the mean over ``i = P .. N − 1`` of ``pattern[..., i, i − P]``.
+
+    Raises:
+        TypeError: ``pattern`` not a floating tensor, ``period`` not an int.
+        ValueError: not square, ``N < 2``, NaN in it, or ``period`` outside ``1 .. N − 1``.
+
+    Example:
+        >>> twin = torch.zeros(6, 6)
+        >>> twin[torch.arange(3, 6), torch.arange(0, 3)] = 1.0          # i -> i - 3
+        >>> duplicate_token_score(twin, 3), induction_score(twin, 3)
+        (tensor(1.), tensor(0.))
+    """
+    where = "duplicate_token_score"
+    pattern = check_pattern(where, pattern)
+    period = _validate.integer(where, "period", period)
+    tokens = pattern.shape[-1]
+    if not 1 <= period <= tokens - 1:
+        raise ValueError(f"{where}: period must be in 1 .. N - 1 = {tokens - 1} for a pattern of "
+                         f"shape {_validate.shape_str(pattern)}, got {period}")
+    return torch.diagonal(pattern, offset=-period, dim1=-2, dim2=-1).mean(dim=-1)   # rows P .. N - 1

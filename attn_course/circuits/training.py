@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +25,7 @@ from attn_course import _validate
 from attn_course._threads import one_thread
 from attn_course.circuits.losses import first_half_span, repeated_span, token_losses
 from attn_course.circuits.recording import record_patterns
-from attn_course.circuits.scores import induction_score, previous_token_score
+from attn_course.circuits.scores import duplicate_token_score, induction_score, previous_token_score
 from attn_course.data.repeated_tokens import repeated_random_tokens, repeated_segment_tokens
 from attn_course.models.attention_only import AttentionOnlyTransformer
 from attn_course.models.training import clipped_step
@@ -55,14 +54,14 @@ class InductionSetup:
 
     vocab_size: int = 48
     half_length: int = 20
-    min_period: int = 8
+    min_period: int = 16
     n_layers: int = 2
     n_heads: int = 4
     d_model: int = 64
     positions: str = "learned"
     layer_norm: bool = False
     batch_size: int = 32
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-3
     warmup_steps: int = 50
     weight_decay: float = 0.01
     evaluation_batch: int = 64
@@ -88,10 +87,11 @@ class InductionHistory:
         steps: optimiser steps taken at each record (0: before the first).
         repeated_loss: mean loss of the repeated half's predictable tokens ``L + 1 .. 2L − 1`` (nats).
         first_half_loss: mean loss of tokens ``1 .. L − 1`` (random: ``ln V`` at best).
-        induction_scores, previous_token_scores: ``[layer][head]`` at each record.
+        induction_scores, previous_token_scores, duplicate_token_scores: ``[layer][head]`` at each record
+            (:mod:`~attn_course.circuits.scores`), means over the evaluation batch.
         icl_score: Olsson et al.'s in-context-learning score, loss of token ``late`` minus loss of token
             ``early`` (:func:`olsson_positions`), on the evaluation batch.
-        train_loss: the mean training-batch loss over the steps since the previous record (NaN at step 0).
+        train_loss: the mean training-batch loss over the steps since the previous record (None at step 0).
         digests: SHA-256 of the weights at each record (:func:`state_digest`).
     """
 
@@ -102,6 +102,7 @@ class InductionHistory:
     first_half_loss: list[float] = field(default_factory=list)
     induction_scores: list[list[list[float]]] = field(default_factory=list)
     previous_token_scores: list[list[list[float]]] = field(default_factory=list)
+    duplicate_token_scores: list[list[list[float]]] = field(default_factory=list)
     icl_score: list[float] = field(default_factory=list)
     train_loss: list[float | None] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
@@ -148,11 +149,12 @@ def _measure(model: AttentionOnlyTransformer, tokens: torch.Tensor, setup: Induc
         "first_half_loss": losses[:, f0 - 1:f1 - 1].mean().item(),
         "induction_scores": [induction_score(p, half).mean(0).tolist() for p in patterns.values()],
         "previous_token_scores": [previous_token_score(p).mean(0).tolist() for p in patterns.values()],
+        "duplicate_token_scores": [duplicate_token_score(p, half).mean(0).tolist() for p in patterns.values()],
         "icl_score": (losses[:, late - 1].mean() - losses[:, early - 1].mean()).item(),
     }
 
 
-def train_induction_model(seed: int, steps: int = 1500, *, setup: InductionSetup | None = None,
+def train_induction_model(seed: int, steps: int = 1000, *, setup: InductionSetup | None = None,
                           record_every: int = 25) -> tuple[AttentionOnlyTransformer, InductionHistory]:
     """Train a two-layer attention-only model on repeating random tokens, scoring it every ``record_every`` steps.
 
@@ -196,7 +198,7 @@ def train_induction_model(seed: int, steps: int = 1500, *, setup: InductionSetup
             for name, value in _measure(model, evaluation, setup).items():
                 getattr(history, name).append(value)
             history.steps.append(step)
-            history.train_loss.append(sum(since_record) / len(since_record) if since_record else math.nan)
+            history.train_loss.append(sum(since_record) / len(since_record) if since_record else None)
             history.digests.append(state_digest(model))
             since_record.clear()
 

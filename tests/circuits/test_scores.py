@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_course.circuits import induction_score, previous_token_score
+from attn_course.circuits import duplicate_token_score, induction_score, previous_token_score
 
 
 def _causal_uniform(n: int) -> torch.Tensor:
@@ -87,3 +87,15 @@ def test_bad_patterns_are_refused_by_name(pattern, error, words):
 def test_a_period_outside_one_to_n_minus_one_is_refused(period, error):
     with pytest.raises(error, match="period"):
         induction_score(torch.eye(6), period)
+
+
+def test_a_duplicate_token_head_scores_one_where_the_induction_score_is_zero():
+    n, period = 10, 4
+    twin = _offset_pattern(n, period)                                    # i -> i - P, its own earlier copy
+    assert duplicate_token_score(twin, period).item() == 1.0
+    assert induction_score(twin, period).item() == 0.0
+    assert duplicate_token_score(_offset_pattern(n, period - 1), period).item() == 0.0
+    expected = sum(1 / (i + 1) for i in range(period, n)) / (n - period)
+    assert duplicate_token_score(_causal_uniform(n), period).item() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(ValueError, match="period"):
+        duplicate_token_score(twin, n)
