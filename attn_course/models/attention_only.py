@@ -11,7 +11,8 @@ tensor replaces it), named as in TransformerLens:
 
 - ``model.hook_embed`` ``[B, N, E]`` (token embedding), ``model.hook_pos_embed`` ``[B, N, E]`` (learned positions);
 - per layer ``model.layers[l]``: ``hook_resid_pre`` ``[B, N, E]``, ``hook_pattern`` ``[B, H, N, N]`` (the
-  attention weights; read-only: the output was computed from them already), ``hook_z`` ``[B, H, N, d]``,
+  attention weights; a hook that returns other weights makes the heads mix the values with those:
+  ``z = pattern @ v``, ``v`` from the module's own ``v_proj``), ``hook_z`` ``[B, H, N, d]``,
   ``hook_result`` ``[B, H, N, E]`` (each head's output written to the residual stream, ``b_O`` not included:
   replace one head's slice to ablate or patch it), ``hook_attn_out`` ``[B, N, E]``;
 - ``model.hook_resid_final`` ``[B, N, E]``, before the final LayerNorm (if any) and the unembedding.
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from attn_course import _validate
-from attn_course.core.multihead import MultiHeadAttention
+from attn_course.core.multihead import MultiHeadAttention, split_heads
 from attn_course.positions.rope import RotaryEmbedding
 
 __all__ = ["AttentionOnlyConfig", "AttentionOnlyLayer", "AttentionOnlyTransformer"]
@@ -75,8 +76,11 @@ class AttentionOnlyLayer(nn.Module):
         """``resid [B, N, E]`` plus what this layer's heads write: ``[B, N, E]``."""
         resid = self.hook_resid_pre(resid)                                        # [B, N, E]
         attention = self.attention
-        z, pattern = attention.attend_heads(self.ln(resid), is_causal=True)       # [B, H, N, d], [B, H, N, N]
-        self.hook_pattern(pattern)                                                # read-only hook point
+        normed = self.ln(resid)                                                   # [B, N, E]
+        z, pattern = attention.attend_heads(normed, is_causal=True)               # [B, H, N, d], [B, H, N, N]
+        replaced = self.hook_pattern(pattern)
+        if replaced is not pattern:                                               # a hook gave other weights
+            z = replaced @ split_heads(attention.v_proj(normed), attention.num_heads)   # [B, H, N, d]
         z = self.hook_z(z)                                                        # [B, H, N, d]
         w_o = attention.out_proj.weight.view(attention.embed_dim, attention.num_heads, attention.head_dim)
         result = self.hook_result(torch.einsum("bhnd,ehd->bhne", z, w_o))         # [B, H, N, E]

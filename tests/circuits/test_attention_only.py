@@ -134,3 +134,24 @@ def test_accessors_refuse_a_layer_that_does_not_exist():
         model.W_Q(2)
     with pytest.raises(TypeError, match="layer"):
         model.W_O("1")
+
+
+def test_a_hook_that_replaces_the_pattern_makes_the_heads_mix_values_with_it():
+    """Every query attending to itself: each head then writes x W_V[h] W_O[h] at every position."""
+    model = _model()
+    tokens = torch.randint(11, (2, 7), generator=torch.Generator().manual_seed(3))
+    resid = {}
+    hooks = [model.layers[1].hook_pattern.register_forward_hook(
+                 lambda m, i, pattern: torch.eye(7).expand_as(pattern).clone()),
+             model.layers[1].hook_resid_pre.register_forward_hook(lambda m, i, out: resid.update(x=out))]
+    results = record_head_outputs(model, tokens)[1]
+    for hook in hooks:
+        hook.remove()
+    for h in range(2):
+        expected = resid["x"] @ model.W_V(1)[h] @ model.W_O(1)[h]
+        torch.testing.assert_close(results[:, h], expected, atol=1e-6, rtol=1e-5)
+    with torch.no_grad():                                                 # a hook returning a copy changes nothing
+        before = model(tokens)
+        hook = model.layers[0].hook_pattern.register_forward_hook(lambda m, i, pattern: pattern.clone())
+        torch.testing.assert_close(model(tokens), before, atol=1e-6, rtol=1e-6)
+        hook.remove()
