@@ -30,7 +30,8 @@ __all__ = ["check_induction_score", "check_previous_token_detector", "check_fixe
 #: What the score exercises may not call: the course's own scores.
 SCORE_RULES = forbid("the exercise is to read the score off the pattern yourself",
                      "attn_course.circuits.scores.induction_score",
-                     "attn_course.circuits.scores.previous_token_score")
+                     "attn_course.circuits.scores.previous_token_score",
+                     "attn_course.circuits.scores.duplicate_token_score")
 
 # --- messages ------------------------------------------------------------------------------------
 

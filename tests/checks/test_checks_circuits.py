@@ -198,3 +198,13 @@ def test_an_answer_that_changes_its_input_in_place_cannot_change_the_reference()
         return score
 
     assert check_induction_score(zeroes_then_scores)
+
+
+def test_the_duplicate_token_score_is_refused_too():
+    # duplicate_token_score(pattern, period - 1) reads the right keys (over one query too many): still the course's.
+    from attn_course.circuits.scores import duplicate_token_score
+
+    def shifted(pattern, period):
+        return duplicate_token_score(pattern[..., 1:, 1:], period - 1) if period > 1 else pattern.diagonal(0, -2, -1)
+
+    assert "calls duplicate_token_score, which this exercise forbids" in hint(check_induction_score, shifted)
