@@ -43,9 +43,10 @@ from support.hub import (
     output_text,
     replace_source,
     require_hub,
-    run_cell,
     running_hub,
     save,
+    start_cell,
+    wait_until_ran,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -86,16 +87,22 @@ def open_handout(context, hub, student: str, link: str):
     return page
 
 
-def answer_and_check(page, answer: str) -> str:
-    """Run the chapter's first cell (otter) and the exercises' imports, write ``answer`` into
-    exercise 1, run it and its check cell; return the check's output once it shows."""
-    run_cell(page, code_cell(page, "otter.Notebook("))
-    run_cell(page, code_cell(page, "show_diagnosis_only()"))
+def answer(page, source: str):
+    """Run the chapter's first cell (otter) and the exercises' imports, write ``source`` into
+    exercise 1 and run it and its check cell, each queued behind the one before; return the check cell."""
+    start_cell(page, code_cell(page, "otter.Notebook("))
+    start_cell(page, code_cell(page, "show_diagnosis_only()"))
     exercise = code_cell(page, "def stable_softmax(scores):")
-    replace_source(page, exercise, answer)
-    run_cell(page, exercise)
+    replace_source(page, exercise, source)
+    start_cell(page, exercise)
     check = code_cell(page, f'grader.check("{QUESTION}")')
-    run_cell(page, check)
+    start_cell(page, check)
+    return check
+
+
+def feedback_in(page, check) -> str:
+    """The check cell's output, once it has run and shows it."""
+    wait_until_ran(page, check)
     check.locator(".jp-OutputArea-output").first.wait_for()
     return output_text(check)
 
@@ -138,7 +145,9 @@ def test_two_students_on_a_hub_hand_out_answer_collect_grade(hub_tools, browser,
             for page in pages.values():
                 notebook_opened(page, f"{CHAPTER}.ipynb")
                 wait_for_kernel_idle(page)
-            feedback = {student: answer_and_check(page, ANSWERS[student]) for student, page in pages.items()}
+            # Both answer at once; the kernels run while the other student types.
+            checks = {student: answer(page, ANSWERS[student]) for student, page in pages.items()}
+            feedback = {student: feedback_in(pages[student], check) for student, check in checks.items()}
             timings["jupyterhub start to both students seeing feedback (s)"] = round(
                 time.monotonic() - hub.started, 1)
             assert_course_environment(pages["ada"], contexts["ada"], hub, "ada")

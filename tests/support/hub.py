@@ -126,17 +126,19 @@ def code_cell(page, containing: str):
     return page.locator(".jp-Notebook .jp-CodeCell", has=editor).first
 
 
-def run_cell(page, cell) -> None:
-    """Run ``cell`` (select it, Shift+Enter) and wait until it has run."""
+def start_cell(page, cell) -> None:
+    """Run ``cell`` (select it, Shift+Enter) without waiting: JupyterLab queues it behind those
+    already running, as when a student clicks ahead."""
     cell.scroll_into_view_if_needed()
     cell.locator(".jp-InputPrompt").click()
-    before = cell.locator(".jp-InputPrompt").text_content()
     page.keyboard.press("Shift+Enter")
+
+
+def wait_until_ran(page, cell) -> None:
+    """Wait until ``cell``, never run before, has run: its prompt holds an execution count."""
     page.wait_for_function(
-        """([node, before]) => {
-            const prompt = node.querySelector('.jp-InputPrompt').textContent;
-            return /\\[\\d+\\]/.test(prompt) && prompt !== before;
-        }""", arg=[cell.element_handle(), before])
+        "node => /\\[\\d+\\]/.test(node.querySelector('.jp-InputPrompt').textContent)",
+        arg=cell.element_handle())
 
 
 def replace_source(page, cell, source: str) -> None:
