@@ -8,7 +8,7 @@ repository (tools/handout.py publish) and its nbgitpuller link (tools/handout.py
 both students open. Each logs in, gets the notebooks pulled into their home, and in chapter 02
 writes an answer to exercise 1 (ada's right, grace's a plain exp, which overflows), runs the
 check cell and reads the course's feedback. Neither student's browser can read the other's
-files. The instructor fixes a typo and publishes again; ada clicks the link again and keeps her
+files. The idle culler runs beside the hub. The instructor fixes a typo and publishes again; ada clicks the link again and keeps her
 answer, with the fix. tools/collect_submissions.py gathers both notebooks from the homes and
 tools/grade.py (what `make grade` runs) scores each as its answer deserves: the points that
 chapter 02's master notebook gives exercise 1 to ada, 0 to grace.
@@ -196,6 +196,11 @@ def test_two_students_on_a_hub_hand_out_answer_collect_grade(hub_tools, browser,
         finally:
             for context in contexts.values():
                 context.close()
+
+        # The idle culler started with the hub and read the users' activity with the scopes it was given.
+        log = hub.log.read_text()
+        assert re.search(r"200 GET /hub/api/users\S* \(idle-culler@127\.0\.0\.1\)", log), log[-2000:]
+        assert "Service idle-culler exited" not in log
 
         # The instructor collects both notebooks from the homes, then grades them as `make grade` does.
         submissions = tmp_path / "submissions"
