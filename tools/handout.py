@@ -103,10 +103,8 @@ def repository_url(repo: str) -> str:
         raise ValueError(f"repository_url: repo must be a git URL or a path, got {repo!r}")
     if "://" in repo or repo.startswith("git@"):
         return repo
-    path = pathlib.Path(repo).expanduser()
-    if not path.is_absolute():
-        path = path.resolve()
-    return path.as_uri()
+    # Absolute and normalised ("a/../b" is "b"), but no link resolved: the path is the hub machine's.
+    return pathlib.Path(os.path.abspath(os.path.expanduser(repo))).as_uri()
 
 
 def link(hub: str, repo: str, branch: str = BRANCH, chapter: str | None = None, target: str = TARGET) -> str:

@@ -143,6 +143,13 @@ def test_the_link_asks_nbgitpuller_to_pull_the_hand_out_and_open_the_chapter(tmp
         "urlpath": ["lab/tree/attn-course/02_formula.ipynb"]}
 
 
+def test_a_local_path_becomes_an_absolute_normalised_file_url(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert handout.repository_url("course/../handout") == f"file://{tmp_path}/handout"
+    assert handout.repository_url("/srv/a/../handout") == "file:///srv/handout"
+    assert handout.repository_url("git@github.com:you/course.git") == "git@github.com:you/course.git"
+
+
 def test_the_link_keeps_a_hubs_path_prefix_and_a_git_url():
     link = handout.link("https://uni.example/jupyter", "https://github.com/you/course-student", branch="spring")
     parts = urllib.parse.urlsplit(link)
