@@ -8,10 +8,10 @@ repository (tools/handout.py publish) and its nbgitpuller link (tools/handout.py
 both students open. Each logs in, gets the notebooks pulled into their home, and in chapter 02
 writes an answer to exercise 1 (ada's right, grace's a plain exp, which overflows), runs the
 check cell and reads the course's feedback. Neither student's browser can read the other's
-files. The idle culler runs beside the hub. The instructor fixes a typo and publishes again; ada clicks the link again and keeps her
-answer, with the fix. tools/collect_submissions.py gathers both notebooks from the homes and
-tools/grade.py (what `make grade` runs) scores each as its answer deserves: the points that
-chapter 02's master notebook gives exercise 1 to ada, 0 to grace.
+files. The idle culler runs beside the hub. The instructor fixes a typo and publishes again; ada
+clicks the link again and keeps her answer, with the fix. tools/collect_submissions.py gathers
+both notebooks from the homes and tools/grade.py (what `make grade` runs) scores each as its
+answer deserves: the points that chapter 02's master notebook gives exercise 1 to ada, 0 to grace.
 
 What SimpleLocalProcessSpawner does not isolate: every server runs as this test's Unix user, so a
 student's kernel could open another home's files by path; the hub and the proxy keep each
