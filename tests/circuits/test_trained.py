@@ -1,0 +1,99 @@
+"""The cached runs: they load, they are what tools/train_induction_heads.py makes (bit for bit, on a prefix), and
+the trained model has the circuit the chapter describes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from attn_course.circuits import (
+    InductionSetup,
+    ablate_head,
+    first_half_span,
+    phase_change_step,
+    repeated_span,
+    span_loss,
+    train_induction_model,
+)
+from attn_course.circuits.rhymes import RhymesSetup, rhymes_tokenizer
+from attn_course.circuits.trained import (
+    HISTORIES,
+    load_model,
+    load_rhymes_model,
+    load_trained,
+    trained_folder,
+    trained_histories,
+    trained_seeds,
+)
+from attn_course.circuits.training import state_digest
+
+
+def test_the_cache_is_small_and_has_at_least_five_seeds():
+    sizes = {path.name: path.stat().st_size for path in trained_folder().iterdir() if path.is_file()}
+    assert HISTORIES in sizes and sum(sizes.values()) < 1.5 * 2**20, sizes
+    assert len(trained_histories()) >= 5 and 0 in trained_seeds()
+
+
+def test_the_cache_was_made_with_todays_setups():
+    made = json.loads((trained_folder() / HISTORIES).read_text())
+    assert made["setup"]["induction"] == dataclasses.asdict(InductionSetup())
+    assert made["setup"]["rhymes"] == dataclasses.asdict(RhymesSetup())
+    assert all(h["setup"] == dataclasses.asdict(InductionSetup()) for h in trained_histories().values())
+
+
+def test_cached_weights_are_the_last_step_of_their_history():
+    for seed in trained_seeds():
+        assert state_digest(load_trained(seed)) == trained_histories()[seed]["digests"][-1]
+    for seed in trained_seeds("rhymes"):
+        assert state_digest(load_rhymes_model(seed)) == trained_histories("rhymes")[seed]["digests"][-1]
+    assert load_rhymes_model().config.vocab_size == rhymes_tokenizer().vocab_size
+
+
+def test_retraining_the_first_hundred_steps_of_seed_0_gives_the_cached_history_bit_for_bit():
+    cached = trained_histories()[0]
+    every = cached["steps"][1]
+    _, fresh = train_induction_model(0, steps=4 * every, record_every=every)
+    fresh = json.loads(json.dumps(fresh.as_dict()))                     # as the cache stores it
+    for name, values in fresh.items():
+        if isinstance(values, list):
+            assert cached[name][:len(values)] == values, name
+
+
+def test_an_induction_head_formed_in_every_cached_seed():
+    for seed, history in trained_histories().items():
+        assert phase_change_step(history) is not None, seed
+        assert max(history["induction_scores"][-1][1]) > 0.5, seed
+
+
+def test_ablating_the_previous_token_head_destroys_induction_and_a_bystander_does_not():
+    model = load_trained(0)
+    setup = InductionSetup()
+    tokens = setup.evaluation_tokens()
+    repeated, first = repeated_span(setup.half_length), first_half_span(setup.half_length)
+    baseline, unrepeated = span_loss(model, tokens, repeated), span_loss(model, tokens, first)
+    previous = trained_histories()[0]["previous_token_scores"][-1][0]
+    previous_head = max(range(setup.n_heads), key=previous.__getitem__)
+    bystander = min(range(setup.n_heads), key=previous.__getitem__)
+    for kind in ("zero", "mean"):
+        with ablate_head(model, 0, previous_head, kind, mean_over=tokens if kind == "mean" else None):
+            broken = span_loss(model, tokens, repeated)
+        with ablate_head(model, 0, bystander, kind, mean_over=tokens if kind == "mean" else None):
+            untouched = span_loss(model, tokens, repeated)
+        assert broken > baseline + 0.6 * (unrepeated - baseline), kind      # most of the way to the unrepeated level
+        assert untouched < baseline + 0.1 * (unrepeated - baseline), kind
+
+
+def test_loading_refuses_what_is_not_there(tmp_path):
+    with pytest.raises(ValueError, match="cached seeds"):
+        load_trained(999)
+    with pytest.raises(FileNotFoundError):
+        load_model(tmp_path / "missing.safetensors")
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "bare.safetensors"))
+    with pytest.raises(ValueError, match="config"):
+        load_model(tmp_path / "bare.safetensors")
+    with pytest.raises(ValueError, match="kind"):
+        trained_histories("poems")
