@@ -1,4 +1,5 @@
-"""Checks for chapter 11's exercises (induction heads): scores read off attention patterns.
+"""Checks for chapter 11's exercises (induction heads): scores read off attention patterns, and a
+prediction of which head's ablation hurts most.
 
 * :func:`check_induction_score`: ``fn(pattern [..., N, N], period) -> [...]``, the mean over
   ``i ≥ period`` of ``pattern[..., i, i − period + 1]``; names the earlier copy itself (``i − period``),
@@ -8,6 +9,9 @@
   of ``pattern[..., i, i − 1]``; names the diagonal, the next token, position 0 counted, a wrap-around.
 * :func:`check_fixed_induction_scores`: ``fn(patterns [L, B, H, N, N], period) -> [L, H]``, the
   classmate's score with its off-by-one fixed, averaged over the batch.
+* :func:`check_ablation_prediction`: ``fn(previous_token_scores [L, H], induction_scores [L, H]) ->
+  (layer, head)``, the head whose ablation raises the loss on the repeated half most, predicted from the
+  scores alone and compared with ablations the check measures (in :mod:`attn_course.checks.circuits_ablation`).
 
 The references are written out here, entry by entry, in float64 (not the package's
 :mod:`attn_course.circuits`, which the answers may not call). Patterns are drawn from a private
@@ -21,11 +25,12 @@ from collections.abc import Callable
 
 import torch
 
+from attn_course.checks.circuits_ablation import check_ablation_prediction  # exercise 2's, re-exported
 from attn_course.checks.diagnosis import CheckFailed, call_answer, diagnose, same, watched
 from attn_course.checks.forbidden import forbid
 
 __all__ = ["check_induction_score", "check_previous_token_detector", "check_fixed_induction_scores",
-           "stripe_mean"]
+           "check_ablation_prediction", "stripe_mean"]
 
 #: What the score exercises may not call: the course's own scores.
 SCORE_RULES = forbid("the exercise is to read the score off the pattern yourself",

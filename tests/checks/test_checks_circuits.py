@@ -1,5 +1,6 @@
 """Chapter 11's exercise checks: the solutions pass, each known mistake gets its own hint, the course's own
-scores are refused by name, and the references agree with scores written as loops."""
+scores (and, for the prediction, any measurement) are refused by name, and the references agree with scores
+written as loops and with an independent float64 forward pass."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from attn_course.checks import CheckFailed
 from attn_course.checks.circuits import (
+    check_ablation_prediction,
     check_fixed_induction_scores,
     check_induction_score,
     check_previous_token_detector,
@@ -198,6 +200,84 @@ def test_an_answer_that_changes_its_input_in_place_cannot_change_the_reference()
         return score
 
     assert check_induction_score(zeroes_then_scores)
+
+
+# --- (b) which head's ablation hurts most --------------------------------------------------------------------
+
+def strongest_previous_token_head(previous_token_scores, induction_scores):
+    return 0, int(previous_token_scores[0].argmax())
+
+
+def test_ablation_effects_are_those_of_an_independent_float64_forward():
+    # The check's measurement against tests/circuits' forward pass written from the formulas, a head left out.
+    from circuits.circuits_reference import reference_forward
+
+    from attn_course.checks.circuits_ablation import ablation_effects
+    from attn_course.circuits.trained import load_trained
+    from attn_course.data.repeated_tokens import repeated_random_tokens
+
+    model = load_trained(0)
+    half, vocab = model.config.max_len // 2, model.config.vocab_size
+    tokens = repeated_random_tokens(64, half, vocab, generator=torch.Generator().manual_seed(2024))
+
+    def repeated_loss(zero_heads=()):
+        logits = reference_forward(model, tokens, zero_heads=zero_heads)["logits"]        # [B, N, V] float64
+        predicted = logits[:, half:2 * half - 1]                                           # predicts L+1 .. 2L-1
+        return torch.nn.functional.cross_entropy(predicted.flatten(0, 1), tokens[:, half + 1:].flatten()).item()
+
+    previous, induction, rises = ablation_effects(0)
+    patterns = reference_forward(model, tokens)["patterns"]
+    by_layer = [patterns[layer] for layer in range(2)]
+    assert torch.allclose(previous, torch.stack([loop_score(p, 1, 1).mean(0) for p in by_layer]).float(), atol=1e-5)
+    assert torch.allclose(induction, torch.stack([loop_score(p, half - 1, half).mean(0) for p in by_layer]).float(),
+                          atol=1e-5)
+    intact = repeated_loss()
+    for layer, head in [(0, int(previous[0].argmax())), (1, 0), (0, int(previous[0].argmin()))]:
+        assert rises[layer, head].item() == pytest.approx(repeated_loss([(layer, head)]) - intact, abs=1e-4)
+
+
+def test_the_strongest_previous_token_head_is_the_right_prediction():
+    assert check_ablation_prediction(strongest_previous_token_head)
+    assert check_ablation_prediction(strongest_previous_token_head, seed=7)
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda previous, induction: (1, int(induction[1].argmax())), "You picked the head that copies best"),
+    (lambda previous, induction: (0, int(induction[0].argmax())), "raised it by"),
+    (lambda previous, induction: (1, 0), "whatever the scores"),
+    (lambda previous, induction: (int(previous[0].argmax()), 0), "You return (head, layer)"),
+    (lambda previous, induction: (2, 0), "There is no layer 2"),
+    (lambda previous, induction: previous.argmax(), "two ints"),
+    (lambda previous, induction: (0.0, 3.0), "two ints"),
+    (lambda previous, induction: ..., "returns nothing yet"),
+])
+def test_each_prediction_mistake_gets_its_hint(fn, fragment):
+    assert fragment in hint(check_ablation_prediction, fn)
+
+
+def measured(previous_token_scores, induction_scores):
+    from attn_course.circuits.trained import load_trained
+
+    load_trained(0)
+    return 0, int(previous_token_scores[0].argmax())
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda previous, induction: (0, int(torch.randint(4, ()))), "calls torch.randint, which this exercise forbids"),
+    (measured, "calls load_trained, which this exercise forbids"),
+])
+def test_a_prediction_that_measures_or_guesses_is_refused(fn, fragment):
+    assert fragment in hint(check_ablation_prediction, fn)
+
+
+def test_a_prediction_that_changes_with_the_random_state_is_caught_even_unwatched():
+    answers = iter([(0, 1), (0, 2)] * 50)
+    assert "two different answers" in hint(check_ablation_prediction, lambda previous, induction: next(answers))
+
+
+def test_the_check_refuses_to_pass_without_its_models():
+    with pytest.raises(FileNotFoundError, match="cached models"):
+        check_ablation_prediction(strongest_previous_token_head, models=(0, 999))
 
 
 def test_the_duplicate_token_score_is_refused_too():
