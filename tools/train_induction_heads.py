@@ -12,8 +12,9 @@ What it makes (`attn_course.circuits.trained` reads it):
 
 Every run is deterministic on a CPU (one thread, its own generators; see `attn_course.circuits.training`), so
 `--check` compares the histories exactly, float for float, and the weights' SHA-256 (the last digest of
-each history is that of the cached weights). Measured on the course's 2-core machine: about 12 s per
-induction seed (1000 steps) and about 70 s for the rhymes (3000 steps) when the machine is otherwise idle.
+each history is that of the cached weights). Measured on the course's 2-core machine, lightly loaded:
+12-15 s per induction seed (1000 steps), 172 s for the rhymes (1500 steps of 128 characters); about
+5 minutes in all (twice that while other jobs share the cores).
 """
 
 from __future__ import annotations
