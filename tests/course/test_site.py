@@ -460,7 +460,8 @@ def test_pages_in_chromium(browser, built, served):
             control.screenshot(path=str(ARTIFACTS / "07_head_view.png"))
         page.close()
         assert placeholders == 0, f"{name}: a head view whose script did not run"
-        assert head_views == {"01_intuition": 1, "03_multi_head": 1, "08_transformer_bert": 2}.get(name, 0), name
+        assert head_views == {"01_intuition": 1, "03_multi_head": 1, "08_transformer_bert": 2,
+                              "11_induction_heads": 1}.get(name, 0), name
         if name == "08_transformer_bert":
             assert loan_weight == pytest.approx(0.294, abs=6e-4)      # the chapter prints 0.29
         assert errors == [], (name, errors)
