@@ -38,7 +38,7 @@ from attn_course.flash.launch import (
     tuned_config,
     tuning_key,
 )
-from attn_course.flash.tma_configs import prune_tma_configs, tma_forward_configs
+from attn_course.flash.tma_configs import gpu_limits, prune_tma_configs, tma_forward_configs
 from attn_course.flash.triton_mode import is_interpreted
 
 __all__ = [
@@ -274,7 +274,7 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
     The winner recorded for their :func:`~attn_course.flash.launch.tuning_key` (lengths rounded up
     to powers of two) if there is one; otherwise each candidate that
     :func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps for this GPU (its
-    ``max_shared_mem``, ``max_num_regs`` and capability) is timed with ``triton.testing.do_bench``
+    :func:`~attn_course.flash.tma_configs.gpu_limits`) is timed with ``triton.testing.do_bench``
     on these inputs (each compiled on first use), and the fastest is recorded and returned. The
     timing runs write ``out`` and ``lse``. In Triton's interpreter: the default, untimed.
     ``tests/flash/gpu_setup.py`` replaces this function on a GPU by the default for every test but
@@ -300,18 +300,12 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
         import triton
         import triton.testing
 
-        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        limits = triton.runtime.driver.active.utils.get_device_properties(device)
-        major, minor = torch.cuda.get_device_capability(q.device)
-        kept = prune_tma_configs(candidates, head_dim, shared_memory_limit=limits["max_shared_mem"],
-                                 registers_per_block=limits["max_num_regs"], capability=10 * major + minor,
-                                 element_bytes=q.element_size())
-        times = {}
-        for config in kept:
-            times[config] = triton.testing.do_bench(
-                lambda config=config: _launch(q, k, v, out, lse, causal, scale, config, warp_specialize,
-                                              host_descriptors), warmup=TUNING_WARMUP_MS, rep=TUNING_REP_MS)
-        winner = min(kept, key=lambda config: times[config])
+        kept = prune_tma_configs(candidates, head_dim, **gpu_limits(q.device), element_bytes=q.element_size())
+        times = [triton.testing.do_bench(                                 # KernelConfig is not hashable: a list
+            lambda config=config: _launch(q, k, v, out, lse, causal, scale, config, warp_specialize,
+                                          host_descriptors), warmup=TUNING_WARMUP_MS, rep=TUNING_REP_MS)
+            for config in kept]
+        winner = kept[times.index(min(times))]
         record_tuned(key, winner)
     return winner
 

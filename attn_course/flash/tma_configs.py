@@ -24,6 +24,8 @@ are exactly those ptxas compiled at 226-255 registers or with spills (d = 128 wi
 
 from __future__ import annotations
 
+import torch
+
 from attn_course import _validate
 from attn_course.flash.configs import SUPPORTED_HEAD_DIMS, KernelConfig
 
@@ -34,6 +36,7 @@ __all__ = [
     "SHARED_OVERHEAD",
     "estimated_registers",
     "estimated_shared_memory",
+    "gpu_limits",
     "prune_tma_configs",
     "pruned_because",
     "tma_forward_configs",
@@ -203,3 +206,26 @@ def pruned_because(config: KernelConfig, head_dim: int, *, shared_memory_limit: 
     if 90 <= capability < 100 and config.num_warps == 8 and config.block_m * config.block_n < 128 * 128:
         return f"8 warps on a {config.block_m} x {config.block_n} tile (Triton tutorial: pruned on Hopper)"
     return None
+
+
+def gpu_limits(device: torch.device) -> dict[str, int]:
+    """What :func:`~attn_course.flash.tma_configs.prune_tma_configs` needs to know of a CUDA ``device``.
+
+    Returns:
+        ``{"shared_memory_limit": bytes per block, "registers_per_block": ..., "capability": 10·major + minor}``,
+        read from Triton's driver and PyTorch (an H100 or H200 gives :data:`HOPPER_LIMITS`).
+
+    Raises:
+        TypeError: ``device`` not a torch.device. ValueError: not a CUDA device.
+    """
+    if not isinstance(device, torch.device):
+        raise TypeError(f"gpu_limits: device must be a torch.device, got {type(device).__name__}")
+    if device.type != "cuda":
+        raise ValueError(f"gpu_limits: device must be a CUDA device, got {device}")
+    import triton
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    limits = triton.runtime.driver.active.utils.get_device_properties(index)
+    major, minor = torch.cuda.get_device_capability(index)
+    return {"shared_memory_limit": limits["max_shared_mem"], "registers_per_block": limits["max_num_regs"],
+            "capability": 10 * major + minor}

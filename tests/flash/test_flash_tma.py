@@ -173,33 +173,66 @@ def test_without_a_configuration_the_interpreter_runs_the_default(monkeypatch):
 
 
 def test_tuning_on_a_gpu_picks_a_kept_candidate_once_per_length_bucket(monkeypatch):
-    """The one test of the TMA forward's tuning on a GPU (gpu_setup pins every other test to the default)."""
+    """The one test of the TMA forward's tuning (gpu_setup pins every other GPU test to the default).
+
+    On a GPU: the real tuning, its winner checked against SDPA. Without one, the same tuning code with
+    an H200's limits, a timer that makes the last kept candidate the fastest, and a table of winners of
+    its own (the interpreter would otherwise run the default untimed): every kept candidate is timed
+    once, the fastest recorded, and a second length in the same bucket times nothing.
+    """
     import triton
+    import triton.testing
 
     from attn_course.flash import launch, tma_attention
 
-    if not ON_GPU:
-        pytest.skip("tuning times candidates on a GPU; the interpreter runs the default")
-    import gpu_setup
-
-    monkeypatch.setattr(tma_attention, "tuned_tma_config", gpu_setup.tuned_tma_config)
-    q, k, v = random_inputs(1, 4, 4, 1000, 1000, 64, torch.float16, seed=8)
-    if not tma_forward_supported(q, k, v):
-        pytest.skip("the TMA forward needs a Hopper GPU")
-    out, lse = attention_forward_tma(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3], device=q.device),
-                                     causal=True)
-    reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
-    entries = {key: config for key, config in launch.tuned_configs().items()   # this test's bucket only
-               if key[:3] == ("forward_tma", 64, True) and dict(key[4]).get("n_q") == 1024}
-    device = triton.runtime.driver.active.utils.get_device_properties(q.device.index or 0)
-    kept = prune_tma_configs(tma_forward_configs(64), 64, shared_memory_limit=device["max_shared_mem"],
-                             registers_per_block=device["max_num_regs"], capability=90)
-    assert len(entries) == 1 and next(iter(entries.values())) in kept
     calls = []
+    if ON_GPU:
+        import gpu_setup
+
+        monkeypatch.setattr(tma_attention, "tuned_tma_config", gpu_setup.tuned_tma_config)
+        q, k, v = random_inputs(1, 4, 4, 1000, 1000, 64, torch.float16, seed=8)
+        if not tma_forward_supported(q, k, v):
+            pytest.fail("the GPU check runs on Hopper; the TMA forward must be supported there")
+        out, lse = attention_forward_tma(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3], device=q.device),
+                                         causal=True)
+        reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
+        device = triton.runtime.driver.active.utils.get_device_properties(q.device.index or 0)
+        limits = {"shared_memory_limit": device["max_shared_mem"], "registers_per_block": device["max_num_regs"],
+                  "capability": 90}
+        fastest = None
+    else:
+        limits = HOPPER_LIMITS
+        monkeypatch.setattr(tma_attention, "is_interpreted", lambda kernel: False)
+        monkeypatch.setattr(tma_attention, "gpu_limits", lambda device: HOPPER_LIMITS)
+        table = {}                                                       # this test's winners, not the process's
+        monkeypatch.setattr(tma_attention, "tuned_config", table.get)
+        monkeypatch.setattr(tma_attention, "record_tuned", table.__setitem__)
+        timings = iter(range(100, 0, -1))                                # each candidate timed faster than the last
+        monkeypatch.setattr(triton.testing, "do_bench", lambda fn, *a, **kw: calls.append(fn) or next(timings))
+        q, k, v = random_inputs(1, 4, 4, 1000, 1000, 64, torch.float16, seed=8)
+        tma_attention.tuned_tma_config(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3]), causal=True,
+                                       scale=0.125)
+    kept = prune_tma_configs(tma_forward_configs(64), 64, **limits)
+    assert len(kept) >= 2, "with one candidate kept there is nothing to tune"
+    if not ON_GPU:
+        assert len(calls) == len(kept), f"timed {len(calls)} times for {len(kept)} kept candidates"
+        fastest = kept[-1]
+    recorded = launch.tuned_configs() if ON_GPU else table
+    entries = {key: config for key, config in recorded.items()                 # this test's bucket only
+               if key[:3] == ("forward_tma", 64, True) and dict(key[4]).get("n_q") == 1024}
+    assert len(entries) == 1 and next(iter(entries.values())) in kept
+    if fastest is not None:
+        assert next(iter(entries.values())) == fastest
+    calls.clear()
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, *a, **kw: calls.append(fn) or 1.0)
-    attention_forward_tma(q[:, :, :900], k[:, :, :900], v[:, :, :900], torch.empty_like(q[:, :, :900]),
-                          torch.empty(1, 4, 900, device=q.device), causal=True)       # the same bucket, 1024
+    if ON_GPU:
+        attention_forward_tma(q[:, :, :900], k[:, :, :900], v[:, :, :900], torch.empty_like(q[:, :, :900]),
+                              torch.empty(1, 4, 900, device=q.device), causal=True)       # the same bucket, 1024
+    else:
+        short = [t[:, :, :900] for t in (q, k, v)]
+        tma_attention.tuned_tma_config(*short, torch.empty_like(short[0]), torch.empty(1, 4, 900), causal=True,
+                                       scale=0.125)
     assert calls == [], "a second length in the bucket timed the candidates again"
 
 
