@@ -17,7 +17,7 @@ process in the check, so each compiles its own) and per kernel. Where the GPU ta
 * decoding's default split count follows the GPU's multiprocessors: simulated for an H200's 132;
 * the forward with no ``config`` takes the TMA kernel on Hopper, pinned by ``gpu_setup`` to one
   configuration per head dim like the pointer kernel's default here: the same number of
-  specialisations; the one test of its tuning (skipped here) compiles every candidate
+  specialisations; the one test of its tuning (here with a fake timer, launching nothing) compiles every candidate
   ``prune_tma_configs`` keeps at d = 64 on an H200: added;
 * the interpreter's float32 becomes float16 or bfloat16 on a GPU: the count here is an upper bound
   (two interpreter dtypes may become one GPU dtype, never the reverse);
@@ -137,7 +137,7 @@ TMA_TUNING_TEST = "tests/flash/test_flash_tma.py::test_tuning_on_a_gpu_picks_a_k
 
 
 def tma_tuning_test_extra() -> int:
-    """Compilations the TMA forward's tuning test adds on a GPU (it is skipped in the interpreter):
+    """Compilations the TMA forward's tuning test adds on a GPU (in the interpreter it times a fake, launching nothing):
     every candidate the pruning keeps for an H200 at d = 64, float16, causal."""
     from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
 
