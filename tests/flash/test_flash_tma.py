@@ -32,6 +32,7 @@ from attn_course.flash.tma_attention import (  # noqa: E402
 from attn_course.flash.tma_configs import (  # noqa: E402
     HOPPER_LIMITS,
     estimated_shared_memory,
+    gpu_limits,
     prune_tma_configs,
     tma_forward_configs,
 )
@@ -197,9 +198,7 @@ def test_tuning_on_a_gpu_picks_a_kept_candidate_once_per_length_bucket(monkeypat
                                          causal=True)
         reference = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         torch.testing.assert_close(out, reference, atol=2e-3, rtol=0)
-        device = triton.runtime.driver.active.utils.get_device_properties(q.device.index or 0)
-        limits = {"shared_memory_limit": device["max_shared_mem"], "registers_per_block": device["max_num_regs"],
-                  "capability": 90}
+        limits = gpu_limits(q.device)
         fastest = None
     else:
         limits = HOPPER_LIMITS

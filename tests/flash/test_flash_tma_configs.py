@@ -15,6 +15,7 @@ from attn_course.flash.tma_configs import (
     SHARED_OVERHEAD,
     estimated_registers,
     estimated_shared_memory,
+    gpu_limits,
     prune_tma_configs,
     pruned_because,
     tma_forward_configs,
@@ -114,3 +115,12 @@ def test_each_pruned_candidate_says_why():
     assert small == f"shared memory {tile_bytes(config(128, 128, 8, 3), 128)} > 200000 bytes"
     with pytest.raises(ValueError, match=r"pruned_because: capability must be >= 10, got 9"):
         pruned_because(config(128, 64, 4, 3), 64, shared_memory_limit=1000, registers_per_block=1000, capability=9)
+
+
+def test_gpu_limits_are_read_only_of_a_cuda_device():
+    with pytest.raises(TypeError, match="device must be a torch.device, got str"):
+        gpu_limits("cuda")
+    with pytest.raises(ValueError, match="must be a CUDA device, got cpu"):
+        gpu_limits(torch.device("cpu"))
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        assert gpu_limits(torch.device("cuda")) == HOPPER_LIMITS       # an H100 or H200: 227 KiB, 64 Ki registers
