@@ -20,6 +20,7 @@ import time
 import urllib.request
 from typing import NamedTuple
 
+import psutil
 import pytest
 
 from helpers import in_ci
@@ -101,12 +102,35 @@ def running_hub(folder: pathlib.Path, students: list[str]):
                     time.sleep(0.25)
             yield Hub(url, password, homes, log, started)
         finally:
-            hub.terminate()                   # the hub stops the users' servers and its proxy
-            try:
-                hub.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                hub.kill()
-                hub.wait()
+            stop_hub(hub)
+
+
+def stop_hub(hub: subprocess.Popen) -> None:
+    """Stop the hub and everything it started.
+
+    JupyterHub stops its servers, proxy and services itself on SIGTERM, but it starts each of them
+    in a session of its own, and a hub that does not finish its clean-up in time (seen here: it
+    stopped at "Cleaning up 1 services...") leaves them running, ports and kernels included, after
+    the test and after pytest. So its descendants are listed first, then stopped too.
+    """
+    try:
+        started = psutil.Process(hub.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        started = []
+    hub.terminate()
+    try:
+        hub.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        hub.kill()
+        hub.wait()
+    for process in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(started, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 # --- a student in Chromium ----------------------------------------------------------------------
