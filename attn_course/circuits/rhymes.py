@@ -20,7 +20,7 @@ from attn_course._threads import one_thread
 from attn_course.circuits.losses import token_losses
 from attn_course.circuits.recording import record_patterns
 from attn_course.circuits.scores import induction_score, previous_token_score
-from attn_course.circuits.training import EVALUATION_SEED, state_digest
+from attn_course.circuits.training import EVALUATION_SEED, state_digest, warmed_up_adamw
 from attn_course.data.repeated_tokens import character_windows, repeated_random_tokens
 from attn_course.data.rhymes import held_out_split, load_pretraining_text, load_rhymes
 from attn_course.data.tokenizers import CharTokenizer
@@ -143,9 +143,7 @@ def train_rhymes_model(seed: int, steps: int = 1500, *, setup: RhymesSetup | Non
                                          d_model=setup.d_model, max_len=setup.length, positions=setup.positions,
                                          layer_norm=setup.layer_norm)
         batches = torch.Generator().manual_seed(seed + 1_000_003)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=setup.learning_rate, weight_decay=setup.weight_decay)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                     lambda step: min(1.0, (step + 1) / max(1, setup.warmup_steps)))
+        optimizer, schedule = warmed_up_adamw(model, setup)
         history = RhymesHistory(seed=seed, setup=dataclasses.asdict(setup))
         since: list[float] = []
 

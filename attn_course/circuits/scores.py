@@ -42,6 +42,17 @@ def check_pattern(where: str, pattern: object, name: str = "pattern") -> torch.T
     return pattern
 
 
+def _pattern_and_period(where: str, pattern: object, period: object) -> tuple[torch.Tensor, int]:
+    """``(pattern, period)`` checked for a score over a sequence of period ``period`` (``1 .. N − 1``)."""
+    pattern = check_pattern(where, pattern)
+    period = _validate.integer(where, "period", period)
+    tokens = pattern.shape[-1]
+    if not 1 <= period <= tokens - 1:
+        raise ValueError(f"{where}: period must be in 1 .. N - 1 = {tokens - 1} for a pattern of "
+                         f"shape {_validate.shape_str(pattern)}, got {period}")
+    return pattern, period
+
+
 def previous_token_score(pattern: torch.Tensor) -> torch.Tensor:
     """The mean weight each query puts on the token just before it.
 
@@ -88,13 +99,7 @@ def induction_score(pattern: torch.Tensor, period: int) -> torch.Tensor:
         >>> induction_score(perfect, p)
         tensor(1.)
     """
-    where = "induction_score"
-    pattern = check_pattern(where, pattern)
-    period = _validate.integer(where, "period", period)
-    tokens = pattern.shape[-1]
-    if not 1 <= period <= tokens - 1:
-        raise ValueError(f"{where}: period must be in 1 .. N - 1 = {tokens - 1} for a pattern of "
-                         f"shape {_validate.shape_str(pattern)}, got {period}")
+    pattern, period = _pattern_and_period("induction_score", pattern, period)
     # Entries (i, i - P + 1) for i >= P: the diagonal at offset -(P - 1), from its row P - 1 + 1 on.
     diagonal = torch.diagonal(pattern, offset=-(period - 1), dim1=-2, dim2=-1)   # [..., N - P + 1], rows P-1 ..
     return diagonal[..., 1:].mean(dim=-1)                                         # rows P .. N - 1
@@ -120,11 +125,5 @@ def duplicate_token_score(pattern: torch.Tensor, period: int) -> torch.Tensor:
         >>> duplicate_token_score(twin, 3), induction_score(twin, 3)
         (tensor(1.), tensor(0.))
     """
-    where = "duplicate_token_score"
-    pattern = check_pattern(where, pattern)
-    period = _validate.integer(where, "period", period)
-    tokens = pattern.shape[-1]
-    if not 1 <= period <= tokens - 1:
-        raise ValueError(f"{where}: period must be in 1 .. N - 1 = {tokens - 1} for a pattern of "
-                         f"shape {_validate.shape_str(pattern)}, got {period}")
+    pattern, period = _pattern_and_period("duplicate_token_score", pattern, period)
     return torch.diagonal(pattern, offset=-period, dim1=-2, dim2=-1).mean(dim=-1)   # rows P .. N - 1

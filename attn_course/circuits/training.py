@@ -31,7 +31,7 @@ from attn_course.models.attention_only import AttentionOnlyTransformer
 from attn_course.models.training import clipped_step
 
 __all__ = ["InductionSetup", "InductionHistory", "olsson_positions", "train_induction_model", "phase_change_step",
-           "state_digest", "EVALUATION_SEED"]
+           "state_digest", "warmed_up_adamw", "EVALUATION_SEED"]
 
 EVALUATION_SEED = 12345          # the one evaluation batch every seed is scored on
 
@@ -154,6 +154,21 @@ def _measure(model: AttentionOnlyTransformer, tokens: torch.Tensor, setup: Induc
     }
 
 
+def warmed_up_adamw(model: torch.nn.Module, setup) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW at ``setup.learning_rate`` and ``setup.weight_decay``, its rate ramped up linearly over
+    ``setup.warmup_steps`` steps and then constant: the schedule of both of chapter 11's trainings
+    (:class:`InductionSetup`, :class:`~attn_course.circuits.rhymes.RhymesSetup`).
+
+    Raises:
+        TypeError: ``model`` not a torch.nn.Module.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"warmed_up_adamw: model must be a torch.nn.Module, got {type(model).__name__}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.learning_rate, weight_decay=setup.weight_decay)
+    warmup = max(1, setup.warmup_steps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+
+
 def train_induction_model(seed: int, steps: int = 1000, *, setup: InductionSetup | None = None,
                           record_every: int = 25) -> tuple[AttentionOnlyTransformer, InductionHistory]:
     """Train a two-layer attention-only model on repeating random tokens, scoring it every ``record_every`` steps.
@@ -188,9 +203,7 @@ def train_induction_model(seed: int, steps: int = 1000, *, setup: InductionSetup
         model = setup.build_model()
         batches = torch.Generator().manual_seed(seed + 1_000_003)
         evaluation = setup.evaluation_tokens()                                   # [B_eval, 2L]
-        optimizer = torch.optim.AdamW(model.parameters(), lr=setup.learning_rate, weight_decay=setup.weight_decay)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                     lambda step: min(1.0, (step + 1) / max(1, setup.warmup_steps)))
+        optimizer, schedule = warmed_up_adamw(model, setup)
         history = InductionHistory(seed=seed, setup=dataclasses.asdict(setup))
         since_record: list[float] = []
 

@@ -38,6 +38,7 @@ from support.browser import (
     missing_browser,
     require_browser,
     wait_for_kernel_idle,
+    wait_until_serving,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -68,15 +69,8 @@ def lab(chromium, tmp_path_factory):
     server = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start; see {log.name}") from None
-                time.sleep(0.5)
+        wait_until_serving(f"{base}/api/status?token={token}", server, seconds=120, poll=0.5,
+                           problem=lambda: f"JupyterLab did not start; see {log.name}")
         yield Lab(base, token, root)
     finally:
         server.terminate()

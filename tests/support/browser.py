@@ -8,6 +8,10 @@ import os
 import pathlib
 import re
 import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
 
 import pytest
 
@@ -71,3 +75,18 @@ def wait_for_kernel_idle(page) -> None:
     if select.count():
         select.click()
     page.wait_for_function(_KERNEL_IDLE)
+
+
+def wait_until_serving(url: str, server: subprocess.Popen, *, seconds: float, poll: float,
+                       problem: Callable[[], str]) -> None:
+    """Return once ``url`` answers; raise RuntimeError(``problem()``) if ``server`` exits first or
+    ``seconds`` pass (JupyterLab's and JupyterHub's start, for the browser tests)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(problem()) from None
+            time.sleep(poll)

@@ -17,13 +17,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from typing import NamedTuple
 
 import psutil
 import pytest
 
 from helpers import in_ci
+from support.browser import wait_until_serving
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEST_CONFIG = ROOT / "tests" / "hub" / "jupyterhub_test_config.py"
@@ -91,15 +91,8 @@ def running_hub(folder: pathlib.Path, students: list[str]):
         started = time.monotonic()
         hub = subprocess.Popen(command, cwd=folder, env=environment, stdout=output, stderr=subprocess.STDOUT)
         try:
-            deadline = started + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"{url}/hub/health", timeout=2)
-                    break
-                except OSError:
-                    if hub.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"JupyterHub did not start:\n{log.read_text()[-3000:]}") from None
-                    time.sleep(0.25)
+            wait_until_serving(f"{url}/hub/health", hub, seconds=60, poll=0.25,
+                               problem=lambda: f"JupyterHub did not start:\n{log.read_text()[-3000:]}")
             yield Hub(url, password, homes, log, started)
         finally:
             stop_hub(hub)
