@@ -554,7 +554,12 @@ def test_patching_the_checks_or_faking_results_earns_nothing(hostile_class, stud
 @pytest.mark.slow
 def test_a_flood_of_output_is_cut_short(hostile_class):
     run = run_of(hostile_class, "floods_the_output")
-    assert run["output_bytes"] >= 3 * 10**8 and len(run["output_start"]) <= 2000
+    # Three prints of 100 MB: all of it is counted, unless the cell ran past its CELL_SECONDS first (seen
+    # once in a fresh-clone run: 200,000,324 bytes, three gradings sharing two cores), and then at least
+    # the prints it finished. Either way only the start is kept.
+    timed_out = any("CellTimedOut" in event["error"] for event in run["cell_errors"])
+    assert run["output_bytes"] >= (10**8 if timed_out else 3 * 10**8), run["cell_errors"]
+    assert len(run["output_start"]) <= 2000
     assert score(hostile_class, "floods_the_output") == HONEST
 
 
