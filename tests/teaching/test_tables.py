@@ -1,0 +1,52 @@
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from attn_course.teaching.tables import table
+
+
+@dataclasses.dataclass
+class Row:
+    method: str
+    n: int
+    seconds: float
+
+
+ROWS = [Row("naive", 256, 0.123456), Row("tiled", 256, 1.5)]
+
+
+def test_dataclass_rows_become_columns_with_the_first_naming_the_rows():
+    frame = table(ROWS)
+    assert isinstance(frame, pd.DataFrame)
+    assert list(frame.index) == ["naive", "tiled"]
+    assert frame.columns.name == "method" and list(frame.columns) == ["n", "seconds"]
+    assert frame.loc["naive", "seconds"] == 0.123
+
+
+def test_columns_choose_order_and_headings_and_digits_apply_per_heading():
+    frame = table(ROWS, columns={"n": "N", "method": "method", "seconds": "time (s)"}, digits={"time (s)": 1})
+    assert frame.columns.name == "N" and list(frame.columns) == ["method", "time (s)"]
+    assert list(frame["time (s)"]) == [0.1, 1.5]
+
+
+def test_mappings_are_rows_too_and_ints_are_not_rounded_into_floats():
+    frame = table([{"N": 1024, "ratio": 2.0 / 3}], digits=2)
+    assert frame.loc[1024, "ratio"] == 0.67
+
+
+@pytest.mark.parametrize(("rows", "error", "words"), [
+    ([], ValueError, "must not be empty"),
+    ("abc", TypeError, "rows must be a sequence"),
+    ([Row("a", 1, 1.0), 3], TypeError, r"rows\[1\] must be a dataclass instance or a mapping, got int"),
+])
+def test_bad_rows_are_named(rows, error, words):
+    with pytest.raises(error, match=words):
+        table(rows)
+
+
+def test_a_column_the_rows_lack_and_negative_digits_are_named():
+    with pytest.raises(ValueError, match=r"columns names \['speed'\]"):
+        table(ROWS, columns={"speed": "x"})
+    with pytest.raises(ValueError, match="digits must be >= 0"):
+        table(ROWS, digits=-1)
