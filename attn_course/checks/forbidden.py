@@ -104,11 +104,12 @@ def _resolve(dotted: str) -> object | None:
     return None
 
 
-def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, bool]:
-    """(torch functions -> rule, Python code objects -> (the name shown, rule), whether random
-    generators are watched)."""
+def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, dict, bool]:
+    """(torch functions -> rule, Python code objects -> (the name shown, rule), a core's code object -> its
+    public function's (a call from there is that call, seen already), whether random generators are watched)."""
     torch_functions: dict[object, Forbidden] = {}
     python_code: dict[object, tuple[str, Forbidden]] = {}
+    cores: dict[object, object] = {}
     watch_random = False
     for rule in rules:
         if rule.name == AUTOGRAD:
@@ -118,7 +119,10 @@ def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, bool]:
         elif rule.name.startswith("torch."):
             torch_names, python_names = _SPELLINGS.get(rule.name, (rule.name,)), ()
         else:
-            torch_names, python_names = (), (rule.name,)
+            # A course function's unchecked core (the same name with an underscore, beside it) does its work too.
+            module, _, function = rule.name.rpartition(".")
+            core = f"{module}._{function}"
+            torch_names, python_names = (), (rule.name, core) if _resolve(core) is not None else (rule.name,)
         for name in torch_names:
             found = _resolve(name)
             if found is not None:
@@ -129,7 +133,10 @@ def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, bool]:
                 raise ValueError(f"Forbidden: no function {name!r} to watch")
             for shown, code in _code_of(found):
                 python_code.setdefault(code, (shown, rule))
-    return torch_functions, python_code, watch_random
+        if len(python_names) == 2:
+            (_, public), (_, core) = _code_of(_resolve(python_names[0]))[0], _code_of(_resolve(python_names[1]))[0]
+            cores[core] = public
+    return torch_functions, python_code, cores, watch_random
 
 
 def _code_of(found: object) -> list[tuple[str, object]]:
@@ -200,14 +207,14 @@ def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidde
     if not rules:                      # nothing to watch: no mode, no hook, nothing slowed down
         yield []
         return
-    torch_functions, python_code, watch_random = _targets(rules)
+    torch_functions, python_code, cores, watch_random = _targets(rules)
     random_rule = next((rule for rule in rules if rule.name == RANDOM), None)
     seen: list[tuple[str, Forbidden]] = []
 
     def profile(frame, event, argument):
         if event == "call":
             found = python_code.get(frame.f_code)
-            if found is not None:
+            if found is not None and (frame.f_code not in cores or frame.f_back.f_code is not cores[frame.f_code]):
                 seen.append(found)
         elif event == "c_call" and watch_random and _is_random_generator_call(argument):
             seen.append((f"{type(argument.__self__).__module__}.{argument.__name__}", random_rule))

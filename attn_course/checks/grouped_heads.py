@@ -61,7 +61,7 @@ def _gqa_reference(q, k, v, kv_index, scale, softmax_dim=-1):
 GROUPED_RULES = (
     Forbidden("torch.nn.functional.scaled_dot_product_attention",
               "the exercise is to share the key/value heads yourself (SDPA's enable_gqa would do it for you)"),
-    Forbidden("attn_course.core.backends.eager_attention", "the exercise is to share the key/value heads yourself"),
+    Forbidden("attn_course.core.attention.eager_attention", "the exercise is to share the key/value heads yourself"),
     Forbidden("attn_course.core.backends.sdpa_attention", "the exercise is to share the key/value heads yourself"),
 )
 

@@ -1,8 +1,9 @@
 """Scaled dot-product attention: softmax(Q Kᵀ / √d_k) V.
 
-:func:`scaled_dot_product` is the formula in a few lines; :func:`self_attention` checks
-its inputs, computes half-precision inputs in float32 and calls it. This is the course's
-reference implementation. Everything later (multi-head
+The formula is a few lines, ``_scaled_dot_product``; the public functions check their inputs
+once and call it: :func:`scaled_dot_product` as it is, :func:`self_attention` in float32 for
+half-precision inputs, :func:`eager_attention` (the multi-head module's default backend) over
+grouped heads. This is the course's reference implementation. Everything later (multi-head
 attention, the causal language model, BERT, the FlashAttention kernels) is checked
 against it, and it is itself checked against ``torch.nn.functional.
 scaled_dot_product_attention`` and float64 math in ``tests/core/test_attention.py``.
@@ -13,11 +14,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from attn_course import _validate
-from attn_course.core.masks import check_mask
+from attn_course.core.masks import causal_mask, check_mask, restrict_mask
 
-__all__ = ["self_attention", "scaled_dot_product", "softmax_with_empty_rows", "classic_self_attention"]
+__all__ = ["self_attention", "scaled_dot_product", "softmax_with_empty_rows", "eager_attention", "group_mask",
+           "classic_self_attention"]
 
 
 def self_attention(
@@ -67,12 +70,18 @@ def self_attention(
         (torch.Size([2, 5, 8]), torch.Size([2, 5, 5]))
     """
     scale = _check_inputs("self_attention", q, k, v, mask, scale)
+    return _self_attention(q, k, v, mask, scale)
+
+
+def _self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`self_attention` on checked inputs: the formula, in float32 for half-precision inputs."""
     # Half precision loses too much in the exponentials and the sums: compute in float32.
     compute_dtype = torch.promote_types(q.dtype, torch.float32)
     if mask is not None and mask.is_floating_point():
         mask = mask.to(compute_dtype)
-    output, attention_weights = scaled_dot_product(
-        q.to(compute_dtype), k.to(compute_dtype), v.to(compute_dtype), mask, scale=scale
+    output, attention_weights = _scaled_dot_product(
+        q.to(compute_dtype), k.to(compute_dtype), v.to(compute_dtype), mask, scale
     )
     return output.to(q.dtype), attention_weights.to(q.dtype)
 
@@ -110,12 +119,18 @@ def scaled_dot_product(
         True
     """
     scale = _check_inputs("scaled_dot_product", q, k, v, mask, scale)
+    return _scaled_dot_product(q, k, v, mask, scale)
+
+
+def _scaled_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The formula, on inputs that :func:`scaled_dot_product` or :func:`self_attention` checked once."""
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale          # [..., N_q, N_k]
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))          # blocked: weight 0
     elif mask is not None:
         scores = scores + mask.to(scores.dtype)                    # additive mask
-    attention_weights = softmax_with_empty_rows(scores)            # [..., N_q, N_k]
+    attention_weights = _softmax_with_empty_rows(scores)           # [..., N_q, N_k]
     output = torch.matmul(attention_weights, v)                    # [..., N_q, d_v]
     return output, attention_weights
 
@@ -144,12 +159,66 @@ def softmax_with_empty_rows(scores: torch.Tensor) -> torch.Tensor:
         tensor([[0.5000, 0.5000],
                 [0.0000, 0.0000]])
     """
-    scores = _validate.floating_tensor("softmax_with_empty_rows", "scores", scores, min_dim=1)
+    return _softmax_with_empty_rows(_validate.floating_tensor("softmax_with_empty_rows", "scores", scores, min_dim=1))
+
+
+def _softmax_with_empty_rows(scores: torch.Tensor) -> torch.Tensor:
+    """:func:`softmax_with_empty_rows` on checked scores."""
     if scores.shape[-1] == 0:  # no keys at all: every row is empty
         return torch.zeros_like(scores)
     empty_row = scores.amax(dim=-1, keepdim=True) == float("-inf")   # [..., N_q, 1]
     weights = torch.softmax(scores.masked_fill(empty_row, 0.0), dim=-1)
     return weights.masked_fill(empty_row, 0.0)
+
+
+def group_mask(mask: torch.Tensor, kv_heads: int, groups: int) -> torch.Tensor:
+    """``[B|1, H|1, N_q|1, N_k]`` to ``[B|1, H_kv|1, G|1, N_q|1, N_k]``, matching queries grouped by key/value head.
+
+    Example:
+        >>> group_mask(torch.ones(2, 6, 3, 5, dtype=torch.bool), kv_heads=2, groups=3).shape
+        torch.Size([2, 2, 3, 3, 5])
+    """
+    if mask.shape[1] == 1:
+        return mask.unsqueeze(2)
+    return mask.unflatten(1, (kv_heads, groups))
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                    is_causal: bool = False, dropout: float = 0.0,
+                    need_weights: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The course's attention over grouped heads, dropout on the weights: the ``"eager"`` backend
+    of :mod:`attn_course.core.backends`, on inputs that the caller (the module) checked once.
+
+    Args:
+        q: ``[B, H, N_q, d]``; k, v: ``[B, H_kv, N_k, d]`` with ``H_kv`` dividing ``H``.
+        mask: None or ``[B|1, H|1, N_q|1, N_k]`` (or ``[N_q, N_k]``), boolean or additive.
+        is_causal: add the bottom-right causal mask (the queries are the last ``N_q`` positions).
+        dropout: drop weights with this probability (and rescale, as ``nn.MultiheadAttention``).
+        need_weights: return the weights.
+
+    Returns:
+        ``(output [B, H, N_q, d], weights [B, H, N_q, N_k] or None)``, the weights as used.
+
+    Example:
+        >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)               # 4 query heads, 2 kv
+        >>> output, weights = eager_attention(q, k, k, is_causal=True)
+        >>> output.shape, weights.shape
+        (torch.Size([1, 4, 3, 8]), torch.Size([1, 4, 3, 3]))
+    """
+    if is_causal:
+        mask = restrict_mask(mask, causal_mask(q.shape[2], k.shape[2], device=q.device))   # queries are the newest
+    # Grouped-query attention: view the H query heads as H_kv groups of G, so that each key/value
+    # head broadcasts over its group instead of being copied G times.
+    kv_heads, groups = k.shape[1], q.shape[1] // k.shape[1]
+    q = q.unflatten(1, (kv_heads, groups))                            # [B, H_kv, G, N_q, d]
+    k, v = k.unsqueeze(2), v.unsqueeze(2)                             # [B, H_kv, 1, N_k, d]
+    if mask is not None and mask.dim() == 4:
+        mask = group_mask(mask, kv_heads, groups)                     # [B|1, H_kv|1, G|1, N_q, N_k]
+    output, weights = _self_attention(q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]))   # [B, H_kv, G, N_q, d]
+    if dropout > 0:
+        weights = F.dropout(weights, p=dropout)                        # as torch: weights as used
+        output = weights @ v
+    return output.flatten(1, 2), (weights.flatten(1, 2) if need_weights else None)   # [B, H, N_q, d]
 
 
 def classic_self_attention(

@@ -1,7 +1,8 @@
 """Which attention computes ``softmax(Q Kᵀ/√d) V`` inside :class:`~attn_course.core.multihead.MultiHeadAttention`.
 
 A small registry, as Hugging Face picks its kernel from ``ALL_ATTENTION_FUNCTIONS``: the core
-registers its own eager attention (``"eager"``, :func:`eager_attention`) and PyTorch's fused one
+registers its own eager attention (``"eager"``, :func:`~attn_course.core.attention.eager_attention`)
+and PyTorch's fused one
 (``"sdpa"``, :func:`sdpa_attention`); a later chapter adds its kernel with
 :func:`register_attention_backend` (chapter 07's Triton FlashAttention registers ``"flash"`` when
 ``attn_course.flash`` is imported), so the core never imports what comes after it.
@@ -24,11 +25,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from attn_course.core.attention import self_attention
+from attn_course.core.attention import eager_attention
 from attn_course.core.masks import causal_mask, restrict_mask
 
 __all__ = ["AttentionBackend", "register_attention_backend", "attention_backend", "attention_backends",
-           "choose_attention_backend", "check_backend_name", "eager_attention", "sdpa_attention", "group_mask"]
+           "choose_attention_backend", "check_backend_name", "sdpa_attention"]
 
 #: Extra advice in the error for an unregistered name: the import that registers it.
 _REGISTERED_BY = {"flash": "import attn_course.flash"}
@@ -165,55 +166,6 @@ def choose_attention_backend(name: str, q: torch.Tensor, k: torch.Tensor, *, mas
     if blockers:
         raise ValueError(f"{caller}: attention_backend={name!r}, but this call has " + "; ".join(blockers))
     return backend
-
-
-def group_mask(mask: torch.Tensor, kv_heads: int, groups: int) -> torch.Tensor:
-    """``[B|1, H|1, N_q|1, N_k]`` to ``[B|1, H_kv|1, G|1, N_q|1, N_k]``, matching queries grouped by key/value head.
-
-    Example:
-        >>> group_mask(torch.ones(2, 6, 3, 5, dtype=torch.bool), kv_heads=2, groups=3).shape
-        torch.Size([2, 2, 3, 3, 5])
-    """
-    if mask.shape[1] == 1:
-        return mask.unsqueeze(2)
-    return mask.unflatten(1, (kv_heads, groups))
-
-
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
-                    is_causal: bool = False, dropout: float = 0.0,
-                    need_weights: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The course's :func:`~attn_course.core.attention.self_attention` over grouped heads, dropout on the weights.
-
-    Args:
-        q: ``[B, H, N_q, d]``; k, v: ``[B, H_kv, N_k, d]`` with ``H_kv`` dividing ``H``.
-        mask: None or ``[B|1, H|1, N_q|1, N_k]`` (or ``[N_q, N_k]``), boolean or additive.
-        is_causal: add the bottom-right causal mask (the queries are the last ``N_q`` positions).
-        dropout: drop weights with this probability (and rescale, as ``nn.MultiheadAttention``).
-        need_weights: return the weights.
-
-    Returns:
-        ``(output [B, H, N_q, d], weights [B, H, N_q, N_k] or None)``, the weights as used.
-
-    Example:
-        >>> q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)               # 4 query heads, 2 kv
-        >>> output, weights = eager_attention(q, k, k, is_causal=True)
-        >>> output.shape, weights.shape
-        (torch.Size([1, 4, 3, 8]), torch.Size([1, 4, 3, 3]))
-    """
-    if is_causal:
-        mask = restrict_mask(mask, causal_mask(q.shape[2], k.shape[2], device=q.device))   # queries are the newest
-    # Grouped-query attention: view the H query heads as H_kv groups of G, so that each key/value
-    # head broadcasts over its group instead of being copied G times.
-    kv_heads, groups = k.shape[1], q.shape[1] // k.shape[1]
-    q = q.unflatten(1, (kv_heads, groups))                            # [B, H_kv, G, N_q, d]
-    k, v = k.unsqueeze(2), v.unsqueeze(2)                             # [B, H_kv, 1, N_k, d]
-    if mask is not None and mask.dim() == 4:
-        mask = group_mask(mask, kv_heads, groups)                     # [B|1, H_kv|1, G|1, N_q, N_k]
-    output, weights = self_attention(q, k, v, mask)                    # [B, H_kv, G, N_q, d]
-    if dropout > 0:
-        weights = F.dropout(weights, p=dropout)                        # as torch: weights as used
-        output = weights @ v
-    return output.flatten(1, 2), (weights.flatten(1, 2) if need_weights else None)   # [B, H, N_q, d]
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,

@@ -171,16 +171,13 @@ class KVCache:
             >>> keys.flatten().tolist()
             [0.0, 1.0]
         """
-        where = "KVCache.update"
+        self._check_new(f"{type(self).__name__}.update", keys, values, rotate)
         if rotate is not None:
-            if not callable(rotate):
-                raise TypeError(f"{where}: rotate must be callable (x, positions) -> x, got {type(rotate).__name__}")
-            _validate.four_d(where, layout="[B, H_kv, N_new, d]", keys=keys, values=values)
             if positions is None:
                 positions = self.new_positions(keys.shape[2], device=keys.device)
             # A key's rotation depends only on its own position: rotated once here, it never needs redoing.
             keys = rotate(keys, positions)                                          # [B, H_kv, N_new, d_k]
-        return self.append(keys, values)
+        return self._store(keys, values)
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the keys/values of new tokens; return all cached keys and values.
@@ -196,9 +193,28 @@ class KVCache:
             TypeError, ValueError: inputs that are not 4-D floating tensors of one dtype and
                 device, or that do not match what the cache already holds.
         """
-        held = None if self._keys is None else (self._keys, self._values)
-        check_new_entries("KVCache.append", keys, values, like=held)
-        if held is None and keys.shape[2] == 0:
+        self._check_new(f"{type(self).__name__}.append", keys, values)
+        return self._store(keys, values)
+
+    def reset(self) -> None:
+        """Forget every cached token (keeps nothing allocated)."""
+        self._keys = self._values = None
+        self.length = 0
+
+    # What a cache of another kind changes: where the entries go (_store) and what they must match (_layout).
+    def _check_new(self, where: str, keys: object, values: object, rotate: object = None) -> None:
+        """The one check of :meth:`update`'s and :meth:`append`'s inputs."""
+        if rotate is not None and not callable(rotate):
+            raise TypeError(f"{where}: rotate must be callable (x, positions) -> x, got {type(rotate).__name__}")
+        check_new_entries(where, keys, values, like=self._layout())
+
+    def _layout(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Keys and values whose ``B``, ``H_kv``, ``d``, dtype and device new entries must share; None when empty."""
+        return None if self._keys is None else (self._keys, self._values)
+
+    def _store(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append checked entries; return the keys and values the new queries attend to."""
+        if self._keys is None and keys.shape[2] == 0:
             return keys, values               # no token yet: nothing to allocate (the first one sizes it)
         needed = self.length + keys.shape[2]
         if needed > self.capacity:
@@ -207,11 +223,6 @@ class KVCache:
         self._values[:, :, self.length : needed] = values
         self.length = needed
         return self.keys, self.values
-
-    def reset(self) -> None:
-        """Forget every cached token (keeps nothing allocated)."""
-        self._keys = self._values = None
-        self.length = 0
 
     def _grow(self, needed: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         capacity = max(needed, 2 * self.capacity, self.max_length or 0)

@@ -37,8 +37,13 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
             f"{where}: x must be [B, N, E] with E divisible by num_heads={num_heads}, "
             f"got shape {_validate.shape_str(x)}"
         )
+    return _split_heads(x, num_heads)
+
+
+def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """:func:`split_heads` on a checked ``x``."""
     batch, tokens, width = x.shape
-    return x.view(batch, tokens, num_heads, width // num_heads).transpose(1, 2)
+    return x.view(batch, tokens, num_heads, width // num_heads).transpose(1, 2)   # [B, H, N, d]
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -50,8 +55,13 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     _validate.tensor("merge_heads", "x", x)
     if x.dim() != 4:
         raise ValueError(f"merge_heads: x must be [B, H, N, d], got shape {_validate.shape_str(x)}")
+    return _merge_heads(x)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """:func:`merge_heads` on a checked ``x``."""
     batch, heads, tokens, head_dim = x.shape
-    return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
+    return x.transpose(1, 2).reshape(batch, tokens, heads * head_dim)              # [B, N, H·d]
 
 
 class MultiHeadAttention(nn.Module):
@@ -181,7 +191,7 @@ class MultiHeadAttention(nn.Module):
         """
         output, weights = self.attend_heads(query, key, value, mask=mask, is_causal=is_causal, kv_cache=kv_cache,
                                             need_weights=need_weights, positions=positions)   # [B, H, N_q, d]
-        return self.out_proj(merge_heads(output)), weights               # [B, N_q, E]
+        return self.out_proj(_merge_heads(output)), weights              # [B, N_q, E]
 
     def attend_heads(
         self,
@@ -219,9 +229,9 @@ class MultiHeadAttention(nn.Module):
         """
         key, value, positions = self._check_call(query, key, value, kv_cache, positions)
         rope = self.rope if key is query else None                       # cross-attention is not rotated
-        q = split_heads(self.q_proj(query), self.num_heads)              # [B, H, N_q, d]
-        k = split_heads(self.k_proj(key), self.num_kv_heads)             # [B, H_kv, N_new, d]
-        v = split_heads(self.v_proj(value), self.num_kv_heads)           # [B, H_kv, N_new, d]
+        q = _split_heads(self.q_proj(query), self.num_heads)             # [B, H, N_q, d]
+        k = _split_heads(self.k_proj(key), self.num_kv_heads)            # [B, H_kv, N_new, d]
+        v = _split_heads(self.v_proj(value), self.num_kv_heads)          # [B, H_kv, N_new, d]
         if rope is not None:
             positions = self._new_positions(positions, kv_cache, q)      # [N_q] or [B, N_q]
             q = rope(q, positions)                                       # [B, H, N_q, d]

@@ -46,11 +46,10 @@ from typing import NamedTuple
 import torch
 
 from attn_course import _validate
-from attn_course.core.kv_cache import KVCache, check_new_entries
+from attn_course.core.kv_cache import KVCache
 from attn_course.variants.sliding_window import RollingKVCache
-from attn_course.variants.streaming import streaming_losses
 
-__all__ = ["CachePositions", "SinkKVCache", "streaming_losses"]
+__all__ = ["CachePositions", "SinkKVCache"]
 
 
 class CachePositions(NamedTuple):
@@ -316,41 +315,25 @@ class SinkKVCache(KVCache):
             >>> keys.flatten().tolist()                                               # at 0, 1, 2 in the cache
             [0.0, 1.0, 2.0]
         """
-        where = "SinkKVCache.update"
         if rotate is None:
-            return self.append(keys, values)
-        if not callable(rotate):
-            raise TypeError(f"{where}: rotate must be callable (x, positions) -> x, got {type(rotate).__name__}")
-        self._check_new(where, keys, values)
+            return super().update(keys, values)
+        where = "SinkKVCache.update"
+        self._check_new(where, keys, values, rotate)
         in_cache = self.cache_positions(keys.shape[2], device=keys.device)      # before the append: [N_new], [N_k]
         if positions is not None and not torch.equal(positions.to(in_cache.queries.device), in_cache.queries):
             raise ValueError(f"{where}: positions must be new_positions()'s {in_cache.queries.tolist()}, "
                              f"got {positions.tolist()}")
-        keys, values = self.append(keys, values)                                # [B, H_kv, N_k, d], before RoPE
+        keys, values = self._store(keys, values)                                # [B, H_kv, N_k, d], before RoPE
         return rotate(keys, in_cache.keys), values                              # StreamingLLM: in-cache positions
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the keys/values of new tokens; return the sinks, the held recent ones and the new ones.
+    def _layout(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self._like
 
-        Args:
-            keys: ``[B, H_kv, N_new, d_k]``, *not* rotated (:meth:`update` rotates what this returns).
-            values: ``[B, H_kv, N_new, d_v]``.
-
-        Returns:
-            ``(keys, values)``, ``[B, H_kv, N_k, d]`` with ``N_k = held before + N_new``, in text order
-            (the text positions are :meth:`token_positions`, asked before the append).
-
-        Raises:
-            TypeError, ValueError: inputs that are not 4-D floating tensors of one dtype and
-                device, or that do not match what the cache already holds.
-
-        Example:
-            >>> cache = SinkKVCache(window=2, sinks=1)
-            >>> keys, _ = cache.append(torch.arange(5.0).view(1, 1, 5, 1), torch.zeros(1, 1, 5, 1))
-            >>> keys.flatten().tolist(), cache.keys.flatten().tolist()      # all five back, 0 and 4 kept
-            ([0.0, 1.0, 2.0, 3.0, 4.0], [0.0, 4.0])
-        """
-        self._check_new("SinkKVCache.append", keys, values)
+    def _store(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the sinks, the held recent tokens and the new ones, in text order (keys before RoPE)."""
+        if self._like is None:                  # empty stand-ins: the layout, however the parts are filled
+            self._like = (keys.new_empty(*keys.shape[:2], 0, keys.shape[3]),
+                          values.new_empty(*values.shape[:2], 0, values.shape[3]))
         if keys.shape[2] == 0:                                                              # nothing new
             return (self.keys, self.values) if self.length else (keys, values)
         # The new tokens at positions below S join the sinks; the others go through the ring.
@@ -358,13 +341,13 @@ class SinkKVCache(KVCache):
         returned_keys, returned_values = [], []
         if self._sink_part is not None and (to_sinks or len(self._sink_part)):
             if to_sinks:
-                sink_keys, sink_values = self._sink_part.append(keys[:, :, :to_sinks], values[:, :, :to_sinks])
+                sink_keys, sink_values = self._sink_part._store(keys[:, :, :to_sinks], values[:, :, :to_sinks])
             else:
                 sink_keys, sink_values = self._sink_part.keys, self._sink_part.values   # [B, H_kv, S, d]
             returned_keys.append(sink_keys)
             returned_values.append(sink_values)
         if keys.shape[2] > to_sinks:
-            recent_keys, recent_values = self._recent_part.append(keys[:, :, to_sinks:], values[:, :, to_sinks:])
+            recent_keys, recent_values = self._recent_part._store(keys[:, :, to_sinks:], values[:, :, to_sinks:])
             returned_keys.append(recent_keys)                                               # [B, H_kv, ·, d_k]
             returned_values.append(recent_values)
         self.length += keys.shape[2]
@@ -385,12 +368,6 @@ class SinkKVCache(KVCache):
         if len(self._recent_part):
             parts.append(self._recent_part)
         return parts
-
-    def _check_new(self, where: str, keys: torch.Tensor, values: torch.Tensor) -> None:
-        check_new_entries(where, keys, values, like=self._like)
-        if self._like is None:                  # empty stand-ins: the layout, however the parts are filled
-            self._like = (keys.new_empty(*keys.shape[:2], 0, keys.shape[3]),
-                          values.new_empty(*values.shape[:2], 0, values.shape[3]))
 
     def _require_appended(self, name: str) -> None:
         if self.length == 0:

@@ -60,7 +60,6 @@ from attn_course.variants.latent_cache import LatentCache
 __all__ = [
     "MLAConfig",
     "MultiHeadLatentAttention",
-    "LatentCache",
     "AbsorbedProjections",
 ]
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from attn_course import _validate
-from attn_course.core.kv_cache import KVCache, check_new_entries
+from attn_course.core.kv_cache import KVCache
 from attn_course.variants.masks import sliding_window_mask
 
 __all__ = ["RollingKVCache"]
@@ -128,30 +128,11 @@ class RollingKVCache(KVCache):
         new_tokens = _validate.integer("RollingKVCache.window_mask", "new_tokens", new_tokens, minimum=1)
         return sliding_window_mask(new_tokens, self.held + new_tokens, window=self.window, device=device)
 
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the keys/values of new tokens; return the held ones and the new ones, in position order.
+    def _layout(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self._ring_keys is None else (self._ring_keys, self._ring_values)
 
-        Args:
-            keys: ``[B, H_kv, N_new, d_k]``, already rotated by their positions if RoPE is used.
-            values: ``[B, H_kv, N_new, d_v]``.
-
-        Returns:
-            ``(keys, values)``, ``[B, H_kv, N_k, d]`` with ``N_k = min(len before, window - 1) + N_new``:
-            positions ``len + N_new - N_k .. len + N_new - 1``, newest last.
-
-        Raises:
-            TypeError, ValueError: inputs that are not 4-D floating tensors of one dtype and
-                device, or that do not match what the cache already holds.
-
-        Example:
-            >>> cache = RollingKVCache(window=3)
-            >>> keys, _ = cache.append(torch.arange(4.0).view(1, 1, 4, 1), torch.zeros(1, 1, 4, 1))
-            >>> keys.flatten().tolist(), cache.keys.flatten().tolist()      # all four back, two kept
-            ([0.0, 1.0, 2.0, 3.0], [2.0, 3.0])
-        """
-        where = "RollingKVCache.append"
-        check_new_entries(where, keys, values,
-                          like=None if self._ring_keys is None else (self._ring_keys, self._ring_values))
+    def _store(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the held tokens and the new ones, in position order; keep the last ``window - 1``."""
         if self._ring_keys is None:
             batch, heads = keys.shape[:2]
             slots = self.window - 1

@@ -132,3 +132,10 @@ def test_an_answer_that_runs_elsewhere_is_watched_there_under_the_same_rules():
         call_answer("check", remote, x, forbidden=[SOFTMAX])
     assert remote.rules == [SOFTMAX]
     assert torch.allclose(call_answer("check", WatchedElsewhere(by_hand), x, forbidden=[SOFTMAX]), by_hand(x))
+
+
+def test_a_course_functions_unchecked_core_is_seen_when_called_directly():
+    from attn_course.core import attention
+
+    q = torch.randn(1, 3, 4)
+    assert called([COURSE], lambda: attention._self_attention(q, q, q, None, 0.5)) == ["_self_attention"]

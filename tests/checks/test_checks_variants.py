@@ -21,7 +21,8 @@ from attn_course.core.attention import self_attention
 from attn_course.models.llama import RMSNorm, SwiGLU
 from attn_course.variants.attention_sinks import SinkKVCache
 from attn_course.variants.kv_cache_size import DEEPSEEK_V2
-from attn_course.variants.latent_attention import LatentCache, MLAConfig, MultiHeadLatentAttention
+from attn_course.variants.latent_attention import MLAConfig, MultiHeadLatentAttention
+from attn_course.variants.latent_cache import LatentCache
 
 
 def hint(check, fn) -> str:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from attn_course.core import backends
-from attn_course.core.backends import attention_backend, eager_attention, register_attention_backend, sdpa_attention
+from attn_course.core.attention import eager_attention
+from attn_course.core.backends import attention_backend, register_attention_backend, sdpa_attention
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.multihead import MultiHeadAttention
 

@@ -361,7 +361,7 @@ def test_reset_cache_decodes_a_new_sequence_like_a_fresh_one():
 def test_a_cache_from_a_module_with_other_head_counts_is_rejected():
     cache = KVCache()
     attention(2)(randn(1, 3, E), kv_cache=cache)
-    with pytest.raises(ValueError, match=r"^KVCache\.append: .*do not match the cache"):
+    with pytest.raises(ValueError, match=r"^KVCache\.update: .*do not match the cache"):
         attention(4)(randn(1, 1, E), kv_cache=cache)
 
 

@@ -18,9 +18,10 @@ from attn_course.core.multihead import MultiHeadAttention
 from attn_course.models.llama import LlamaConfig, LlamaForCausalLM
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 from attn_course.positions.rope import RotaryEmbedding
-from attn_course.variants.attention_sinks import SinkKVCache, streaming_losses
+from attn_course.variants.attention_sinks import SinkKVCache
 from attn_course.variants.masks import attention_sink_mask
 from attn_course.variants.sliding_window import RollingKVCache
+from attn_course.variants.streaming import streaming_losses
 
 E, H, H_KV = 16, 4, 2
 D = E // H
