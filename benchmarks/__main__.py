@@ -30,7 +30,7 @@ window and linear attention) and ``variants.png``; ``--quick`` runs it at tiny s
 sets torch's CPU threads while it measures (default 1: steadier on a shared machine).
 ``distributed`` (:mod:`attn_course.measure.distributed`) starts ``P = 1, 2, 4`` processes (gloo, one
 thread each) and writes ``distributed-traffic.csv`` (bytes one rank sends for one attention layer,
-forward and forward + backward, measured with ``count_traffic`` next to the formulas, with ``N``
+forward and forward + backward, counted twice from outside next to the formulas, with ``N``
 fixed and with ``N`` growing in proportion to ``P``), ``distributed-memory.csv`` (exact peak bytes
 per rank in a forward pass against ``N`` and ``P``), ``distributed-time.csv`` (forward time as a
 ratio to ``P = 1``; on fewer cores than ``P`` the ranks share cores, and the rows say so) and
@@ -54,9 +54,26 @@ import sys
 
 import torch
 
-from attn_course.measure.kv_cache import kv_cache_speedup, print_kv_cache
+from attn_course.measure.kv_cache import kv_cache_speedup
 from attn_course.measure.rows import write_csv
 from attn_course.measure.timing import machine_description
+from attn_course.teaching.tables import table
+
+
+def _show(rows, path: pathlib.Path, **shown) -> None:
+    """Print ``rows`` as the chapters show a table (:func:`~attn_course.teaching.tables.table`), write their CSV."""
+    print(table(rows, **shown).to_string())
+    print(f"wrote {write_csv(rows, path)}")
+
+
+def _memory_saving(rows, what: str) -> None:
+    """One line per N: how many times less peak memory tiled attention needs than naive attention."""
+    peaks = {(row.method, row.n): row.peak_mib for row in rows}
+    for n in dict.fromkeys(row.n for row in rows):
+        if ("naive", n) in peaks and ("tiled", n) in peaks:
+            naive, tiled = peaks["naive", n], peaks["tiled", n]
+            print(f"N={n}: {what} peak memory {naive / tiled:.1f}x below naive "
+                  f"({naive:.1f} MiB against {tiled:.1f} MiB)")
 
 
 def _length(text: str) -> int:
@@ -128,9 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {description}")
     if args.name == "kv-cache":
         counts = {"new_tokens": tuple(args.lengths)} if args.lengths else {}
-        rows = kv_cache_speedup(**counts, repeats=3)
-        print_kv_cache(rows)
-        print(f"wrote {write_csv(rows, args.out / 'kv-cache.csv')}")
+        _show(kv_cache_speedup(**counts, repeats=3), args.out / "kv-cache.csv", digits=3)
         return 0
     if args.name == "variants":
         return _variants(args, description)
@@ -151,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                                              progress=functools.partial(print, flush=True), **lengths)
         return 1 if result.stopped == "SIGTERM" else 0
     rows = flash.cpu_rows(**lengths)
-    flash.print_flash(rows)
-    print(f"wrote {write_csv(rows, args.out / 'flash-cpu.csv')}")
+    _show(rows, args.out / "flash-cpu.csv", digits={"seconds": 3, "peak_mib": 1})
+    _memory_saving(rows, "tiled")
     plot = args.out / "flash-cpu.png"
     try:
         flash.plot_rows(rows, plot, title=f"FlashAttention benchmark: {description}")
@@ -161,14 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"wrote {plot}")
     training = flash.training_rows(**lengths)
-    flash.print_training(training)
-    print(f"wrote {write_csv(training, args.out / 'flash-cpu-training.csv')}")
+    print("# forward + backward")
+    _show(training, args.out / "flash-cpu-training.csv", digits={"seconds": 3, "peak_mib": 1})
+    _memory_saving(training, "forward+backward")
     return 0
 
 
 def _variants(args: argparse.Namespace, description: str) -> int:
     """``variants``: measure, print and write the rows, the crossovers, the cache bytes and the plot."""
-    from attn_course.measure import variants
+    from attn_course.measure import crossover, variants
+    from attn_course.variants.kv_cache_size import cache_bytes_rows
 
     default = variants.QUICK_LENGTHS if args.quick else variants.DEFAULT_LENGTHS
     lengths = tuple(args.lengths) if args.lengths else default
@@ -177,20 +194,17 @@ def _variants(args: argparse.Namespace, description: str) -> int:
     shape = "B=1, H=2, d=16, window W=16, chunk C=16" if args.quick else "B=1, H=4, d=64, window W=128, chunk C=128"
     print(f"# measured on {threads} thread(s); {shape}; float32, causal")
     rows = variants.measure_variants(lengths, threads=threads, **sizes)
-    variants.print_variants(rows)
-    print(f"wrote {write_csv(rows, args.out / 'variants.csv')}")
+    _show(rows, args.out / "variants.csv", digits={"seconds": 6})
     if len(set(lengths)) >= 2:
-        crossovers = [variants.crossover_from_rows(rows, softmax=softmax)
+        crossovers = [crossover.crossover_from_rows(rows, softmax=softmax)
                       for softmax in ("softmax sdpa", "softmax self_attention")]
-        for crossover in crossovers:
-            print(crossover.describe())
+        for found in crossovers:
+            print(found.describe())
         print(f"wrote {write_csv(crossovers, args.out / 'variants-crossover.csv')}")
     else:
         print("one N only: no crossover")
-    cache = variants.cache_bytes_rows()
     print("# KV cache per sequence, one layer, 16-bit: n_h=8, d_h=64, GQA n_kv=2, MLA d_c=256 d_h^R=32, W=4096")
-    variants.print_cache_bytes(cache)
-    print(f"wrote {write_csv(cache, args.out / 'variants-cache-bytes.csv')}")
+    _show(cache_bytes_rows(), args.out / "variants-cache-bytes.csv", digits=1)
     plot = args.out / "variants.png"
     try:
         variants.plot_variants(rows, plot, title=f"Causal attention variants ({threads} thread(s)): {description}")
@@ -236,21 +250,23 @@ def _distributed(args: argparse.Namespace, description: str) -> int:
           f"CPU cores; B=1, H={sizes['heads']}, d={sizes['head_dim']}, float32, causal")
     traffic, memory, timing = distributed.measure_distributed(world_sizes, **sizes)
     print(f"# bytes sent per rank, one layer: N fixed at {sizes['n']}, and N = {sizes['n_per_rank']}·P")
-    distributed.print_traffic(traffic)
-    print(f"wrote {write_csv(traffic, args.out / 'distributed-traffic.csv')}")
+    bytes_columns = {"method": "method", "scaling": "sweep", "world_size": "P", "n": "N", "kv_heads": "H_kv",
+                     "forward_bytes": "fwd B", "wire_forward_bytes": "fwd tapped", "forward_formula": "fwd formula",
+                     "total_bytes": "fwd+bwd B", "wire_total_bytes": "fwd+bwd tapped",
+                     "total_formula": "fwd+bwd formula", "matches": "exact"}
+    _show(traffic, args.out / "distributed-traffic.csv", columns=bytes_columns)
     # Grouped-query attention as Llama 3 has it (4 query heads per K/V head): the ring passes only the
     # K/V heads, Ulysses moves q and the output at every head, so ring/Ulysses = P·H_kv/(H + H_kv) = P/5.
     grouped = distributed.measure_traffic(world_sizes, n=sizes["n"], n_per_rank=sizes["n_per_rank"], heads=16,
                                           kv_heads=4, head_dim=sizes["head_dim"])
     print("# bytes sent per rank with grouped-query attention, H=16 query heads, H_kv=4 K/V heads")
-    distributed.print_traffic(grouped)
-    print(f"wrote {write_csv(grouped, args.out / 'distributed-traffic-gqa.csv')}")
+    _show(grouped, args.out / "distributed-traffic-gqa.csv", columns=bytes_columns)
     print("# peak memory per rank, forward (exact bytes allocated; the input shards not counted)")
-    distributed.print_memory(memory)
-    print(f"wrote {write_csv(memory, args.out / 'distributed-memory.csv')}")
-    print(f"# forward time at N={sizes['time_n']}, the slowest rank, best of {sizes['repeats']}")
-    distributed.print_time(timing)
-    print(f"wrote {write_csv(timing, args.out / 'distributed-time.csv')}")
+    _show(memory, args.out / "distributed-memory.csv")
+    print(f"# forward time at N={sizes['time_n']}, the slowest rank, best of {sizes['repeats']}; "
+          f"oversubscribed: more processes than the {os.cpu_count()} cores")
+    _show(timing, args.out / "distributed-time.csv", digits={name: 4 for name in ("seconds", "median_seconds",
+                                                                                   "min_seconds", "max_seconds")})
     plot = args.out / "distributed.png"
     try:
         distributed.plot_distributed(traffic, memory, timing, plot,

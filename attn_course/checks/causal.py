@@ -30,12 +30,9 @@ __all__ = [
     "check_causal_attention",
     "check_causal_mask",
     "check_positions_without_cache",
-    "check_decode_logits",
-    "check_cached_attention_step",
 ]
 
-# Chapter 04's decoding exercises live in their own module; the chapter imports all four from here.
-from attn_course.checks.decoding import TOP_LEFT, check_cached_attention_step, check_decode_logits  # noqa: E402
+from attn_course.checks.decoding import TOP_LEFT  # noqa: E402
 
 SEES_THE_FUTURE = ("Your attention leaks the future: query i can see keys after i (the upper triangle). "
                    "Keep the lower triangle, diagonal included: causal_mask(n) or torch.tril.")

@@ -25,12 +25,10 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.circuits_ablation import check_ablation_prediction  # exercise 2's, re-exported
 from attn_course.checks.diagnosis import CheckFailed, call_answer, diagnose, same, watched
 from attn_course.checks.forbidden import forbid
 
-__all__ = ["check_induction_score", "check_previous_token_detector", "check_fixed_induction_scores",
-           "check_ablation_prediction", "stripe_mean"]
+__all__ = ["check_induction_score", "check_previous_token_detector", "check_fixed_induction_scores", "stripe_mean"]
 
 #: What the score exercises may not call: the course's own scores.
 SCORE_RULES = forbid("the exercise is to read the score off the pattern yourself",

@@ -7,7 +7,6 @@ half. A model's heads have no order (any head of a layer could have taken any jo
 changes nothing the model computes), so the model is shown to the answer with its heads shuffled within each
 layer, the scores and the measured losses shuffled alike: a prediction has to follow from the scores. (Other
 seeds can find another circuit, as chapter 11 shows, so the rule is asked of the model the chapter took apart.)
-(:mod:`attn_course.checks.circuits` re-exports :func:`check_ablation_prediction`.)
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
-"""Checks for the exercises of chapters 06 (FlashAttention) and 07 (its Triton kernel), each naming
-the mistake it recognises; chapter 07's live in three modules of their own, re-exported here.
+"""Checks for chapter 06's exercises (FlashAttention in PyTorch), each naming the mistake it recognises.
 
 * :func:`check_merge_partial_attention`: merge two attentions over disjoint sets of keys from
   their outputs and log-sum-exps.
-* :func:`check_window_tile_counts` (in :mod:`attn_course.checks.flash_tiles`, chapter 07): predict how
-  many tiles sliding-window tiled attention computes, and how many of those need the mask.
 * :func:`check_streaming_attention`: the corrected online-softmax loop of the find-the-bug exercise.
-* :func:`check_rescale_kernel` (in :mod:`attn_course.checks.flash_kernel`, chapter 07): a small Triton
-  kernel whose conditional rescaling the student wrote; :func:`check_causal_kernel` (in
-  :mod:`attn_course.checks.flash_causal_kernel`, chapter 07): the classmate's causal kernel, fixed.
 * :func:`check_attention_backward`: dQ, dK, dV from the output and the log-sum-exp, when the loss
   depends on the log-sum-exp too.
-* :func:`check_forward_hbm_bytes` (in :mod:`attn_course.checks.flash_io`): the HBM traffic of the
-  fused forward kernel when K and V are re-read for every query tile.
+
+Chapter 06's fourth, the HBM traffic of the fused forward, is :mod:`attn_course.checks.flash_io`'s;
+chapter 07's are in :mod:`~attn_course.checks.flash_tiles`, :mod:`~attn_course.checks.flash_kernel` and
+:mod:`~attn_course.checks.flash_causal_kernel`.
 
 Each returns ``True`` or raises :class:`~attn_course.checks.diagnosis.CheckFailed`. The expected
 answers come from PyTorch (SDPA, ``torch.logsumexp``, autograd in float64).
@@ -27,14 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, check_shape, watched
-from attn_course.checks.flash_causal_kernel import check_causal_kernel
-from attn_course.checks.flash_io import check_forward_hbm_bytes
-from attn_course.checks.flash_kernel import check_rescale_kernel
-from attn_course.checks.flash_tiles import check_window_tile_counts
 from attn_course.checks.forbidden import Forbidden
 
-__all__ = ["check_merge_partial_attention", "check_window_tile_counts", "check_streaming_attention",
-           "check_rescale_kernel", "check_causal_kernel", "check_attention_backward", "check_forward_hbm_bytes"]
+__all__ = ["check_merge_partial_attention", "check_streaming_attention", "check_attention_backward"]
+
 
 def _tensors(result: object, count: int, names: str) -> tuple[torch.Tensor, ...]:
     if not isinstance(result, (tuple, list)) or len(result) != count:

@@ -114,7 +114,7 @@ DECODE_COSTS_RULES = forbid(
     "attn_course.variants.kv_cache_size.mqa_cache_elements",
     "attn_course.variants.kv_cache_size.cache_size_from_config",
     "attn_course.variants.kv_cache_size.CacheSize",
-    "attn_course.measure.variants.cache_bytes.cache_bytes_rows",
+    "attn_course.variants.kv_cache_size.cache_bytes_rows",
     "attn_course.variants.latent_attention.MultiHeadLatentAttention",
     "attn_course.variants.latent_cache.LatentCache",
 )

@@ -24,14 +24,12 @@ import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
 from attn_course.checks.forbidden import forbid
-from attn_course.checks.rescaled_weights import check_rescaled_weights  # chapter 01's fourth, re-exported
 from attn_course.core.attention import self_attention
 
 __all__ = [
     "check_attention_from_embeddings",
     "check_identical_keys_prediction",
     "check_attention_map",
-    "check_rescaled_weights",
 ]
 
 # --- messages --------------------------------------------------------------------------------

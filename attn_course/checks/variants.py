@@ -16,9 +16,8 @@ import torch.nn.functional as F
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
 from attn_course.checks.forbidden import Forbidden
-from attn_course.checks.latent_costs import check_decode_costs
 
-__all__ = ["check_rms_norm", "check_swiglu", "check_decode_costs", "check_sink_eviction"]
+__all__ = ["check_rms_norm", "check_swiglu", "check_sink_eviction"]
 
 
 # --- RMSNorm ------------------------------------------------------------------------------------------

@@ -31,8 +31,7 @@ from attn_course.measure.memory import available_memory_bytes, peak_memory
 from attn_course.measure.rows import check_rows, pyplot_for
 from attn_course.measure.timing import best_time, timed
 
-__all__ = ["CpuRow", "TrainingRow", "attention_flops", "cpu_rows", "plot_rows", "print_flash",
-           "print_training", "training_rows"]
+__all__ = ["CpuRow", "TrainingRow", "attention_flops", "cpu_rows", "plot_rows", "training_rows"]
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 TRAINING_LENGTHS = (1024, 2048, 4096, 8192)
@@ -230,48 +229,6 @@ def training_rows(lengths: Sequence[int] = TRAINING_LENGTHS, *, head_dim: int = 
             rows.append(TrainingRow(method=method, n=n, seconds=seconds, peak_mib=peak / 2**20,
                                     max_grad_difference=difference))
     return rows
-
-
-def print_training(rows: Sequence[TrainingRow]) -> None:
-    """Print the rows of :func:`training_rows`, then tiled attention's memory saving per N.
-
-    Args:
-        rows: a non-empty sequence of :class:`TrainingRow`.
-
-    Raises:
-        TypeError: ``rows`` not a sequence of :class:`TrainingRow`.
-        ValueError: no rows.
-    """
-    rows = check_rows("print_training", rows, (TrainingRow,))
-    print(f"{'method':>6} {'N':>6} {'seconds':>9} {'peak MiB':>9} {'grad diff':>9}   (forward + backward)")
-    for r in rows:
-        print(f"{r.method:>6} {r.n:>6} {r.seconds:>9.3f} {r.peak_mib:>9.1f} {r.max_grad_difference:>9.1e}")
-    for n in sorted({r.n for r in rows}):
-        peaks = {r.method: r.peak_mib for r in rows if r.n == n}
-        if "naive" in peaks and "tiled" in peaks:
-            print(f"N={n}: forward+backward peak memory {peaks['naive'] / peaks['tiled']:.1f}x below naive "
-                  f"({peaks['naive']:.1f} MiB against {peaks['tiled']:.1f} MiB)")
-
-
-def print_flash(rows: Sequence[CpuRow]) -> None:
-    """Print the rows of :func:`cpu_rows` as a table, then one line per N with tiled attention's
-    memory saving over naive (GPU rows: :func:`benchmarks.flash_gpu.print_summary`).
-
-    Args:
-        rows: a non-empty sequence of :class:`CpuRow`.
-
-    Raises:
-        TypeError: ``rows`` not a sequence of :class:`CpuRow`.
-        ValueError: no rows.
-    """
-    rows = check_rows("print_flash", rows, (CpuRow,))
-    print(f"{'method':>6} {'N':>6} {'seconds':>9} {'peak MiB':>9} {'max diff':>9}")
-    for r in rows:
-        print(f"{r.method:>6} {r.n:>6} {r.seconds:>9.3f} {r.peak_mib:>9.1f} {r.max_difference:>9.1e}")
-    for n in sorted({r.n for r in rows}):
-        peaks = {r.method: r.peak_mib for r in rows if r.n == n}
-        if "naive" in peaks and "tiled" in peaks:
-            print(f"N={n}: tiled peak memory {peaks['naive'] / peaks['tiled']:.1f}x below naive")
 
 
 def plot_rows(rows: Sequence[CpuRow], path: str | os.PathLike, *, title: str) -> None:

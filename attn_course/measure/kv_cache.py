@@ -20,7 +20,6 @@ from torch.overrides import TorchFunctionMode
 from attn_course import _validate
 from attn_course._threads import one_thread
 from attn_course.core.kv_cache import KVCache
-from attn_course.measure.rows import check_rows
 from attn_course.measure.timing import best_time
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 
@@ -28,11 +27,9 @@ __all__ = [
     "KvCacheRow",
     "positions_processed",
     "kv_cache_speedup",
-    "print_kv_cache",
     "DecodeStepRow",
     "median_time",
     "decode_step_times",
-    "print_decode_steps",
 ]
 
 _NUM_HEADS = 4
@@ -160,25 +157,6 @@ def kv_cache_speedup(
         rows.append(KvCacheRow(new_tokens=count, positions_without=positions_without, positions_with=positions_with,
                                seconds_without=without, seconds_with=with_cache, speedup=without / with_cache))
     return rows
-
-
-def print_kv_cache(rows: Sequence[KvCacheRow]) -> None:
-    """Print the rows of :func:`kv_cache_speedup` as a table, one line per row.
-
-    Args:
-        rows: a non-empty sequence of :class:`KvCacheRow`.
-
-    Raises:
-        TypeError: ``rows`` not a sequence of :class:`KvCacheRow`.
-        ValueError: no rows.
-    """
-    rows = check_rows("print_kv_cache", rows, (KvCacheRow,))
-    print(f"{'new tokens':>10} {'positions: no cache':>20} {'cache':>6} {'ratio':>7}   "
-          f"{'time: no cache (s)':>18} {'cache (s)':>9} {'speed-up':>8}")
-    for row in rows:
-        ratio = row.positions_without / row.positions_with
-        print(f"{row.new_tokens:>10} {row.positions_without:>20} {row.positions_with:>6} {ratio:>6.0f}x   "
-              f"{row.seconds_without:>18.3f} {row.seconds_with:>9.3f} {row.speedup:>7.1f}x")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,20 +299,3 @@ def decode_step_times(
             rows.append(DecodeStepRow(length=length, seconds_cached=cached, seconds_uncached=uncached,
                                       torch_calls=counter.calls))
     return rows
-
-
-def print_decode_steps(rows: Sequence[DecodeStepRow]) -> None:
-    """Print the rows of :func:`decode_step_times` as a table, times in milliseconds.
-
-    Args:
-        rows: a non-empty sequence of :class:`DecodeStepRow`.
-
-    Raises:
-        TypeError: ``rows`` not a sequence of :class:`DecodeStepRow`.
-        ValueError: no rows.
-    """
-    rows = check_rows("print_decode_steps", rows, (DecodeStepRow,))
-    print(f"{'length':>6} {'cached step (ms)':>17} {'uncached step (ms)':>19} {'calls into torch':>17}")
-    for row in rows:
-        print(f"{row.length:>6} {row.seconds_cached * 1e3:>17.2f} {row.seconds_uncached * 1e3:>19.2f} "
-              f"{row.torch_calls:>17}")

@@ -15,7 +15,8 @@ multi-head latent (MLA)     ``d_c + d_h^R``         the latent ``c_KV`` and the 
 Multiply by the number of layers for a whole model, by the tokens and the batch for a whole cache,
 and by the bits per element for its size. :func:`cache_size_from_config` reads the numbers from a
 Hugging Face ``config.json``; :data:`DEEPSEEK_V2` and :data:`DEEPSEEK_67B` are the two models the
-DeepSeek-V2 paper compares.
+DeepSeek-V2 paper compares. :func:`cache_bytes_rows` sets them beside a sliding window and linear
+attention: the bytes one layer keeps per sequence to decode, a row per variant.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ __all__ = [
     "cache_reduction",
     "DEEPSEEK_V2",
     "DEEPSEEK_67B",
+    "CacheBytesRow",
+    "cache_bytes_rows",
 ]
 
 #: DeepSeek-V2 (236B), its attention as the paper's §3.1.2 gives it: 60 layers, hidden 5120,
@@ -50,6 +53,12 @@ DEEPSEEK_V2 = {
 #: (d_h = 128) and 8 key/value heads (grouped-query attention), as the DeepSeek LLM paper
 #: (arXiv 2401.02954, Table 2) lists it.
 DEEPSEEK_67B = {"num_hidden_layers": 95, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8}
+
+
+def _key_value(where: str, name: str, heads: object, head_dim: object) -> int:
+    """``2 · heads · head_dim``, a key and a value per head, after checking both counts."""
+    return 2 * _validate.integer(where, name, heads, minimum=1) * _validate.integer(where, "head_dim", head_dim,
+                                                                                    minimum=1)
 
 
 def mha_cache_elements(num_heads: int, head_dim: int) -> int:
@@ -69,9 +78,7 @@ def mha_cache_elements(num_heads: int, head_dim: int) -> int:
         >>> mha_cache_elements(128, 128)
         32768
     """
-    where = "mha_cache_elements"
-    return 2 * _validate.integer(where, "num_heads", num_heads, minimum=1) * _validate.integer(
-        where, "head_dim", head_dim, minimum=1)
+    return _key_value("mha_cache_elements", "num_heads", num_heads, head_dim)
 
 
 def gqa_cache_elements(num_kv_heads: int, head_dim: int) -> int:
@@ -91,9 +98,7 @@ def gqa_cache_elements(num_kv_heads: int, head_dim: int) -> int:
         >>> gqa_cache_elements(8, 128)
         2048
     """
-    where = "gqa_cache_elements"
-    return 2 * _validate.integer(where, "num_kv_heads", num_kv_heads, minimum=1) * _validate.integer(
-        where, "head_dim", head_dim, minimum=1)
+    return _key_value("gqa_cache_elements", "num_kv_heads", num_kv_heads, head_dim)
 
 
 def mqa_cache_elements(head_dim: int) -> int:
@@ -112,7 +117,7 @@ def mqa_cache_elements(head_dim: int) -> int:
         >>> mqa_cache_elements(128)
         256
     """
-    return 2 * _validate.integer("mqa_cache_elements", "head_dim", head_dim, minimum=1)
+    return _key_value("mqa_cache_elements", "num_kv_heads", 1, head_dim)
 
 
 def mla_cache_elements(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
@@ -229,7 +234,7 @@ def cache_size_from_config(config: Mapping[str, Any] | Any) -> CacheSize:
 
     layers = field("num_hidden_layers")
     if config.get("kv_lora_rank") is not None:
-        return CacheSize("MLA", mla_cache_elements(field("kv_lora_rank"), field("qk_rope_head_dim")), layers)
+        return CacheSize("MLA", field("kv_lora_rank") + field("qk_rope_head_dim"), layers)
     heads = field("num_attention_heads")
     kv_heads = field("num_key_value_heads", heads)
     if config.get("head_dim") is not None:
@@ -240,11 +245,8 @@ def cache_size_from_config(config: Mapping[str, Any] | Any) -> CacheSize:
             raise ValueError(f"{where}: hidden_size={hidden} is not divisible by num_attention_heads={heads}; "
                              "give head_dim")
         head_dim = hidden // heads
-    if kv_heads == heads:
-        return CacheSize("MHA", mha_cache_elements(heads, head_dim), layers)
-    if kv_heads == 1:
-        return CacheSize("MQA", mqa_cache_elements(head_dim), layers)
-    return CacheSize("GQA", gqa_cache_elements(kv_heads, head_dim), layers)
+    kind = "MHA" if kv_heads == heads else "MQA" if kv_heads == 1 else "GQA"
+    return CacheSize(kind, 2 * kv_heads * head_dim, layers)
 
 
 def cache_reduction(model: CacheSize, baseline: CacheSize, *, bits: float = 16,
@@ -277,3 +279,78 @@ def cache_reduction(model: CacheSize, baseline: CacheSize, *, bits: float = 16,
     bits = _validate.positive_finite(where, "bits", bits)
     baseline_bits = _validate.positive_finite(where, "baseline_bits", baseline_bits)
     return 1 - (model.elements_per_token * bits) / (baseline.elements_per_token * baseline_bits)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheBytesRow:
+    """What one variant keeps per sequence to decode, from :func:`cache_bytes_rows` (one layer).
+
+    Attributes:
+        variant: ``"MHA"``, ``"GQA"``, ``"MQA"``, ``"MLA"``, ``"sliding window (MHA)"`` or ``"linear"``.
+        elements_per_token: elements added per token (for the window, until it is full; 0 for linear).
+        bytes_per_token: ``elements_per_token · bytes_per_element``.
+        n: the sequence length of ``bytes_at_n``.
+        bytes_at_n: bytes held for one sequence of ``n`` tokens.
+        fixed: True when ``bytes_at_n`` stops growing with ``n`` (the window, linear attention).
+        formula: how ``bytes_at_n`` is counted.
+    """
+
+    variant: str
+    elements_per_token: int
+    bytes_per_token: int
+    n: int
+    bytes_at_n: int
+    fixed: bool
+    formula: str
+
+
+def cache_bytes_rows(n: int = 32768, *, heads: int = 8, head_dim: int = 64, kv_heads: int = 2,
+                     kv_lora_rank: int = 256, qk_rope_head_dim: int = 32, window: int = 4096,
+                     bytes_per_element: int = 2) -> list[CacheBytesRow]:
+    """Bytes one layer keeps per sequence to decode, for each variant, in one small configuration.
+
+    MHA, GQA, MQA and MLA per token as counted above; the sliding window keeps the last ``W - 1``
+    tokens of MHA keys and values (a :class:`~attn_course.variants.sliding_window.RollingKVCache`),
+    and linear attention a state ``S [d, d]`` and ``z [d]`` per head, whatever ``n``. A chapter shows
+    the rows with :func:`attn_course.teaching.tables.table`.
+
+    Args:
+        n: tokens in the sequence.
+        heads, head_dim: ``n_h`` and ``d_h``.
+        kv_heads: ``n_kv`` for GQA (between 1 and ``heads``).
+        kv_lora_rank, qk_rope_head_dim: MLA's ``d_c`` and ``d_h^R``.
+        window: ``W`` of the sliding window.
+        bytes_per_element: 2 for float16/bfloat16, 4 for float32.
+
+    Returns:
+        One :class:`CacheBytesRow` per variant: MHA, GQA, MQA, MLA, sliding window (MHA), linear.
+
+    Raises:
+        TypeError: a size that is not an int.
+        ValueError: a size below 1, or ``kv_heads`` above ``heads``.
+
+    Example:
+        >>> rows = cache_bytes_rows(1000, heads=4, head_dim=8, kv_heads=2, kv_lora_rank=16,
+        ...                         qk_rope_head_dim=4, window=10, bytes_per_element=2)
+        >>> [(row.variant, row.bytes_at_n) for row in rows]
+        [('MHA', 128000), ('GQA', 64000), ('MQA', 32000), ('MLA', 40000),
+         ('sliding window (MHA)', 1152), ('linear', 576)]
+    """
+    where = "cache_bytes_rows"
+    n, heads, head_dim, kv_heads, kv_lora_rank, qk_rope_head_dim, window, size = (
+        _validate.integer(where, name, value, minimum=1) for name, value in (
+            ("n", n), ("heads", heads), ("head_dim", head_dim), ("kv_heads", kv_heads),
+            ("kv_lora_rank", kv_lora_rank), ("qk_rope_head_dim", qk_rope_head_dim), ("window", window),
+            ("bytes_per_element", bytes_per_element)))
+    if kv_heads > heads:
+        raise ValueError(f"{where}: kv_heads must be at most heads, got kv_heads={kv_heads}, heads={heads}")
+    mha = 2 * heads * head_dim
+    growing = [("MHA", mha, "2·n_h·d_h·n"), ("GQA", 2 * kv_heads * head_dim, "2·n_kv·d_h·n"),
+               ("MQA", 2 * head_dim, "2·d_h·n"), ("MLA", kv_lora_rank + qk_rope_head_dim, "(d_c + d_h^R)·n")]
+    rows = [CacheBytesRow(name, elements, elements * size, n, elements * size * n, False, f"{formula} · bytes")
+            for name, elements, formula in growing]
+    rows.append(CacheBytesRow("sliding window (MHA)", mha, mha * size, n, mha * size * min(n, window - 1),
+                              n >= window - 1, "2·n_h·d_h·min(n, W-1) · bytes"))
+    linear_state = heads * (head_dim * head_dim + head_dim)
+    rows.append(CacheBytesRow("linear", 0, 0, n, linear_state * size, True, "n_h·(d_h·d_h + d_h) · bytes"))
+    return rows

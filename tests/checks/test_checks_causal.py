@@ -10,12 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from attn_course import causal_mask, self_attention
-from attn_course.checks.causal import (
-    check_cached_attention_step,
-    check_causal_mask,
-    check_decode_logits,
-    check_positions_without_cache,
-)
+from attn_course.checks.causal import check_causal_mask, check_positions_without_cache
+from attn_course.checks.decoding import check_cached_attention_step, check_decode_logits
 from attn_course.checks.diagnosis import CheckFailed
 from attn_course.core.kv_cache import KVCache
 

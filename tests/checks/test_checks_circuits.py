@@ -9,12 +9,12 @@ import torch
 
 from attn_course.checks import CheckFailed
 from attn_course.checks.circuits import (
-    check_ablation_prediction,
     check_fixed_induction_scores,
     check_induction_score,
     check_previous_token_detector,
     stripe_mean,
 )
+from attn_course.checks.circuits_ablation import check_ablation_prediction
 
 
 def hint(check, fn) -> str:

@@ -18,14 +18,13 @@ import triton.language as tl  # noqa: E402
 from attn_course.checks import CheckFailed  # noqa: E402
 from attn_course.checks.flash import (  # noqa: E402
     check_attention_backward,
-    check_forward_hbm_bytes,
     check_merge_partial_attention,
-    check_rescale_kernel,
     check_streaming_attention,
-    check_window_tile_counts,
 )
 from attn_course.checks.flash_causal_kernel import check_causal_kernel  # noqa: E402
-from attn_course.checks.flash_kernel import TAU, lazy_rescaling  # noqa: E402
+from attn_course.checks.flash_io import check_forward_hbm_bytes  # noqa: E402
+from attn_course.checks.flash_kernel import TAU, check_rescale_kernel, lazy_rescaling  # noqa: E402
+from attn_course.checks.flash_tiles import check_window_tile_counts  # noqa: E402
 
 from support.planted import planted_06, planted_07  # noqa: E402
 from support.planted.planted_07 import ALWAYS, UPDATE, kernel_with  # noqa: E402

@@ -13,8 +13,8 @@ from attn_course.checks.lookup import (
     check_attention_from_embeddings,
     check_attention_map,
     check_identical_keys_prediction,
-    check_rescaled_weights,
 )
+from attn_course.checks.rescaled_weights import check_rescaled_weights
 
 # --- exercise 1: attention from embeddings ----------------------------------------------------
 # Right answers written independently of the package: the formula with torch.softmax, float64

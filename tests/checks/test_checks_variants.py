@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from attn_course.checks import CheckFailed
+from attn_course.checks.latent_costs import check_decode_costs
 from attn_course.checks.variants import (
-    check_decode_costs,
     check_rms_norm,
     check_sink_eviction,
     check_swiglu,

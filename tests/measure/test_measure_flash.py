@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from attn_course.measure import flash
@@ -61,22 +59,11 @@ def test_cpu_rows_rejects_bad_input(changes, error, message):
         flash.cpu_rows(**{"lengths": (16,), "repeats": 1, **changes})
 
 
-def test_print_flash_prints_cpu_rows_with_the_memory_ratio(capsys):
-    rows = [flash.CpuRow(method="naive", n=128, seconds=0.01, peak_mib=8.0, max_difference=1e-7),
-            flash.CpuRow(method="tiled", n=128, seconds=0.02, peak_mib=2.0, max_difference=2e-7)]
-    flash.print_flash(rows)
-    lines = capsys.readouterr().out.splitlines()
-    assert "peak MiB" in lines[0] and lines[1].split() == ["naive", "128", "0.010", "8.0", "1.0e-07"]
-    assert lines[-1] == "N=128: tiled peak memory 4.0x below naive"
-
-
-def test_printers_and_plots_reject_mixed_or_missing_rows(tmp_path):
+def test_the_plot_rejects_mixed_or_missing_rows(tmp_path):
     cpu = flash.CpuRow(method="naive", n=64, seconds=1.0, peak_mib=1.0, max_difference=0.0)
     training = flash.TrainingRow("naive", 64, 0.1, 40.0, 1e-7)
-    with pytest.raises(TypeError, match=r"^print_flash: rows\[1\] must be CpuRow, got TrainingRow"):
-        flash.print_flash([cpu, training])
-    with pytest.raises(TypeError, match=r"^print_flash: rows\[0\] must be CpuRow, got dict"):
-        flash.print_flash([dataclasses.asdict(cpu)])
+    with pytest.raises(TypeError, match=r"^plot_rows: rows\[1\] must be CpuRow, got TrainingRow"):
+        flash.plot_rows([cpu, training], tmp_path / "x.png", title="t")
     with pytest.raises(ValueError, match=r"^plot_rows: rows must not be empty"):
         flash.plot_rows([], tmp_path / "x.png", title="t")
     with pytest.raises(TypeError, match=r"^plot_rows: title must be a str, got int"):
@@ -101,11 +88,5 @@ def test_training_rows_measure_forward_and_backward_and_tiled_needs_less_memory(
 def test_training_rows_reject_bad_input():
     with pytest.raises(ValueError, match=r"^training_rows: lengths must not be empty"):
         flash.training_rows(())
-    with pytest.raises(TypeError, match=r"^print_training: "):
-        flash.print_training([flash.CpuRow(method="naive", n=1, seconds=1.0, peak_mib=1.0, max_difference=0.0)])
 
 
-def test_print_training_prints_the_ratio(capsys):
-    flash.print_training([flash.TrainingRow("naive", 64, 0.1, 40.0, 1e-7),
-                          flash.TrainingRow("tiled", 64, 0.2, 2.0, 1e-7)])
-    assert "N=64: forward+backward peak memory 20.0x below naive (40.0 MiB against 2.0 MiB)" in capsys.readouterr().out

@@ -85,17 +85,6 @@ def test_kv_cache_speedup_rejects_bad_input(changes, error, message):
         tiny_kv_cache(**changes)
 
 
-def test_print_kv_cache_prints_one_line_per_row(capsys):
-    kv_cache.print_kv_cache([kv_cache.KvCacheRow(new_tokens=32, positions_without=1520, positions_with=63,
-                                                 seconds_without=0.3, seconds_with=0.1, speedup=3.0)])
-    header, line = capsys.readouterr().out.splitlines()
-    assert "speed-up" in header and "ratio" in header
-    assert line.split() == ["32", "1520", "63", "24x", "0.300", "0.100", "3.0x"]
-    cpu = flash.CpuRow(method="naive", n=64, seconds=1.0, peak_mib=1.0, max_difference=0.0)
-    with pytest.raises(TypeError, match=r"^print_kv_cache: rows\[0\] must be KvCacheRow, got CpuRow"):
-        kv_cache.print_kv_cache([cpu])
-
-
 def test_decode_step_times_returns_one_row_per_length_with_the_same_calls_at_every_length():
     rows = kv_cache.decode_step_times((2, 5, 9), embed_dim=8, num_layers=2, repeats=2)
     assert all(isinstance(row, kv_cache.DecodeStepRow) for row in rows)
@@ -125,15 +114,6 @@ def test_decode_step_times_rejects_bad_input(changes, error, message):
     options = {"lengths": (2,), "embed_dim": 8, "num_layers": 1, "repeats": 1}
     with pytest.raises(error, match=r"^decode_step_times: " + message):
         kv_cache.decode_step_times(**{**options, **changes})
-
-
-def test_print_decode_steps_prints_milliseconds(capsys):
-    kv_cache.print_decode_steps([kv_cache.DecodeStepRow(length=16, seconds_cached=0.0031, seconds_uncached=0.0052,
-                                                        torch_calls=698)])
-    header, line = capsys.readouterr().out.splitlines()
-    assert "(ms)" in header and line.split() == ["16", "3.10", "5.20", "698"]
-    with pytest.raises(TypeError, match=r"^print_decode_steps: rows\[0\] must be DecodeStepRow, got KvCacheRow"):
-        kv_cache.print_decode_steps(tiny_kv_cache(new_tokens=(2,)))
 
 
 def test_median_time_is_the_median_of_single_timed_calls(monkeypatch):

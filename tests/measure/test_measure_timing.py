@@ -17,16 +17,12 @@ def test_package_and_chapter_imports_stay_where_the_chapters_import_them():
     assert attn_course.measure.kv_cache_speedup is kv_cache.kv_cache_speedup
     assert attn_course.measure.best_time is timing.best_time
     assert timing.one_thread is _threads.one_thread                               # chapter 06
+    from attn_course.measure.crossover import crossover_from_rows  # noqa: F401
     from attn_course.measure.distributed import measure_rank_memory, measure_time, measure_traffic  # noqa: F401
     from attn_course.measure.flash import training_rows  # noqa: F401
-    from attn_course.measure.kv_cache import (  # noqa: F401
-        decode_step_times,
-        kv_cache_speedup,
-        print_decode_steps,
-        print_kv_cache,
-    )
+    from attn_course.measure.kv_cache import decode_step_times, kv_cache_speedup  # noqa: F401
     from attn_course.measure.memory import peak_memory  # noqa: F401
-    from attn_course.measure.variants import cache_bytes_rows, crossover_from_rows, measure_variants  # noqa: F401
+    from attn_course.measure.variants import measure_variants, prefill_functions  # noqa: F401
 
 
 @pytest.mark.slow

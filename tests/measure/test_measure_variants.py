@@ -1,4 +1,4 @@
-"""attn_course.measure.variants: every variant computes what its name says, exact memory, the crossover, cache bytes."""
+"""attn_course.measure.variants: every variant computes what its name says, exact memory, the crossover."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attn_course.measure import variants
-from attn_course.measure.variants import decode, prefill, sweep
+from attn_course.measure.crossover import crossover_from_rows, linear_crossover
 
 TINY = dict(heads=2, head_dim=16, window=8, chunk_size=16, repeats=1, budget_s=0)
 
@@ -51,30 +51,30 @@ def test_every_timed_variant_computes_what_its_name_says():
     local, _ = _float64_reference(q, k, v, window=window)
     expected = {"softmax sdpa": causal, "softmax self_attention": causal, "flex eager": causal,
                 "sliding window mask": local, "linear chunked": linear, "linear recurrent": linear}
-    functions = prefill.prefill_functions(n, window, chunk_size=16)
+    functions = variants.prefill_functions(n, window, chunk_size=16)
     assert set(functions) == set(variants.PREFILL_VARIANTS)
     for name, fn in functions.items():
         assert (fn(q, k, v).double() - expected[name]).abs().max() < 1e-5, name
     # Decoding the last token: the full cache and the linear state match the last row of the
     # full computation, the rolling cache that of the windowed one.
-    rows = decode.decode_rows(list(variants.DECODE_VARIANTS), q, k, v, n, window, repeats=1, budget_s=0)
+    rows = variants._decode_rows(list(variants.DECODE_VARIANTS), q, k, v, n, window, repeats=1, budget_s=0)
     assert [r.variant for r in rows] == list(variants.DECODE_VARIANTS)
     assert all(r.max_difference < 1e-5 for r in rows)
     state = torch.zeros(2, 3, 16, 16), torch.zeros(2, 3, 16)
     for t in range(n):
-        out = decode.linear_step(*state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+        out = variants._linear_step(*state, q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
     assert (out.double() - linear[:, :, -1:]).abs().max() < 1e-5
 
 
 def test_a_variant_that_computes_the_wrong_thing_is_refused_not_timed(monkeypatch):
-    real = prefill.prefill_functions
+    real = variants.prefill_functions
 
     def with_a_wrong_window(n, window, chunk_size):
         wrong = real(n, window + 1, chunk_size)["sliding window mask"]
         return {**real(n, window, chunk_size), "sliding window mask": wrong}
 
-    monkeypatch.setattr(sweep, "prefill_functions", with_a_wrong_window)
-    monkeypatch.setattr(sweep, "best_time", lambda *args, **kwargs: pytest.fail("a wrong computation was timed"))
+    monkeypatch.setattr(variants, "prefill_functions", with_a_wrong_window)
+    monkeypatch.setattr(variants, "best_time", lambda *args, **kwargs: pytest.fail("a wrong computation was timed"))
     with pytest.raises(RuntimeError, match=r"^measure_variants: sliding window mask differs from its reference"):
         variants.measure_variants((32,), **TINY, variants=("sliding window mask",))
 
@@ -90,12 +90,12 @@ def test_eager_flex_attention_warning_is_silenced_only_in_the_benchmark(monkeypa
     q = torch.randn(1, 1, 16, 8)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        prefill.flex_causal(q, q, q)
-    assert not [w for w in caught if prefill.FLEX_WARNING in str(w.message)]
+        variants._flex_causal(q, q, q)
+    assert not [w for w in caught if "flex_attention called without torch.compile" in str(w.message)]
 
 
 def test_crossover_is_the_first_n_from_which_linear_stays_faster_interpolated_log_log():
-    from attn_course.measure.variants import VariantRow, crossover_from_rows
+    from attn_course.measure.variants import VariantRow
 
     def rows(linear_seconds):
         made = []
@@ -113,25 +113,6 @@ def test_crossover_is_the_first_n_from_which_linear_stays_faster_interpolated_lo
     assert never.time_n is None and "not faster than softmax sdpa for N <= 800" in never.describe()
 
 
-def test_cache_bytes_agree_with_kv_cache_size_and_the_real_caches():
-    from attn_course.measure.variants import cache_bytes_rows
-    from attn_course.variants.kv_cache_size import cache_size_from_config
-    from attn_course.variants.sliding_window import RollingKVCache
-
-    n, heads, d, window = 300, 4, 8, 50
-    found = {r.variant: r for r in cache_bytes_rows(n, heads=heads, head_dim=d, kv_heads=2, kv_lora_rank=32,
-                                                    qk_rope_head_dim=8, window=window, bytes_per_element=2)}
-    config = dict(num_hidden_layers=1, num_attention_heads=heads, head_dim=d)
-    for kind, kv_heads in (("MHA", heads), ("GQA", 2), ("MQA", 1)):
-        assert found[kind].bytes_at_n == cache_size_from_config({**config, "num_key_value_heads": kv_heads}).bytes(n)
-    mla = cache_size_from_config({**config, "kv_lora_rank": 32, "qk_rope_head_dim": 8})
-    assert found["MLA"].bytes_at_n == mla.bytes(n)
-    cache = RollingKVCache(window)
-    cache.append(torch.zeros(1, heads, n, d, dtype=torch.float16), torch.zeros(1, heads, n, d, dtype=torch.float16))
-    assert found["sliding window (MHA)"].bytes_at_n == cache.memory_bytes and found["sliding window (MHA)"].fixed
-    assert found["linear"].bytes_at_n == heads * (d * d + d) * 2 and found["linear"].fixed
-
-
 def test_variants_functions_reject_bad_arguments():
     with pytest.raises(ValueError, match=r"^measure_variants: lengths must not be empty"):
         variants.measure_variants(())
@@ -144,10 +125,8 @@ def test_variants_functions_reject_bad_arguments():
     with pytest.raises(ValueError, match=r"^measure_variants: budget_s must be >= 0 and finite, got -1"):
         variants.measure_variants((16,), budget_s=-1)
     with pytest.raises(ValueError, match=r"^linear_crossover: lengths must hold at least two distinct N"):
-        variants.linear_crossover((64, 64))
+        linear_crossover((64, 64))
     with pytest.raises(ValueError, match=r"^linear_crossover: softmax must be one of"):
-        variants.linear_crossover((16, 32), softmax="flex eager")
+        linear_crossover((16, 32), softmax="flex eager")
     with pytest.raises(TypeError, match=r"^crossover_from_rows: rows\[0\] must be VariantRow"):
-        variants.crossover_from_rows([object()])
-    with pytest.raises(ValueError, match=r"^cache_bytes_rows: kv_heads must be at most heads"):
-        variants.cache_bytes_rows(heads=2, kv_heads=4)
+        crossover_from_rows([object()])

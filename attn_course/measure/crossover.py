@@ -1,4 +1,4 @@
-"""Where causal linear attention overtakes causal softmax attention, in time and in memory."""
+"""Where causal linear attention overtakes causal softmax attention, in time and in memory (chapter 09)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 from collections.abc import Sequence
 
 from attn_course.measure.rows import check_rows
-from attn_course.measure.variants.names import DEFAULT_LENGTHS, VariantRow, check_lengths, check_name
-from attn_course.measure.variants.sweep import measure_variants
+from attn_course.measure.variants import DEFAULT_LENGTHS, VariantRow, check_lengths, check_name, measure_variants
 
 __all__ = ["Crossover", "crossover_from_rows", "first_from", "linear_crossover"]
 
