@@ -6,68 +6,96 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
+import torch
 
 from attn_course import _validate
 
 __all__ = ["table"]
 
 
-def table(rows: Sequence[object], *, columns: Mapping[str, str] | None = None,
+def table(rows: Sequence[object] | torch.Tensor, *, columns: Mapping[str, str] | Sequence[str] | None = None,
+          index: Sequence[object] | None = None, corner: str | None = None,
           digits: int | Mapping[str, int] = 3) -> pd.DataFrame:
-    """Rows as a ``DataFrame``: a row each, a column per field, the first column naming the rows.
+    """Records or a matrix as a ``DataFrame``, the rows named in the first column, floats rounded.
 
     Args:
-        rows: a non-empty sequence of dataclass instances (a measurement's rows) or of mappings
-            from column to value, all with the same fields.
-        columns: the fields to show, in order, each with its heading: ``{field: heading}``;
-            by default every field, headed by its name.
+        rows: records, a row each: dataclass instances (a measurement's rows) or mappings from
+            column to value, all with the same fields, the first naming the row; or a matrix, a
+            2-D tensor, a row for each label in ``index``.
+        columns: for records, the fields to show, in order, each with its heading:
+            ``{field: heading}`` (default: every field, headed by its name); for a matrix, the
+            columns' headings (default ``0, 1, ...``).
+        index: for a matrix, the rows' labels (default ``0, 1, ...``).
+        corner: the heading above the row labels (for records, default the first field's heading).
         digits: the decimals floats are rounded to: one number for every column, or
             ``{heading: decimals}`` for some (the others are left as they are).
 
     Returns:
-        The ``DataFrame``; its first column is the index, headed in the corner, so no row numbers show.
+        The ``DataFrame``.
 
     Raises:
-        TypeError: ``rows`` not a sequence of dataclass instances or mappings, ``columns`` not a
-            mapping, ``digits`` not an int or mapping.
-        ValueError: no rows, a field in ``columns`` that the rows lack, negative ``digits``.
+        TypeError: ``rows`` neither records nor a 2-D tensor, ``columns`` of the wrong kind,
+            ``digits`` not an int or mapping.
+        ValueError: no rows, a field in ``columns`` that the records lack, labels that do not
+            fit the matrix, negative ``digits``.
 
     Example:
         >>> table([{"N": 256, "ms": 0.1234}, {"N": 512, "ms": 0.5}], digits=2)
         N      ms
         256  0.12
         512  0.50
+        >>> table(torch.eye(2), index=["bank", "river"], columns=["thing", "nature"], corner="token", digits=1)
+        token  thing  nature
+        bank     1.0     0.0
+        river    0.0     1.0
     """
     where = "table"
-    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
-        raise TypeError(f"{where}: rows must be a sequence of dataclass instances or mappings, "
-                        f"got {type(rows).__name__}")
-    if not rows:
-        raise ValueError(f"{where}: rows must not be empty")
-    records = []
-    for index, row in enumerate(rows):
-        if dataclasses.is_dataclass(row) and not isinstance(row, type):
-            records.append({field.name: getattr(row, field.name) for field in dataclasses.fields(row)})
-        elif isinstance(row, Mapping):
-            records.append(dict(row))
-        else:
-            raise TypeError(f"{where}: rows[{index}] must be a dataclass instance or a mapping, "
-                            f"got {type(row).__name__}")
-    frame = pd.DataFrame(records)
-    if columns is not None:
-        if not isinstance(columns, Mapping):
-            raise TypeError(f"{where}: columns must be a mapping {{field: heading}}, got {type(columns).__name__}")
-        missing = [name for name in columns if name not in frame.columns]
-        if missing:
-            raise ValueError(f"{where}: columns names {missing}, which the rows lack; they have {list(frame.columns)}")
-        frame = frame[list(columns)].rename(columns=dict(columns))
+    if isinstance(rows, torch.Tensor):
+        frame = _matrix(where, rows, columns, index)
+    else:
+        frame = _records(where, rows, columns)
+        first = frame.columns[0]
+        frame = frame.set_index(first)
+        corner = first if corner is None else corner
     if isinstance(digits, Mapping):
         digits = {heading: _validate.integer(where, f"digits[{heading!r}]", value, minimum=0)
                   for heading, value in digits.items()}
     else:
         digits = _validate.integer(where, "digits", digits, minimum=0)
     frame = frame.round(digits)
-    first = frame.columns[0]
-    frame = frame.set_index(first)
-    frame.index.name, frame.columns.name = None, first   # the first column's heading sits in the corner
+    frame.index.name, frame.columns.name = None, corner    # the corner heading sits above the row labels
     return frame
+
+
+def _records(where: str, rows: object, columns: object) -> pd.DataFrame:
+    records = _validate.sequence(where, "rows", rows, of="dataclass instances or mappings, or a 2-D tensor")
+    if not records:
+        raise ValueError(f"{where}: rows must not be empty")
+    for position, row in enumerate(records):
+        if dataclasses.is_dataclass(row) and not isinstance(row, type):
+            records[position] = {field.name: getattr(row, field.name) for field in dataclasses.fields(row)}
+        elif isinstance(row, Mapping):
+            records[position] = dict(row)
+        else:
+            raise TypeError(f"{where}: rows[{position}] must be a dataclass instance or a mapping, "
+                            f"got {type(row).__name__}")
+    frame = pd.DataFrame(records)
+    if columns is None:
+        return frame
+    if not isinstance(columns, Mapping):
+        raise TypeError(f"{where}: columns must be a mapping {{field: heading}} for records, "
+                        f"got {type(columns).__name__}")
+    missing = [name for name in columns if name not in frame.columns]
+    if missing:
+        raise ValueError(f"{where}: columns names {missing}, which the rows lack; they have {list(frame.columns)}")
+    return frame[list(columns)].rename(columns=dict(columns))
+
+
+def _matrix(where: str, values: torch.Tensor, columns: object, index: object) -> pd.DataFrame:
+    if values.dim() != 2:
+        raise ValueError(f"{where}: a matrix must be 2-D, got shape {_validate.shape_str(values)}")
+    for name, labels, size in (("index", index, values.shape[0]), ("columns", columns, values.shape[1])):
+        if labels is not None and len(_validate.sequence(where, name, labels, of="labels")) != size:
+            raise ValueError(f"{where}: {name} must hold {size} labels for a matrix of shape "
+                             f"{_validate.shape_str(values)}, got {len(labels)}")
+    return pd.DataFrame(values.detach().cpu().tolist(), index=index, columns=columns)

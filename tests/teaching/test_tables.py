@@ -2,6 +2,7 @@ import dataclasses
 
 import pandas as pd
 import pytest
+import torch
 
 from attn_course.teaching.tables import table
 
@@ -50,3 +51,17 @@ def test_a_column_the_rows_lack_and_negative_digits_are_named():
         table(ROWS, columns={"speed": "x"})
     with pytest.raises(ValueError, match="digits must be >= 0"):
         table(ROWS, digits=-1)
+
+
+def test_a_matrix_gets_its_labels_and_a_heading_in_the_corner():
+    frame = table(torch.tensor([[1.0, 0.25], [0.0, 2.0]]), index=["bank", "river"], columns=["thing", "nature"],
+                  corner="token", digits=1)
+    assert list(frame.index) == ["bank", "river"] and list(frame.columns) == ["thing", "nature"]
+    assert frame.columns.name == "token" and frame.loc["bank", "nature"] == 0.2
+
+
+def test_a_matrix_that_is_not_2d_or_labels_that_do_not_fit_are_named():
+    with pytest.raises(ValueError, match=r"a matrix must be 2-D, got shape \[3\]"):
+        table(torch.zeros(3))
+    with pytest.raises(ValueError, match=r"index must hold 2 labels for a matrix of shape \[2, 3\], got 1"):
+        table(torch.zeros(2, 3), index=["a"])
