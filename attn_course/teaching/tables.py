@@ -15,7 +15,7 @@ __all__ = ["table"]
 
 def table(rows: Sequence[object] | torch.Tensor, *, columns: Mapping[str, str] | Sequence[str] | None = None,
           index: Sequence[object] | None = None, corner: str | None = None,
-          digits: int | Mapping[str, int] = 3) -> pd.DataFrame:
+          digits: int | str | Mapping[object, int | str] = 3) -> pd.DataFrame:
     """Records or a matrix as a ``DataFrame``, the rows named in the first column, floats rounded.
 
     Args:
@@ -27,8 +27,10 @@ def table(rows: Sequence[object] | torch.Tensor, *, columns: Mapping[str, str] |
             columns' headings (default ``0, 1, ...``).
         index: for a matrix, the rows' labels (default ``0, 1, ...``).
         corner: the heading above the row labels (for records, default the first field's heading).
-        digits: the decimals floats are rounded to: one number for every column, or
-            ``{heading: decimals}`` for some (the others are left as they are).
+        digits: how floats are shown: an int rounds them to that many decimals, a format
+            specification writes them so (``".3g"``: three significant figures, ``".1e"``; a
+            missing value is left blank); one for every column, or ``{heading: digits}`` for some
+            (the others are left as they are).
 
     Returns:
         The ``DataFrame``.
@@ -50,21 +52,30 @@ def table(rows: Sequence[object] | torch.Tensor, *, columns: Mapping[str, str] |
         river    0.0     1.0
     """
     where = "table"
-    if isinstance(rows, torch.Tensor):
-        frame = _matrix(where, rows, columns, index)
-    else:
-        frame = _records(where, rows, columns)
-        first = frame.columns[0]
-        frame = frame.set_index(first)
-        corner = first if corner is None else corner
-    if isinstance(digits, Mapping):
-        digits = {heading: _validate.integer(where, f"digits[{heading!r}]", value, minimum=0)
-                  for heading, value in digits.items()}
-    else:
-        digits = _validate.integer(where, "digits", digits, minimum=0)
-    frame = frame.round(digits)
+    frame = _matrix(where, rows, columns, index) if isinstance(rows, torch.Tensor) else _records(where, rows, columns)
+    chosen = digits.items() if isinstance(digits, Mapping) else [(column, digits) for column in frame.columns]
+    for column, shown in chosen:
+        if column not in frame.columns:
+            raise ValueError(f"{where}: digits names the column {column!r}, which the table lacks")
+        if frame[column].dtype.kind == "f" or frame[column].map(lambda v: isinstance(v, float)).any():
+            frame[column] = _shown(where, frame[column], shown, column)
+    if not isinstance(rows, torch.Tensor):
+        corner = frame.columns[0] if corner is None else corner
+        frame = frame.set_index(frame.columns[0])
     frame.index.name, frame.columns.name = None, corner    # the corner heading sits above the row labels
     return frame
+
+
+def _shown(where: str, values: pd.Series, digits: object, column: object) -> pd.Series:
+    """A column of floats rounded to ``digits`` decimals, or written by the format specification ``digits``."""
+    if isinstance(digits, str):
+        try:
+            format(1.0, digits)
+        except ValueError:
+            raise ValueError(f"{where}: digits for {column!r} must be decimals or a format specification "
+                             f"such as '.3g', got {digits!r}") from None
+        return values.map(lambda v: "" if v is None or v != v else format(v, digits))
+    return values.round(_validate.integer(where, f"digits for {column!r}", digits, minimum=0))
 
 
 def _records(where: str, rows: object, columns: object) -> pd.DataFrame:
