@@ -52,33 +52,47 @@ def table(rows: Sequence[object] | torch.Tensor, *, columns: Mapping[str, str] |
         river    0.0     1.0
     """
     where = "table"
-    frame = _matrix(where, rows, columns, index) if isinstance(rows, torch.Tensor) else _records(where, rows, columns)
-    chosen = digits.items() if isinstance(digits, Mapping) else [(column, digits) for column in frame.columns]
-    for column, shown in chosen:
-        if column not in frame.columns:
-            raise ValueError(f"{where}: digits names the column {column!r}, which the table lacks")
-        if frame[column].dtype.kind == "f" or frame[column].map(lambda v: isinstance(v, float)).any():
-            frame[column] = _shown(where, frame[column], shown, column)
-    if not isinstance(rows, torch.Tensor):
-        corner = frame.columns[0] if corner is None else corner
-        frame = frame.set_index(frame.columns[0])
-    frame.index.name, frame.columns.name = None, corner    # the corner heading sits above the row labels
+    if isinstance(rows, torch.Tensor):
+        records, corner = _matrix(where, rows, columns, index), "" if corner is None else corner
+    else:
+        records = _records(where, rows, columns)
+    headings = list(records[0])
+    if isinstance(digits, Mapping):
+        chosen = {heading: _digits(where, f"digits[{heading!r}]", shown) for heading, shown in digits.items()}
+    else:
+        chosen = dict.fromkeys(headings, _digits(where, "digits", digits))
+    for heading, shown in chosen.items():
+        if heading not in headings:
+            raise ValueError(f"{where}: digits names the column {heading!r}, which the table lacks")
+        for record in records:
+            record[heading] = _shown(record[heading], shown)
+    frame = pd.DataFrame(records).set_index(headings[0])
+    frame.index.name, frame.columns.name = None, headings[0] if corner is None else corner   # heading in the corner
     return frame
 
 
-def _shown(where: str, values: pd.Series, digits: object, column: object) -> pd.Series:
-    """A column of floats rounded to ``digits`` decimals, or written by the format specification ``digits``."""
+def _digits(where: str, name: str, digits: object) -> int | str:
+    """``digits`` checked: decimals (an int >= 0) or a format specification for floats."""
     if isinstance(digits, str):
         try:
             format(1.0, digits)
         except ValueError:
-            raise ValueError(f"{where}: digits for {column!r} must be decimals or a format specification "
-                             f"such as '.3g', got {digits!r}") from None
-        return values.map(lambda v: "" if v is None or v != v else format(v, digits))
-    return values.round(_validate.integer(where, f"digits for {column!r}", digits, minimum=0))
+            raise ValueError(f"{where}: {name} must be decimals or a format specification such as '.3g', "
+                             f"got {digits!r}") from None
+        return digits
+    return _validate.integer(where, name, digits, minimum=0)
 
 
-def _records(where: str, rows: object, columns: object) -> pd.DataFrame:
+def _shown(value: object, digits: int | str) -> object:
+    """A float rounded to ``digits`` decimals, or written by the format specification ``digits``; else ``value``."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        value = value.item()
+    if isinstance(digits, str):
+        return "" if value is None else format(value, digits) if isinstance(value, float) else value
+    return round(value, digits) if isinstance(value, float) else value
+
+
+def _records(where: str, rows: object, columns: object) -> list[dict]:
     records = _validate.sequence(where, "rows", rows, of="dataclass instances or mappings, or a 2-D tensor")
     if not records:
         raise ValueError(f"{where}: rows must not be empty")
@@ -90,23 +104,24 @@ def _records(where: str, rows: object, columns: object) -> pd.DataFrame:
         else:
             raise TypeError(f"{where}: rows[{position}] must be a dataclass instance or a mapping, "
                             f"got {type(row).__name__}")
-    frame = pd.DataFrame(records)
     if columns is None:
-        return frame
+        return records
     if not isinstance(columns, Mapping):
         raise TypeError(f"{where}: columns must be a mapping {{field: heading}} for records, "
                         f"got {type(columns).__name__}")
-    missing = [name for name in columns if name not in frame.columns]
+    missing = [name for name in columns if name not in records[0]]
     if missing:
-        raise ValueError(f"{where}: columns names {missing}, which the rows lack; they have {list(frame.columns)}")
-    return frame[list(columns)].rename(columns=dict(columns))
+        raise ValueError(f"{where}: columns names {missing}, which the rows lack; they have {list(records[0])}")
+    return [{heading: record[field] for field, heading in columns.items()} for record in records]
 
 
-def _matrix(where: str, values: torch.Tensor, columns: object, index: object) -> pd.DataFrame:
+def _matrix(where: str, values: torch.Tensor, columns: object, index: object) -> list[dict]:
     if values.dim() != 2:
         raise ValueError(f"{where}: a matrix must be 2-D, got shape {_validate.shape_str(values)}")
     for name, labels, size in (("index", index, values.shape[0]), ("columns", columns, values.shape[1])):
         if labels is not None and len(_validate.sequence(where, name, labels, of="labels")) != size:
             raise ValueError(f"{where}: {name} must hold {size} labels for a matrix of shape "
                              f"{_validate.shape_str(values)}, got {len(labels)}")
-    return pd.DataFrame(values.detach().cpu().tolist(), index=index, columns=columns)
+    index = range(values.shape[0]) if index is None else index
+    columns = range(values.shape[1]) if columns is None else columns
+    return [{None: label, **dict(zip(columns, row))} for label, row in zip(index, values.detach().cpu().tolist())]

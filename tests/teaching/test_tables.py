@@ -49,7 +49,7 @@ def test_bad_rows_are_named(rows, error, words):
 def test_a_column_the_rows_lack_and_negative_digits_are_named():
     with pytest.raises(ValueError, match=r"columns names \['speed'\]"):
         table(ROWS, columns={"speed": "x"})
-    with pytest.raises(ValueError, match="digits for 'seconds' must be >= 0"):
+    with pytest.raises(ValueError, match="digits must be >= 0, got -1"):
         table(ROWS, digits=-1)
 
 
@@ -71,7 +71,7 @@ def test_a_format_specification_writes_floats_and_leaves_missing_ones_blank():
     frame = table([{"d_k": 16, "gradient": 0.199, "growth": None}, {"d_k": 1024, "gradient": 2.18e-05, "growth": 4.0}],
                   digits={"gradient": ".3g", "growth": ".2f"})
     assert list(frame["gradient"]) == ["0.199", "2.18e-05"] and list(frame["growth"]) == ["", "4.00"]
-    with pytest.raises(ValueError, match=r"digits for 'gradient' must be decimals or a format specification"):
+    with pytest.raises(ValueError, match=r"digits\['gradient'\] must be decimals or a format specification"):
         table([{"d_k": 16, "gradient": 0.2}], digits={"gradient": "%x"})
     with pytest.raises(ValueError, match=r"digits names the column 'speed', which the table lacks"):
         table([{"d_k": 16, "gradient": 0.2}], digits={"speed": 1})
