@@ -41,7 +41,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """:func:`split_heads` on a checked ``x``."""
+    """:func:`split_heads` on a checked ``x``: reshape to ``[B, N, H, d]``, then swap N and H."""
     batch, tokens, width = x.shape
     return x.view(batch, tokens, num_heads, width // num_heads).transpose(1, 2)   # [B, H, N, d]
 
