@@ -28,10 +28,8 @@ import torch
 import torch.utils.benchmark as torch_benchmark
 
 from attn_course import _validate
-from attn_course._threads import one_thread, threads
 
-__all__ = ["DO_BENCH_OPTIONS", "best_time", "gpu_milliseconds", "gpu_timer_name", "machine_description",
-           "one_thread", "threads", "timed"]
+__all__ = ["DO_BENCH_OPTIONS", "best_time", "gpu_milliseconds", "gpu_timer_name", "machine_description", "timed"]
 
 DO_BENCH_OPTIONS = {"warmup": 5, "rep": 25, "return_mode": "median"}   # milliseconds of warm-up, of timing
 # The garbage collector stays on, as in the code being measured (timeit switches it off by default):

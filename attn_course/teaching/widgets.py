@@ -10,8 +10,8 @@ notebook, and under plain pytest, where a test can set ``scale_slider.value`` an
   formula) to see the softmax sharpen or flatten.
 * :func:`query_explorer`: pick a query token of any sentence and see where its
   attention goes, for any attention map (the toy one, or a real BERT head).
-* :func:`head_view` (from :mod:`attn_course.teaching.head_view`, an anywidget): every head of a model at
-  once, and one head's lines from each token to the tokens it reads from.
+
+The head view, every head of a model at once, is :mod:`attn_course.teaching.head_view`'s.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from matplotlib.figure import Figure
 
 from attn_course import _validate
 from attn_course.data.toy_sentence import ToySentence, bank_sentence
-from attn_course.teaching.head_view import HeadView, head_view
 from attn_course.teaching.plots import figure_png, weight_bars
 
-__all__ = ["ScalingWalkthrough", "QueryExplorer", "HeadView", "scaling_walkthrough", "query_explorer", "head_view"]
+__all__ = ["ScalingWalkthrough", "QueryExplorer", "scaling_walkthrough", "query_explorer"]
 
 SCALING_HINT = (
     "τ is the number the raw scores are divided by (√d_k in the formula). A lower τ "

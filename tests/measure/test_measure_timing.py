@@ -16,7 +16,6 @@ from attn_course.measure import kv_cache, timing
 def test_package_and_chapter_imports_stay_where_the_chapters_import_them():
     assert attn_course.measure.kv_cache_speedup is kv_cache.kv_cache_speedup
     assert attn_course.measure.best_time is timing.best_time
-    assert timing.one_thread is _threads.one_thread                               # chapter 06
     from attn_course.measure.crossover import crossover_from_rows  # noqa: F401
     from attn_course.measure.distributed import measure_rank_memory, measure_time, measure_traffic  # noqa: F401
     from attn_course.measure.flash import training_rows  # noqa: F401

@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from attn_course.models.bert import load_pretrained
-from attn_course.teaching.widgets import HeadView, head_view
+from attn_course.teaching.head_view import HeadView, head_view
 
 from helpers import randn
 from support.browser import ARTIFACTS
