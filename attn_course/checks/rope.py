@@ -15,7 +15,8 @@ import torch
 from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
 from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
-from attn_course.positions.rope import Llama3Scaling, RotaryEmbedding
+from attn_course.positions.rope import RotaryEmbedding
+from attn_course.positions.rope_scaling import Llama3Scaling
 
 __all__ = ["check_left_padded_positions", "check_pair_making_turns", "check_last_token_scores",
            "check_rope_attention", "check_llama3_frequencies"]

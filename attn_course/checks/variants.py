@@ -3,7 +3,7 @@ feed-forward, what one decoding step of multi-head latent attention stores and c
 token in its absorbed and expanded forms, and the eviction of a cache with attention sinks. Each runs
 the student's function on fresh inputs, compares it with a reference computed here (in float64 for
 tensors; ``tests/checks/test_checks_variants.py`` checks that the references agree with
-:class:`~attn_course.models.llama.RMSNorm`, :class:`~attn_course.models.llama.SwiGLU`,
+:class:`~attn_course.core.norms.RMSNorm`, :class:`~attn_course.models.llama.SwiGLU`,
 :class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention` and
 :class:`~attn_course.variants.attention_sinks.SinkKVCache`), and names the mistake it recognises."""
 
@@ -57,7 +57,7 @@ RMS_NORM_RULES = (
 def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
     """Check ``fn(x [..., E], weight [E], eps) -> [..., E]``: RMSNorm, ``x / sqrt(mean(x²) + eps) · weight``.
 
-    The reference is computed in float64 here; it agrees with :class:`~attn_course.models.llama.RMSNorm`
+    The reference is computed in float64 here; it agrees with :class:`~attn_course.core.norms.RMSNorm`
     (itself equal to Hugging Face's ``LlamaRMSNorm``). Tried with ``eps = 0.1`` (so that where eps
     goes shows) and with ``eps = 1e-6``.
 

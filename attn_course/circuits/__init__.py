@@ -8,7 +8,8 @@
 - :mod:`~attn_course.circuits.composition`: Elhage et al.'s Q-, K-, V-composition scores and their random baseline;
 - :mod:`~attn_course.circuits.ov_circuit`: the full OV circuit ``W_E W_V W_O W_U`` and how much it copies;
 - :mod:`~attn_course.circuits.ablation`: :func:`ablate_head` (zero, mean) and :func:`patch_head`;
-- :mod:`~attn_course.circuits.training`: :func:`train_induction_model`, its history, the phase-change step;
+- :mod:`~attn_course.circuits.training`: :func:`train_induction_model`, its history, the phase-change step, and
+  the loop it shares with :mod:`~attn_course.circuits.rhymes`' training on the rhymes;
 - :mod:`~attn_course.circuits.trained`: the cached runs, :func:`load_trained`, :func:`trained_histories`.
 """
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,33 +29,28 @@ from attn_course.circuits.recording import record_patterns
 from attn_course.circuits.scores import duplicate_token_score, induction_score, previous_token_score
 from attn_course.data.repeated_tokens import repeated_random_tokens, repeated_segment_tokens
 from attn_course.models.attention_only import AttentionOnlyTransformer
-from attn_course.models.training import clipped_step
+from attn_course.models.training import optimizer_step, warmed_up_adamw
 
-__all__ = ["InductionSetup", "InductionHistory", "olsson_positions", "train_induction_model", "phase_change_step",
-           "state_digest", "warmed_up_adamw", "EVALUATION_SEED"]
+__all__ = ["AttentionOnlySetup", "InductionSetup", "RecordedHistory", "InductionHistory", "olsson_positions",
+           "train_and_record", "train_induction_model", "phase_change_step", "state_digest", "EVALUATION_SEED"]
 
 EVALUATION_SEED = 12345          # the one evaluation batch every seed is scored on
 
 
 @dataclass(frozen=True)
-class InductionSetup:
-    """The model and the schedule of :func:`train_induction_model` (defaults: chapter 11's, chosen by measuring).
+class AttentionOnlySetup:
+    """What both of chapter 11's trainings share: the attention-only model and its schedule (chosen by measuring).
 
     Attributes:
-        vocab_size: ``V``.
-        half_length: ``L``, the evaluation period; sequences have ``N = 2L`` tokens.
-        min_period: the shortest training period (the longest is ``L``).
         n_layers, n_heads, d_model, positions, layer_norm: the
             :class:`~attn_course.models.attention_only.AttentionOnlyTransformer`.
         batch_size: training sequences per step.
-        learning_rate: AdamW's, after a linear warm-up of ``warmup_steps``.
+        learning_rate: AdamW's, after a linear warm-up of ``warmup_steps``
+            (:func:`~attn_course.models.training.warmed_up_adamw`).
         weight_decay: AdamW's.
         evaluation_batch: sequences in the evaluation batch.
     """
 
-    vocab_size: int = 48
-    half_length: int = 20
-    min_period: int = 16
     n_layers: int = 2
     n_heads: int = 4
     d_model: int = 64
@@ -66,11 +62,25 @@ class InductionSetup:
     weight_decay: float = 0.01
     evaluation_batch: int = 64
 
-    def build_model(self) -> AttentionOnlyTransformer:
+    def build_model(self, vocab_size: int, max_len: int) -> AttentionOnlyTransformer:
         """A fresh model of this setup (weights from torch's global random state)."""
-        return AttentionOnlyTransformer(self.vocab_size, n_layers=self.n_layers, n_heads=self.n_heads,
-                                        d_model=self.d_model, max_len=2 * self.half_length, positions=self.positions,
-                                        layer_norm=self.layer_norm)
+        return AttentionOnlyTransformer(vocab_size, n_layers=self.n_layers, n_heads=self.n_heads, d_model=self.d_model,
+                                        max_len=max_len, positions=self.positions, layer_norm=self.layer_norm)
+
+
+@dataclass(frozen=True)
+class InductionSetup(AttentionOnlySetup):
+    """:func:`train_induction_model`'s setup: :class:`AttentionOnlySetup` and the tokens (defaults: chapter 11's).
+
+    Attributes:
+        vocab_size: ``V``.
+        half_length: ``L``, the evaluation period; sequences have ``N = 2L`` tokens.
+        min_period: the shortest training period (the longest is ``L``).
+    """
+
+    vocab_size: int = 48
+    half_length: int = 20
+    min_period: int = 16
 
     def evaluation_tokens(self) -> torch.Tensor:
         """The fixed evaluation batch ``[evaluation_batch, 2L]`` (period ``L``), the same for every seed."""
@@ -79,18 +89,15 @@ class InductionSetup:
 
 
 @dataclass
-class InductionHistory:
-    """What :func:`train_induction_model` measured, one entry per recorded step (JSON-ready lists).
+class RecordedHistory:
+    """What :func:`train_and_record` keeps at every recorded step (JSON-ready lists); each training adds its own.
 
     Attributes:
-        seed, setup: how the run was made (``setup`` as a dict of :class:`InductionSetup`'s fields).
+        seed, setup: how the run was made (``setup`` as a dict of its setup's fields).
         steps: optimiser steps taken at each record (0: before the first).
-        repeated_loss: mean loss of the repeated half's predictable tokens ``L + 1 .. 2L − 1`` (nats).
-        first_half_loss: mean loss of tokens ``1 .. L − 1`` (random: ``ln V`` at best).
-        induction_scores, previous_token_scores, duplicate_token_scores: ``[layer][head]`` at each record
+        repeated_loss: mean loss of the predictable tokens of a repeat (nats).
+        induction_scores, previous_token_scores: ``[layer][head]`` at each record
             (:mod:`~attn_course.circuits.scores`), means over the evaluation batch.
-        icl_score: Olsson et al.'s in-context-learning score, loss of token ``late`` minus loss of token
-            ``early`` (:func:`olsson_positions`), on the evaluation batch.
         train_loss: the mean training-batch loss over the steps since the previous record (None at step 0).
         digests: SHA-256 of the weights at each record (:func:`state_digest`).
     """
@@ -99,17 +106,31 @@ class InductionHistory:
     setup: dict
     steps: list[int] = field(default_factory=list)
     repeated_loss: list[float] = field(default_factory=list)
-    first_half_loss: list[float] = field(default_factory=list)
     induction_scores: list[list[list[float]]] = field(default_factory=list)
     previous_token_scores: list[list[list[float]]] = field(default_factory=list)
-    duplicate_token_scores: list[list[list[float]]] = field(default_factory=list)
-    icl_score: list[float] = field(default_factory=list)
     train_loss: list[float | None] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        """Plain dict for JSON (``InductionHistory(**d)`` rebuilds it)."""
+        """Plain dict for JSON (``type(history)(**d)`` rebuilds it)."""
         return dataclasses.asdict(self)
+
+
+@dataclass
+class InductionHistory(RecordedHistory):
+    """What :func:`train_induction_model` measured: :class:`RecordedHistory`'s lists, on the evaluation batch
+    (``repeated_loss``: tokens ``L + 1 .. 2L − 1``), and these.
+
+    Attributes:
+        first_half_loss: mean loss of tokens ``1 .. L − 1`` (random: ``ln V`` at best).
+        duplicate_token_scores: ``[layer][head]`` at each record, as the other scores.
+        icl_score: Olsson et al.'s in-context-learning score, loss of token ``late`` minus loss of token
+            ``early`` (:func:`olsson_positions`), on the evaluation batch.
+    """
+
+    first_half_loss: list[float] = field(default_factory=list)
+    duplicate_token_scores: list[list[list[float]]] = field(default_factory=list)
+    icl_score: list[float] = field(default_factory=list)
 
 
 def olsson_positions(length: int) -> tuple[int, int]:
@@ -154,19 +175,66 @@ def _measure(model: AttentionOnlyTransformer, tokens: torch.Tensor, setup: Induc
     }
 
 
-def warmed_up_adamw(model: torch.nn.Module, setup) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW at ``setup.learning_rate`` and ``setup.weight_decay``, its rate ramped up linearly over
-    ``setup.warmup_steps`` steps and then constant: the schedule of both of chapter 11's trainings
-    (:class:`InductionSetup`, :class:`~attn_course.circuits.rhymes.RhymesSetup`).
+def train_and_record(seed: int, steps: int, record_every: int, setup: AttentionOnlySetup, history: RecordedHistory,
+                     *, build_model: Callable[[], torch.nn.Module],
+                     batch_loss: Callable[[torch.nn.Module, torch.Generator], torch.Tensor],
+                     measure: Callable[[torch.nn.Module], dict], caller: str = "train_and_record") -> torch.nn.Module:
+    """The loop of chapter 11's trainings: deterministic for a seed on a CPU, measured as it goes.
+
+    On one thread, with the caller's random state restored afterwards: ``torch.manual_seed(seed)``, the model
+    from ``build_model()``, its batches from a generator of their own; AdamW with ``setup``'s warm-up
+    (:func:`~attn_course.models.training.warmed_up_adamw`), gradients clipped to norm 1. Before the first
+    step, every ``record_every`` steps and after the last, ``measure(model)``'s values are appended to the
+    history's lists of those names, with the step, the mean training loss since the last record and the
+    weights' :func:`state_digest`.
+
+    Args:
+        seed: the weights' and the batches' seed (an int ≥ 0).
+        steps: optimiser steps, at least 1.
+        record_every: at least 1.
+        setup: the schedule.
+        history: filled in place.
+        build_model: the model, from torch's (seeded) global random state.
+        batch_loss: ``(model, generator) -> loss`` of one training batch drawn from ``generator``.
+        measure: ``model -> {history field: value}``.
+        caller: the name the errors give.
+
+    Returns:
+        The trained model, in eval mode.
 
     Raises:
-        TypeError: ``model`` not a torch.nn.Module.
+        TypeError, ValueError: ``seed`` below 0, ``steps`` or ``record_every`` below 1, a ``setup`` or
+            ``history`` of another kind.
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"warmed_up_adamw: model must be a torch.nn.Module, got {type(model).__name__}")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setup.learning_rate, weight_decay=setup.weight_decay)
-    warmup = max(1, setup.warmup_steps)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    seed = _validate.integer(caller, "seed", seed, minimum=0)
+    steps = _validate.integer(caller, "steps", steps, minimum=1)
+    record_every = _validate.integer(caller, "record_every", record_every, minimum=1)
+    for name, value, kind in (("setup", setup, AttentionOnlySetup), ("history", history, RecordedHistory)):
+        if not isinstance(value, kind):
+            raise TypeError(f"{caller}: {name} must be a {kind.__name__}, got {type(value).__name__}")
+    with one_thread(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model()
+        batches = torch.Generator().manual_seed(seed + 1_000_003)
+        optimizer, schedule = warmed_up_adamw(model, setup.learning_rate, weight_decay=setup.weight_decay,
+                                              warmup_steps=setup.warmup_steps)
+        since_record: list[float] = []
+
+        def keep(step: int) -> None:
+            for name, value in measure(model).items():
+                getattr(history, name).append(value)
+            history.steps.append(step)
+            history.train_loss.append(sum(since_record) / len(since_record) if since_record else None)
+            history.digests.append(state_digest(model))
+            since_record.clear()
+
+        keep(0)
+        model.train()
+        for step in range(1, steps + 1):
+            since_record.append(optimizer_step(batch_loss(model, batches), model, optimizer, schedule))
+            if step % record_every == 0 or step == steps:
+                keep(step)
+    return model.eval()
 
 
 def train_induction_model(seed: int, steps: int = 1000, *, setup: InductionSetup | None = None,
@@ -191,41 +259,23 @@ def train_induction_model(seed: int, steps: int = 1000, *, setup: InductionSetup
         >>> history.steps, len(history.induction_scores[0]), len(history.induction_scores[0][1])
         ([0, 2, 4], 2, 4)
     """
-    where = "train_induction_model"
-    seed = _validate.integer(where, "seed", seed, minimum=0)
-    steps = _validate.integer(where, "steps", steps, minimum=1)
-    record_every = _validate.integer(where, "record_every", record_every, minimum=1)
     setup = InductionSetup() if setup is None else setup
     if not isinstance(setup, InductionSetup):
-        raise TypeError(f"{where}: setup must be an InductionSetup or None, got {type(setup).__name__}")
-    with one_thread(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = setup.build_model()
-        batches = torch.Generator().manual_seed(seed + 1_000_003)
-        evaluation = setup.evaluation_tokens()                                   # [B_eval, 2L]
-        optimizer, schedule = warmed_up_adamw(model, setup)
-        history = InductionHistory(seed=seed, setup=dataclasses.asdict(setup))
-        since_record: list[float] = []
+        raise TypeError(f"train_induction_model: setup must be an InductionSetup or None, got {type(setup).__name__}")
+    evaluation = setup.evaluation_tokens()                                       # [B_eval, 2L]
+    length = 2 * setup.half_length
 
-        def keep(step: int) -> None:
-            for name, value in _measure(model, evaluation, setup).items():
-                getattr(history, name).append(value)
-            history.steps.append(step)
-            history.train_loss.append(sum(since_record) / len(since_record) if since_record else None)
-            history.digests.append(state_digest(model))
-            since_record.clear()
+    def batch_loss(model: torch.nn.Module, batches: torch.Generator) -> torch.Tensor:
+        tokens, _ = repeated_segment_tokens(setup.batch_size, length, setup.vocab_size,
+                                           periods=(setup.min_period, setup.half_length), generator=batches)
+        logits = model(tokens)                                                   # [B, N, V]
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
-        keep(0)
-        model.train()
-        for step in range(1, steps + 1):
-            tokens, _ = repeated_segment_tokens(setup.batch_size, 2 * setup.half_length, setup.vocab_size,
-                                               periods=(setup.min_period, setup.half_length), generator=batches)
-            logits = model(tokens)                                               # [B, N, V]
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
-            since_record.append(clipped_step(loss, model, optimizer, schedule))
-            if step % record_every == 0 or step == steps:
-                keep(step)
-    return model.eval(), history
+    history = InductionHistory(seed=seed, setup=dataclasses.asdict(setup))
+    model = train_and_record(seed, steps, record_every, setup, history,
+                             build_model=lambda: setup.build_model(setup.vocab_size, length), batch_loss=batch_loss,
+                             measure=lambda model: _measure(model, evaluation, setup), caller="train_induction_model")
+    return model, history
 
 
 def phase_change_step(history: InductionHistory | dict, *, threshold: float = 0.3, layer: int = 1) -> int | None:

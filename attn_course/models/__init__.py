@@ -1,7 +1,11 @@
 """Whole models built from the course's blocks.
 
-- :mod:`~attn_course.models.tiny_language_model`: chapter 04's character-level decoder, and
-  :mod:`~attn_course.models.training`, how it is trained;
+- :mod:`~attn_course.models.training`: the training loops' shared parts (AdamW with a warm-up, a clipped step,
+  the best weights kept) and chapter 04's loop;
+- :mod:`~attn_course.models.two_relations`: chapter 03's one-layer model of two relations, its data and training;
+- :mod:`~attn_course.models.tiny_language_model`: chapter 04's character-level decoder;
+- :mod:`~attn_course.models.position_model`: that decoder with each position scheme, learned, RoPE, ALiBi or
+  none (chapters 05 and 09);
 - :mod:`~attn_course.models.attention_only`: chapter 11's attention-only transformer (no MLP), with hook points
   and per-head weight accessors for reading its circuits (:mod:`attn_course.circuits`);
 - :mod:`~attn_course.models.bert`: BERT, loading real pretrained weights (chapter 08);

@@ -29,8 +29,8 @@ def check_ids_and_caches(where: str, ids: object, kv_caches: object, *, vocab_si
                          num_blocks: int) -> tuple[torch.Tensor, int]:
     """Check a character model's input: ``ids [B, N]`` of ids below ``vocab_size``, and one cache per block.
 
-    Shared by the course's small causal models (this module's and
-    :mod:`attn_course.teaching.experiments.length_extrapolation`'s), so they reject bad input with the same words.
+    Shared by the course's small causal models (this module's and :mod:`attn_course.models.position_model`'s),
+    so they reject bad input with the same words.
 
     Args:
         where: the caller's name, for the messages.

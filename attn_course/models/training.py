@@ -1,11 +1,11 @@
-"""Training the tiny character language model of chapter 04 (and the losses used to score it).
+"""The course's training loops and the parts they share; chapter 04's character language model is trained here.
 
+- :func:`warmed_up_adamw`, :func:`optimizer_step`, :class:`BestWeights`: AdamW with a warm-up and a cosine
+  decay, one optimiser step with clipped gradients, and the weights with the best held-out loss; every
+  training of the course uses them (chapters 03, 04, 05, 08, 09 and 11);
 - :func:`train_language_model`: AdamW on random windows of a text, scored on a held-out tail,
-  keeping the weights with the best held-out loss;
-- :func:`nonoverlapping_windows`, :func:`mean_window_loss`: the held-out score;
-- :class:`TrainingHistory`: what was measured along the way;
-- :class:`BestWeights`, :func:`clipped_step`: keeping the best-scoring weights, and one clipped optimiser
-  step (chapter 08's BERT pre-training uses both too).
+  keeping the weights with the best held-out loss, and :class:`TrainingHistory`, what it measured;
+- :func:`nonoverlapping_windows`, :func:`mean_window_loss`: the held-out score.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from attn_course.data.rhymes import held_out_split
 from attn_course.data.tokenizers import CharTokenizer
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 
-__all__ = ["TrainingHistory", "BestWeights", "clipped_step", "nonoverlapping_windows", "mean_window_loss",
-           "train_language_model"]
+__all__ = ["TrainingHistory", "BestWeights", "warmed_up_adamw", "optimizer_step", "nonoverlapping_windows",
+           "mean_window_loss", "train_language_model"]
 
 
 @dataclass(frozen=True)
@@ -108,16 +108,58 @@ class BestWeights:
             model.load_state_dict(self._state)
 
 
-def clipped_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 schedule: torch.optim.lr_scheduler.LRScheduler, *, max_norm: float = 1.0) -> float:
+def warmed_up_adamw(model: nn.Module, learning_rate: float, *, weight_decay: float = 0.01, warmup_steps: int = 0,
+                    decay_steps: int | None = None) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its schedule: the rate ramps up linearly over ``warmup_steps``, then stays, or decays as a cosine.
+
+    The factor on ``learning_rate`` at step ``t`` is ``min(1, (t + 1) / warmup_steps)`` (1 without a
+    warm-up), and with ``decay_steps = T`` at most ``(1 + cos(π t / T)) / 2``, which reaches 0 at ``T``.
+
+    Args:
+        model: whose parameters are optimised.
+        learning_rate: the peak rate.
+        weight_decay: AdamW's.
+        warmup_steps: steps of the linear ramp (0: none).
+        decay_steps: ``T`` of the cosine decay, or None to keep the peak rate.
+
+    Returns:
+        ``(optimizer, schedule)``: step the schedule after every optimiser step (:func:`optimizer_step` does).
+
+    Raises:
+        TypeError, ValueError: ``model`` not a torch.nn.Module, a rate or counts out of range.
+
+    Example:
+        >>> optimizer, schedule = warmed_up_adamw(nn.Linear(2, 1), 1.0, warmup_steps=2, decay_steps=4)
+        >>> [round(schedule.lr_lambdas[0](step), 3) for step in range(5)]   # the ramp, then the cosine
+        [0.5, 0.854, 0.5, 0.146, 0.0]
+    """
+    where = "warmed_up_adamw"
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{where}: model must be a torch.nn.Module, got {type(model).__name__}")
+    learning_rate = _validate.positive_finite(where, "learning_rate", learning_rate)
+    warmup = max(1, _validate.integer(where, "warmup_steps", warmup_steps, minimum=0))
+    if decay_steps is not None:
+        decay_steps = _validate.integer(where, "decay_steps", decay_steps, minimum=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+
+    def factor(step: int) -> float:
+        ramp = min(1.0, (step + 1) / warmup)
+        return ramp if decay_steps is None else min(ramp, 0.5 * (1 + math.cos(math.pi * step / decay_steps)))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   schedule: torch.optim.lr_scheduler.LRScheduler | None = None, *,
+                   max_norm: float | None = 1.0) -> float:
     """One optimiser step on ``loss``: gradients, their norm clipped to ``max_norm``, the step, the schedule.
 
     Args:
         loss: a scalar tensor with a graph back to ``model``'s parameters.
         model: whose gradients are clipped.
         optimizer: takes the step.
-        schedule: its learning-rate schedule, stepped after it.
-        max_norm: the largest total gradient norm.
+        schedule: its learning-rate schedule, stepped after it, or None.
+        max_norm: the largest total gradient norm, or None to leave the gradients as they are.
 
     Returns:
         ``loss`` as a float.
@@ -128,19 +170,21 @@ def clipped_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Op
     Example:
         >>> model = nn.Linear(2, 1)
         >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        >>> clipped_step(model(torch.ones(1, 2)).pow(2).sum() * 0, model, optimizer, schedule)
+        >>> optimizer_step(model(torch.ones(1, 2)).pow(2).sum() * 0, model, optimizer)
         0.0
     """
-    loss = _validate.floating_tensor("clipped_step", "loss", loss)
+    loss = _validate.floating_tensor("optimizer_step", "loss", loss)
     if loss.dim() != 0:
-        raise ValueError(f"clipped_step: loss must be a scalar, got shape {_validate.shape_str(loss)}")
-    max_norm = _validate.positive_finite("clipped_step", "max_norm", max_norm)
+        raise ValueError(f"optimizer_step: loss must be a scalar, got shape {_validate.shape_str(loss)}")
+    if max_norm is not None:
+        max_norm = _validate.positive_finite("optimizer_step", "max_norm", max_norm)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     optimizer.step()
-    schedule.step()
+    if schedule is not None:
+        schedule.step()
     return loss.item()
 
 
@@ -280,10 +324,7 @@ def train_language_model(
         model = TinyLanguageModel(config) if make_model is None else make_model(tokenizer.vocab_size)
         if not isinstance(model, nn.Module):
             raise TypeError(f"{where}: make_model must return a torch.nn.Module, got {type(model).__name__}")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps))
-        )
+        optimizer, schedule = warmed_up_adamw(model, learning_rate, decay_steps=steps)
         if validation_windows is not None:
             best.record(0, mean_window_loss(model, validation_windows), model)
         model.train()
@@ -292,7 +333,7 @@ def train_language_model(
             windows = data[starts + offsets]                               # [B, N + 1]
             logits = model(windows[:, :-1])                                # [B, N, V]
             loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
-            train_losses.append(clipped_step(loss, model, optimizer, schedule))
+            train_losses.append(optimizer_step(loss, model, optimizer, schedule))
             stop = False
             if validation_windows is not None and (step % eval_every == 0 or step == steps):
                 best.record(step, mean_window_loss(model, validation_windows), model)

@@ -16,7 +16,7 @@ was trained with:
   writes it (and GPT-J, and the complex-number view ``x_{2i} + i·x_{2i+1}``).
 
 Context extension changes the frequencies ``θ_i``: :mod:`attn_course.positions.rope_scaling`
-holds the methods (linear, NTK, YaRN, Llama 3), passed as ``scaling=`` (and re-exported here).
+holds the methods (linear, NTK, YaRN, Llama 3), passed as ``scaling=``.
 ``rotary_fraction < 1`` rotates only the first features of each head (GPT-NeoX's
 ``rotary_pct``, Hugging Face's ``partial_rotary_factor``) and passes the others through.
 """
@@ -38,7 +38,7 @@ from attn_course.positions.rope_scaling import (
     base_frequencies,
 )
 
-__all__ = ["RotaryEmbedding", "LinearScaling", "NTKScaling", "YaRNScaling", "Llama3Scaling"]
+__all__ = ["RotaryEmbedding"]
 
 
 class RotaryEmbedding(nn.Module):
@@ -48,8 +48,8 @@ class RotaryEmbedding(nn.Module):
         head_dim: ``d``, the size of each query/key vector; must be even.
         base: ``θ_i = base^(-2i/P)``; larger bases rotate more slowly (longer contexts).
         interleaved: pair adjacent features (RoFormer) instead of the two halves (LLaMA).
-        scaling: a context-extension method (:class:`LinearScaling`, :class:`NTKScaling`,
-            :class:`YaRNScaling`, :class:`Llama3Scaling`), or None for plain RoPE.
+        scaling: a context-extension method of :mod:`~attn_course.positions.rope_scaling` (``LinearScaling``,
+            ``NTKScaling``, ``YaRNScaling``, ``Llama3Scaling``), or None for plain RoPE.
         rotary_fraction: rotate only the first ``P = int(d · rotary_fraction)`` features of each
             vector (GPT-NeoX's rotary fraction) and pass the rest through; ``P`` must be even.
 

@@ -55,6 +55,19 @@ def _factor(where: str, value: object) -> float:
     return value
 
 
+def _check_extension(config: object, low: str, high: str) -> None:
+    """Check and store a frozen config's ``factor``, ``original_context``, and its bounds ``low < high``."""
+    where = type(config).__name__
+    checked = {"factor": _factor(where, config.factor),
+               "original_context": _validate.integer(where, "original_context", config.original_context, minimum=1)}
+    for name in (low, high):
+        checked[name] = _validate.positive_finite(where, name, getattr(config, name))
+    if checked[high] <= checked[low]:
+        raise ValueError(f"{where}: {high} must exceed {low}, got {checked[high]:g} and {checked[low]:g}")
+    for name, value in checked.items():
+        object.__setattr__(config, name, value)
+
+
 @dataclass(frozen=True)
 class LinearScaling:
     """Position Interpolation (Chen et al., 2023): squeeze ``factor`` times more positions into
@@ -180,15 +193,7 @@ class YaRNScaling:
 
     def __post_init__(self) -> None:
         where = "YaRNScaling"
-        object.__setattr__(self, "factor", _factor(where, self.factor))
-        object.__setattr__(self, "original_context",
-                           _validate.integer(where, "original_context", self.original_context, minimum=1))
-        fast = _validate.positive_finite(where, "beta_fast", self.beta_fast)
-        slow = _validate.positive_finite(where, "beta_slow", self.beta_slow)
-        if fast <= slow:
-            raise ValueError(f"{where}: beta_fast must exceed beta_slow, got {fast:g} and {slow:g}")
-        object.__setattr__(self, "beta_fast", fast)
-        object.__setattr__(self, "beta_slow", slow)
+        _check_extension(self, "beta_slow", "beta_fast")
         if self.attention_factor is not None:
             object.__setattr__(self, "attention_factor",
                                _validate.positive_finite(where, "attention_factor", self.attention_factor))
@@ -250,16 +255,7 @@ class Llama3Scaling:
     high_freq_factor: float = 4.0
 
     def __post_init__(self) -> None:
-        where = "Llama3Scaling"
-        object.__setattr__(self, "factor", _factor(where, self.factor))
-        object.__setattr__(self, "original_context",
-                           _validate.integer(where, "original_context", self.original_context, minimum=1))
-        low = _validate.positive_finite(where, "low_freq_factor", self.low_freq_factor)
-        high = _validate.positive_finite(where, "high_freq_factor", self.high_freq_factor)
-        if high <= low:
-            raise ValueError(f"{where}: high_freq_factor must exceed low_freq_factor, got {high:g} and {low:g}")
-        object.__setattr__(self, "low_freq_factor", low)
-        object.__setattr__(self, "high_freq_factor", high)
+        _check_extension(self, "low_freq_factor", "high_freq_factor")
 
     def inverse_frequencies(self, base: float, rotary_dim: int, *, seq_len: int | None = None,
                             device=None) -> torch.Tensor:

@@ -82,17 +82,8 @@ def mha_cache_elements(num_heads: int, head_dim: int) -> int:
 
 
 def gqa_cache_elements(num_kv_heads: int, head_dim: int) -> int:
-    """Elements grouped-query attention caches per token and layer: ``2 · n_kv · d_h``.
-
-    Args:
-        num_kv_heads: ``n_kv`` (the paper's ``n_g``, the number of groups).
-        head_dim: ``d_h``.
-
-    Returns:
-        the count (an int).
-
-    Raises:
-        TypeError, ValueError: an argument that is not a positive int.
+    """Elements grouped-query attention caches per token and layer: ``2 · n_kv · d_h``, :func:`mha_cache_elements`
+    with only ``n_kv`` key/value heads (the paper's ``n_g`` groups); the same errors.
 
     Example:
         >>> gqa_cache_elements(8, 128)
@@ -102,16 +93,8 @@ def gqa_cache_elements(num_kv_heads: int, head_dim: int) -> int:
 
 
 def mqa_cache_elements(head_dim: int) -> int:
-    """Elements multi-query attention caches per token and layer: ``2 · d_h``.
-
-    Args:
-        head_dim: ``d_h``.
-
-    Returns:
-        the count (an int).
-
-    Raises:
-        TypeError, ValueError: ``head_dim`` not a positive int.
+    """Elements multi-query attention caches per token and layer: ``2 · d_h``, one key and one value shared by
+    every head; the same errors as :func:`mha_cache_elements`.
 
     Example:
         >>> mqa_cache_elements(128)

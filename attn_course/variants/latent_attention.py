@@ -54,7 +54,8 @@ from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
 from attn_course.core.multihead import merge_heads, split_heads
 from attn_course.core.norms import RMSNorm
-from attn_course.positions.rope import RotaryEmbedding, YaRNScaling
+from attn_course.positions.rope import RotaryEmbedding
+from attn_course.positions.rope_scaling import YaRNScaling
 from attn_course.variants.latent_cache import LatentCache
 
 __all__ = [
@@ -78,7 +79,7 @@ class MLAConfig:
         q_lora_rank: ``d_c'``, the size of the query latent ``c_Q``; None projects queries straight
             from ``x`` (DeepSeek-V2-Lite).
         rope_base: ``θ_i = base^(-2i/d_R)``.
-        rope_scaling: None, or a :class:`~attn_course.positions.rope.YaRNScaling` for the rotary features.
+        rope_scaling: None, or a :class:`~attn_course.positions.rope_scaling.YaRNScaling` for the rotary features.
         score_temperature: multiplies the softmax scale (DeepSeek's ``mscale(s, mscale_all_dim)²``
             under YaRN; 1 otherwise).
         attention_bias: biases on ``W_DQ``, ``W_DKV``, ``W_KR`` and ``W_O`` (as Hugging Face's

@@ -18,7 +18,8 @@ from attn_course.checks.variants import (
     check_swiglu,
 )
 from attn_course.core.attention import self_attention
-from attn_course.models.llama import RMSNorm, SwiGLU
+from attn_course.core.norms import RMSNorm
+from attn_course.models.llama import SwiGLU
 from attn_course.variants.attention_sinks import SinkKVCache
 from attn_course.variants.kv_cache_size import DEEPSEEK_V2
 from attn_course.variants.latent_attention import MLAConfig, MultiHeadLatentAttention

@@ -9,19 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_course.models.bert import IGNORE_INDEX, mask_tokens
-from attn_course.models.bert.pretraining import (
-    SPECIAL_TOKENS,
+from attn_course.data.rhymes import load_pretraining_text, split_rhymes
+from attn_course.data.tokenizers import SPECIAL_TOKENS, WordVocabulary, pad_batch
+from attn_course.models.bert import (
+    IGNORE_INDEX,
     MaskedLanguageModel,
+    NgramGuesses,
     PretrainingConfig,
-    WordVocabulary,
-    load_pretraining_text,
+    mask_tokens,
     masked_lm_loss,
-    masked_word_accuracy,
-    pad_batch,
     pretrain_mlm,
-    split_rhymes,
-    top_predictions,
+    score_blanks,
 )
 
 NUMBERS = "one two three four five six seven eight nine ten eleven twelve".split()
@@ -46,7 +44,7 @@ SMALL = PretrainingConfig(hidden_size=32, num_hidden_layers=1, num_attention_hea
 def small_run():
     train, held_out = counting_rhymes(200, seed=1), counting_rhymes(30, seed=2)
     model, vocab, history = pretrain_mlm(train, held_out, SMALL)
-    return model, vocab, history, held_out
+    return model, vocab, history, held_out, train
 
 
 def test_loss_is_the_mean_cross_entropy_over_chosen_positions_only():
@@ -123,17 +121,19 @@ def test_pad_batch_pads_at_the_end_and_marks_real_tokens():
 
 
 def test_a_small_run_beats_the_unigram_guess_on_held_out_text(small_run):
-    model, vocab, history, held_out = small_run
+    model, vocab, history, held_out, train = small_run
     assert min(history.validation_losses) < history.unigram_loss - 1.0
-    accuracy = masked_word_accuracy(model, vocab, held_out)
-    assert accuracy.model > accuracy.unigram + 0.3, accuracy
-    assert accuracy.model_top5 >= accuracy.model
-    words = dict(top_predictions(model, vocab, "three four five six", 2, k=3))
-    assert max(words, key=words.get) == "five"
+    scores = score_blanks(model, vocab, held_out, NgramGuesses(vocab, train))
+    assert scores.accuracy("model") > scores.accuracy("unigram") + 0.3
+    ids = vocab.encode("three four five six", add_special=True)                   # [CLS] three four five six [SEP]
+    ids[3] = vocab.mask_id
+    with torch.no_grad():
+        logits = model(ids[None])[0, 3]                                               # [V]
+    assert vocab.tokens[int(logits.argmax())] == "five"
 
 
 def test_history_keeps_the_best_held_out_weights(small_run):
-    _, _, history, _ = small_run
+    _, _, history, _, _ = small_run
     assert len(history.train_losses) == SMALL.steps
     assert history.eval_steps == [0, 50, 100, 150, 200]
     assert history.best_step == history.eval_steps[history.validation_losses.index(min(history.validation_losses))]
@@ -155,7 +155,7 @@ def test_training_is_deterministic_and_leaves_the_callers_random_state_and_grad_
 
 
 def test_mlm_head_shares_the_input_embeddings_and_scores_every_token(small_run):
-    model, vocab, _, _ = small_run
+    model, vocab, _, _, _ = small_run
     logits = model(torch.tensor([[vocab.cls_id, vocab.mask_id, vocab.sep_id]]))
     assert logits.shape == (1, 3, len(vocab))
     vocab_by_width = [n for n, p in model.named_parameters() if p.shape == (len(vocab), model.config.hidden_size)]
@@ -166,7 +166,7 @@ def test_mlm_head_shares_the_input_embeddings_and_scores_every_token(small_run):
 
 
 def test_errors_name_the_argument(small_run):
-    model, vocab, _, held_out = small_run
+    model, vocab, _, held_out, _ = small_run
     with pytest.raises(TypeError, match="train_texts"):
         pretrain_mlm("one two", held_out, SMALL)
     with pytest.raises(ValueError, match="validation_texts is empty"):
@@ -177,11 +177,9 @@ def test_errors_name_the_argument(small_run):
         PretrainingConfig(probability=1.5)
     with pytest.raises(ValueError, match="steps"):
         PretrainingConfig(steps=0)
-    with pytest.raises(ValueError, match="word_index"):
-        top_predictions(model, vocab, "one two", 2)
     with pytest.raises(TypeError, match="model"):
-        masked_word_accuracy("model", vocab, held_out)
+        score_blanks("model", vocab, held_out, NgramGuesses(vocab, held_out))
     with pytest.raises(ValueError, match="no word"):
-        masked_word_accuracy(model, vocab, ["zebra yak"])
+        score_blanks(model, vocab, ["zebra yak"], NgramGuesses(vocab, held_out))
     with pytest.raises(TypeError, match="MaskedLanguageModel|BertConfig"):
         MaskedLanguageModel({"vocab_size": 3})

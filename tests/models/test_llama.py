@@ -18,18 +18,18 @@ import pytest
 import torch
 
 from attn_course.core.kv_cache import KVCache
+from attn_course.core.norms import RMSNorm
+from attn_course.models.hugging_face.config import rope_from_hugging_face
+from attn_course.models.hugging_face.llama import hugging_face_name
 from attn_course.models.llama import (
     LlamaConfig,
     LlamaForCausalLM,
     LlamaModel,
-    RMSNorm,
     SwiGLU,
-    hugging_face_name,
     load_pretrained,
     positions_from_attention_mask,
-    rope_from_hugging_face,
 )
-from attn_course.positions.rope import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
+from attn_course.positions.rope_scaling import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,7 +16,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import causal_mask
 from attn_course.core.multihead import MultiHeadAttention
-from attn_course.positions.rope import NTKScaling, RotaryEmbedding
+from attn_course.positions.rope import RotaryEmbedding
+from attn_course.positions.rope_scaling import NTKScaling
 
 from helpers import close, randn
 

@@ -14,7 +14,8 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from attn_course.positions.rope import LinearScaling, Llama3Scaling, NTKScaling, RotaryEmbedding, YaRNScaling
+from attn_course.positions.rope import RotaryEmbedding
+from attn_course.positions.rope_scaling import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 
 from helpers import close, randn
 

@@ -1,17 +1,12 @@
-"""Chapter 09's attention-sink measurement: training with a fixed first token, streaming held-out text
-through caches that forget, and the windows on which the first key's attention is measured, each against
-a reference built here by hand."""
+"""Chapter 09's attention-sink measurement: streaming held-out text through caches that forget, and the windows
+on which the first key's attention is measured, each against a reference built here by hand."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attn_course.core.kv_cache import KVCache
-from attn_course.teaching.experiments.position_models import (
-    PositionConfig,
-    PositionLanguageModel,
-    train_position_model,
-)
+from attn_course.models.position_model import PositionConfig, PositionLanguageModel
 from attn_course.teaching.experiments.sinks import first_token_windows, sink_streaming_losses
 from attn_course.variants.attention_sinks import SinkKVCache
 
@@ -20,47 +15,6 @@ def _model(*, first_token, layers=1, vocab_size=9, seed=0):
     torch.manual_seed(seed)
     config = PositionConfig(vocab_size, "rope", embed_dim=16, num_heads=2, num_layers=layers, first_token=first_token)
     return PositionLanguageModel(config).eval()
-
-
-def _inputs_seen_in_training(**kwargs):
-    """Train a model and return the ids every forward of a PositionLanguageModel received meanwhile."""
-    seen = []
-
-    def hook(module, args):
-        if isinstance(module, PositionLanguageModel):
-            seen.append(args[0].clone())
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-    try:
-        model, tokenizer = train_position_model("rope", steps=3, batch_size=4, **kwargs)
-    finally:
-        handle.remove()
-    return model, tokenizer, seen
-
-
-def test_every_training_window_starts_with_the_fixed_token_and_keeps_its_length():
-    model, tokenizer, seen = _inputs_seen_in_training(train_length=12, first_token=True)
-    first = tokenizer.vocab_size                                        # one past the characters
-    assert model.config.first_token_id == first and model.config.vocab_size == first + 1
-    assert len(seen) == 3
-    for ids in seen:
-        assert ids.shape == (4, 12)                                     # the fixed token + 11 characters
-        assert (ids[:, 0] == first).all() and (ids[:, 1:] < first).all()
-
-
-def test_without_a_first_token_the_windows_are_plain_crops():
-    model, tokenizer, seen = _inputs_seen_in_training(train_length=12)
-    assert model.config.first_token_id is None and model.config.vocab_size == tokenizer.vocab_size
-    assert all(ids.shape == (4, 12) and (ids < tokenizer.vocab_size).all() for ids in seen)
-
-
-def test_first_token_training_is_deterministic_and_differs_from_plain_crops():
-    first, _ = train_position_model("rope", train_length=8, steps=3, first_token=True)
-    second, _ = train_position_model("rope", train_length=8, steps=3, first_token=True)
-    plain, _ = train_position_model("rope", train_length=8, steps=3)
-    for name, value in first.state_dict().items():
-        assert torch.equal(value, second.state_dict()[name]), name
-    assert first.head.weight.shape[0] == plain.head.weight.shape[0] + 1
 
 
 def _reference_losses(model, ids, sinks, window):
@@ -110,10 +64,6 @@ def test_windows_start_with_the_fixed_token_only_for_a_model_trained_with_it():
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: train_position_model("rope", first_token=1), TypeError, "first_token must be a bool"),
-    (lambda: train_position_model("rope", train_length=1, first_token=True), ValueError, "train_length must be >= 2"),
-    (lambda: PositionConfig(1, "rope", first_token=True), ValueError, "vocab_size must be >= 2"),
-    (lambda: PositionConfig(5, "rope", first_token="yes"), TypeError, "first_token must be a bool"),
     (lambda: sink_streaming_losses(lambda ids: ids, torch.arange(4), KVCache), TypeError, "PositionLanguageModel"),
     (lambda: sink_streaming_losses(_model(first_token=True), torch.arange(4.0), KVCache), TypeError, "integer"),
     (lambda: sink_streaming_losses(_model(first_token=True), torch.zeros(1, 4, dtype=torch.long), KVCache),

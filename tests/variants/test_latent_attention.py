@@ -1,30 +1,19 @@
-"""Multi-head latent attention against transformers' DeepseekV2Attention, its absorbed form, and cache sizes.
+"""Multi-head latent attention against transformers' DeepseekV2Attention, its absorbed form, and its cache.
 
 References: Hugging Face ``transformers`` 5.24 (``DeepseekV2Attention``, random weights from a small
-config, eager attention, its own ``DynamicCache``), float64 algebra for the absorbed form, and the
-DeepSeek-V2 paper's published numbers (arXiv 2405.04434) for the cache sizes.
+config, eager attention, its own ``DynamicCache``, whose bytes are measured against the cache sizes of
+:mod:`attn_course.variants.kv_cache_size`) and float64 algebra for the absorbed form.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
 from attn_course.models.hugging_face.latent_attention import from_hugging_face_weights, mla_config_from_hugging_face
-from attn_course.positions.rope import LinearScaling, RotaryEmbedding
-from attn_course.variants.kv_cache_size import (
-    DEEPSEEK_67B,
-    DEEPSEEK_V2,
-    CacheSize,
-    cache_reduction,
-    cache_size_from_config,
-    gqa_cache_elements,
-    mha_cache_elements,
-    mla_cache_elements,
-    mqa_cache_elements,
-)
+from attn_course.positions.rope import RotaryEmbedding
+from attn_course.positions.rope_scaling import LinearScaling
+from attn_course.variants.kv_cache_size import CacheSize, cache_size_from_config, mha_cache_elements, mla_cache_elements
 from attn_course.variants.latent_attention import (
     LatentCache,
     MLAConfig,
@@ -204,32 +193,6 @@ def test_hugging_face_caches_measured_in_bytes_match_the_formulas():
     assert cache_size_from_config(llama).per_layer == 2 * 2 * 16
 
 
-def test_deepseek_v2_published_cache_per_token():
-    # DeepSeek-V2 (arXiv 2405.04434) §3.1.2: n_h = 128, d_h = 128, d_c = 512, d_h^R = 64, 60 layers.
-    # Table 1: MLA caches (d_c + d_h^R)·l ≈ (9/2)·d_h·l elements per token, MHA 2·n_h·d_h·l; its caption:
-    # d_c = 4·d_h, d_h^R = d_h/2, "equal to GQA with only 2.25 groups".
-    n_h = d_h = 128
-    mla = cache_size_from_config(DEEPSEEK_V2)
-    assert (mla.kind, mla.per_layer, mla.num_layers) == ("MLA", 576, 60)
-    assert mla.per_layer == 4 * d_h + d_h // 2 == 9 * d_h / 2
-    assert mha_cache_elements(n_h, d_h) == 32768
-    assert mla.per_layer / (2 * d_h) == 2.25
-    assert gqa_cache_elements(n_h, d_h) == mha_cache_elements(n_h, d_h)
-    assert gqa_cache_elements(1, d_h) == mqa_cache_elements(d_h) == 256
-    assert mla.elements_per_token == 34560
-
-
-def test_deepseek_67b_comparison_and_the_papers_93_3_percent():
-    # DeepSeek 67B (DeepSeek LLM, arXiv 2401.02954, Table 2): 95 layers, 64 heads of 128, 8 key/value heads.
-    dense, v2 = cache_size_from_config(DEEPSEEK_67B), cache_size_from_config(DEEPSEEK_V2)
-    assert (dense.kind, dense.per_layer, dense.elements_per_token) == ("GQA", 2048, 194560)
-    # Counted in elements (or both at 16 bits) the saving is 82.2%, not the abstract's 93.3%.
-    assert round(cache_reduction(v2, dense), 4) == 0.8224
-    # §3.2.3: deployed DeepSeek-V2 quantises its KV cache to "6 bits on average". Against a 16-bit
-    # DeepSeek 67B cache that gives 93.3% (our arithmetic; the paper does not show its calculation).
-    assert round(cache_reduction(v2, dense, bits=6, baseline_bits=16), 3) == 0.933
-
-
 def test_config_and_inputs_are_checked_with_errors_that_name_the_argument():
     with pytest.raises(ValueError, match="qk_rope_head_dim must be even"):
         MLAConfig(64, 4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=3, v_head_dim=8)
@@ -280,19 +243,3 @@ def test_weight_loading_names_every_missing_unexpected_and_misshaped_weight():
     assert "kv_b_proj.weight [3, 16] (expected [64, 16])" in message
     with pytest.raises(TypeError, match="state must be a mapping"):
         from_hugging_face_weights([], ours)
-
-
-def test_cache_size_functions_check_their_arguments():
-    with pytest.raises(ValueError, match="num_heads must be >= 1"):
-        mha_cache_elements(0, 128)
-    with pytest.raises(TypeError, match="head_dim must be an int"):
-        mqa_cache_elements(128.0)
-    with pytest.raises(ValueError, match="lacks num_hidden_layers"):
-        cache_size_from_config({"num_attention_heads": 4, "hidden_size": 64})
-    with pytest.raises(ValueError, match="kind must be"):
-        CacheSize("MoE", 1, 1)
-    with pytest.raises(ValueError, match="bits_per_element must be a positive finite number"):
-        CacheSize("MHA", 4, 1).bytes(3, bits_per_element=0)
-    with pytest.raises(TypeError, match="baseline must be a CacheSize"):
-        cache_reduction(CacheSize("MHA", 4, 1), 4)
-    assert math.isclose(CacheSize("MHA", 4, 2).bytes(3, batch=2, bits_per_element=6), 4 * 2 * 3 * 2 * 6 / 8)

@@ -16,24 +16,21 @@ One idea per module; every name below can be imported from ``attn_course.models.
 - ``model``: :class:`BertEmbeddings`, :class:`BertModel`, :class:`BertOutput`;
 - ``tokenizer``: :class:`BertTokenizer`, :class:`BatchEncoding`;
 - ``loading``: :func:`load_pretrained`, :data:`REQUIRED_FILES`;
-- ``mlm``: :func:`mask_tokens`, BERT's masked-language-model corruption (80/10/10);
+- ``masking``: :func:`mask_tokens`, BERT's masked-language-model corruption (80/10/10);
 - ``masked_lm``: :class:`MaskedLanguageModel` (BERT with its MLM head) and :func:`masked_lm_loss`;
-- ``pretraining``: :func:`pretrain_mlm`, a small BERT trained with that objective on the course's rhymes
-  (:class:`PretrainingConfig`; its words are a :class:`~attn_course.data.tokenizers.WordVocabulary`, also
-  importable from here);
+- ``pretraining``: :func:`pretrain_mlm`, a small BERT trained with that objective on the course's stories
+  (:class:`PretrainingConfig`; its words are a :class:`~attn_course.data.tokenizers.WordVocabulary`);
 - ``baselines``: :class:`NgramGuesses`, the unigram and bigram guesses a masked language model must beat;
-- ``evaluation``: :func:`masked_word_accuracy`, :func:`top_predictions`, :func:`score_blanks`, what the
-  small BERT learned;
+- ``evaluation``: :func:`score_blanks`, what the small BERT learned;
 - ``analysis``: :func:`mean_pool`, :func:`strongest_head`, :func:`attention_share`;
 - ``attribution``: :func:`norm_attribution`, attention weight versus contribution (Kobayashi et al., 2020).
 """
 
-from attn_course.data.tokenizers import WordVocabulary
 from attn_course.models.bert.analysis import HeadWeight, attention_share, mean_pool, strongest_head
 from attn_course.models.bert.attribution import NormAttribution, norm_attribution, value_norms
 from attn_course.models.bert.baselines import NgramGuesses
 from attn_course.models.bert.config import BertConfig
-from attn_course.models.bert.evaluation import BlankScores, masked_word_accuracy, score_blanks, top_predictions
+from attn_course.models.bert.evaluation import BlankScores, score_blanks
 from attn_course.models.bert.loading import REQUIRED_FILES, load_pretrained
 from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_loss
 from attn_course.models.bert.masking import IGNORE_INDEX, MaskedTokens, mask_tokens
@@ -41,33 +38,8 @@ from attn_course.models.bert.model import BertEmbeddings, BertModel, BertOutput
 from attn_course.models.bert.pretraining import PretrainingConfig, pretrain_mlm
 from attn_course.models.bert.tokenizer import BatchEncoding, BertTokenizer
 
-__all__ = [
-    "BertConfig",
-    "BertEmbeddings",
-    "BertModel",
-    "BertOutput",
-    "BertTokenizer",
-    "BatchEncoding",
-    "HeadWeight",
-    "load_pretrained",
-    "mean_pool",
-    "strongest_head",
-    "REQUIRED_FILES",
-    "attention_share",
-    "value_norms",
-    "NormAttribution",
-    "norm_attribution",
-    "IGNORE_INDEX",
-    "MaskedTokens",
-    "mask_tokens",
-    "MaskedLanguageModel",
-    "PretrainingConfig",
-    "WordVocabulary",
-    "masked_lm_loss",
-    "masked_word_accuracy",
-    "pretrain_mlm",
-    "top_predictions",
-    "NgramGuesses",
-    "BlankScores",
-    "score_blanks",
-]
+__all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput", "BertTokenizer", "BatchEncoding",
+           "load_pretrained", "REQUIRED_FILES", "IGNORE_INDEX", "MaskedTokens", "mask_tokens", "MaskedLanguageModel",
+           "masked_lm_loss", "PretrainingConfig", "pretrain_mlm", "NgramGuesses", "BlankScores", "score_blanks",
+           "HeadWeight", "mean_pool", "strongest_head", "attention_share", "NormAttribution", "norm_attribution",
+           "value_norms"]

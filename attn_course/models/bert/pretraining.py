@@ -25,7 +25,8 @@ One idea per module: the corpora (:mod:`attn_course.data.stories`, :mod:`attn_co
 vocabulary and padding (:mod:`attn_course.data.tokenizers`), the head and the loss
 (:mod:`attn_course.models.bert.masked_lm`), this training loop, the guesses to beat
 (:mod:`attn_course.models.bert.baselines`) and what the model learned
-(:mod:`attn_course.models.bert.evaluation`). Chapter 08 imports all of them from here, so they are re-exported.
+(:mod:`attn_course.models.bert.evaluation`); the optimiser and its step are those of every training in
+the course (:mod:`attn_course.models.training`).
 """
 
 from __future__ import annotations
@@ -38,42 +39,13 @@ import torch
 
 from attn_course import _validate
 from attn_course._threads import one_thread
-from attn_course.data.rhymes import load_pretraining_text, split_rhymes
-from attn_course.data.stories import story_splits
 from attn_course.data.tokenizers import SPECIAL_TOKENS, WordVocabulary, pad_batch
-from attn_course.models.bert.baselines import NgramGuesses
 from attn_course.models.bert.config import BertConfig
-from attn_course.models.bert.evaluation import (
-    BlankScores,
-    MaskedWordAccuracy,
-    masked_word_accuracy,
-    score_blanks,
-    top_predictions,
-)
 from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_loss
 from attn_course.models.bert.masking import mask_tokens
-from attn_course.models.training import BestWeights, clipped_step
+from attn_course.models.training import BestWeights, optimizer_step, warmed_up_adamw
 
-__all__ = [
-    "PretrainingConfig",
-    "PretrainingHistory",
-    "pretrain_mlm",
-    # re-exported, for chapter 08's one import:
-    "SPECIAL_TOKENS",
-    "load_pretraining_text",
-    "split_rhymes",
-    "story_splits",
-    "WordVocabulary",
-    "pad_batch",
-    "MaskedLanguageModel",
-    "masked_lm_loss",
-    "MaskedWordAccuracy",
-    "masked_word_accuracy",
-    "top_predictions",
-    "NgramGuesses",
-    "BlankScores",
-    "score_blanks",
-]
+__all__ = ["PretrainingConfig", "PretrainingHistory", "pretrain_mlm"]
 
 
 @dataclass(frozen=True)
@@ -246,10 +218,8 @@ def pretrain_mlm(
         model = MaskedLanguageModel(bert_config)
         with torch.no_grad():                     # start from the unigram guess: the context must earn its keep
             model.bias.copy_(unigram.clamp(min=-20.0))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
-        warmup = max(1, config.steps // 20)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(
-            (step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / config.steps))))
+        optimizer, schedule = warmed_up_adamw(model, config.learning_rate, warmup_steps=config.steps // 20,
+                                              decay_steps=config.steps)
         if validation:
             best.record(0, _validation_loss(model, validation, valid_mask), model)
         model.train()
@@ -260,7 +230,7 @@ def pretrain_mlm(
             if not masked.chosen.any():
                 continue
             loss = masked_lm_loss(model(masked.input_ids, mask), masked.labels)
-            train_losses.append(clipped_step(loss, model, optimizer, schedule))
+            train_losses.append(optimizer_step(loss, model, optimizer, schedule))
             if validation and (step % config.eval_every == 0 or step == config.steps):
                 best.record(step, _validation_loss(model, validation, valid_mask), model)
         best.restore(model)

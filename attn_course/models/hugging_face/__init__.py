@@ -36,19 +36,6 @@ from attn_course.models.hugging_face.latent_attention import (
     mla_config_from_hugging_face,
 )
 
-__all__ = [
-    "NameMap",
-    "read_safetensors",
-    "read_checkpoint",
-    "check_weights",
-    "match_hugging_face",
-    "HuggingFaceConfig",
-    "check_supported",
-    "check_required",
-    "ROPE_TYPES",
-    "rope_parameters",
-    "rope_from_hugging_face",
-    "mla_config_from_hugging_face",
-    "hugging_face_shapes",
-    "from_hugging_face_weights",
-]
+__all__ = ["NameMap", "read_safetensors", "read_checkpoint", "check_weights", "match_hugging_face", "HuggingFaceConfig",
+           "check_supported", "check_required", "ROPE_TYPES", "rope_parameters", "rope_from_hugging_face",
+           "mla_config_from_hugging_face", "hugging_face_shapes", "from_hugging_face_weights"]

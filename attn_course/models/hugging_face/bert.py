@@ -19,36 +19,23 @@ import torch
 
 from attn_course.models.hugging_face.checkpoint import NameMap, match_hugging_face
 
-__all__ = ["LAYER_NAMES", "EMBEDDING_NAMES", "NAMES", "hugging_face_name", "match_bert"]
+__all__ = ["NAMES", "hugging_face_name", "match_bert"]
 
-#: Our module names to Hugging Face's, within one encoder layer.
-LAYER_NAMES = {
-    "self_attention.q_proj": "attention.self.query",
-    "self_attention.k_proj": "attention.self.key",
-    "self_attention.v_proj": "attention.self.value",
-    "self_attention.out_proj": "attention.output.dense",
-    "norm_self": "attention.output.LayerNorm",
-    "feed_forward.up": "intermediate.dense",
-    "feed_forward.down": "output.dense",
-    "norm_ffn": "output.LayerNorm",
-}
-
-#: Our module names to Hugging Face's, in the embeddings.
-EMBEDDING_NAMES = {
-    "word": "word_embeddings",
-    "position": "position_embeddings",
-    "token_type": "token_type_embeddings",
-    "norm": "LayerNorm",
-}
-
-#: The whole mapping, for :func:`~attn_course.models.hugging_face.checkpoint.match_hugging_face`.
-NAMES = NameMap("BertModel",
-                top={f"embeddings.{ours}": f"embeddings.{theirs}" for ours, theirs in EMBEDDING_NAMES.items()},
-                layer=LAYER_NAMES, ours_layers="layers", theirs_layers="encoder.layer")
+#: Our parameter names to Hugging Face's: the embeddings, then each encoder layer's modules, for
+#: :func:`~attn_course.models.hugging_face.checkpoint.match_hugging_face`.
+NAMES = NameMap(
+    "BertModel",
+    top={f"embeddings.{ours}": f"embeddings.{theirs}" for ours, theirs in (
+        ("word", "word_embeddings"), ("position", "position_embeddings"), ("token_type", "token_type_embeddings"),
+        ("norm", "LayerNorm"))},
+    layer={"self_attention.q_proj": "attention.self.query", "self_attention.k_proj": "attention.self.key",
+           "self_attention.v_proj": "attention.self.value", "self_attention.out_proj": "attention.output.dense",
+           "norm_self": "attention.output.LayerNorm", "feed_forward.up": "intermediate.dense",
+           "feed_forward.down": "output.dense", "norm_ffn": "output.LayerNorm"},
+    ours_layers="layers", theirs_layers="encoder.layer")
 
 #: ``hugging_face_name(name)``: the Hugging Face name of a ``BertModel`` parameter (example above).
 hugging_face_name = NAMES.hugging_face_name
-
 
 
 def match_bert(

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from attn_course import _validate
-from attn_course.positions.rope import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
+from attn_course.positions.rope_scaling import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 
 __all__ = ["HuggingFaceConfig", "check_supported", "check_required", "ROPE_TYPES", "RopeScaling",
            "rope_parameters", "rope_from_hugging_face"]
@@ -162,10 +162,10 @@ def rope_from_hugging_face(values: Mapping[str, Any], *, source: str = "config")
 
     Hugging Face's ``rope_type`` maps one to one onto the course's classes, which compute the
     same inverse frequencies (``tests/positions/test_rope_scaling.py``): ``"default"`` to no scaling,
-    ``"linear"`` to :class:`~attn_course.positions.rope.LinearScaling`, ``"dynamic"`` to
-    :class:`~attn_course.positions.rope.NTKScaling` with ``dynamic=True`` and ``original_context =
-    max_position_embeddings`` (as Hugging Face), ``"yarn"`` to :class:`~attn_course.positions.rope.YaRNScaling`
-    and ``"llama3"`` to :class:`~attn_course.positions.rope.Llama3Scaling`; ``original_max_position_embeddings``
+    ``"linear"`` to :class:`~attn_course.positions.rope_scaling.LinearScaling`, ``"dynamic"`` to
+    :class:`~attn_course.positions.rope_scaling.NTKScaling` with ``dynamic=True`` and ``original_context =
+    max_position_embeddings`` (as Hugging Face), ``"yarn"`` to :class:`~attn_course.positions.rope_scaling.YaRNScaling`
+    and ``"llama3"`` to :class:`~attn_course.positions.rope_scaling.Llama3Scaling`; ``original_max_position_embeddings``
     defaults to ``max_position_embeddings``, as Hugging Face fills it in. One difference: Hugging
     Face's dynamic NTK keeps the largest base it has seen until a call is shorter than the trained
     context, while ours recomputes the base from each call's positions; one pass over a sequence

@@ -20,35 +20,22 @@ import torch
 from attn_course import _validate
 from attn_course.models.hugging_face.checkpoint import NameMap, match_hugging_face
 
-__all__ = ["LAYER_NAMES", "TOP_NAMES", "NAMES", "hugging_face_name", "match_llama"]
+__all__ = ["NAMES", "hugging_face_name", "match_llama"]
 
-#: Our module names to Hugging Face's, within one decoder block.
-LAYER_NAMES = {
-    "attention_norm": "input_layernorm",
-    "attention.q_proj": "self_attn.q_proj",
-    "attention.k_proj": "self_attn.k_proj",
-    "attention.v_proj": "self_attn.v_proj",
-    "attention.out_proj": "self_attn.o_proj",
-    "feed_forward_norm": "post_attention_layernorm",
-    "feed_forward.gate": "mlp.gate_proj",
-    "feed_forward.up": "mlp.up_proj",
-    "feed_forward.down": "mlp.down_proj",
-}
-
-#: Our module names to Hugging Face's, outside the blocks.
-TOP_NAMES = {
-    "model.embedding": "model.embed_tokens",
-    "model.final_norm": "model.norm",
-    "lm_head": "lm_head",
-}
-
-#: The whole mapping (no biases anywhere), for :func:`~attn_course.models.hugging_face.checkpoint.match_hugging_face`.
-NAMES = NameMap("LlamaForCausalLM", top=TOP_NAMES, layer=LAYER_NAMES, ours_layers="model.blocks",
-                theirs_layers="model.layers", parameters=("weight",))
+#: Our parameter names to Hugging Face's (no biases anywhere): outside the blocks, then each decoder block's
+#: modules, for :func:`~attn_course.models.hugging_face.checkpoint.match_hugging_face`.
+NAMES = NameMap(
+    "LlamaForCausalLM",
+    top={"model.embedding": "model.embed_tokens", "model.final_norm": "model.norm", "lm_head": "lm_head"},
+    layer={"attention_norm": "input_layernorm", "attention.q_proj": "self_attn.q_proj",
+           "attention.k_proj": "self_attn.k_proj", "attention.v_proj": "self_attn.v_proj",
+           "attention.out_proj": "self_attn.o_proj", "feed_forward_norm": "post_attention_layernorm",
+           "feed_forward.gate": "mlp.gate_proj", "feed_forward.up": "mlp.up_proj",
+           "feed_forward.down": "mlp.down_proj"},
+    ours_layers="model.blocks", theirs_layers="model.layers", parameters=("weight",))
 
 #: ``hugging_face_name(name)``: the Hugging Face name of a ``LlamaForCausalLM`` parameter (example above).
 hugging_face_name = NAMES.hugging_face_name
-
 
 
 def match_llama(

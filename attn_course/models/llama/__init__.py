@@ -17,50 +17,21 @@ One idea per module; every name below can be imported from ``attn_course.models.
 
 - ``config``: :class:`LlamaConfig`, the sizes (Hugging Face's ``config.json``);
 - ``feed_forward``: :class:`SwiGLU`;
-- ``model``: :class:`LlamaDecoderBlock`, :class:`LlamaModel`, :class:`LlamaForCausalLM` (with greedy
-  :meth:`~LlamaForCausalLM.generate`), :func:`positions_from_attention_mask`;
+- ``block``: :class:`LlamaDecoderBlock`, :func:`positions_from_attention_mask`, :func:`rotary_embedding`;
+- ``model``: :class:`LlamaModel`, :class:`LlamaForCausalLM` (with greedy :meth:`~LlamaForCausalLM.generate`);
 - ``loading``: :func:`load_pretrained`.
 
-Also importable from here, though they live elsewhere: :class:`RMSNorm` (:mod:`attn_course.core.norms`),
-and from :mod:`attn_course.models.hugging_face`, :func:`rope_from_hugging_face` (the rotary settings as
-:mod:`attn_course.positions.rope` objects) and :func:`hugging_face_name` / :func:`match_llama` (our
-parameter names to Hugging Face's, checked one by one).
+The norm is the core's :class:`~attn_course.core.norms.RMSNorm`; the rotary settings of a ``config.json``
+(:func:`~attn_course.models.hugging_face.config.rope_from_hugging_face`) and our parameter names to Hugging
+Face's (:mod:`attn_course.models.hugging_face.llama`) live with the other checkpoints' in
+:mod:`attn_course.models.hugging_face`.
 """
 
-from attn_course.core.norms import RMSNorm
-from attn_course.models.hugging_face.config import ROPE_TYPES, rope_from_hugging_face
-from attn_course.models.hugging_face.llama import LAYER_NAMES, TOP_NAMES, hugging_face_name, match_llama
+from attn_course.models.llama.block import LlamaDecoderBlock, positions_from_attention_mask, rotary_embedding
 from attn_course.models.llama.config import LlamaConfig
 from attn_course.models.llama.feed_forward import SwiGLU
 from attn_course.models.llama.loading import load_pretrained
-from attn_course.models.llama.model import (
-    CausalLMOutput,
-    GreedyOutput,
-    LlamaDecoderBlock,
-    LlamaForCausalLM,
-    LlamaModel,
-    LlamaOutput,
-    positions_from_attention_mask,
-    rotary_embedding,
-)
+from attn_course.models.llama.model import CausalLMOutput, GreedyOutput, LlamaForCausalLM, LlamaModel, LlamaOutput
 
-__all__ = [
-    "LlamaConfig",
-    "ROPE_TYPES",
-    "rope_from_hugging_face",
-    "RMSNorm",
-    "SwiGLU",
-    "LlamaDecoderBlock",
-    "LlamaModel",
-    "LlamaForCausalLM",
-    "LlamaOutput",
-    "CausalLMOutput",
-    "GreedyOutput",
-    "positions_from_attention_mask",
-    "rotary_embedding",
-    "LAYER_NAMES",
-    "TOP_NAMES",
-    "hugging_face_name",
-    "match_llama",
-    "load_pretrained",
-]
+__all__ = ["LlamaConfig", "SwiGLU", "LlamaDecoderBlock", "positions_from_attention_mask", "rotary_embedding",
+           "LlamaModel", "LlamaForCausalLM", "LlamaOutput", "CausalLMOutput", "GreedyOutput", "load_pretrained"]

@@ -24,7 +24,7 @@ from attn_course.models.hugging_face.config import (
     check_supported,
     rope_from_hugging_face,
 )
-from attn_course.positions.rope import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
+from attn_course.positions.rope_scaling import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 
 __all__ = ["LlamaConfig"]
 _MISTRAL_DEFAULTS = {"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32}
@@ -44,10 +44,8 @@ class LlamaConfig(HuggingFaceConfig):
             Default ``H``.
         rms_norm_eps: the RMSNorms' ``eps``.
         rope_theta: the rotary base, ``θ_i = rope_theta^(-2i/d)``.
-        rope_scaling: a context-extension method from :mod:`attn_course.positions.rope`
-            (:class:`~attn_course.positions.rope.LinearScaling`,
-            :class:`~attn_course.positions.rope.NTKScaling`, :class:`~attn_course.positions.rope.YaRNScaling`,
-            :class:`~attn_course.positions.rope.Llama3Scaling`), or None.
+        rope_scaling: a context-extension method of :mod:`attn_course.positions.rope_scaling`
+            (``LinearScaling``, ``NTKScaling``, ``YaRNScaling``, ``Llama3Scaling``), or None.
         max_position_embeddings: the trained context length (RoPE itself sets no limit; dynamic
             NTK scaling starts above it).
         tie_word_embeddings: the LM head reuses the token embedding matrix.

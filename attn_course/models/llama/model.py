@@ -21,7 +21,7 @@ is counted over the indices of the (padded) sequence, as Hugging Face counts it.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -34,16 +34,7 @@ from attn_course.models.llama.block import LlamaDecoderBlock, positions_from_att
 from attn_course.models.llama.config import LlamaConfig
 from attn_course.variants.sliding_window import RollingKVCache
 
-__all__ = [
-    "LlamaDecoderBlock",
-    "LlamaModel",
-    "LlamaForCausalLM",
-    "LlamaOutput",
-    "CausalLMOutput",
-    "GreedyOutput",
-    "positions_from_attention_mask",
-    "rotary_embedding",
-]
+__all__ = ["LlamaModel", "LlamaForCausalLM", "LlamaOutput", "CausalLMOutput", "GreedyOutput"]
 
 
 class LlamaOutput(NamedTuple):
@@ -266,36 +257,22 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embedding.weight                          # [V, E], one tensor
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        positions: torch.Tensor | None = None,
-        kv_caches: list[KVCache] | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> CausalLMOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **options: Any) -> CausalLMOutput:
         """Next-token logits for every position.
 
         Args:
-            input_ids, attention_mask, positions, kv_caches, output_hidden_states, output_attentions:
-                as :meth:`LlamaModel.forward`.
+            input_ids, attention_mask: as :meth:`LlamaModel.forward`.
+            **options: ``positions``, ``kv_caches``, ``output_hidden_states``, ``output_attentions``, as
+                :meth:`LlamaModel.forward`.
 
         Returns:
             :class:`CausalLMOutput` with ``logits [B, N, V]``.
 
         Raises:
             TypeError, ValueError: as :meth:`LlamaModel.forward`.
-
-        Example:
-            >>> config = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32,
-            ...                      num_hidden_layers=1, num_attention_heads=4)
-            >>> LlamaForCausalLM(config)(torch.tensor([[1, 2, 3, 4]])).logits.shape
-            torch.Size([1, 4, 10])
         """
-        out = self.model(input_ids, attention_mask, positions=positions, kv_caches=kv_caches,
-                         output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        out = self.model(input_ids, attention_mask, **options)
         logits = self.lm_head(out.hidden_states)                                   # [B, N, V]
         return CausalLMOutput(logits, *out)
 

@@ -57,25 +57,11 @@ from attn_course import _validate
 from attn_course._threads import one_thread
 from attn_course.data.rhymes import load_more_rhymes
 from attn_course.data.tokenizers import CharTokenizer
+from attn_course.models.position_model import POSITION_SCHEMES, train_position_model
 from attn_course.models.training import mean_window_loss, nonoverlapping_windows
-from attn_course.teaching.experiments.position_models import (
-    POSITION_SCHEMES,
-    PositionConfig,
-    PositionLanguageModel,
-    train_position_model,
-)
 
-__all__ = [
-    "POSITION_SCHEMES",
-    "encode_known",
-    "PositionConfig",
-    "PositionLanguageModel",
-    "train_position_model",
-    "held_out_loss",
-    "ExtrapolationResult",
-    "length_extrapolation_experiment",
-    "plot_length_extrapolation",
-]
+__all__ = ["encode_known", "held_out_loss", "ExtrapolationResult", "length_extrapolation_experiment",
+           "plot_length_extrapolation"]
 
 
 def encode_known(tokenizer: CharTokenizer, text: str) -> tuple[torch.Tensor, int]:
@@ -169,14 +155,13 @@ class ExtrapolationResult:
     models: dict[str, nn.Module] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     tokenizer: CharTokenizer | None = dataclasses.field(default=None, repr=False, compare=False)
 
-    def table(self) -> str:
-        """The losses as text: one line per scheme, one column per evaluation length."""
-        lengths = sorted({row["length"] for row in self.rows})
-        schemes = list(dict.fromkeys(row["position"] for row in self.rows))
-        loss = {(row["position"], row["length"]): row["loss"] for row in self.rows}
-        lines = ["position " + "".join(f"{f'N={n}':>9}" for n in lengths)]
-        lines += [f"{s:<9}" + "".join(f"{loss[s, n]:>9.3f}" for n in lengths) for s in schemes]
-        return "\n".join(lines)
+    def by_length(self) -> list[dict]:
+        """One row per scheme, its loss at each evaluation length, ``{"position": ..., "N=32": ..., ...}``: what
+        a chapter shows with :func:`attn_course.teaching.tables.table`."""
+        wide: dict[str, dict] = {}
+        for row in self.rows:
+            wide.setdefault(row["position"], {"position": row["position"]})[f"N={row['length']}"] = row["loss"]
+        return list(wide.values())
 
 
 def length_extrapolation_experiment(

@@ -5,7 +5,7 @@ token sits in training: every training sequence has one, visible to every later 
 learns to park the attention it does not need there, and evicting it from the cache breaks the
 model. Chapter 09 puts that to the test on its small RoPE character models: one trained on random
 crops (nothing fixed at position 0) and one trained with a fixed first token before every crop
-(:func:`~attn_course.teaching.experiments.position_models.train_position_model` with
+(:func:`~attn_course.models.position_model.train_position_model` with
 ``first_token=True``). :func:`sink_streaming_losses` streams the same held-out characters through
 either, one token at a time, with the caches of
 :mod:`~attn_course.variants.attention_sinks`; :func:`first_token_windows` cuts the windows on which
@@ -20,7 +20,7 @@ import torch
 
 from attn_course import _validate
 from attn_course.core.kv_cache import KVCache
-from attn_course.teaching.experiments.position_models import PositionLanguageModel
+from attn_course.models.position_model import PositionLanguageModel
 from attn_course.variants.streaming import streaming_losses
 
 __all__ = ["sink_streaming_losses", "first_token_windows"]
@@ -47,7 +47,7 @@ def sink_streaming_losses(model: PositionLanguageModel, ids: torch.Tensor,
     the losses are those of the same characters, ``ids[1:]``.
 
     Args:
-        model: a :class:`~attn_course.teaching.experiments.position_models.PositionLanguageModel`.
+        model: a :class:`~attn_course.models.position_model.PositionLanguageModel`.
         ids: ``[N]`` character ids (no first token), ``N >= 2``.
         make_cache: builds one empty cache, e.g. ``lambda: SinkKVCache(window=28, sinks=4)``.
 
@@ -60,7 +60,7 @@ def sink_streaming_losses(model: PositionLanguageModel, ids: torch.Tensor,
             otherwise as :func:`~attn_course.variants.streaming.streaming_losses`.
 
     Example:
-        >>> from attn_course.teaching.experiments.position_models import PositionConfig
+        >>> from attn_course.models.position_model import PositionConfig
         >>> from attn_course.variants.attention_sinks import SinkKVCache
         >>> model = PositionLanguageModel(PositionConfig(vocab_size=6, position="rope", first_token=True))
         >>> sink_streaming_losses(model, torch.arange(12) % 5, lambda: SinkKVCache(window=4, sinks=1)).shape
@@ -86,7 +86,7 @@ def first_token_windows(model: PositionLanguageModel, ids: torch.Tensor, count: 
     position 0 holds what it held in every training window.
 
     Args:
-        model: a :class:`~attn_course.teaching.experiments.position_models.PositionLanguageModel`.
+        model: a :class:`~attn_course.models.position_model.PositionLanguageModel`.
         ids: ``[T]`` character ids (no first token), long enough for ``count`` windows.
         count: the number of windows, ``>= 1``.
         length: positions per window, ``>= 2``.
@@ -99,7 +99,7 @@ def first_token_windows(model: PositionLanguageModel, ids: torch.Tensor, count: 
             tensor or too short, ``count`` or ``length`` not an int of at least 1 or 2.
 
     Example:
-        >>> from attn_course.teaching.experiments.position_models import PositionConfig
+        >>> from attn_course.models.position_model import PositionConfig
         >>> model = PositionLanguageModel(PositionConfig(vocab_size=10, position="rope", first_token=True))
         >>> first_token_windows(model, torch.arange(8), count=2, length=3).tolist()    # the first token is 9
         [[9, 0, 1], [9, 2, 3]]

@@ -10,13 +10,13 @@ The model has a single causal attention layer with two heads and no residual pat
 everything the readout knows must come through attention. After training, one head looks
 one step back and the other at the first token: one lookup per head.
 
-Positions use a fixed code of rotating (cos, sin) pairs, like the original Transformer's
-sinusoids but with evenly spread frequencies (see :func:`rotating_position_code`), rather than
-one learned vector per position: moving one step back turns every pair of the code by the
+Positions use a fixed code of rotating (cos, sin) pairs, like the original Transformer's sinusoids
+but with evenly spread frequencies (:func:`~attn_course.models.two_relations.rotating_position_code`),
+rather than one learned vector per position: moving one step back turns every pair of the code by the
 same angle, at every position, so a head learns "one step back" once for all positions.
 With learned per-position vectors the heads occasionally swap roles at some positions.
 Chapter 05 (RoPE) builds on the same rotation idea. The task, the model and its training live in
-:mod:`~attn_course.teaching.experiments.two_relations` (re-exported here); this module measures the heads.
+:mod:`attn_course.models.two_relations`; this module measures the heads.
 
 How reliable is it? With the default settings, seeds 0 to 29 give two specialised heads (each
 above 0.9 on its relation) in 29 runs out of 30; seed 8 ends with one head blending both
@@ -34,30 +34,9 @@ from typing import NamedTuple
 import torch
 
 from attn_course import _validate
-from attn_course.teaching.experiments.two_relations import (
-    IGNORE_INDEX,
-    RELATIONS,
-    TwoRelationConfig,
-    TwoRelationModel,
-    make_two_relation_data,
-    rotating_position_code,
-    train_two_relation_model,
-)
+from attn_course.models.two_relations import TwoRelationConfig, make_two_relation_data, train_two_relation_model
 
-__all__ = [
-    "IGNORE_INDEX",
-    "RELATIONS",
-    "TwoRelationConfig",
-    "TwoRelationModel",
-    "RelationScores",
-    "make_two_relation_data",
-    "rotating_position_code",
-    "train_two_relation_model",
-    "head_relation_scores",
-    "steps_to_reach",
-    "HeadCountRun",
-    "compare_head_counts",
-]
+__all__ = ["RelationScores", "head_relation_scores", "steps_to_reach", "HeadCountRun", "compare_head_counts"]
 
 
 class RelationScores(NamedTuple):
@@ -75,7 +54,7 @@ def head_relation_scores(attention_weights: torch.Tensor) -> RelationScores:
 
     Args:
         attention_weights: ``[B, H, N, N]`` with ``N >= 3``, e.g. the second output of
-            :class:`TwoRelationModel`.
+            :class:`~attn_course.models.two_relations.TwoRelationModel`.
 
     Returns:
         ``RelationScores(previous [H], first [H])``, each entry in ``[0, 1]`` for weights whose

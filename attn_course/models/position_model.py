@@ -1,14 +1,13 @@
-"""The four small character models of chapter 09's train-short-test-long experiment, one per position scheme.
+"""A small causal character model, one per position scheme: chapter 05's and chapter 09's position experiments.
 
-:class:`PositionLanguageModel` is one causal character model whose only difference between
-variants is where a token's position enters (:data:`POSITION_SCHEMES`): a learned embedding, RoPE
-on queries and keys, ALiBi's bias on the scores, or nothing. :func:`train_position_model` trains
-one on windows of ``L`` characters; :mod:`~attn_course.teaching.experiments.length_extrapolation`
-scores them on longer ones. :func:`position_learning_curves` trains several, with the same seed
-and batches, and returns their held-out loss along training (chapter 05's "does RoPE help?").
-With ``first_token=True``, :func:`train_position_model` puts one fixed token before every training
-window, as a beginning-of-sequence token is in a real model's training texts: chapter 09 asks whether
-attention sinks then form (:mod:`~attn_course.teaching.experiments.sinks`).
+:class:`PositionLanguageModel`'s variants differ only in where a token's position enters
+(:data:`POSITION_SCHEMES`): a learned embedding, RoPE on queries and keys, ALiBi's bias on the scores,
+or nothing. :func:`train_position_model` trains one on windows of ``L`` characters, with chapter 04's
+loop (:func:`~attn_course.models.training.train_language_model`). With ``first_token=True`` it puts one
+fixed token before every training window, as a beginning-of-sequence token is in a real model's
+training texts. The experiments that compare the schemes live in :mod:`attn_course.teaching.experiments`:
+their learning curves (chapter 05), their losses on inputs longer than training's, and whether attention
+sinks form (chapter 09).
 """
 
 from __future__ import annotations
@@ -25,12 +24,11 @@ from attn_course.core.transformer import DecoderBlock
 from attn_course.data.rhymes import load_rhymes
 from attn_course.data.tokenizers import CharTokenizer
 from attn_course.models.tiny_language_model import check_ids_and_caches
-from attn_course.models.training import TrainingHistory, train_language_model
+from attn_course.models.training import train_language_model
 from attn_course.positions.alibi import alibi_bias, alibi_slopes
 from attn_course.positions.rope import RotaryEmbedding
 
-__all__ = ["POSITION_SCHEMES", "PositionConfig", "PositionLanguageModel", "train_position_model",
-           "position_learning_curves"]
+__all__ = ["POSITION_SCHEMES", "PositionConfig", "PositionLanguageModel", "train_position_model"]
 
 POSITION_SCHEMES = ("learned", "rope", "alibi", "none")
 
@@ -292,82 +290,3 @@ class _AfterFirstToken(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         first = ids.new_full((ids.shape[0], 1), self.model.config.first_token_id)         # [B, 1]
         return self.model(torch.cat([first, ids], dim=1))[:, 1:]                          # [B, N, V]
-
-
-def position_learning_curves(
-    positions: tuple[str, ...] = ("learned", "rope"),
-    text: str | None = None,
-    *,
-    train_length: int = 32,
-    embed_dim: int = 32,
-    num_heads: int = 4,
-    num_layers: int = 2,
-    steps: int = 300,
-    batch_size: int = 16,
-    learning_rate: float = 3e-3,
-    eval_every: int = 25,
-    validation_fraction: float = 0.1,
-    seed: int = 0,
-) -> dict[str, TrainingHistory]:
-    """Train one :class:`PositionLanguageModel` per position scheme and record their held-out loss.
-
-    Every model is trained by chapter 04's :func:`~attn_course.models.training.train_language_model`
-    with the same arguments: the same seed (so the same batches, in the same order), the same
-    steps and learning rate, and the same held-out tail of ``text`` (the last
-    ``validation_fraction``, cut at a blank line), scored every ``eval_every`` steps and before the
-    first. Nothing stops early. A ``"learned"`` model gets exactly ``train_length`` position
-    embeddings, so all of them are trained.
-
-    Args:
-        positions: distinct names from :data:`POSITION_SCHEMES`, e.g. ``("learned", "rope")``.
-        text: the text (default: chapter 04's :func:`~attn_course.data.rhymes.load_rhymes`).
-        train_length: ``N``, the characters per training and held-out window.
-        embed_dim, num_heads, num_layers: the model's sizes, see :class:`PositionConfig`.
-        steps: optimisation steps of each model.
-        batch_size: windows per step.
-        learning_rate: peak learning rate (cosine-decayed over ``steps``).
-        eval_every: steps between two held-out scorings.
-        validation_fraction: share of ``text`` held out, in ``(0, 1)``.
-        seed: seeds the weights and the batches.
-
-    Returns:
-        ``{position: TrainingHistory}`` in the order of ``positions``; each history's
-        ``validation_steps`` and ``validation_losses`` (mean cross-entropy, nats per character)
-        are the curve.
-
-    Raises:
-        TypeError, ValueError: ``positions`` not a non-empty tuple or list of distinct scheme
-            names, a ``validation_fraction`` outside ``(0, 1)``, or any argument that
-            :func:`~attn_course.models.training.train_language_model` or :class:`PositionConfig` refuses.
-
-    Example:
-        >>> curves = position_learning_curves(("learned", "rope"), steps=2, eval_every=1)
-        >>> {name: history.validation_steps for name, history in curves.items()}
-        {'learned': [0, 1, 2], 'rope': [0, 1, 2]}
-    """
-    where = "position_learning_curves"
-    if not isinstance(positions, (tuple, list)) or not positions:
-        raise TypeError(f"{where}: positions must be a non-empty tuple or list of names from {POSITION_SCHEMES}, "
-                        f"got {positions!r}")
-    if len(set(positions)) != len(positions):
-        raise ValueError(f"{where}: positions must be distinct, got {list(positions)}")
-    validation_fraction = _validate.dropout(where, validation_fraction, name="validation_fraction")
-    if validation_fraction == 0:
-        raise ValueError(f"{where}: validation_fraction must lie in (0, 1): the curves are held-out losses, got 0")
-    text = load_rhymes() if text is None else text
-    train_length = _validate.integer(where, "train_length", train_length, minimum=1)
-    for position in positions:                                          # check every name before training
-        PositionConfig(1, position, train_length, embed_dim, num_heads, num_layers)
-    curves = {}
-    for position in positions:
-        def make_model(vocab_size: int, position: str = position) -> PositionLanguageModel:
-            return PositionLanguageModel(PositionConfig(vocab_size, position, train_length, embed_dim, num_heads,
-                                                        num_layers))
-
-        _, _, history = train_language_model(
-            text, steps=steps, batch_size=batch_size, sequence_length=train_length, learning_rate=learning_rate,
-            validation_fraction=validation_fraction, eval_every=eval_every, patience=None, seed=seed,
-            progress=False, make_model=make_model,
-        )
-        curves[position] = history
-    return curves

@@ -7,11 +7,8 @@ import torch
 
 from attn_course.data.rhymes import held_out_split, load_rhymes
 from attn_course.data.tokenizers import CharTokenizer
-from attn_course.teaching.experiments.position_models import (
-    PositionConfig,
-    PositionLanguageModel,
-    position_learning_curves,
-)
+from attn_course.models.position_model import PositionConfig, PositionLanguageModel
+from attn_course.teaching.experiments.learning_curves import position_learning_curves
 
 SMALL = {"train_length": 8, "embed_dim": 16, "num_heads": 2, "num_layers": 1, "batch_size": 4}
 
