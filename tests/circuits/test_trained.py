@@ -53,14 +53,22 @@ def test_cached_weights_are_the_last_step_of_their_history():
     assert load_rhymes_model().config.vocab_size == rhymes_tokenizer().vocab_size
 
 
-def test_retraining_the_first_hundred_steps_of_seed_0_gives_the_cached_history_bit_for_bit():
+def test_retraining_the_first_hundred_steps_of_seed_0_gives_the_cached_history():
+    # Bit for bit on the kind of CPU that made the cache; another CPU's BLAS kernels round differently (an
+    # AMD EPYC gave 4.0905952 nats at step 25 against the cached 4.0905962), so the recorded numbers are
+    # compared to round-off, and the weights' digests where no kernel has run yet: the seeded start.
     cached = trained_histories()[0]
     every = cached["steps"][1]
     _, fresh = train_induction_model(0, steps=4 * every, record_every=every)
     fresh = json.loads(json.dumps(fresh.as_dict()))                     # as the cache stores it
+    assert fresh["digests"][0] == cached["digests"][0]
+    def numbers(values):                                                # None (not measured) as NaN
+        return torch.tensor(json.loads(json.dumps(values).replace("null", "NaN")), dtype=torch.float64)
+
     for name, values in fresh.items():
-        if isinstance(values, list):
-            assert cached[name][:len(values)] == values, name
+        if isinstance(values, list) and name != "digests":
+            torch.testing.assert_close(numbers(values), numbers(cached[name][:len(values)]), rtol=1e-5, atol=1e-5,
+                                       equal_nan=True, msg=name)
 
 
 def test_an_induction_head_formed_in_every_cached_seed():
