@@ -116,10 +116,28 @@ def sequence(where: str, name: str, value: object, *, of: str = "values") -> lis
     return list(value)
 
 
-def integer_sequence(where: str, name: str, value: object, *, minimum: int | None = None) -> list[int]:
-    """Require a sequence of ints (not a string), each ``>= minimum``; errors name the index."""
+def integer_sequence(where: str, name: str, value: object, *, minimum: int | None = None,
+                     nonempty: bool = False) -> list[int]:
+    """Require a sequence of ints (not a string), each ``>= minimum``, at least one if ``nonempty``;
+    errors name the index."""
     value = sequence(where, name, value, of="ints")
+    if nonempty and not value:
+        raise ValueError(f"{where}: {name} must not be empty")
     return [integer(where, f"{name}[{index}]", item, minimum=minimum) for index, item in enumerate(value)]
+
+
+def integers(where: str, *, minimum: int | None = None, **values: object) -> tuple[int, ...]:
+    """Require every keyword's value to be an int ``>= minimum``; return them in the order given."""
+    return tuple(integer(where, name, value, minimum=minimum) for name, value in values.items())
+
+
+def seconds(where: str, name: str, value: object) -> float:
+    """Require a number of seconds ``>= 0`` that is finite (a time budget)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}: {name} must be a number of seconds, got {type(value).__name__}")
+    if not 0 <= value < math.inf:
+        raise ValueError(f"{where}: {name} must be >= 0 and finite, got {value}")
+    return float(value)
 
 
 def labels(where: str, name: str, value: object, expected: int | None = None) -> list[str]:

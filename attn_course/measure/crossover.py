@@ -7,9 +7,9 @@ import math
 from collections.abc import Sequence
 
 from attn_course.measure.rows import check_rows
-from attn_course.measure.variants import DEFAULT_LENGTHS, VariantRow, check_lengths, check_name, measure_variants
+from attn_course.measure.variants import VariantRow, check_name
 
-__all__ = ["Crossover", "crossover_from_rows", "first_from", "linear_crossover"]
+__all__ = ["Crossover", "crossover_from_rows", "first_from"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,59 +127,3 @@ def crossover_from_rows(rows: Sequence[VariantRow], *, softmax: str = "softmax s
     return Crossover(softmax=softmax, linear=linear, lengths=tuple(lengths), time_n=time_n,
                      time_n_interpolated=time_between, memory_n=memory_n, memory_n_interpolated=memory_between,
                      seconds_ratio=tuple(seconds), memory_ratio=tuple(memory))
-
-
-def linear_crossover(
-    lengths: Sequence[int] = DEFAULT_LENGTHS,
-    *,
-    batch: int = 1,
-    heads: int = 4,
-    head_dim: int = 64,
-    chunk_size: int = 128,
-    softmax: str = "softmax sdpa",
-    linear: str = "linear chunked",
-    repeats: int = 3,
-    budget_s: float = 0.25,
-    threads: int | None = 1,
-    seed: int = 0,
-) -> Crossover:
-    """Measure the N from which causal linear attention is faster, and smaller, than softmax attention.
-
-    Runs :func:`measure_variants` for the two variants only, on the grid ``lengths`` (sorted),
-    then :func:`crossover_from_rows`. Times are this machine's and noisy (the grid N is the first
-    from which linear attention stays faster); the memory crossover is exact.
-
-    Args:
-        lengths: the grid of N, at least two distinct values.
-        batch, heads, head_dim: ``B``, ``H``, ``d``.
-        chunk_size: ``C`` of the chunked linear attention.
-        softmax: ``"softmax sdpa"`` (PyTorch's fused kernel) or ``"softmax self_attention"``
-            (the course's, the ``N × N`` weights materialised).
-        linear: ``"linear chunked"`` or ``"linear recurrent"``.
-        repeats, budget_s, threads: as in :func:`measure_variants` (one thread by default).
-        seed: for the random inputs; ``>= 0``.
-
-    Returns:
-        a :class:`Crossover`.
-
-    Raises:
-        TypeError, ValueError: as :func:`measure_variants`, or fewer than two distinct lengths.
-
-    Example:
-        >>> crossover = linear_crossover((64, 256), head_dim=16, softmax="softmax self_attention", budget_s=0)
-        >>> crossover.lengths, crossover.memory_n        # memory: exact bytes, not a timing
-        ((64, 256), 64)
-        >>> print(crossover.describe())                  # doctest: +SKIP
-        time: linear chunked is faster than softmax self_attention from N = 256 (curves cross near N ≈ 150)
-        memory: linear chunked is smaller than softmax self_attention already at the smallest N measured, 64 ...
-    """
-    where = "linear_crossover"
-    grid = sorted(set(check_lengths(where, lengths)))
-    if len(grid) < 2:
-        raise ValueError(f"{where}: lengths must hold at least two distinct N, got {list(lengths)}")
-    softmax = check_name(where, "softmax", softmax, ("softmax sdpa", "softmax self_attention"))
-    linear = check_name(where, "linear", linear, ("linear chunked", "linear recurrent"))
-    rows = measure_variants(grid, batch=batch, heads=heads, head_dim=head_dim, chunk_size=chunk_size,
-                            variants=(softmax, linear), repeats=repeats, budget_s=budget_s, threads=threads,
-                            seed=seed)
-    return crossover_from_rows(rows, softmax=softmax, linear=linear)

@@ -28,7 +28,7 @@ from attn_course import _validate
 from attn_course.core.attention import self_attention
 from attn_course.flash.tiled import tiled_attention
 from attn_course.measure.memory import available_memory_bytes, peak_memory
-from attn_course.measure.rows import check_rows, pyplot_for
+from attn_course.measure.rows import check_rows, pyplot_for, save_time_and_memory
 from attn_course.measure.timing import best_time, timed
 
 __all__ = ["CpuRow", "TrainingRow", "attention_flops", "cpu_rows", "plot_rows", "training_rows"]
@@ -111,13 +111,6 @@ def attention_flops(batch: int, heads: int, n: int, head_dim: int, *, causal: bo
     return flops / 2 if causal else flops
 
 
-def _lengths(where: str, lengths: object) -> list[int]:
-    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1)
-    if not lengths:
-        raise ValueError(f"{where}: lengths must not be empty")
-    return lengths
-
-
 def cpu_rows(lengths: Sequence[int] = DEFAULT_LENGTHS, *, head_dim: int = 64, block: int = 256,
              repeats: int = 2, seed: int = 0) -> list[CpuRow]:
     """Time and peak memory of naive, tiled and SDPA attention for one head, float32.
@@ -146,10 +139,8 @@ def cpu_rows(lengths: Sequence[int] = DEFAULT_LENGTHS, *, head_dim: int = 64, bl
         (['naive', 'tiled', 'sdpa'], True)
     """
     where = "cpu_rows"
-    lengths = _lengths(where, lengths)
-    head_dim = _validate.integer(where, "head_dim", head_dim, minimum=1)
-    block = _validate.integer(where, "block", block, minimum=1)
-    repeats = _validate.integer(where, "repeats", repeats, minimum=1)
+    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1, nonempty=True)
+    head_dim, block, repeats = _validate.integers(where, minimum=1, head_dim=head_dim, block=block, repeats=repeats)
     seed = _validate.integer(where, "seed", seed, minimum=0)
     methods = {
         "naive": lambda q, k, v: self_attention(q, k, v)[0],
@@ -201,9 +192,8 @@ def training_rows(lengths: Sequence[int] = TRAINING_LENGTHS, *, head_dim: int = 
         (['naive', 'tiled'], True)
     """
     where = "training_rows"
-    lengths = _lengths(where, lengths)
-    head_dim = _validate.integer(where, "head_dim", head_dim, minimum=1)
-    block = _validate.integer(where, "block", block, minimum=1)
+    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1, nonempty=True)
+    head_dim, block = _validate.integers(where, minimum=1, head_dim=head_dim, block=block)
     seed = _validate.integer(where, "seed", seed, minimum=0)
     methods = {
         "naive": lambda q, k, v: self_attention(q, k, v)[0],
@@ -248,16 +238,6 @@ def plot_rows(rows: Sequence[CpuRow], path: str | os.PathLike, *, title: str) ->
     where = "plot_rows"
     rows = check_rows(where, rows, (CpuRow,))
     path, plt = pyplot_for(where, path, title)
-
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for method in dict.fromkeys(r.method for r in rows):
-        chosen = [r for r in rows if r.method == method]
-        axes[0].plot([r.n for r in chosen], [r.seconds for r in chosen], marker="o", label=method)
-        axes[1].plot([r.n for r in chosen], [r.peak_mib for r in chosen], marker="o", label=method)
-    axes[0].set(xscale="log", yscale="log", xlabel="N", ylabel="seconds (best)", title="time")
-    axes[1].set(xscale="log", yscale="log", xlabel="N", ylabel="peak MiB", title="peak memory")
-    axes[1].legend()
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    series = {method: [(r.n, r.seconds, r.peak_mib) for r in rows if r.method == method]
+              for method in dict.fromkeys(r.method for r in rows)}
+    save_time_and_memory(series, path, plt, title=title)

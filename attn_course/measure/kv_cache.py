@@ -57,6 +57,16 @@ class KvCacheRow:
     speedup: float
 
 
+def _model_options(where: str, embed_dim: object, num_layers: object, repeats: object,
+                   seed: object) -> tuple[int, int, int, int]:
+    """The untrained model's width and depth, the timings to take and the seed, checked."""
+    embed_dim, num_layers, repeats = _validate.integers(where, minimum=1, embed_dim=embed_dim, num_layers=num_layers,
+                                                        repeats=repeats)
+    if embed_dim % _NUM_HEADS:
+        raise ValueError(f"{where}: embed_dim must be a multiple of {_NUM_HEADS} (the heads), got {embed_dim}")
+    return embed_dim, num_layers, repeats, _validate.integer(where, "seed", seed, minimum=0)
+
+
 def positions_processed(prompt_length: int, new_tokens: int) -> tuple[int, int]:
     """Token positions the model processes to generate ``new_tokens`` after a prompt, when the
     whole text fits the model's context window.
@@ -125,16 +135,9 @@ def kv_cache_speedup(
         (2, True)
     """
     where = "kv_cache_speedup"
-    counts = _validate.integer_sequence(where, "new_tokens", new_tokens, minimum=1)
-    if not counts:
-        raise ValueError(f"{where}: new_tokens must not be empty")
+    counts = _validate.integer_sequence(where, "new_tokens", new_tokens, minimum=1, nonempty=True)
     prompt_length = _validate.integer(where, "prompt_length", prompt_length, minimum=1)
-    embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
-    if embed_dim % _NUM_HEADS:
-        raise ValueError(f"{where}: embed_dim must be a multiple of {_NUM_HEADS} (the heads), got {embed_dim}")
-    num_layers = _validate.integer(where, "num_layers", num_layers, minimum=1)
-    repeats = _validate.integer(where, "repeats", repeats, minimum=1)
-    seed = _validate.integer(where, "seed", seed, minimum=0)
+    embed_dim, num_layers, repeats, seed = _model_options(where, embed_dim, num_layers, repeats, seed)
     config = LanguageModelConfig(vocab_size=64, max_length=prompt_length + max(counts), embed_dim=embed_dim,
                                  num_heads=_NUM_HEADS, num_layers=num_layers)
     with torch.random.fork_rng(devices=[]):   # seed the weights without reseeding the caller's RNG
@@ -262,15 +265,8 @@ def decode_step_times(
         ([2, 5], True)
     """
     where = "decode_step_times"
-    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=2)
-    if not lengths:
-        raise ValueError(f"{where}: lengths must not be empty")
-    embed_dim = _validate.integer(where, "embed_dim", embed_dim, minimum=1)
-    if embed_dim % _NUM_HEADS:
-        raise ValueError(f"{where}: embed_dim must be a multiple of {_NUM_HEADS} (the heads), got {embed_dim}")
-    num_layers = _validate.integer(where, "num_layers", num_layers, minimum=1)
-    repeats = _validate.integer(where, "repeats", repeats, minimum=1)
-    seed = _validate.integer(where, "seed", seed, minimum=0)
+    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=2, nonempty=True)
+    embed_dim, num_layers, repeats, seed = _model_options(where, embed_dim, num_layers, repeats, seed)
     config = LanguageModelConfig(vocab_size=64, max_length=max(lengths), embed_dim=embed_dim,
                                  num_heads=_NUM_HEADS, num_layers=num_layers)
     with torch.random.fork_rng(devices=[]):   # seed the weights without reseeding the caller's RNG

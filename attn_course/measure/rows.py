@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from attn_course import _validate
 
-__all__ = ["check_rows", "pyplot_for", "write_csv"]
+__all__ = ["check_rows", "pyplot_for", "save_time_and_memory", "write_csv"]
 
 
 def check_rows(where: str, rows: object, kinds: tuple[type, ...] | None = None) -> list:
@@ -103,3 +103,30 @@ def pyplot_for(where: str, path: object, title: object):
     import matplotlib.pyplot as plt
 
     return path, plt
+
+
+def save_time_and_memory(series: dict[str, list[tuple[int, float, float | None]]], path: pathlib.Path, plt, *,
+                         title: str, panels: tuple[str, str] = ("time", "peak memory")) -> None:
+    """Save two log-log panels against N, seconds and peak MiB, a line per series (a memory of None is not drawn).
+
+    ``series`` maps a label to its points ``(N, seconds, peak MiB)``; ``path`` and ``plt`` are what
+    :func:`pyplot_for` returned.
+    """
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for index, (label, points) in enumerate(series.items()):
+        style = dict(marker="o", label=label, color=f"C{index}")        # one colour per series in both panels
+        axes[0].plot([n for n, _, _ in points], [seconds for _, seconds, _ in points], **style)
+        measured = [(n, mib) for n, _, mib in points if mib]
+        if measured:
+            axes[1].plot([n for n, _ in measured], [mib for _, mib in measured], **style)
+    lengths = sorted({n for points in series.values() for n, _, _ in points})
+    for axis, ylabel, panel in zip(axes, ("seconds (best)", "peak MiB"), panels):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(lengths, [str(n) for n in lengths])
+        axis.minorticks_off()
+        axis.set(yscale="log", xlabel="N", ylabel=ylabel, title=panel)
+    axes[0].legend(fontsize=8)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import math
 import platform
 import time
 import timeit
@@ -84,10 +83,7 @@ def best_time(fn: Callable[..., object], repeats: int = 1, *, setup: Callable[[]
     if setup is not None and not callable(setup):
         raise TypeError(f"{where}: setup must be callable or None, got {type(setup).__name__}")
     repeats = _validate.integer(where, "repeats", repeats, minimum=1)
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
-        raise TypeError(f"{where}: budget_s must be a number of seconds, got {type(budget_s).__name__}")
-    if not 0 <= budget_s < math.inf:
-        raise ValueError(f"{where}: budget_s must be >= 0 and finite, got {budget_s}")
+    budget_s = _validate.seconds(where, "budget_s", budget_s)
     single, blocks = _timers(fn, setup)
     samples = single.repeat(repeat=repeats, number=1)
     left = budget_s - sum(samples)

@@ -33,15 +33,14 @@ MQA, MLA, the window and linear attention for one stated configuration.
 Every timed output is compared with a reference before it is timed (``max_difference``: masked SDPA
 for the softmax variants, :func:`~attn_course.variants.linear_attention.linear_attention_parallel` for
 linear attention), so the benchmark never times a wrong computation.
-:func:`~attn_course.measure.crossover.linear_crossover` finds the N from which linear attention is faster
-(and smaller) than softmax attention.
+:func:`~attn_course.measure.crossover.crossover_from_rows` finds the N from which linear attention is
+faster (and smaller) than softmax attention.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -55,7 +54,7 @@ from attn_course.core.attention import self_attention
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import causal_mask
 from attn_course.measure.memory import available_memory_bytes, peak_memory
-from attn_course.measure.rows import check_rows, pyplot_for
+from attn_course.measure.rows import check_rows, pyplot_for, save_time_and_memory
 from attn_course.measure.timing import best_time
 from attn_course.variants.flex_attention import causal, flex_attend
 from attn_course.variants.linear_attention import (
@@ -67,8 +66,8 @@ from attn_course.variants.linear_attention import (
 from attn_course.variants.masks import sliding_window_mask
 from attn_course.variants.sliding_window import RollingKVCache
 
-__all__ = ["DECODE_VARIANTS", "DEFAULT_LENGTHS", "PREFILL_VARIANTS", "QUICK_LENGTHS", "VariantRow", "check_lengths",
-           "check_name", "measure_variants", "plot_variants", "prefill_functions"]
+__all__ = ["DECODE_VARIANTS", "DEFAULT_LENGTHS", "PREFILL_VARIANTS", "QUICK_LENGTHS", "VariantRow", "check_name",
+           "measure_variants", "plot_variants", "prefill_functions"]
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 QUICK_LENGTHS = (32, 64)
@@ -102,14 +101,6 @@ class VariantRow:
     state_bytes: int
     max_difference: float
 
-
-
-def check_lengths(where: str, lengths: object) -> list[int]:
-    """``lengths`` as a non-empty list of ints >= 1, or the error naming ``where``."""
-    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1)
-    if not lengths:
-        raise ValueError(f"{where}: lengths must not be empty")
-    return lengths
 
 
 def check_name(where: str, name: str, value: object, allowed: Sequence[str]) -> str:
@@ -271,22 +262,16 @@ def measure_variants(
         True
     """
     where = "measure_variants"
-    lengths = check_lengths(where, lengths)
-    batch = _validate.integer(where, "batch", batch, minimum=1)
-    heads = _validate.integer(where, "heads", heads, minimum=1)
-    head_dim = _validate.integer(where, "head_dim", head_dim, minimum=1)
-    window = _validate.integer(where, "window", window, minimum=1)
-    chunk_size = _validate.integer(where, "chunk_size", chunk_size, minimum=1)
+    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1, nonempty=True)
+    batch, heads, head_dim, window, chunk_size = _validate.integers(
+        where, minimum=1, batch=batch, heads=heads, head_dim=head_dim, window=window, chunk_size=chunk_size)
     variants = _validate.sequence(where, "variants", variants, of="variant names")
     for index, name in enumerate(variants):
         check_name(where, f"variants[{index}]", name, PREFILL_VARIANTS + DECODE_VARIANTS)
     if not variants:
         raise ValueError(f"{where}: variants must not be empty")
     repeats = _validate.integer(where, "repeats", repeats, minimum=1)
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
-        raise TypeError(f"{where}: budget_s must be a number of seconds, got {type(budget_s).__name__}")
-    if not 0 <= budget_s < math.inf:
-        raise ValueError(f"{where}: budget_s must be >= 0 and finite, got {budget_s}")
+    budget_s = _validate.seconds(where, "budget_s", budget_s)
     threads = None if threads is None else _validate.integer(where, "threads", threads, minimum=1)
     seed = _validate.integer(where, "seed", seed, minimum=0)
     generator = torch.Generator().manual_seed(seed)
@@ -349,25 +334,8 @@ def plot_variants(rows: Sequence[VariantRow], path: str | os.PathLike, *, title:
     where = "plot_variants"
     rows = check_rows(where, rows, (VariantRow,))
     path, plt = pyplot_for(where, path, title)
-
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     prefill = [r for r in rows if r.mode == "prefill"]
-    lengths = sorted({r.n for r in prefill})
-    for index, variant in enumerate(dict.fromkeys(r.variant for r in prefill)):
-        style = dict(marker="o", label=variant, color=f"C{index}")     # one colour per variant in both panels
-        chosen = [r for r in prefill if r.variant == variant]
-        axes[0].plot([r.n for r in chosen], [r.seconds for r in chosen], **style)
-        measured = [r for r in chosen if r.peak_bytes]
-        if measured:
-            axes[1].plot([r.n for r in measured], [r.peak_bytes / 2**20 for r in measured], **style)
-    for axis in axes:
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(lengths, [str(n) for n in lengths])
-        axis.minorticks_off()
-    axes[0].set(yscale="log", xlabel="N", ylabel="seconds (best)", title="time (causal)")
-    axes[1].set(yscale="log", xlabel="N", ylabel="peak MiB", title="peak memory (flex eager: not measurable)")
-    axes[0].legend(fontsize=8)
-    figure.suptitle(title, fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    series = {variant: [(r.n, r.seconds, r.peak_bytes and r.peak_bytes / 2**20)
+                        for r in prefill if r.variant == variant] for variant in dict.fromkeys(r.variant for r in prefill)}
+    save_time_and_memory(series, path, plt, title=title,
+                         panels=("time (causal)", "peak memory (flex eager: not measurable)"))

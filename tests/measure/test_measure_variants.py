@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attn_course.measure import variants
-from attn_course.measure.crossover import crossover_from_rows, linear_crossover
+from attn_course.measure.crossover import crossover_from_rows
 
 TINY = dict(heads=2, head_dim=16, window=8, chunk_size=16, repeats=1, budget_s=0)
 
@@ -124,9 +124,7 @@ def test_variants_functions_reject_bad_arguments():
         variants.measure_variants((16,), window=0)
     with pytest.raises(ValueError, match=r"^measure_variants: budget_s must be >= 0 and finite, got -1"):
         variants.measure_variants((16,), budget_s=-1)
-    with pytest.raises(ValueError, match=r"^linear_crossover: lengths must hold at least two distinct N"):
-        linear_crossover((64, 64))
-    with pytest.raises(ValueError, match=r"^linear_crossover: softmax must be one of"):
-        linear_crossover((16, 32), softmax="flex eager")
+    with pytest.raises(ValueError, match=r"^crossover_from_rows: softmax must be one of"):
+        crossover_from_rows([variants.VariantRow("softmax sdpa", "prefill", 16, 1.0, 1, 0, 0.0)], softmax="flex eager")
     with pytest.raises(TypeError, match=r"^crossover_from_rows: rows\[0\] must be VariantRow"):
         crossover_from_rows([object()])
