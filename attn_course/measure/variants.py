@@ -336,6 +336,7 @@ def plot_variants(rows: Sequence[VariantRow], path: str | os.PathLike, *, title:
     path, plt = pyplot_for(where, path, title)
     prefill = [r for r in rows if r.mode == "prefill"]
     series = {variant: [(r.n, r.seconds, r.peak_bytes and r.peak_bytes / 2**20)
-                        for r in prefill if r.variant == variant] for variant in dict.fromkeys(r.variant for r in prefill)}
+                        for r in prefill if r.variant == variant]
+              for variant in dict.fromkeys(r.variant for r in prefill)}
     save_time_and_memory(series, path, plt, title=title,
                          panels=("time (causal)", "peak memory (flex eager: not measurable)"))
