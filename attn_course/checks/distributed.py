@@ -1,9 +1,9 @@
 """Checks for the exercises of chapter 10 (attention across machines): the messages of Ulysses'
-all-to-all, the bytes a rank sends with grouped-query attention in training, a ring of partial results
-merged in one process, and the causal work of the ring step by step in the two layouts. Each runs the
-student's function on fresh inputs, compares it with a reference computed here (slices of the full
-tensor, the byte formulas written out in :mod:`~attn_course.checks.distributed_bytes` (exercise 2's
-check, re-exported here), :func:`~attn_course.core.attention.self_attention`, and
+all-to-all, a ring of partial results merged in one process, and the causal work of the ring step by
+step in the two layouts (exercise 2's, the bytes a rank sends, is in
+:mod:`~attn_course.checks.distributed_bytes`). Each runs the student's function on fresh inputs, compares
+it with a reference computed here (slices of the full tensor,
+:func:`~attn_course.core.attention.self_attention`, and
 :func:`~attn_course.distributed.layout.token_positions`), and names the mistake it recognises. None of
 them needs a process group: the ranks are simulated in one process."""
 
@@ -16,13 +16,12 @@ from collections.abc import Callable
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer, check_shape, diagnose, same, watched
-from attn_course.checks.distributed_bytes import BITS, check_bytes_sent_per_rank, number_of_bytes
+from attn_course.checks.distributed_bytes import BITS, number_of_bytes
 from attn_course.checks.forbidden import Forbidden, forbid
 from attn_course.core.attention import self_attention
 from attn_course.distributed.layout import token_positions
 
-__all__ = ["check_ulysses_exchange", "check_bytes_sent_per_rank", "check_ring_by_hand",
-           "check_visible_pairs_by_step"]
+__all__ = ["check_ulysses_exchange", "check_ring_by_hand", "check_visible_pairs_by_step"]
 
 
 def _nothing_yet(result: object) -> None:

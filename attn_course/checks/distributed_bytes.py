@@ -3,7 +3,7 @@
 Its reference formulas are written out here (it calls no course code), and it names the usual
 slips: the ring's K/V at ``H`` heads, ``P`` hops, keys only, whole-sequence blocks, the dK/dV sums at
 the input's element size or left out, Ulysses' all-to-alls at the wrong heads, a rank keeping nothing,
-bits for bytes. :mod:`~attn_course.checks.distributed` re-exports it with the chapter's other checks.
+bits for bytes. Chapter 10's other checks are in :mod:`~attn_course.checks.distributed`.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ BYTES_RULES = forbid(
     "the exercise is to work out the bytes yourself",
     "attn_course.distributed.ulysses.ulysses_bytes",
     "attn_course.measure.distributed.formulas.formula_bytes",
-    "attn_course.distributed.communication.count_traffic",
-    "attn_course.distributed.communication.Traffic",
+    "attn_course.measure.distributed.taps.count_traffic",
+    "attn_course.measure.distributed.taps.Traffic",
 )
 
 
@@ -119,7 +119,7 @@ def check_bytes_sent_per_rank(bytes_fn: Callable[..., float]) -> bool:
     times, kept in float32 for half-precision inputs); Ulysses forward ``(P - 1)/P·(2 S_q + 2 S_kv)·e``
     (q and the output at ``H`` heads, k and v at ``H_kv``), twice that forward + backward.
     ``tests/checks`` compares them with what
-    :func:`~attn_course.distributed.communication.count_traffic` measures on real ranks.
+    :func:`~attn_course.measure.distributed.taps.count_traffic` measures on real ranks.
 
     Returns:
         ``True`` when correct.

@@ -23,14 +23,8 @@ __all__ = ["self_attention", "scaled_dot_product", "softmax_with_empty_rows", "e
            "classic_self_attention"]
 
 
-def self_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, returning the output and the attention weights.
 
     Computes ``softmax(q @ kᵀ * scale + mask) @ v`` row by row: each query gets a
@@ -86,14 +80,8 @@ def _self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return output.to(q.dtype), attention_weights.to(q.dtype)
 
 
-def scaled_dot_product(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                       scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The formula itself, ``softmax(q kᵀ · scale + mask) v``, in the inputs' own dtype.
 
     :func:`self_attention` checks its inputs, moves them to float32 (from float16 or

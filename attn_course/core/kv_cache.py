@@ -141,14 +141,9 @@ class KVCache:
             return given
         return torch.arange(self.length, self.length + new_tokens, device=device)      # new tokens follow the cache
 
-    def update(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, keys: torch.Tensor, values: torch.Tensor, *, positions: torch.Tensor | None = None,
+               rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new tokens' keys and values; return the keys and values the new queries attend to.
 
         Args:

@@ -143,18 +143,10 @@ class MultiHeadAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}{backend}")
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        kv_cache: KVCache | None = None,
-        need_weights: bool = True,
-        positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None, *,
+                mask: torch.Tensor | None = None, is_causal: bool = False, kv_cache: KVCache | None = None,
+                need_weights: bool = True, positions: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (to ``query`` itself when they are None).
 
         Args:
@@ -193,18 +185,10 @@ class MultiHeadAttention(nn.Module):
                                             need_weights=need_weights, positions=positions)   # [B, H, N_q, d]
         return self.out_proj(_merge_heads(output)), weights              # [B, N_q, E]
 
-    def attend_heads(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-        value: torch.Tensor | None = None,
-        *,
-        mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        kv_cache: KVCache | None = None,
-        need_weights: bool = True,
-        positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def attend_heads(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None, *,
+                     mask: torch.Tensor | None = None, is_causal: bool = False, kv_cache: KVCache | None = None,
+                     need_weights: bool = True, positions: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` up to the heads' outputs, before they are merged and projected by ``out_proj``.
 
         ``forward(...)`` is ``out_proj(merge_heads(z))`` of this ``z``; a model that needs each head's

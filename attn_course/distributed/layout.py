@@ -24,15 +24,38 @@ import torch
 
 from attn_course import _validate
 
-__all__ = ["LAYOUTS", "shard", "unshard", "token_positions", "chunk_count"]
+__all__ = ["LAYOUTS", "shard", "unshard", "token_positions", "chunk_count", "check_divisible", "check_layout",
+           "check_shards"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
+def check_layout(where: str, layout: object, name: str = "layout") -> str:
+    """``layout`` if it is one of :data:`LAYOUTS`, else the ValueError naming ``where`` and the argument."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"{where}: {name} must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def check_shards(where: str, q: object, k: object, v: object) -> None:
+    """Refuse, naming ``where``, shards that are not q ``[B, H, N_local, d]``, k ``[B, H_kv, N_local, d]`` and
+    v ``[B, H_kv, N_local, d_v]``, floating, of one dtype and device, at least one token, ``H_kv`` dividing ``H``
+    (grouped-query attention)."""
+    _validate.four_d(where, layout="[B, H, N_local, d]", q=q, k=k, v=v)
+    if (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]) or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{where}: q must be [B, H, N_local, d], k [B, H_kv, N_local, d] and v [B, H_kv, N_local, "
+                         f"d_v], cut from the sequence the same way, got q {_validate.shape_str(q)}, "
+                         f"k {_validate.shape_str(k)}, v {_validate.shape_str(v)}")
+    if q.shape[2] == 0:
+        raise ValueError(f"{where}: q, k and v need at least one token on every rank, got N_local=0")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{where}: grouped-query attention needs H divisible by H_kv, got q with H={q.shape[1]} "
+                         f"heads and k, v with H_kv={k.shape[1]}")
+
+
 def _check(where: str, world_size: object, layout: object, rank: object = None) -> tuple[int, str, int | None]:
     world_size = _validate.integer(where, "world_size", world_size, minimum=1)
-    if layout not in LAYOUTS:
-        raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(where, layout)
     if rank is not None:
         rank = _validate.integer(where, "rank", rank, minimum=0)
         if rank >= world_size:
@@ -63,7 +86,8 @@ def chunk_count(world_size: int, layout: str) -> int:
     return 2 * world_size if layout == "zigzag" else world_size
 
 
-def _chunk_length(where: str, n: int, world_size: int, layout: str) -> int:
+def check_divisible(where: str, n: int, world_size: int, layout: str) -> int:
+    """The tokens per chunk, ``N / chunk_count``, or the ValueError naming ``where`` when ``N`` does not divide."""
     chunks = chunk_count(world_size, layout)
     if n % chunks:
         parts = {"contiguous": "P equal chunks", "zigzag": "2P equal chunks", "striped": "P equal stripes"}[layout]
@@ -100,7 +124,7 @@ def token_positions(rank: int, world_size: int, n: int, layout: str = "contiguou
     where = "token_positions"
     world_size, layout, rank = _check(where, world_size, layout, rank)
     n = _validate.integer(where, "n", n, minimum=1)
-    length = _chunk_length(where, n, world_size, layout)                    # refuses an N that does not divide
+    length = check_divisible(where, n, world_size, layout)                    # refuses an N that does not divide
     if layout == "striped":
         return torch.arange(rank, n, world_size)                              # i with i mod P = rank
     return torch.cat([torch.arange(c * length, (c + 1) * length) for c in _chunks_of(rank, world_size, layout)])

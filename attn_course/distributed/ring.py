@@ -5,7 +5,7 @@ Every rank keeps its queries and, in ``P`` steps, sees every rank's keys and val
 
     step s:  hold the K/V block of rank (r - s) mod P
              start passing it on to rank r + 1          (it travels while we compute)
-             attend this rank's queries to the block    (one FlashAttention tile, with its LSE)
+             attend this rank's queries to the block    (FlashAttention tiles, each with its LSE)
              merge into the running output by LSE       (chapter 06's merge)
              receive rank (r - s - 1)'s block from rank r - 1
 
@@ -16,83 +16,75 @@ partial attentions over disjoint key sets by their log-sum-exps
 
 With a causal mask, a query chunk and a key chunk are either fully visible (every key before
 every query: no mask), fully masked (every key after every query: skipped, no compute) or on the
-diagonal (the mask ``key position <= query position``). The contiguous layout leaves rank 0 with
-one pair to compute and rank ``P - 1`` with ``P``; the zig-zag layout (rank ``r`` holds chunks
-``r`` and ``2P - 1 - r``) gives every rank ``2P + 1`` chunk pairs; the striped layout (rank ``r``
-holds tokens ``r, r + P, ...``; Brandon et al. 2023, arXiv 2311.09431) puts every step's one pair
-on the diagonal, about half visible, so every rank computes ``P`` masked pairs and skips none
-(:func:`ring_work`; :func:`count_ring_work` measures them, with the score elements of every step).
+diagonal (the mask ``key position <= query position``): :func:`chunk_pairs`. The contiguous layout
+leaves rank 0 with one pair to compute and rank ``P - 1`` with ``P``; the zig-zag layout (rank ``r``
+holds chunks ``r`` and ``2P - 1 - r``) gives every rank ``2P + 1`` chunk pairs; the striped layout
+(rank ``r`` holds tokens ``r, r + P, ...``; Brandon et al. 2023, arXiv 2311.09431) puts every step's
+one pair on the diagonal, about half visible, so every rank computes ``P`` masked pairs and skips none
+(:func:`~attn_course.distributed.ring_work.ring_work`).
 
 The backward pass circulates K/V once more and recomputes each tile's weights from the saved
-log-sum-exp (FlashAttention's backward); the dK/dV accumulators travel with the block they
-belong to and arrive home with one last hop (:class:`RingAttentionFunction`).
+log-sum-exp (FlashAttention's backward, :func:`block_gradients`); the dK/dV accumulators travel with
+the block they belong to and arrive home with one last hop (:class:`RingAttentionFunction`).
+
+Nothing here counts: :mod:`attn_course.measure.distributed.taps` wraps the two steps,
+:func:`attend_to_block` and :func:`block_gradients`, and the communication helpers from outside.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
 from attn_course import _validate
-from attn_course.distributed.communication import pass_around_ring
-from attn_course.distributed.layout import LAYOUTS, chunk_count, shard, token_positions
-from attn_course.distributed.ring_work import (
-    RingWork,
-    count_ring_work,
-    counting,
-    record_pairs,
-    record_step,
-    ring_work,
-    step_clock,
-)
+from attn_course.distributed import communication
+from attn_course.distributed.layout import check_layout, check_shards, chunk_count, shard, token_positions
 from attn_course.flash.tiled import merge_attention_outputs
 
-__all__ = ["ring_attention", "RingAttentionFunction", "ring_work", "RingWork", "count_ring_work",
-           "ring_attention_on_rank", "accumulation_dtype"]
+__all__ = ["ring_attention", "RingAttentionFunction", "ring_attention_on_rank", "accumulation_dtype",
+           "ChunkPair", "chunk_pairs", "attend_to_block", "block_gradients"]
+
 
 # --- one step of the ring: this rank's query chunks against the K/V block it holds -------------------
 
 @dataclasses.dataclass(frozen=True)
-class _Pair:
-    """One (query chunk, key chunk) pair of a step: where they sit in the shards, and their mask."""
+class ChunkPair:
+    """One (query chunk, key chunk) pair of a ring step: where the chunks sit in the shards, and their mask."""
 
     rows: slice                      # the query chunk, within this rank's shard
     cols: slice                      # the key chunk, within the K/V block held
     mask: torch.Tensor | None        # [rows, cols] bool, True = may attend; None = every key visible
+    hidden: bool = False             # every key after every query: nothing to compute
 
 
-def _pairs(rank: int, source: int, world_size: int, n_local: int, layout: str, causal: bool,
-           device: torch.device, *, forward: bool) -> list[_Pair]:
-    """The chunk pairs to compute when ``rank`` holds the K/V block of rank ``source``.
+def chunk_pairs(rank: int, source: int, world_size: int, n_local: int, layout: str, causal: bool,
+                device: torch.device) -> list[ChunkPair]:
+    """Every (query chunk, key chunk) pair of the step at which ``rank`` holds the K/V block of rank ``source``.
 
-    Positions come from :func:`token_positions`: a key chunk after every query of a query chunk
-    is skipped (counted in ``skipped``), one before every query needs no mask, the rest (the
-    diagonal) get ``key position <= query position``. With the striped layout each rank has one
-    chunk, its whole shard, and (for ``N / P >= 2``) every pair is on the diagonal. The pairs are
-    counted for :func:`count_ring_work` (as ``forward`` or ``backward`` work).
+    Positions come from :func:`~attn_course.distributed.layout.token_positions`: a key chunk after every
+    query of a query chunk is ``hidden`` (skipped), one before every query needs no mask, the rest (the
+    diagonal) get ``key position <= query position``. With the striped layout each rank has one chunk, its
+    whole shard, and (for ``N / P >= 2``) every pair is on the diagonal.
     """
     n = n_local * world_size
-    length = n_local // (chunk_count(world_size, layout) // world_size)       # tokens per chunk
+    length = n // chunk_count(world_size, layout)                            # tokens per chunk
     spans = [slice(start, start + length) for start in range(0, n_local, length)]
     query_pos = token_positions(rank, world_size, n, layout).to(device)       # [n_local]
     key_pos = token_positions(source, world_size, n, layout).to(device)       # [n_local]
-    pairs, skipped = [], 0
+    pairs = []
     for rows in spans:
         for cols in spans:
             q_pos, k_pos = query_pos[rows], key_pos[cols]
-            if not causal or k_pos.max() <= q_pos.min():           # every key visible: no mask
-                pairs.append(_Pair(rows, cols, None))
-            elif k_pos.min() > q_pos.max():                         # every key in the future: skip
-                skipped += 1
-            else:                                                   # the diagonal: mask the future
-                pairs.append(_Pair(rows, cols, k_pos[None, :] <= q_pos[:, None]))
-    if forward:
-        record_pairs(forward=len(pairs), masked=sum(pair.mask is not None for pair in pairs), skipped=skipped)
-    else:
-        record_pairs(backward=len(pairs))
+            if not causal or k_pos.max() <= q_pos.min():            # every key visible: no mask
+                pairs.append(ChunkPair(rows, cols, None))
+            elif k_pos.min() > q_pos.max():                          # every key in the future: skip
+                pairs.append(ChunkPair(rows, cols, None, hidden=True))
+            else:                                                    # the diagonal: mask the future
+                pairs.append(ChunkPair(rows, cols, k_pos[None, :] <= q_pos[:, None]))
     return pairs
 
 
@@ -120,13 +112,11 @@ def _repeat_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     scale: float, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of a query chunk over one key chunk and its log-sum-exp (one FlashAttention tile),
-    computed in :func:`accumulation_dtype` of the inputs (as a GPU kernel multiplies half-precision
-    tiles into float32 accumulators). ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query
-    attention: query head ``h`` reads K/V head ``h // G``); they are repeated here, on the tile, so only
-    the ``H_kv`` heads travel."""
-    acc = accumulation_dtype(q.dtype)
+    computed in ``acc`` (as a GPU kernel multiplies half-precision tiles into float32 accumulators).
+    ``k`` and ``v`` may have fewer heads than ``q`` (grouped-query attention: query head ``h`` reads K/V
+    head ``h // G``); they are repeated here, on the tile, so only the ``H_kv`` heads travel."""
     groups = q.shape[1] // k.shape[1]                                         # query heads per K/V head
     q, k, v = q.to(acc), _repeat_heads(k.to(acc), groups), _repeat_heads(v.to(acc), groups)   # [B, H, cols, d]
     scores = q @ k.transpose(-2, -1) * scale                                  # [B, H, rows, cols]
@@ -138,9 +128,57 @@ def _block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return weights @ v, lse                                                   # [B, H, rows, d_v]
 
 
+def attend_to_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pairs: list[ChunkPair], scale: float,
+                    acc: torch.dtype) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+    """One forward step: attend this rank's query chunks to the K/V block held, tile by tile, in ``acc``
+    (:func:`accumulation_dtype`); hidden pairs are skipped.
+
+    Yields:
+        ``(rows, out [B, H, rows, d_v], lse [B, H, rows])`` for each computed pair: the query chunk's rows
+        of the shard and its attention over the key chunk, for the ring to merge.
+    """
+    for pair in pairs:
+        if not pair.hidden:
+            yield pair.rows, *_block_attention(q[:, :, pair.rows], k[:, :, pair.cols], v[:, :, pair.cols], pair.mask,
+                                          scale, acc)
+
+
+def block_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pairs: list[ChunkPair], scale: float,
+                    grad_out: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+                    dq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One backward step: recompute each tile's weights ``P = exp(S - LSE)`` from the saved ``lse`` and
+    take its gradients, adding ``dQ`` into ``dq`` (in place). ``q``, ``grad_out``, ``lse``, ``delta`` and
+    ``dq`` are in the accumulation dtype; ``k`` and ``v`` the block held, at its ``H_kv`` heads.
+
+    Returns:
+        ``(dK, dV)`` of the block from this rank's queries, ``[B, H_kv, N_local, d]``, in ``q``'s dtype.
+    """
+    groups = q.shape[1] // k.shape[1]                                         # query heads per K/V head
+    k, v = _repeat_heads(k.to(q.dtype), groups), _repeat_heads(v.to(q.dtype), groups)   # [B, H, n, d]
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    for pair in pairs:
+        if pair.hidden:
+            continue
+        q_tile, k_tile, v_tile = q[:, :, pair.rows], k[:, :, pair.cols], v[:, :, pair.cols]
+        scores = q_tile @ k_tile.transpose(-2, -1) * scale                    # [B, H, rows, cols]
+        if pair.mask is not None:
+            scores = scores.masked_fill(~pair.mask, float("-inf"))
+        weights = torch.exp(scores - lse[:, :, pair.rows, None])              # P = exp(S - LSE)
+        grad_out_tile = grad_out[:, :, pair.rows]                             # [B, H, rows, d_v]
+        dv[:, :, pair.cols] += weights.transpose(-2, -1) @ grad_out_tile                  # dV += Pᵀ dO
+        grad_weights = grad_out_tile @ v_tile.transpose(-2, -1)               # dP = dO Vᵀ
+        grad_scores = weights * (grad_weights - delta[:, :, pair.rows, None])             # dS = P ∘ (dP - Δ)
+        dq[:, :, pair.rows] += scale * (grad_scores @ k_tile)                             # dQ += scale · dS K
+        dk[:, :, pair.cols] += scale * (grad_scores.transpose(-2, -1) @ q_tile)          # dK += scale · dSᵀ Q
+    if groups > 1:                        # a K/V head's gradient: the sum over the G query heads that read it
+        dk, dv = (t.unflatten(1, (-1, groups)).sum(dim=2) for t in (dk, dv))            # [B, H_kv, n, d]
+    return dk, dv
+
+
+# --- the ring: P steps forward, P steps (and one hop) backward -----------------------------------------
+
 def _ring_forward(q, k, v, causal, layout, group, scale):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    n_local = q.shape[2]
     acc = accumulation_dtype(q.dtype)                                         # float32 for bf16/fp16
     out = q.new_zeros((*q.shape[:3], v.shape[-1]), dtype=acc)                 # [B, H, n_local, d_v]
     lse = q.new_full(q.shape[:3], float("-inf"), dtype=acc)                   # [B, H, n_local]
@@ -149,19 +187,14 @@ def _ring_forward(q, k, v, causal, layout, group, scale):
         source = (rank - step) % world_size                                   # whose block we hold
         # 1. Start passing the block we hold to rank r + 1 (the last step has no one left to feed).
         #    K and V travel in the input's dtype: the running sums never leave the rank.
-        transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
+        transfer = (communication.pass_around_ring([k_block, v_block], group=group)
+                    if step < world_size - 1 else None)
         # 2. Attend every query chunk to every visible key chunk of the block, while it travels.
-        pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=True)
-        started = step_clock(q.device) if counting() else 0.0
-        for pair in pairs:
-            block_out, block_lse = _block_attention(q[:, :, pair.rows], k_block[:, :, pair.cols],
-                                                    v_block[:, :, pair.cols], pair.mask, scale)
+        pairs = chunk_pairs(rank, source, world_size, q.shape[2], layout, causal, q.device)
+        for rows, block_out, block_lse in attend_to_block(q, k_block, v_block, pairs, scale, acc):
             # 3. Merge into the running output by log-sum-exp (chapter 06's merge), in float32.
-            out[:, :, pair.rows], lse[:, :, pair.rows] = merge_attention_outputs(
-                out[:, :, pair.rows], lse[:, :, pair.rows], block_out, block_lse)
-        if counting():                                                        # inside count_ring_work
-            scores = sum((pair.rows.stop - pair.rows.start) * (pair.cols.stop - pair.cols.start) for pair in pairs)
-            record_step(scores, step_clock(q.device) - started)
+            out[:, :, rows], lse[:, :, rows] = merge_attention_outputs(out[:, :, rows], lse[:, :, rows],
+                                                                       block_out, block_lse)
         # 4. Receive the previous rank's block: the one to attend to at the next step.
         if transfer is not None:
             k_block, v_block = transfer.wait()
@@ -170,9 +203,7 @@ def _ring_forward(q, k, v, causal, layout, group, scale):
 
 def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    n_local = q.shape[2]
     acc = accumulation_dtype(q.dtype)
-    groups = q.shape[1] // k.shape[1]                                         # query heads per K/V head
     # Δ_i = rowsum(dO ∘ O): the softmax backward's correction, one number per query (in float32).
     delta = (grad_out.to(acc) * out.to(acc)).sum(dim=-1)                      # [B, H, n_local]
     lse = lse.masked_fill(lse == float("-inf"), float("inf"))                 # exp(S - LSE) = 0, not NaN
@@ -183,34 +214,18 @@ def _ring_backward(q, k, v, out, lse, grad_out, causal, layout, group, scale):
     for step in range(world_size):
         source = (rank - step) % world_size
         # 1. Start passing the K/V block on, as in the forward (in the input's dtype).
-        kv_transfer = pass_around_ring([k_block, v_block], group=group) if step < world_size - 1 else None
-        # 2. Recompute each tile's weights from the saved LSE and take its gradients, in float32,
-        #    per query head (K/V heads repeated for grouped-query attention, summed back below).
-        k_acc, v_acc = _repeat_heads(k_block.to(acc), groups), _repeat_heads(v_block.to(acc), groups)  # [B, H, n, d]
-        dk_block, dv_block = torch.zeros_like(k_acc), torch.zeros_like(v_acc)
-        pairs = _pairs(rank, source, world_size, n_local, layout, causal, q.device, forward=False)
-        for pair in pairs:
-            q_tile, k_tile, v_tile = q_acc[:, :, pair.rows], k_acc[:, :, pair.cols], v_acc[:, :, pair.cols]
-            scores = q_tile @ k_tile.transpose(-2, -1) * scale                # [B, H, rows, cols]
-            if pair.mask is not None:
-                scores = scores.masked_fill(~pair.mask, float("-inf"))
-            weights = torch.exp(scores - lse[:, :, pair.rows, None])          # P = exp(S - LSE)
-            grad_out_tile = grad_out[:, :, pair.rows]                         # [B, H, rows, d_v]
-            dv_block[:, :, pair.cols] += weights.transpose(-2, -1) @ grad_out_tile        # dV += Pᵀ dO
-            grad_weights = grad_out_tile @ v_tile.transpose(-2, -1)           # dP = dO Vᵀ
-            grad_scores = weights * (grad_weights - delta[:, :, pair.rows, None])         # dS = P ∘ (dP - Δ)
-            dq[:, :, pair.rows] += scale * (grad_scores @ k_tile)                         # dQ += scale · dS K
-            dk_block[:, :, pair.cols] += scale * (grad_scores.transpose(-2, -1) @ q_tile)  # dK += scale · dSᵀ Q
-        # A K/V head's gradient is the sum over the G query heads that read it.
-        if groups > 1:
-            dk_block, dv_block = (t.unflatten(1, (-1, groups)).sum(dim=2) for t in (dk_block, dv_block))  # H_kv
+        kv_transfer = (communication.pass_around_ring([k_block, v_block], group=group)
+                       if step < world_size - 1 else None)
+        # 2. This rank's queries' share of the block's gradients, in float32 (dQ stays here).
+        pairs = chunk_pairs(rank, source, world_size, q.shape[2], layout, causal, q.device)
+        dk_block, dv_block = block_gradients(q_acc, k_block, v_block, pairs, scale, grad_out, lse, delta, dq)
         # 3. Add what the ranks before us summed for this block (it followed the block from r - 1),
         #    and pass the sum on with it; after P hops it reaches the block's owner. The sum travels
         #    in float32: rounded to bf16 at every hop it would lose P roundings' worth of bits.
         if grads_transfer is not None:
             dk_before, dv_before = grads_transfer.wait()
             dk_block, dv_block = dk_block + dk_before, dv_block + dv_before
-        grads_transfer = pass_around_ring([dk_block, dv_block], group=group)
+        grads_transfer = communication.pass_around_ring([dk_block, dv_block], group=group)
         # 4. Receive the next K/V block.
         if kv_transfer is not None:
             k_block, v_block = kv_transfer.wait()
@@ -225,28 +240,19 @@ class RingAttentionFunction(torch.autograd.Function):
     """Ring attention with a backward pass that circulates K/V again (what :func:`ring_attention` runs).
 
     ``RingAttentionFunction.apply(q, k, v, causal, layout, group, scale)`` returns this rank's
-    output shard. Saved for the backward: ``q``, ``k``, ``v`` (this rank's shards), the output (in
-    the input's dtype) and the log-sum-exp (in :func:`accumulation_dtype`, float32 for half
-    precision), ``O(N / P)`` per (batch, head); no weights. Scores, weights, Δ and every gradient
-    sum are computed in the accumulation dtype, as FlashAttention's kernels do, and cast back to
-    the input's dtype only when returned.
+    output shard. Saved for the backward: ``q``, ``k``, ``v`` (this rank's shards), the output and the
+    log-sum-exp (in :func:`accumulation_dtype`, float32 for half precision), ``O(N / P)`` per (batch,
+    head); no weights. Scores, weights, Δ and every gradient sum are computed in the accumulation
+    dtype, as FlashAttention's kernels do, and cast back to the input's dtype only when returned.
 
-    The backward runs the ring once more. At step ``s`` rank ``r`` holds rank ``(r - s)``'s K/V
-    block and a dK/dV accumulator for it, received from rank ``r - 1``:
-
-    1. start passing the K/V block to rank ``r + 1``;
-    2. recompute each tile's weights ``P = exp(S - LSE)`` and with ``Δ = rowsum(dO ∘ O)``:
-       ``dV += Pᵀ dO``, ``dS = P ∘ (dO Vᵀ - Δ)``, ``dQ += scale · dS K``, ``dK += scale · dSᵀ Q``
-       (dQ stays here: the queries never move);
-    3. add this rank's dK, dV to the accumulator and pass it to rank ``r + 1``, one hop behind the block;
-    4. receive the next K/V block.
-
-    After ``P`` steps the accumulator has visited every rank and one last hop brings it to the
-    block's owner: ``P - 1`` hops of K/V and ``P`` of dK/dV per rank. K and V travel in the input's
-    dtype, the dK/dV sums in the accumulation dtype (a sum rounded to bfloat16 at every hop would
-    lose bits at each of ``P`` additions): ``2 (P - 1) · S · e + 2P · S · max(e, 4)`` bytes sent,
-    with ``S = B · H_kv · N_local · d`` (``d_v = d``; ``H_kv`` the K/V heads) and ``e`` the input's
-    element size.
+    The backward runs the ring once more: at step ``s`` rank ``r`` holds rank ``(r - s)``'s K/V block
+    and a dK/dV accumulator for it, received from rank ``r - 1``; it passes the block on, adds its
+    queries' share of the block's gradients (:func:`block_gradients`; dQ stays here) and passes the
+    accumulator on, one hop behind the block. One last hop brings each accumulator to its block's
+    owner: ``P - 1`` hops of K/V (in the input's dtype) and ``P`` of dK/dV (in the accumulation dtype:
+    a sum rounded to bfloat16 at every hop would lose bits at each of ``P`` additions) per rank,
+    ``2 (P - 1) · S · e + 2P · S · max(e, 4)`` bytes with ``S = B · H_kv · N_local · d`` (``d_v = d``)
+    and ``e`` the input's element size.
 
     Args (of ``apply``): as :func:`ring_attention`, with ``scale`` a positive float.
 
@@ -278,23 +284,16 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     Every rank calls it with its own shards, cut with
     :func:`~attn_course.distributed.layout.shard` (q, k and v the same way), and gets its shard
     of the output; :func:`~attn_course.distributed.layout.unshard` of all ranks' outputs equals
-    single-process attention on the full tensors. The forward pass takes ``P`` steps; at step
-    ``s`` rank ``r`` holds the K/V block of rank ``(r - s) mod P`` and
-
-    1. starts passing it to rank ``r + 1`` (:func:`~attn_course.distributed.communication.pass_around_ring`),
-       so the transfer overlaps the compute;
-    2. attends each of its query chunks to each key chunk of the block (one chunk per shard for
-       the contiguous and striped layouts, two for zig-zag). With ``causal`` the global positions
-       of the chunks (:func:`~attn_course.distributed.layout.token_positions`) decide: keys all
-       after the queries, skip the pair; all before, no mask; the diagonal, ``key <= query``
-       (with the striped layout every pair, at every step);
-    3. merges each tile's output into the running one by log-sum-exp
-       (:func:`~attn_course.flash.tiled.merge_attention_outputs`);
-    4. receives rank ``(r - s - 1)``'s block from rank ``r - 1`` for the next step.
+    single-process attention on the full tensors. The forward pass takes ``P`` steps, as the module
+    docstring draws them: pass the block held on (:func:`~attn_course.distributed.communication.pass_around_ring`,
+    so the transfer overlaps the compute), attend to it (:func:`attend_to_block`, the causal mask
+    deciding per chunk pair from the chunks' global positions, :func:`chunk_pairs`), merge by log-sum-exp
+    (:func:`~attn_course.flash.tiled.merge_attention_outputs`), receive the next block.
 
     Each rank sends ``2 · (P - 1) · B · H_kv · N_local · d · element size`` bytes in the forward
-    (with ``d_v = d``; see :func:`~attn_course.distributed.communication.count_traffic`) and
-    computes :func:`ring_work` chunk pairs (see :func:`count_ring_work`). Differentiable: the
+    (with ``d_v = d``; :func:`~attn_course.measure.distributed.taps.count_traffic` counts them) and
+    computes :func:`~attn_course.distributed.ring_work.ring_work` chunk pairs
+    (:func:`~attn_course.measure.distributed.taps.count_ring_work` counts them). Differentiable: the
     backward (:class:`RingAttentionFunction`) circulates K/V again, recomputing the weights from
     the saved log-sum-exp, and sends each block's dK/dV home.
 
@@ -332,26 +331,13 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         True
     """
     where = "ring_attention"
-    _validate.four_d(where, layout="[B, H, N_local, d]", q=q, k=k, v=v)
-    if (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]) or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"{where}: q must be [B, H, N_local, d], k [B, H_kv, N_local, d] and v [B, H_kv, N_local, "
-                         f"d_v], cut from the sequence the same way, got q {_validate.shape_str(q)}, "
-                         f"k {_validate.shape_str(k)}, v {_validate.shape_str(v)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"{where}: grouped-query attention needs H divisible by H_kv, got q with H={q.shape[1]} "
-                         f"heads and k, v with H_kv={k.shape[1]}")
+    check_shards(where, q, k, v)
     causal = _validate.boolean(where, "causal", causal)
-    if layout not in LAYOUTS:
-        raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")
-    n_local = q.shape[2]
-    if n_local == 0:
-        raise ValueError(f"{where}: q, k and v need at least one token on every rank, got N_local=0")
-    if layout == "zigzag" and n_local % 2:
+    layout = check_layout(where, layout)
+    if layout == "zigzag" and q.shape[2] % 2:
         raise ValueError(f"{where}: the zig-zag layout needs an even N_local (two equal chunks per rank), got q with "
-                         f"N_local={n_local}; pad the sequence to a multiple of 2P")
-    if not dist.is_initialized():
-        raise RuntimeError(f"{where}: no process group: run inside attn_course.distributed.launch, or call "
-                           f"torch.distributed.init_process_group first (torchrun does)")
+                         f"N_local={q.shape[2]}; pad the sequence to a multiple of 2P")
+    communication.group_size(where, group)                                   # a process group must exist
     return RingAttentionFunction.apply(q, k, v, causal, layout, group, 1.0 / math.sqrt(q.shape[-1]))
 
 

@@ -28,9 +28,10 @@ import torch.distributed as dist
 
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
-from attn_course.distributed.communication import count_traffic
 from attn_course.distributed.layout import LAYOUTS, shard, unshard
+from attn_course.distributed.ring import ring_attention
 from attn_course.distributed.ulysses import ulysses_attention, ulysses_bytes
+from attn_course.distributed.wiretap import tap_process_group
 
 __all__ = ["main", "TOLERANCE"]
 
@@ -60,22 +61,13 @@ def _gather(x: torch.Tensor, world_size: int) -> list[torch.Tensor]:
     return parts
 
 
-def _ring():
-    """``ring_attention``, or None while :mod:`attn_course.distributed.ring` does not exist."""
-    try:
-        from attn_course.distributed.ring import ring_attention
-    except ImportError:
-        return None
-    return ring_attention
-
-
 def _run(name: str, attend, layout: str, inputs: tuple, rank: int, world_size: int, causal: bool) -> dict:
-    """Run one algorithm on this rank's shards; gather outputs and gradients; count the bytes sent."""
+    """Run one algorithm on this rank's shards; gather outputs and gradients; the bytes sent, read off the wire."""
     q, k, v, g = (shard(x, rank, world_size, layout) for x in inputs)              # [B, H, N/P, d]
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    with count_traffic() as forward:
+    with tap_process_group() as forward:
         out = attend(q, k, v, causal=causal)                                       # [B, H, N/P, d]
-    with count_traffic() as backward:
+    with tap_process_group() as backward:
         (out * g).sum().backward()
     gathered = [unshard(_gather(x.detach(), world_size), layout) for x in (out, q.grad, k.grad, v.grad)]
     return dict(name=name, layout=layout, gathered=gathered, forward=forward.bytes_sent,
@@ -108,10 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         shape = (args.batch, args.heads, args.seq_len, args.head_dim)
         inputs = tuple(torch.randn(shape, generator=generator).to(device) for _ in range(4))   # q, k, v, g
         methods = [] if args.heads % world_size else [("ulysses", ulysses_attention, "contiguous")]
-        ring_attention = _ring()
-        if ring_attention is not None:
-            methods += [("ring", functools.partial(ring_attention, layout=layout), layout)
-                        for layout in LAYOUTS]                        # contiguous, zig-zag, striped
+        methods += [("ring", functools.partial(ring_attention, layout=layout), layout)
+                    for layout in LAYOUTS]                            # contiguous, zig-zag, striped
         results = [_run(name, attend, layout, inputs, rank, world_size, args.causal)
                    for name, attend, layout in methods]
         if rank != 0:
@@ -124,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         backend = dist.get_backend()
         print(f"# world size {world_size} ({backend}, {device}); q, k, v [B, H, N, d] = {list(shape)}, float32, "
               f"causal={args.causal}; each rank holds N/P = {args.seq_len // world_size} tokens")
-        if ring_attention is None:
-            print("# attn_course.distributed.ring is not there yet: Ulysses only")
         if args.heads % world_size:
             print(f"# ulysses left out: H={args.heads} heads do not divide over P={world_size} ranks (whole heads "
                   f"per rank); try --heads {world_size * max(1, args.heads // world_size)}")

@@ -60,12 +60,12 @@ heads, so the causal work is balanced by construction.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from attn_course import _validate
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
 from attn_course.distributed import communication
+from attn_course.distributed.layout import check_shards
 
 __all__ = ["AllToAll", "sequence_to_heads", "heads_to_sequence", "ulysses_attention", "ulysses_bytes"]
 
@@ -126,13 +126,6 @@ def heads_to_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
     return AllToAll.apply(x, _TOKENS, _HEADS, group)
 
 
-def _world_size(where: str, group) -> int:
-    if not dist.is_initialized():
-        raise RuntimeError(f"{where}: no process group: run inside attn_course.distributed.launch, or call "
-                           f"torch.distributed.init_process_group first (torchrun does)")
-    return dist.get_world_size(group)
-
-
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                       group=None) -> torch.Tensor:
     """Self-attention over a sequence split across ranks, DeepSpeed-Ulysses style.
@@ -167,17 +160,10 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
             out_local = ulysses_attention(q_local, k_local, v_local, causal=True)
     """
     where = "ulysses_attention"
-    _validate.four_d(where, layout="[B, H, N/P, d]", q=q, k=k, v=v)
-    if (q.shape[0], q.shape[2], q.shape[3]) != (k.shape[0], k.shape[2], k.shape[3]) or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"{where}: self-attention over one sequence: q must be [B, H, N/P, d], k [B, H_kv, N/P, d] "
-                         f"and v [B, H_kv, N/P, d_v], holding the same N/P tokens, got q {_validate.shape_str(q)}, "
-                         f"k {_validate.shape_str(k)}, v {_validate.shape_str(v)}")
+    check_shards(where, q, k, v)
     causal = _validate.boolean(where, "causal", causal)
     heads, kv_heads = q.shape[1], k.shape[1]
-    if heads % kv_heads:
-        raise ValueError(f"{where}: grouped-query attention needs H divisible by H_kv, got q with H={heads} heads "
-                         f"and k, v with H_kv={kv_heads}")
-    world_size = _world_size(where, group)
+    world_size = communication.group_size(where, group)
     if kv_heads % world_size:
         h = "H_kv" if kv_heads < heads else "H"
         raise ValueError(f"{where}: the number of {'K/V heads' if kv_heads < heads else 'heads'} {h}={kv_heads} must "

@@ -1,11 +1,10 @@
 """Bytes counted where they are handed to ``torch.distributed``, by code that knows no algorithm.
 
-:func:`~attn_course.distributed.communication.count_traffic` is the communication module's own
-bookkeeping: it adds up what that module *says* it sends (for an all-to-all, a shard's size times
-``P - 1``). Checking the formulas against that alone would be nearly circular. :func:`tap_process_group`
-is the independent count: for the length of a ``with`` block it wraps the functions of
-``torch.distributed`` that move data and records, for every destination rank, the bytes of the tensors
-actually handed to them:
+:func:`~attn_course.measure.distributed.taps.count_traffic` counts the tensors the algorithms hand to
+the course's two communication helpers. Checking the formulas against that alone would check only the
+algorithms' requests. :func:`tap_process_group` is the count one level down: for the length of a
+``with`` block it wraps the functions of ``torch.distributed`` that move data and records, for every
+destination rank, the bytes of the tensors actually handed to them:
 
     with tap_process_group() as tap:
         out = ring_attention(q, k, v)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from attn_course import _validate
-from attn_course.distributed.layout import LAYOUTS, chunk_count
+from attn_course.distributed.layout import check_layout, chunk_count
 
 __all__ = ["ring_schedule", "causal_pair_grid", "plot_ring_schedule", "plot_causal_pairs"]
 
@@ -48,9 +48,7 @@ def causal_pair_grid(world_size: int, layout: str) -> torch.Tensor:
     """
     where = "causal_pair_grid"
     world_size = _validate.integer(where, "world_size", world_size, minimum=1)
-    if layout not in LAYOUTS:
-        raise ValueError(f"{where}: layout must be one of {LAYOUTS}, got {layout!r}")
-    chunks = chunk_count(world_size, layout)
+    chunks = chunk_count(world_size, check_layout(where, layout))
     index = torch.arange(chunks)
     owner = torch.minimum(index, 2 * world_size - 1 - index) if layout == "zigzag" else index   # [C]: its rank
     grid = owner[:, None].expand(chunks, chunks).clone()                         # row = query chunk

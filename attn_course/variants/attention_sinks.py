@@ -230,15 +230,8 @@ class SinkKVCache(KVCache):
         :func:`~attn_course.variants.masks.attention_sink_mask` that the cache returns. Decoding one token at
         a time needs no mask (the cache returns exactly what the query sees).
 
-        Args:
-            new_tokens: ``N_new >= 1``, the tokens about to be appended (the queries).
-            device: where to create the mask.
-
-        Returns:
-            ``[N_new, N_k]`` boolean tensor (True = may attend), ``N_k = attended_length(N_new)``.
-
-        Raises:
-            TypeError, ValueError: ``new_tokens`` not an int ``>= 1``.
+        Args, Returns and Raises are :meth:`RollingKVCache.window_mask
+        <attn_course.variants.sliding_window.RollingKVCache.window_mask>`'s.
 
         Example:
             >>> cache = SinkKVCache(window=2, sinks=1)
@@ -284,14 +277,9 @@ class SinkKVCache(KVCache):
                 )
         return self.cache_positions(new_tokens, device=device).queries
 
-    def update(
-        self,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        *,
-        positions: torch.Tensor | None = None,
-        rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(self, keys: torch.Tensor, values: torch.Tensor, *, positions: torch.Tensor | None = None,
+               rotate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new keys before RoPE; return every held key rotated at its in-cache position ``0 .. N_k - 1``.
 
         Args:

@@ -12,15 +12,11 @@ import pytest
 import torch
 
 from attn_course.checks import CheckFailed
-from attn_course.checks.distributed import (
-    check_bytes_sent_per_rank,
-    check_ring_by_hand,
-    check_ulysses_exchange,
-    check_visible_pairs_by_step,
-)
+from attn_course.checks.distributed import check_ring_by_hand, check_ulysses_exchange, check_visible_pairs_by_step
+from attn_course.checks.distributed_bytes import check_bytes_sent_per_rank
 from attn_course.distributed import launch
 from attn_course.distributed.layout import token_positions
-from attn_course.distributed.rank_programs import attention_on_rank
+from attn_course.measure.distributed.ranks import attention_on_rank
 
 
 def hint(check, fn) -> str:

@@ -145,36 +145,3 @@ def test_layout_arguments_are_checked():
         unshard([])
     with pytest.raises(ValueError, match="every shard must have one shape"):
         unshard([torch.zeros(2, 3), torch.zeros(3, 3)], dim=0)
-
-
-# --- chapter 10's rank program -----------------------------------------------------------------------
-
-def test_attention_on_rank_brings_back_output_gradients_bytes_and_work():
-    import functools
-
-    from attn_course.core.attention import self_attention
-    from attn_course.core.masks import causal_mask
-    from attn_course.distributed.rank_programs import attention_on_rank
-
-    q, k, v, grad_out = (torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(s)) for s in range(4))
-    leaf = [t.clone().requires_grad_() for t in (q, k, v)]
-    reference, _ = self_attention(*leaf, causal_mask(8))
-    (reference * grad_out).sum().backward()
-    for method, layout in [("ring", "zigzag"), ("ulysses", "contiguous")]:
-        runs = launch(functools.partial(attention_on_rank, method=method, causal=True, layout=layout,
-                                        grad_out=grad_out), 2, q, k, v)
-        assert torch.allclose(unshard([r["out"] for r in runs], layout), reference, atol=1e-5)
-        for i in range(3):
-            assert torch.allclose(unshard([r["grads"][i] for r in runs], layout), leaf[i].grad, atol=1e-5)
-        assert all(r["forward_bytes"] > 0 and r["backward_bytes"] > 0 for r in runs)
-        assert [r["work"] for r in runs] == ([5, 5] if method == "ring" else [None, None])   # 2P + 1 chunk pairs
-
-
-def test_attention_on_rank_checks_its_options_before_any_communication():
-    from attn_course.distributed.rank_programs import attention_on_rank
-
-    x = torch.zeros(1, 2, 4, 2)
-    with pytest.raises(ValueError, match="method must be one of"):
-        attention_on_rank(0, 1, x, x, x, method="tree")
-    with pytest.raises(ValueError, match="Ulysses takes the contiguous layout"):
-        attention_on_rank(0, 1, x, x, x, method="ulysses", layout="zigzag")

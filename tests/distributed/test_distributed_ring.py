@@ -3,7 +3,8 @@
 Each world size runs in one launch whose ranks loop over every configuration (layout × causal),
 so the file costs a few launches: outputs and gradients are gathered with ``unshard`` and
 compared with :func:`~attn_course.core.attention.self_attention` and autograd on the full tensors;
-the work and the bytes each rank measured are compared with formulas written out here.
+the work and the bytes each rank did, counted from outside by the taps of
+:mod:`attn_course.measure.distributed.taps`, are compared with formulas written out here.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pytest
 import torch
 
 from attn_course import self_attention
-from attn_course.distributed import count_ring_work, launch, ring_attention, ring_work, shard, unshard
+from attn_course.distributed import communication, launch, ring_attention, ring_work, shard, unshard
 from attn_course.distributed import ring as ring_module
-from attn_course.distributed.communication import count_traffic
+from attn_course.measure.distributed.taps import count_ring_work, count_traffic
 
 B, H, N, D = 1, 2, 24, 8                          # N = 24 splits into 2P chunks for P = 2, 3, 4
 LAYOUT_NAMES = ("contiguous", "zigzag", "striped")
@@ -83,10 +84,10 @@ def ring_cases(rank: int, world_size: int, q, k, v, grad_out) -> dict:
 
 
 def order_of_events(rank: int, world_size: int, q, k, v) -> list[str]:
-    """What one contiguous forward does, in order: "pass" (a transfer started), "attend" (a tile
-    computed), "wait" (a transfer completed)."""
+    """What one contiguous forward does, in order: "pass" (a transfer started), "attend" (a block
+    attended to), "wait" (a transfer completed)."""
     events = []
-    real_pass, real_attend = ring_module.pass_around_ring, ring_module._block_attention
+    real_pass, real_attend = communication.pass_around_ring, ring_module.attend_to_block
 
     def recording_pass(tensors, **options):
         transfer = real_pass(tensors, **options)
@@ -99,8 +100,8 @@ def order_of_events(rank: int, world_size: int, q, k, v) -> list[str]:
         events.append("attend")
         return real_attend(*args)
 
-    with mock.patch.object(ring_module, "pass_around_ring", recording_pass), \
-            mock.patch.object(ring_module, "_block_attention", recording_attend):
+    with mock.patch.object(communication, "pass_around_ring", recording_pass), \
+            mock.patch.object(ring_module, "attend_to_block", recording_attend):
         ring_attention(*[shard(t, rank, world_size) for t in (q, k, v)])
     return events
 
@@ -135,8 +136,8 @@ def half_precision_cases(rank: int, world_size: int, q, k, v, grad_out) -> dict:
                          if accumulate == "input" else contextlib.nullcontext())
                 parts = [shard(t, rank, world_size, layout).to(dtype).requires_grad_() for t in (q, k, v)]
                 sent: list[torch.dtype] = []
-                recording = functools.partial(recording_pass, sent, ring_module.pass_around_ring)
-                with patch, mock.patch.object(ring_module, "pass_around_ring", recording):
+                recording = functools.partial(recording_pass, sent, communication.pass_around_ring)
+                with patch, mock.patch.object(communication, "pass_around_ring", recording):
                     out = ring_attention(*parts, causal=True, layout=layout)
                     (out * shard(grad_out, rank, world_size, layout).to(dtype)).sum().backward()
                 results[dtype, layout, accumulate] = dict(

@@ -1,7 +1,7 @@
 """attn_course.distributed.wiretap: bytes read off the tensors handed to torch.distributed.
 
 Real gloo processes; the expected bytes are worked out here from the exchanges' sizes, and for the
-attention algorithms the tap must agree with the communication module's own count (two counts, one
+attention algorithms the tap must agree with the count at the communication helpers (two counts, one
 of which knows nothing of the algorithms), in float32 and in bfloat16 with grouped-query heads.
 """
 
@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from attn_course.distributed import launch
 from attn_course.distributed.demo import tapped_exchanges
-from attn_course.distributed.rank_programs import attention_on_rank
 from attn_course.distributed.wiretap import tap_process_group
+from attn_course.measure.distributed.ranks import attention_on_rank
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -34,7 +34,7 @@ def test_the_tap_counts_each_destinations_bytes_and_names_other_collectives(worl
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("method, dtype, kv_heads", [("ring", torch.float32, 4), ("ring", torch.bfloat16, 2),
                                                      ("ulysses", torch.float32, 12), ("ulysses", torch.bfloat16, 6)])
-def test_the_tap_agrees_with_the_communication_modules_count(world_size, method, dtype, kv_heads):
+def test_the_tap_agrees_with_the_count_at_the_communication_helpers(world_size, method, dtype, kv_heads):
     heads, n = 12 if method == "ulysses" else 4, 12              # Ulysses: P = 2 and 3 divide H and H_kv
     generator = torch.Generator().manual_seed(world_size)
     q, g = (torch.randn(1, heads, n, 8, generator=generator).to(dtype) for _ in range(2))

@@ -1,16 +1,23 @@
-"""attn_course.measure.distributed: ring attention vs Ulysses, bytes against the formulas, the input checks."""
+"""attn_course.measure.distributed: ring attention vs Ulysses, bytes against the formulas, chapter 10's rank
+program, the taps that count from outside, the input checks."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import subprocess
 import sys
 
 import pytest
+import torch
 
 import attn_course.measure
+from attn_course.core.attention import self_attention
+from attn_course.core.masks import causal_mask
+from attn_course.distributed import communication, launch, ring, unshard
 from attn_course.measure import distributed
+from attn_course.measure.distributed.ranks import attention_on_rank
 
 BENCH_DIR = pathlib.Path(attn_course.measure.__file__).parent
 
@@ -106,7 +113,8 @@ def test_distributed_measured_bytes_equal_the_formulas_exactly():
 def test_distributed_functions_reject_bad_arguments():
     with pytest.raises(ValueError, match=r"^measure_traffic: H=3 must be divisible by P=2 for ulysses"):
         distributed.measure_traffic((2,), n=8, n_per_rank=4, heads=3)
-    with pytest.raises(ValueError, match=r"^measure_rank_memory: N=6 must be divisible by 4 for ring zigzag over P=2"):
+    with pytest.raises(ValueError, match=r"^measure_rank_memory: .*N=6 must be divisible by 4 for the zigzag layout "
+                                         r"over 2 ranks"):
         distributed.measure_rank_memory((2,), (6,), heads=2)
     with pytest.raises(ValueError, match=r"^measure_time: methods\[0\] must be one of .*, got 'megatron'"):
         distributed.measure_time((1,), methods=("megatron",))
@@ -116,7 +124,65 @@ def test_distributed_functions_reject_bad_arguments():
         distributed.measure_time((1,), repeats=0)
     with pytest.raises(TypeError, match=r"^measure_traffic: causal must be a bool, got int"):
         distributed.measure_traffic((1,), causal=1)
-    with pytest.raises(ValueError, match=r"^formula_bytes: n=6 must be divisible by 4 for ring zigzag over 2 ranks"):
+    with pytest.raises(ValueError, match=r"^formula_bytes: .*N=6 must be divisible by 4 for the zigzag layout"):
         distributed.formula_bytes("ring zigzag", 1, 2, 6, 4, 2)
-    with pytest.raises(TypeError, match=r"^print_traffic: rows\[0\] must be TrafficRow"):
-        distributed.print_traffic([object()])
+    with pytest.raises(TypeError, match=r"^plot_distributed: rows\[0\] must be TrafficRow"):
+        distributed.plot_distributed([object()], [], [], "unused.png", title="")
+
+
+# --- chapter 10's rank program, and the taps it reads ------------------------------------------------------
+
+def test_attention_on_rank_brings_back_output_gradients_bytes_and_work():
+    q, k, v, grad_out = (torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(s)) for s in range(4))
+    leaf = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference, _ = self_attention(*leaf, causal_mask(8))
+    (reference * grad_out).sum().backward()
+    shard_bytes = 1 * 2 * 4 * 4 * 4                                           # B·H·(N/P)·d float32 at P = 2
+    for method, layout in [("ring", "zigzag"), ("ulysses", "contiguous")]:
+        runs = launch(functools.partial(attention_on_rank, method=method, causal=True, layout=layout,
+                                        grad_out=grad_out), 2, q, k, v)
+        assert torch.allclose(unshard([r["out"] for r in runs], layout), reference, atol=1e-5)
+        for i in range(3):
+            assert torch.allclose(unshard([r["grads"][i] for r in runs], layout), leaf[i].grad, atol=1e-5)
+        # ring: K, V one hop forward; K, V one hop and dK, dV two hops backward. Ulysses: half of 4 shards each way.
+        forward, backward = (2 * shard_bytes, 6 * shard_bytes) if method == "ring" else (2 * shard_bytes,) * 2
+        for r in runs:
+            assert (r["forward_bytes"], r["backward_bytes"]) == (forward, backward)
+            assert (r["forward_wire_bytes"], r["backward_wire_bytes"]) == (forward, backward)
+            assert r["other_collectives"] == ()
+        assert [r["work"] for r in runs] == ([5, 5] if method == "ring" else [None, None])   # 2P + 1 chunk pairs
+
+
+def test_attention_on_rank_checks_its_options_before_any_communication():
+    x = torch.zeros(1, 2, 4, 2)
+    with pytest.raises(ValueError, match="method must be one of"):
+        attention_on_rank(0, 1, x, x, x, method="tree")
+    with pytest.raises(ValueError, match="Ulysses takes the contiguous layout"):
+        attention_on_rank(0, 1, x, x, x, method="ulysses", layout="zigzag")
+
+
+def test_the_taps_wrap_only_inside_their_block_nest_and_restore():
+    originals = (communication.pass_around_ring, communication.all_to_all, ring.attend_to_block,
+                 ring.block_gradients)
+    with distributed.count_traffic() as outer, distributed.count_ring_work() as work:
+        assert communication.pass_around_ring is not originals[0] and ring.attend_to_block is not originals[2]
+        with distributed.count_traffic() as inner:
+            assert communication.pass_around_ring is not originals[0]
+    assert (communication.pass_around_ring, communication.all_to_all, ring.attend_to_block,
+            ring.block_gradients) == originals
+    assert outer.bytes_sent == inner.bytes_sent == 0 and work == distributed.RingWork()
+
+
+def test_the_ring_work_tap_reads_the_pairs_it_is_given():
+    """One step's pairs, by hand: a visible 2 × 3 tile, a masked 2 × 2 one and a hidden one; no process group."""
+    mask = torch.tensor([[True, False], [True, True]])
+    pairs = [ring.ChunkPair(slice(0, 2), slice(0, 3), None), ring.ChunkPair(slice(2, 4), slice(3, 5), mask),
+             ring.ChunkPair(slice(0, 2), slice(3, 5), None, hidden=True)]
+    q, k, v = torch.randn(1, 1, 4, 2), torch.randn(1, 1, 5, 2), torch.randn(1, 1, 5, 2)
+    with distributed.count_ring_work() as work:
+        tiles = list(ring.attend_to_block(q, k, v, pairs, 1.0, torch.float32))
+        ring.block_gradients(q, k, v, pairs, 1.0, torch.ones(1, 1, 4, 2), torch.zeros(1, 1, 4), torch.zeros(1, 1, 4),
+                             torch.zeros(1, 1, 4, 2))
+    assert [rows for rows, _, _ in tiles] == [pair.rows for pair in pairs[:2]]        # the hidden pair: skipped
+    assert (work.forward, work.masked, work.skipped, work.backward) == (2, 1, 1, 2)
+    assert work.forward_scores_by_step == [2 * 3 + 2 * 2] and len(work.forward_seconds_by_step) == 1

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from attn_course import _validate
+from attn_course.distributed.layout import check_divisible
 from attn_course.distributed.ulysses import ulysses_bytes
 
-__all__ = ["LAYOUT", "METHODS", "check_method", "check_methods", "check_shape", "formula_bytes", "positive_ints"]
+__all__ = ["LAYOUT", "METHODS", "check_methods", "check_shape", "formula_bytes", "positive_ints"]
 
 # (name, layout): Ulysses needs the contiguous layout; ring runs with all three.
 METHODS = ("ulysses", "ring", "ring zigzag", "ring striped")
@@ -48,7 +49,8 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
         (49152, 61440)
     """
     where = "formula_bytes"
-    method = check_method(where, "method", method)
+    if method not in METHODS:
+        raise ValueError(f"{where}: method must be one of {list(METHODS)}, got {method!r}")
     if method == "ulysses":
         return ulysses_bytes(batch, heads, n, head_dim, world_size, element_size=element_size, backward=backward,
                              kv_heads=kv_heads)
@@ -62,35 +64,24 @@ def formula_bytes(method: str, batch: int, heads: int, n: int, head_dim: int, wo
         if heads % kv_heads:
             raise ValueError(f"{where}: heads={heads} must be divisible by kv_heads={kv_heads}")
         heads = kv_heads                                                      # the ring sends K/V heads only
-    chunks = 2 * world_size if LAYOUT[method] == "zigzag" else world_size
-    if n % chunks:
-        raise ValueError(f"{where}: n={n} must be divisible by {chunks} for {method} over {world_size} ranks")
-    if world_size == 1:
-        return 0
+    check_divisible(where, n, world_size, LAYOUT[method])
     shard = batch * heads * (n // world_size) * head_dim                     # elements of one K (or V) shard
     kv_hops = 2 * (world_size - 1) * shard * element_size                     # K and V, P - 1 hops
     if not backward:
         return kv_hops
-    grad_hops = 2 * world_size * shard * max(element_size, 4)                 # dK and dV sums, P hops
+    grad_hops = 2 * world_size * shard * max(element_size, 4) if world_size > 1 else 0   # dK and dV sums, P hops
     return 2 * kv_hops + grad_hops
-
-
-
-def check_method(where: str, name: str, value: object) -> str:
-    """``value``, one of :data:`METHODS`, or the error naming ``where`` and ``name``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: {name} must be a str, got {type(value).__name__}")
-    if value not in METHODS:
-        raise ValueError(f"{where}: {name} must be one of {list(METHODS)}, got {value!r}")
-    return value
 
 
 def check_methods(where: str, methods: object) -> list[str]:
     """``methods`` as a non-empty list of names from :data:`METHODS`."""
-    methods = _validate.sequence(where, "methods", methods, of="method names")
+    methods = _validate.labels(where, "methods", methods)
     if not methods:
         raise ValueError(f"{where}: methods must not be empty")
-    return [check_method(where, f"methods[{index}]", m) for index, m in enumerate(methods)]
+    for index, method in enumerate(methods):
+        if method not in METHODS:
+            raise ValueError(f"{where}: methods[{index}] must be one of {list(METHODS)}, got {method!r}")
+    return methods
 
 
 def positive_ints(where: str, name: str, values: object) -> list[int]:
@@ -108,11 +99,8 @@ def check_shape(where: str, methods: list[str], world_size: int, n: int, heads: 
     if kv_heads is not None and heads % kv_heads:
         raise ValueError(f"{where}: H={heads} must be divisible by H_kv={kv_heads} (grouped-query attention)")
     for method in methods:
-        chunks = 2 * world_size if LAYOUT[method] == "zigzag" else world_size
-        if n % chunks:
-            raise ValueError(f"{where}: N={n} must be divisible by {chunks} for {method} over P={world_size} ranks")
+        check_divisible(where, n, world_size, LAYOUT[method])
         if method == "ulysses" and (heads if kv_heads is None else kv_heads) % world_size:
             what = f"H={heads}" if kv_heads is None else f"H_kv={kv_heads}"
             raise ValueError(f"{where}: {what} must be divisible by P={world_size} for ulysses (whole heads per "
                              f"rank)")
-

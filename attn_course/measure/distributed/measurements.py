@@ -32,16 +32,14 @@ class TrafficRow:
     """Bytes one rank sends for one attention layer (:func:`measure_traffic`).
 
     Attributes:
-        method: one of :data:`METHODS`.
-        scaling: ``"N fixed"`` or ``"N ∝ P"`` (``N / P`` fixed), the sweep this row belongs to.
-        world_size, n, n_local: ``P``, ``N`` and ``N / P``.
-        batch, heads, head_dim: ``B``, ``H``, ``d`` (float32).
+        method, scaling: one of :data:`METHODS`; the sweep, ``"N fixed"`` or ``"N ∝ P"`` (``N / P`` fixed).
+        world_size, n, n_local, batch, heads, head_dim: ``P``, ``N``, ``N / P``, ``B``, ``H``, ``d`` (float32).
         kv_heads: ``H_kv``, the K/V heads (``H`` without grouped-query attention).
-        forward_bytes, forward_formula: counted on every rank by the communication module (the largest)
-            and :func:`formula_bytes`.
-        wire_forward_bytes: the same bytes read off the tensors each rank handed to ``torch.distributed``
-            (:func:`~attn_course.distributed.wiretap.tap_process_group`, the largest), independent of the
-            communication module's bookkeeping.
+        forward_bytes, forward_formula: counted at the communication helpers
+            (:func:`~attn_course.measure.distributed.taps.count_traffic`, the largest over the ranks), and
+            :func:`formula_bytes`.
+        wire_forward_bytes: the same bytes read off the tensors handed to ``torch.distributed``
+            (:func:`~attn_course.distributed.wiretap.tap_process_group`, the largest), knowing no algorithm.
         total_bytes, total_formula, wire_total_bytes: the same for forward + backward.
         matches: on every rank the two counts and the formula agree exactly, forward and total, and no
             other collective moved data.
@@ -66,12 +64,20 @@ class TrafficRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class MemoryRow:
+class _RankRow:
+    """One method's measurement on ``P`` ranks (``world_size``) for a sequence of ``N`` tokens (``n``)."""
+
+    method: str
+    world_size: int
+    n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRow(_RankRow):
     """Peak bytes one rank allocates in a forward pass (:func:`measure_rank_memory`).
 
     Attributes:
-        method: one of :data:`METHODS`.
-        world_size, n, n_local: ``P``, ``N`` and ``N / P``.
+        method, world_size, n, n_local: one of :data:`METHODS`, ``P``, ``N`` and ``N / P``.
         peak_bytes: the largest over the ranks, exact (:func:`~attn_course.measure.memory.peak_memory`;
             the rank's input shards are not counted, its output is).
         shard_bytes: one ``[B, H, N/P, d]`` float32 shard, for scale.
@@ -79,9 +85,6 @@ class MemoryRow:
             ``B·H·(N/P)²·4`` per block for ring, ``B·(H/P)·N²·4`` for Ulysses.
     """
 
-    method: str
-    world_size: int
-    n: int
     n_local: int
     peak_bytes: int
     shard_bytes: int
@@ -89,12 +92,11 @@ class MemoryRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class TimeRow:
+class TimeRow(_RankRow):
     """Best wall-clock time of a forward pass (:func:`measure_time`).
 
     Attributes:
-        method: one of :data:`METHODS`.
-        world_size, n: ``P`` and ``N``.
+        method, world_size, n: one of :data:`METHODS`, ``P`` and ``N``.
         seconds: best of the repeats, on the slowest rank (ranks start together after a barrier).
         median_seconds, min_seconds, max_seconds: over the repeats, each repeat's time being that of
             its slowest rank: the spread to read ``seconds`` against.
@@ -103,9 +105,6 @@ class TimeRow:
         max_difference: largest ``|output - self_attention|`` over the gathered output.
     """
 
-    method: str
-    world_size: int
-    n: int
     seconds: float
     median_seconds: float
     min_seconds: float
@@ -115,22 +114,23 @@ class TimeRow:
     max_difference: float
 
 
-
-def _sizes(where: str, batch: object, heads: object, head_dim: object, causal: object) -> tuple[int, int, int, bool]:
+def _common(where, world_sizes, batch, heads, head_dim, methods, causal) -> tuple:
+    """The arguments every measurement shares, checked: ``(world_sizes, batch, heads, head_dim, methods, causal)``."""
+    world_sizes = positive_ints(where, "world_sizes", world_sizes)
     batch, heads, head_dim = (_validate.integer(where, name, value, minimum=1)
                               for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)))
-    return batch, heads, head_dim, _validate.boolean(where, "causal", causal)
+    return (world_sizes, batch, heads, head_dim, check_methods(where, methods),
+            _validate.boolean(where, "causal", causal))
 
 
 def _traffic_tasks(where, world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal,
                    kv_heads=None) -> list[Task]:
-    world_sizes = positive_ints(where, "world_sizes", world_sizes)
+    world_sizes, batch, heads, head_dim, methods, causal = _common(where, world_sizes, batch, heads, head_dim,
+                                                                   methods, causal)
     n = _validate.integer(where, "n", n, minimum=1)
     n_per_rank = _validate.integer(where, "n_per_rank", n_per_rank, minimum=1)
-    batch, heads, head_dim, causal = _sizes(where, batch, heads, head_dim, causal)
     if kv_heads is not None:
         kv_heads = _validate.integer(where, "kv_heads", kv_heads, minimum=1)
-    methods = check_methods(where, methods)
     tasks = []
     for scaling in ("N fixed", "N ∝ P"):
         for p in world_sizes:
@@ -151,12 +151,12 @@ def _traffic_rows(tasks: list[Task], results: list[list[dict]]) -> list[TrafficR
             method=task.method, scaling=task.scaling, world_size=task.world_size, n=task.n,
             n_local=task.n // task.world_size, batch=task.batch, heads=task.heads, head_dim=task.head_dim,
             kv_heads=task.heads if task.kv_heads is None else task.kv_heads,
-            forward_bytes=max(r["forward"] for r in ranks), forward_formula=forward,
-            total_bytes=max(r["total"] for r in ranks), total_formula=total,
-            matches=all((r["forward"], r["total"]) == (r["wire_forward"], r["wire_total"]) == (forward, total)
-                        and not r["other_collectives"] for r in ranks),
-            wire_forward_bytes=max(r["wire_forward"] for r in ranks),
-            wire_total_bytes=max(r["wire_total"] for r in ranks)))
+            forward_bytes=max(r["forward_bytes"] for r in ranks), forward_formula=forward,
+            total_bytes=max(r["forward_bytes"] + r["backward_bytes"] for r in ranks), total_formula=total,
+            matches=all((r["forward_bytes"], r["backward_bytes"]) == (r["forward_wire_bytes"], r["backward_wire_bytes"])
+                        == (forward, total - forward) and not r["other_collectives"] for r in ranks),
+            wire_forward_bytes=max(r["forward_wire_bytes"] for r in ranks),
+            wire_total_bytes=max(r["forward_wire_bytes"] + r["backward_wire_bytes"] for r in ranks)))
     return rows
 
 
@@ -169,13 +169,10 @@ def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_p
     fixed, the paper's "N and P increased proportionally").
 
     Args:
-        world_sizes: the ``P`` to run, e.g. ``(1, 2, 4)``.
-        n: ``N`` of the first sweep.
-        n_per_rank: ``N / P`` of the second sweep.
+        world_sizes, n, n_per_rank: the ``P`` to run; ``N`` of the first sweep, ``N / P`` of the second.
         batch, heads, head_dim: ``B``, ``H`` (divisible by every ``P`` for Ulysses), ``d``.
-        methods: names from :data:`METHODS`.
-        causal: causal attention (the bytes do not depend on it).
-        timeout: seconds for each launch.
+        methods, causal, timeout: names from :data:`METHODS`; causal attention (the bytes do not depend
+            on it); seconds for each launch.
         kv_heads: ``H_kv`` for grouped-query attention (a divisor of ``H``; divisible by every ``P``
             for Ulysses); None for ``H``.
 
@@ -186,22 +183,20 @@ def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_p
         TypeError, ValueError: sizes that are not positive ints, an unknown method, or a (``P``,
             ``N``, ``H``) a method cannot run (named).
 
-    Example (it starts processes, so it is not run as a doctest; tests/measure run it)::
+    Example (it starts processes: not a doctest)::
 
-            rows = measure_traffic((2,), n=8, n_per_rank=4, heads=2, head_dim=4)
-            all(row.matches for row in rows)          # True
+            all(row.matches for row in measure_traffic((2,), n=8, n_per_rank=4, heads=2, head_dim=4))   # True
     """
+    timeout = _validate.positive_finite("measure_traffic", "timeout", timeout)
     tasks = _traffic_tasks("measure_traffic", world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal,
                            kv_heads)
-    timeout = _validate.positive_finite("measure_traffic", "timeout", timeout)
     return _traffic_rows(tasks, collect(tasks, timeout))
 
 
 def _memory_tasks(where, world_sizes, lengths, batch, heads, head_dim, methods, causal) -> list[Task]:
-    world_sizes = positive_ints(where, "world_sizes", world_sizes)
+    world_sizes, batch, heads, head_dim, methods, causal = _common(where, world_sizes, batch, heads, head_dim,
+                                                                   methods, causal)
     lengths = positive_ints(where, "lengths", lengths)
-    batch, heads, head_dim, causal = _sizes(where, batch, heads, head_dim, causal)
-    methods = check_methods(where, methods)
     tasks = []
     for p in world_sizes:
         for length in lengths:
@@ -227,12 +222,8 @@ def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequenc
     """Peak bytes one rank allocates in a forward pass, for every ``P`` and ``N``: exact, not sampled.
 
     Args:
-        world_sizes: the ``P`` to run.
+        world_sizes, batch, heads, head_dim, methods, causal, timeout: as :func:`measure_traffic`.
         lengths: the ``N`` to run (divisible by ``2P`` for ``ring zigzag``).
-        batch, heads, head_dim: ``B``, ``H`` (divisible by every ``P`` for Ulysses), ``d``.
-        methods: names from :data:`METHODS`.
-        causal: causal attention.
-        timeout: seconds for each launch.
 
     Returns:
         One :class:`MemoryRow` per (``P``, ``N``, method), in that order.
@@ -240,7 +231,7 @@ def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequenc
     Raises:
         TypeError, ValueError: as :func:`measure_traffic`.
 
-    Example (it starts processes, so it is not run as a doctest; tests/measure run it)::
+    Example (it starts processes: not a doctest)::
 
             rows = measure_rank_memory((1, 2), (16, 32), heads=2, head_dim=4)
     """
@@ -250,10 +241,9 @@ def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequenc
 
 
 def _time_tasks(where, world_sizes, n, batch, heads, head_dim, methods, causal, repeats) -> list[Task]:
-    world_sizes = positive_ints(where, "world_sizes", world_sizes)
+    world_sizes, batch, heads, head_dim, methods, causal = _common(where, world_sizes, batch, heads, head_dim,
+                                                                   methods, causal)
     n = _validate.integer(where, "n", n, minimum=1)
-    batch, heads, head_dim, causal = _sizes(where, batch, heads, head_dim, causal)
-    methods = check_methods(where, methods)
     repeats = _validate.integer(where, "repeats", repeats, minimum=1)
     for p in world_sizes:
         check_shape(where, methods, p, n, heads)
@@ -291,13 +281,10 @@ def measure_time(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 1024, batch
     """Best time of a forward pass for every ``P`` (one thread per process), as ratios to ``P = 1``.
 
     Args:
-        world_sizes: the ``P`` to run; include 1 for the ratios.
+        world_sizes, batch, heads, head_dim, methods, causal, timeout: as :func:`measure_traffic`; include
+            ``P = 1`` for the ratios.
         n: ``N`` (divisible by ``2P`` for ``ring zigzag``).
-        batch, heads, head_dim: ``B``, ``H`` (divisible by every ``P`` for Ulysses), ``d``.
-        methods: names from :data:`METHODS`.
-        causal: causal attention.
         repeats: timings per (method, ``P``); the best counts.
-        timeout: seconds for each launch.
 
     Returns:
         One :class:`TimeRow` per (``P``, method), with the output checked against ``self_attention``.
@@ -305,7 +292,7 @@ def measure_time(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 1024, batch
     Raises:
         TypeError, ValueError: as :func:`measure_traffic`, or ``repeats`` below 1.
 
-    Example (it starts processes, so it is not run as a doctest; tests/measure run it)::
+    Example (it starts processes: not a doctest)::
 
             rows = measure_time((1, 2), n=32, heads=2, head_dim=4, repeats=1)
     """
@@ -322,10 +309,9 @@ def measure_distributed(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256,
     """:func:`measure_traffic`, :func:`measure_rank_memory` and :func:`measure_time` in one launch per ``P``.
 
     Args:
-        world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal, timeout: as
-            :func:`measure_traffic` (shared by all three).
-        lengths: the ``N`` of :func:`measure_rank_memory`.
-        time_n, repeats: ``n`` and ``repeats`` of :func:`measure_time`.
+        world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal, timeout: as :func:`measure_traffic`.
+        lengths, time_n, repeats: ``lengths`` of :func:`measure_rank_memory`, ``n`` and ``repeats`` of
+            :func:`measure_time`.
 
     Returns:
         ``(traffic rows, memory rows, time rows)``.
@@ -334,10 +320,10 @@ def measure_distributed(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256,
         TypeError, ValueError: as the three functions.
     """
     where = "measure_distributed"
+    timeout = _validate.positive_finite(where, "timeout", timeout)
     traffic = _traffic_tasks(where, world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal)
     memory = _memory_tasks(where, world_sizes, lengths, batch, heads, head_dim, methods, causal)
     timing = _time_tasks(where, world_sizes, time_n, batch, heads, head_dim, methods, causal, repeats)
-    timeout = _validate.positive_finite(where, "timeout", timeout)
     results = collect(traffic + memory + timing, timeout)
     a, b = len(traffic), len(traffic) + len(memory)
     return (_traffic_rows(traffic, results[:a]), _memory_rows(memory, results[a:b]),
