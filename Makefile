@@ -71,7 +71,7 @@ lab: venv
 
 # ruff, then the layers: import-linter's contracts in pyproject.toml ([tool.importlinter]).
 lint: venv
-	$(BIN)/ruff check attn_course attn_course_grading benchmarks tests tools notebooks deploy
+	$(BIN)/ruff check attn_course attn_course_grading benchmarks gpu_tools tests tools notebooks deploy
 	$(BIN)/lint-imports --no-cache --no-logo
 
 # Every chapter re-run in this environment and compared, output by output, with the

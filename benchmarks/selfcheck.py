@@ -2,8 +2,8 @@
 
 For a machine that has torch and Triton but not pytest (``tools/gpu_check.sh`` runs this
 instead of the kernel tests there, rather than skipping them). Each case runs
-:func:`~attn_course.flash.flash_attention` forward and backward (and ``decode_attention``,
-where the package has it, forward) and judges the output and the gradients by the
+:func:`~attn_course.flash.flash_attention` forward and backward (and ``decode_attention``
+forward) and judges the output and the gradients by the
 FlashAttention rule, :func:`attn_course.flash.accuracy.flash_rule`, the one the kernel tests
 and chapter 07 use: the kernel's error against float64 at most ``factor`` times the error of
 plain attention in the same dtype, plus a small floor. Its reference,
@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from attn_course import _validate
+from attn_course.flash import decode_attention, flash_attention
 from attn_course.flash.accuracy import FLOORS, flash_rule
 
 __all__ = ["CaseResult", "cases", "main", "run_case", "selfcheck"]
@@ -80,9 +81,8 @@ def run_case(fn: Callable, *, batch: int, heads: int, kv_heads: int, n_q: int, n
     where = "run_case"
     if not callable(fn):
         raise TypeError(f"{where}: fn must be callable, got {type(fn).__name__}")
-    for size_name, value in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("n_q", n_q), ("n_k", n_k),
-                             ("head_dim", head_dim)):
-        _validate.integer(where, size_name, value, minimum=1)
+    _validate.integers(where, minimum=1, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, n_k=n_k,
+                       head_dim=head_dim)
     causal, backward = _validate.boolean(where, "causal", causal), _validate.boolean(where, "backward", backward)
     if device not in ("cuda", "cpu"):
         raise ValueError(f"{where}: device must be 'cuda' or 'cpu', got {device!r}")
@@ -160,30 +160,16 @@ def selfcheck(device: str | None = None, *, report: Callable[[str], None] | None
         report: called with each line of text (None: silent).
 
     Returns:
-        One :class:`CaseResult` per case run (decode cases only where the package has ``decode_attention``).
+        One :class:`CaseResult` per case.
 
     Raises:
         ValueError: an unknown device.
     """
-    from attn_course.flash.triton_attention import flash_attention
-
-    try:
-        from attn_course.flash import decode_attention
-    except ImportError:
-        try:
-            from attn_course.flash.triton_attention import decode_attention
-        except ImportError:
-            decode_attention = None
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     report = report or (lambda line: None)
-    if decode_attention is None:
-        report("decode_attention is not in this package: decode cases skipped")
     results = []
     for case in cases(device):
-        kernel = case.pop("kernel")
-        fn = flash_attention if kernel == "flash" else decode_attention
-        if fn is None:
-            continue
+        fn = flash_attention if case.pop("kernel") == "flash" else decode_attention
         result = run_case(fn, device=device, **case)
         results.append(result)
         if result.error:

@@ -73,13 +73,13 @@ def require_sandbox() -> None:
 
 
 def run_aot_shards(*arguments: str, shards: int) -> list[str]:
-    """``python -m attn_course.flash.aot ARGUMENTS SHARD/SHARDS`` for every shard at once, in processes
+    """``python -m gpu_tools.aot ARGUMENTS SHARD/SHARDS`` for every shard at once, in processes
     of their own (a process has one Triton mode: these compile for real GPUs, ``TRITON_INTERPRET=0``);
     their output lines, in shard order. Fails with their errors when one did not finish: exit 1 means
     "compiled, but a case is too big or spills", which the caller's assertions report."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1", "OMP_NUM_THREADS": "1"}
-    processes = [subprocess.Popen([sys.executable, "-m", "attn_course.flash.aot", *arguments, f"{shard}/{shards}"],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    processes = [subprocess.Popen([sys.executable, "-m", "gpu_tools.aot", *arguments, f"{shard}/{shards}"],
+                                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for shard in range(shards)]
     lines, errors = [], []
     for process in processes:

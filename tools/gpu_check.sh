@@ -40,11 +40,11 @@ started=$SECONDS
 say() { echo "== [$((SECONDS - started)) s] $*" | tee -a "$out/status.txt"; }
 : > "$out/status.txt"
 
-# TIMEOUTS, first profile: the estimate behind them (tools/count_compiles.py counts the distinct
+# TIMEOUTS, first profile: the estimate behind them (python -m gpu_tools.count_compiles counts the distinct
 # kernel specialisations on the CPU; a cold sm_90 compile took 0.9 to 4.5 s here, 2 to 6 s assumed):
 # - tests: 132 distinct compilations counted in the interpreter, 136 on a GPU (the TMA forward's
 #   one tuning test compiles the 4 candidates kept at d = 64), 147 over the 12 shards (a few shared
-#   ones compile in two; tools/count_compiles.py --plan --shards 12 --most 8); the largest shard
+#   ones compile in two; python -m gpu_tools.count_compiles --plan ... --shards 12 --most 8); the largest shard
 #   needs 13: 26 to 78 s, plus about 10 s to start (torch, CUDA, collection) and a few seconds of
 #   tests: 40 to 90 s, so 95 s. 12 processes on 16 cores, the warm-up niced.
 # - benchmark warm-up, in the background meanwhile (niced: the 12 test processes keep their cores):
@@ -66,7 +66,7 @@ say "gpu_check, profile $profile: tests <= $test_timeout s, benchmark ($bench_pr
 
 # The test shards, "NAME|PYTEST ARGUMENTS", one process each, all at once. A process compiles its
 # kernels one after another, so the first profile's shards are balanced by the compilations each
-# needs (tools/gpu_check_shards.txt, written by tools/count_compiles.py --plan: at most 13 each);
+# needs (tools/gpu_check_shards.txt, written by python -m gpu_tools.count_compiles --plan: at most 13 each);
 # the long profile runs one process per file, slow tests included.
 test_files="tests/flash/test_flash_triton.py tests/flash/test_flash_triton_gqa_causal.py tests/flash/test_flash_decode.py
             tests/flash/test_flash_tma.py tests/flash/test_flash_configs.py"
@@ -150,10 +150,9 @@ if [ "$gpu_state" != "cuda-ok" ]; then
         say "  ${coverage:-no coverage line: see shard-coverage.txt}"
         # "gpu_setup: N tests, N in exactly one of the 12 shards", N > 0: every test runs once
         grep -q "^gpu_setup: \([1-9][0-9]*\) tests, \1 in exactly one" <<< "$coverage" || \
-            say "  SHARDS DO NOT MATCH THE TESTS: rerun tools/count_compiles.py --plan $shard_plan"
+            say "  SHARDS DO NOT MATCH THE TESTS: rerun python -m gpu_tools.count_compiles --plan $shard_plan"
     fi
-    bench_args=(--dry-run --out "$out")
-    "$py" -m benchmarks flash --help 2> /dev/null | grep -q -- "--profile" && bench_args+=(--profile "$bench_profile")
+    bench_args=(--dry-run --out "$out" --profile "$bench_profile")
     say "benchmark CPU dry run: $py -m benchmarks flash ${bench_args[*]}"
     timeout -k 10 300 "$py" -m benchmarks flash "${bench_args[@]}" > "$out/bench.txt" 2>&1
     rc=$?
@@ -171,18 +170,12 @@ warm_pid=""
 # (into Triton's on-disk cache, where step 3 finds them). Only a head start: step 3 warms up anyway.
 # setsid: its own process group, so that stopping it stops its compiling children too.
 setsid nice -n 10 timeout -k 5 $((test_timeout + 20)) "$py" - "$bench_profile" > "$out/warm-up.txt" 2>&1 <<'EOF' &
-import inspect, json, sys
-from benchmarks.flash_gpu import run, sizes
+import json, sys
+from benchmarks.flash_gpu.plan import GPU_SIZES, WARM_UP_SECONDS, plan_phases
 from benchmarks.flash_gpu.warm_up import warm_triton_cache, warm_up_jobs
-# The benchmark's own jobs for this profile, whichever form its warm_up_jobs takes (a plan of
-# phases and the sizes, or the sizes alone).
-parameters = inspect.signature(warm_up_jobs).parameters
-if "plan" in parameters:
-    jobs = warm_up_jobs(run.plan_phases(sizes.GPU_SIZES, None, sys.argv[1]), sizes.GPU_SIZES, False)
-else:
-    jobs = warm_up_jobs(sizes.GPU_SIZES, False)
+jobs = warm_up_jobs(plan_phases(GPU_SIZES, None, sys.argv[1]), GPU_SIZES, False)   # the benchmark's own jobs
 print(f"{len(jobs)} jobs", flush=True)
-print(json.dumps(warm_triton_cache(jobs, timeout_s=sizes.WARM_UP_SECONDS, interpret=False)))
+print(json.dumps(warm_triton_cache(jobs, timeout_s=WARM_UP_SECONDS, interpret=False)))
 EOF
 warm_pid=$!
 if "$py" -c "import pytest" 2> /dev/null; then
@@ -232,18 +225,13 @@ wait "$warm_pid" 2> /dev/null
 say "benchmark warm-up (background): $(tail -1 "$out/warm-up.txt" | cut -c1-300)"
 
 # --- 3. the benchmark -----------------------------------------------------------------------------
-bench_args=(--out "$out" --max-minutes "$bench_minutes")
-if "$py" -m benchmarks flash --help 2> /dev/null | grep -q -- "--profile"; then
-    bench_args+=(--profile "$bench_profile")
-elif [ "$profile" = first ]; then
-    bench_args+=(--lengths 4096 16384)     # a benchmark without profiles: the essential lengths at least
-fi
+bench_args=(--out "$out" --max-minutes "$bench_minutes" --profile "$bench_profile")
 say "benchmark: $py -m benchmarks flash ${bench_args[*]} (killed at $bench_timeout s)"
 timeout -k 5 "$bench_timeout" "$py" -m benchmarks flash "${bench_args[@]}" > "$out/bench.txt" 2>&1
 rc=$?
 # The log's key lines (all of it is in bench.txt): phases, the ours/SDPA rows that have a target
 # (N >= 4096 forward and backward), decoding, the verdicts and the files written.
-grep -E "^#|^## phase|^ +kind |MISSED$| ok$|^ +decode |^(forward|backward): ours|stopped by|terminated|Error" \
+grep -E "^#|^## phase|^kind |MISSED *$| ok *$|^decode {2,}|^(forward|backward): ours|stopped by|terminated|Error" \
     "$out/bench.txt" | tail -80
 case $rc in
     0) say "benchmark: done (rows not reached within the budget, if any, are status 'skipped' in the CSVs)" ;;

@@ -75,8 +75,9 @@ class MultiHeadAttention(nn.Module):
         bias: whether the four projections have biases.
         dropout: probability of dropping an attention weight while training.
         rope: rotate queries and keys by their positions (chapter 05): a
-            :class:`~attn_course.positions.rope.RotaryEmbedding` (or any module ``(x, positions) -> x``
-            with a ``head_dim`` of ``E / H``); None (default) or False for none. Self-attention only.
+            :class:`~attn_course.positions.rope.RotaryEmbedding` (or any module with a ``head_dim`` of
+            ``E / H`` and a ``rotate(x, positions) -> x`` on checked inputs); None (default) or False for
+            none. Self-attention only.
         attention_backend: which attention computes the heads (:mod:`attn_course.core.backends`):
             ``"eager"`` (the course's own, with weights), ``"sdpa"`` (PyTorch's fused one),
             ``"flash"`` (chapter 07's Triton kernel, registered by ``import attn_course.flash``),
@@ -218,12 +219,13 @@ class MultiHeadAttention(nn.Module):
         v = _split_heads(self.v_proj(value), self.num_kv_heads)          # [B, H_kv, N_new, d]
         if rope is not None:
             positions = self._new_positions(positions, kv_cache, q)      # [N_q] or [B, N_q]
-            q = rope(q, positions)                                       # [B, H, N_q, d]
+            q = rope.rotate(q, positions)                                # [B, H, N_q, d]
         mask = self._score_mask(mask, query, kv_cache, k.shape[2])       # checked before the cache changes
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v, positions=positions, rotate=rope)   # [B, H_kv, N_k, d], rotated
+            rotate = None if rope is None else rope.rotate
+            k, v = kv_cache.update(k, v, positions=positions, rotate=rotate)   # [B, H_kv, N_k, d], rotated
         elif rope is not None:
-            k = rope(k, positions)                                       # [B, H_kv, N_k, d]
+            k = rope.rotate(k, positions)                                # [B, H_kv, N_k, d]
         return self._attend(q, k, v, mask, is_causal, need_weights)      # [B, H, N_q, d], weights
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -360,9 +362,9 @@ def _rotation(where: str, rope: object, head_dim: int) -> nn.Module | None:
     """``rope`` checked: None, or a rotation ``(x [..., N, d], positions) -> x`` for heads of size ``head_dim``."""
     if rope is None or rope is False:
         return None
-    if isinstance(rope, bool) or not callable(rope) or not isinstance(getattr(rope, "head_dim", None), int):
+    if not callable(getattr(rope, "rotate", None)) or not isinstance(getattr(rope, "head_dim", None), int):
         raise TypeError(
-            f"{where}: rope must be None or a rotation with a head_dim, such as "
+            f"{where}: rope must be None or a rotation with rotate(x, positions) and a head_dim, such as "
             f"attn_course.positions.rope.RotaryEmbedding({head_dim}) (the core builds none itself), "
             f"got {type(rope).__name__}"
         )

@@ -14,8 +14,9 @@
   (:mod:`~attn_course.flash.triton_mode`; ``use_interpreter_without_gpu()`` for a notebook that
   writes its own kernels).
 * :mod:`attn_course.flash.kernels_tma`: the forward over tensor descriptors (TMA), which
-  ``flash_attention`` takes by itself on a Hopper GPU (:mod:`~attn_course.flash.tma_attention`);
-  :mod:`attn_course.flash.aot` compiles every kernel for sm_80 and sm_90 without a GPU.
+  ``flash_attention`` takes by itself on a Hopper GPU (:mod:`~attn_course.flash.tma_attention`, tuned
+  over the candidates :mod:`~attn_course.flash.tma_configs` keeps). Compiling every kernel for sm_80
+  and sm_90 without a GPU is a tool apart from the course: ``python -m gpu_tools.aot``.
 * :mod:`attn_course.flash.accuracy`: the FlashAttention rule and the one float64 reference
   (grouped-query heads, bottom-right causal) that the tests, the GPU self-check and chapter 07 use.
 * :mod:`attn_course.flash.backend`: registers the kernel as ``MultiHeadAttention``'s ``"flash"`` backend.

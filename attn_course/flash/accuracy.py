@@ -29,7 +29,8 @@ import torch
 from attn_course import _validate
 from attn_course.core.masks import causal_mask
 
-__all__ = ["FACTORS", "FLOORS", "RuleCheck", "plain_attention", "flash_rule", "report_flash_rule"]
+__all__ = ["FACTORS", "FLOORS", "RuleCheck", "check_attention_inputs", "flash_rule", "plain_attention",
+           "report_flash_rule"]
 
 #: How many times plain attention's error the kernel may have, per quantity.
 FACTORS = {"output": 2.0, "lse": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0}
@@ -88,7 +89,7 @@ def plain_attention(
         >>> out.shape, lse.shape
         (torch.Size([1, 4, 3, 8]), torch.Size([1, 4, 3]))
     """
-    scale = _check_inputs("plain_attention", q, k, v, causal, scale)
+    scale = check_attention_inputs("plain_attention", q, k, v, causal, scale)
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)   # [B, H, N_k, d], [B, H, N_k, d_v]
     scores = (q @ k.transpose(-2, -1)) * scale                                  # [B, H, N_q, N_k]
@@ -99,18 +100,35 @@ def plain_attention(
     return torch.softmax(scores, dim=-1) @ v, lse                               # [B, H, N_q, d_v], [B, H, N_q]
 
 
-def _check_inputs(where: str, q, k, v, causal, scale) -> float:
-    """q ``[B, H, N_q, d]``, k ``[B, H_kv, N_k, d]``, v ``[B, H_kv, N_k, d_v]``; return the scale."""
+def check_attention_inputs(where: str, q, k, v, causal, scale, *, value_dim_is_d: bool = False) -> float:
+    """The checks of :func:`plain_attention` and of every kernel launcher
+    (:func:`~attn_course.flash.launch.check_kernel_inputs`): q ``[B, H, N_q, d]``, k ``[B, H_kv, N_k, d]``,
+    v ``[B, H_kv, N_k, d_v]`` (``d_v = d`` with ``value_dim_is_d``) with ``H % H_kv == 0``, a bool
+    ``causal`` (then ``N_q <= N_k``), a positive finite scale or None (``1 / sqrt(d)``).
+
+    Returns:
+        The scale, a float.
+
+    Raises:
+        TypeError: non-tensors, a non-bool ``causal``.
+        ValueError: shapes that do not fit, a bad scale.
+    """
     _validate.four_d(where, q=q, k=k, v=v)
     _validate.boolean(where, "causal", causal)
-    if (q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or k.shape[:3] != v.shape[:3]
-            or k.shape[1] == 0 or q.shape[1] % k.shape[1]):
-        raise ValueError(f"{where}: expected q [B, H, N_q, d], k [B, H_kv, N_k, d] and v [B, H_kv, N_k, d_v] "
-                         f"with H % H_kv == 0, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}, "
+    if value_dim_is_d and k.shape != v.shape:
+        raise ValueError(f"{where}: v must have k's shape [B, H_kv, N_k, d] (d_v = d in this kernel), got k "
+                         f"{_validate.shape_str(k)}, v {_validate.shape_str(v)}")
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"{where}: expected q [B, H, N_q, d], k [B, H_kv, N_k, d] and v [B, H_kv, N_k, d_v] with "
+                         f"the same B and d, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}, "
                          f"v {_validate.shape_str(v)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"{where}: the number of query heads H must be a multiple of the key/value heads "
+                         f"H_kv (grouped-query attention), expected q [B, H, N_q, d] and k [B, H_kv, N_k, d] "
+                         f"with H % H_kv == 0, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
     if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"{where}: causal needs N_q <= N_k (bottom-right aligned), got N_q={q.shape[2]}, "
-                         f"N_k={k.shape[2]}")
+        raise ValueError(f"{where}: causal needs N_q <= N_k (the queries are the last N_q of the N_k "
+                         f"positions, bottom-right aligned), got N_q={q.shape[2]}, N_k={k.shape[2]}")
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
 
 
@@ -168,7 +186,7 @@ def flash_rule(
     where = "flash_rule"
     if not callable(attention):
         raise TypeError(f"{where}: attention must be callable, got {type(attention).__name__}")
-    _check_inputs(where, q, k, v, causal, scale)
+    check_attention_inputs(where, q, k, v, causal, scale)
     if grad_out is not None:
         grad_out = _validate.floating_tensor(where, "grad_out", grad_out)
         expected = (*q.shape[:3], v.shape[-1])

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from attn_course.core.backends import register_attention_backend
-from attn_course.flash.triton_attention import GPU_DTYPES, INTERPRETER_DTYPES, SUPPORTED_HEAD_DIMS, flash_attention
+from attn_course.flash.configs import GPU_DTYPES, INTERPRETER_DTYPES, SUPPORTED_HEAD_DIMS
+from attn_course.flash.triton_attention import flash_attention
 
 __all__ = ["triton_flash_attention", "flash_blockers"]
 

@@ -9,7 +9,7 @@ for sm_80 and sm_90.
 
 from __future__ import annotations
 
-import types
+import dataclasses
 
 import torch
 
@@ -37,13 +37,16 @@ GPU_DTYPES = (torch.float16, torch.bfloat16)
 INTERPRETER_DTYPES = (torch.float16, torch.float32)
 
 
-class KernelConfig(types.SimpleNamespace):
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
     """Tile sizes and launch options of one kernel: ``block_m`` query rows and ``block_n`` key
-    rows per tile, ``num_warps`` and ``num_stages`` (software pipelining depth) on a GPU."""
+    rows per tile, ``num_warps`` and ``num_stages`` (software pipelining depth) on a GPU.
+    Frozen, so hashable: a dictionary key, a set member, a cached argument."""
 
-
-def _config(block_m: int, block_n: int, num_warps: int, num_stages: int) -> KernelConfig:
-    return KernelConfig(block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
 # (kernel, head_dim) -> candidate configs, the first being the default (and the interpreter's).
@@ -76,7 +79,7 @@ _CANDIDATES = {
         128: [(64, 64, 8, 2), (128, 32, 8, 2)],
     },
     # Decode: block_m is set by the launcher from the rows (DECODE_BLOCK_M); block_n must
-    # divide the kernels' DECODE_SPLIT_ALIGN (128).
+    # divide DECODE_SPLIT_ALIGN (128).
     "decode": {
         16: [(16, 64, 4, 3)], 32: [(16, 64, 4, 3)],
         64: [(16, 64, 4, 3), (16, 128, 4, 3)],
@@ -84,7 +87,7 @@ _CANDIDATES = {
     },
 }
 CONFIGS: dict[tuple[str, int], tuple[KernelConfig, ...]] = {
-    (kernel, head_dim): tuple(_config(*candidate) for candidate in candidates)
+    (kernel, head_dim): tuple(KernelConfig(*candidate) for candidate in candidates)
     for kernel, by_head_dim in _CANDIDATES.items() for head_dim, candidates in by_head_dim.items()
 }
 #: The kernels that take a :class:`KernelConfig`: kernel -> its function's name.
@@ -106,7 +109,7 @@ KERNEL_MODULES = {
 }
 # Flash-decoding: at most this many queries; rows (query head, query) per decode program, the
 # smaller when a group's G·N_q rows fit it; at most this many key splits, each a whole number of
-# blocks of DECODE_SPLIT_ALIGN keys (kernels.DECODE_SPLIT_ALIGN).
+# blocks of DECODE_SPLIT_ALIGN keys (the decode kernel reads it from here).
 DECODE_MAX_QUERIES = 16
 DECODE_BLOCK_M = (16, 64)
 DECODE_MAX_SPLITS = 128

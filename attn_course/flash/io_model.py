@@ -75,11 +75,6 @@ class Step(NamedTuple):
         return self.flops / self.bytes
 
 
-def _sizes(where: str, n: int, d: int, bytes_per_number: int) -> tuple[int, int, int]:
-    return (_validate.integer(where, "n", n, minimum=1), _validate.integer(where, "d", d, minimum=1),
-            _validate.integer(where, "bytes_per_number", bytes_per_number, minimum=1))
-
-
 def naive_forward_steps(n: int, d: int, *, bytes_per_number: int = 2) -> list[Step]:
     """The three kernels of plain attention for one head, with their FLOPs and HBM bytes.
 
@@ -101,7 +96,7 @@ def naive_forward_steps(n: int, d: int, *, bytes_per_number: int = 2) -> list[St
         >>> [round(step.intensity, 1) for step in naive_forward_steps(4096, 64)]
         [62.1, 1.2, 62.1]
     """
-    n, d, size = _sizes("naive_forward_steps", n, d, bytes_per_number)
+    n, d, size = _validate.integers("naive_forward_steps", minimum=1, n=n, d=d, bytes_per_number=bytes_per_number)
     matrix, vectors = n * n * size, n * d * size
     return [Step("S = Q Kᵀ", 2 * n * n * d, 2 * vectors + matrix),
             Step("P = softmax(S)", 5 * n * n, 2 * matrix),
@@ -125,7 +120,7 @@ def fused_forward_step(n: int, d: int, *, bytes_per_number: int = 2) -> Step:
         >>> round(fused_forward_step(4096, 64).intensity)
         2072
     """
-    n, d, size = _sizes("fused_forward_step", n, d, bytes_per_number)
+    n, d, size = _validate.integers("fused_forward_step", minimum=1, n=n, d=d, bytes_per_number=bytes_per_number)
     return Step("fused (FlashAttention)", 4 * n * n * d + 5 * n * n, 4 * n * d * size + 4 * n)
 
 
@@ -153,8 +148,8 @@ def fused_forward_bytes(n: int, d: int, block_q: int, *, bytes_per_number: int =
         >>> fused_forward_bytes(4096, 64, 128) / 2**20     # 32 query tiles, each reading K and V: 1 MiB
         33.015625
     """
-    n, d, size = _sizes("fused_forward_bytes", n, d, bytes_per_number)
-    block_q = _validate.integer("fused_forward_bytes", "block_q", block_q, minimum=1)
+    n, d, size, block_q = _validate.integers("fused_forward_bytes", minimum=1, n=n, d=d,
+                                             bytes_per_number=bytes_per_number, block_q=block_q)
     query_tiles = math.ceil(n / block_q)
     return (2 * n * d + 2 * n * d * query_tiles) * size + 4 * n   # Q, O once; K, V per tile; the LSE
 
@@ -193,10 +188,9 @@ def training_traffic(batch: int, heads: int, n: int, d: int, *, bytes_per_number
         {'naive': 42.4, 'flash1': 4.1, 'flash2': 1.6}
     """
     where = "training_traffic"
-    n, d, size = _sizes(where, n, d, bytes_per_number)
-    batch = _validate.integer(where, "batch", batch, minimum=1)
-    heads = _validate.integer(where, "heads", heads, minimum=1)
-    sram_bytes = _validate.integer(where, "sram_bytes", sram_bytes, minimum=1)
+    n, d, size, batch, heads, sram_bytes = _validate.integers(where, minimum=1, n=n, d=d,
+                                                              bytes_per_number=bytes_per_number, batch=batch,
+                                                              heads=heads, sram_bytes=sram_bytes)
     mask_and_dropout = _validate.boolean(where, "mask_and_dropout", mask_and_dropout)
     matrix, vectors, row = n * n * size, n * d * size, n * 4
     passes = 4 + 7 + (8 if mask_and_dropout else 0)

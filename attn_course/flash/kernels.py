@@ -33,6 +33,8 @@ all of them:
 * Masks only where needed: each loop runs in stages, as in Triton's fused-attention tutorial.
   Tiles that every row sees in full (strictly below the diagonal, and not the partial last
   tile) run with no mask at all; only the diagonal band and the partial last tile are masked.
+* Each kernel spells out its parameters (a kernel takes tensors and numbers, no structures), so
+  the signatures, strides first, repeat from kernel to kernel.
 * Causal forward programs take their query tiles in reverse order: program 0 of each head runs
   the last query tile, which sees the most keys, so the heaviest programs start first and the
   light ones fill the GPU's last wave.
@@ -44,13 +46,15 @@ which defines its kernels compiled for a GPU or, without one, for Triton's inter
 import triton
 import triton.language as tl
 
+from attn_course.flash import configs
+
 # Globals used inside kernels must be compile-time constants.
 LOG2_E = tl.constexpr(1.4426950408889634)   # log2(e): exp(x) == exp2(x * LOG2_E)
 LN_2 = tl.constexpr(0.6931471805599453)     # ln(2):   log(x) == log2(x) * LN_2
 # Flash-decoding splits the keys at multiples of this many keys, whatever the key tile
 # (64 or 128, both divide it): the splits, and so the partial buffers, do not depend on the
 # configuration the autotuner picks.
-DECODE_SPLIT_ALIGN = tl.constexpr(128)
+DECODE_SPLIT_ALIGN = tl.constexpr(configs.DECODE_SPLIT_ALIGN)
 
 
 @triton.jit
@@ -89,6 +93,31 @@ def forward_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
         acc = tl.dot(probabilities.to(v.dtype), v, acc * correction[:, None])
         row_max = new_max
     return acc, row_max, row_sum
+
+
+@triton.jit
+def key_stages(query_start, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Step 4 of :func:`attention_forward_kernel` (written out there, where chapter 07 reads it) for the
+    query tile at ``query_start``: ``(causal_offset, unmasked_end, key_end)``, the key tiles every row
+    sees ending at ``unmasked_end``, the masked ones at ``key_end``. The dQ kernel and the TMA forward
+    walk their key tiles in the same two stages."""
+    causal_offset = n_k - n_q
+    full_tiles_end = (n_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        unmasked_end = tl.minimum(full_tiles_end, ((query_start + causal_offset + 1) // BLOCK_N) * BLOCK_N)
+        key_end = tl.minimum(n_k, query_start + BLOCK_M + causal_offset)
+    else:
+        unmasked_end = full_tiles_end
+        key_end = n_k
+    return causal_offset, unmasked_end, key_end
+
+
+@triton.jit
+def batch_and_kv_head(batch_kv_head, num_heads, num_kv_groups):
+    """The batch and the key/value head of a program of a grid over ``B·H_kv`` (the decode and dK/dV
+    kernels'), in int64: offsets can pass 2**31."""
+    num_kv_heads = num_heads // num_kv_groups
+    return (batch_kv_head // num_kv_heads).to(tl.int64), (batch_kv_head % num_kv_heads).to(tl.int64)
 
 
 @triton.jit
@@ -189,11 +218,8 @@ def attention_decode_kernel(
     ``PartialOut`` is contiguous ``[B·H, S, N_q, d]``, ``PartialLSE`` ``[B·H, S, N_q]``.
     """
     split = tl.program_id(0)
-    batch_kv_head = tl.program_id(1)
+    batch, kv_head = batch_and_kv_head(tl.program_id(1), num_heads, num_kv_groups)
     row_chunk = tl.program_id(2)
-    num_kv_heads = num_heads // num_kv_groups
-    batch = (batch_kv_head // num_kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % num_kv_heads).to(tl.int64)
     # 1. My rows: packed (group member, query) pairs, row r = member · N_q + query.
     packed = row_chunk * BLOCK_M + tl.arange(0, BLOCK_M)                     # [BLOCK_M]
     member = packed // n_q

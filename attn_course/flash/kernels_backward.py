@@ -14,7 +14,7 @@ The launchers load this file through :func:`~attn_course.flash.triton_mode.defin
 import triton
 import triton.language as tl
 
-from attn_course.flash.kernels import LOG2_E
+from attn_course.flash.kernels import LOG2_E, batch_and_kv_head, key_stages
 
 
 @triton.jit
@@ -29,7 +29,7 @@ def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_grou
     group's heads around a loop over tiles: with a run-time group count (``G > 1``) the nested
     loops took the sm_90 build to 255 registers and spilled up to 496 bytes per thread at
     d = 64, where the single loop needs 231 registers and spills nothing (``python -m
-    attn_course.flash.aot --spills``). The ``q_group``/``do_group`` pointers and ``stats_group``
+    gpu_tools.aot --spills``). The ``q_group``/``do_group`` pointers and ``stats_group``
     offset are those of the group's first query head; head ``g`` of the group is ``g`` head strides on.
 
     Keys past ``N_k`` need no mask here: they are zero rows of ``k``/``v`` whose own (unstored)
@@ -107,9 +107,7 @@ def attention_backward_dkdv_kernel(
     """
     tile = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
-    num_kv_heads = num_heads // num_kv_groups
-    batch = (batch_kv_head // num_kv_heads).to(tl.int64)
-    kv_head = (batch_kv_head % num_kv_heads).to(tl.int64)
+    batch, kv_head = batch_and_kv_head(batch_kv_head, num_heads, num_kv_groups)
     keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)                             # [BLOCK_N]
     dims = tl.arange(0, HEAD_DIM)
     # The tile's first key in int64: key position x row stride can pass 2**31 elements.
@@ -234,14 +232,7 @@ def attention_backward_dq_kernel(
     # The same two stages as the forward: full tiles below the diagonal unmasked, then the
     # diagonal band and the partial last tile masked. Rows past N_q need no mask in the loop:
     # their dO and Δ are zero, so is their dS, and their rows of dQ are not stored.
-    causal_offset = n_k - n_q
-    full_tiles_end = (n_k // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        unmasked_end = tl.minimum(full_tiles_end, ((tile * BLOCK_M + causal_offset + 1) // BLOCK_N) * BLOCK_N)
-        key_end = tl.minimum(n_k, (tile + 1) * BLOCK_M + causal_offset)
-    else:
-        unmasked_end = full_tiles_end
-        key_end = n_k
+    causal_offset, unmasked_end, key_end = key_stages(tile * BLOCK_M, n_q, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq = dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                        rows, dims, n_k, causal_offset, scale_log2, 0, unmasked_end,
                        BLOCK_N=BLOCK_N, MASKED=False, CAUSAL=CAUSAL)

@@ -25,13 +25,13 @@ the other strides and the base addresses multiples of 16 bytes.
 Triton's interpreter runs descriptors too (with the same alignment checks, and zero padding),
 so the tests check this kernel on the CPU against float64 as they do the pointer kernel; that
 TMA and ``wgmma`` are really used on sm_90 is checked by compiling ahead of time
-(:func:`~attn_course.flash.aot.compile_tma_forward`), which needs no GPU.
+(``python -m gpu_tools.aot``, apart from the course), which needs no GPU.
 """
 
 import triton
 import triton.language as tl
 
-from attn_course.flash.kernels import LN_2, LOG2_E
+from attn_course.flash.kernels import LN_2, LOG2_E, key_stages
 
 
 @triton.jit
@@ -127,7 +127,7 @@ def attention_forward_tma_kernel(
     # writes nothing.
     if HOST_DESCRIPTORS:
         q_desc, k_desc, v_desc, o_desc = Q, K, V, Out
-    else:
+    else:   # one call per tensor, each with its own eight arguments: a helper would only pass them on
         num_batches = tl.num_programs(1) // num_heads
         num_kv_heads = num_heads // num_kv_groups
         q_desc = tl.make_tensor_descriptor(Q, shape=[num_batches, num_heads, n_q, HEAD_DIM],
@@ -156,14 +156,7 @@ def attention_forward_tma_kernel(
     #    j <= i + causal_offset. Stage 1: tiles of keys every row of mine sees (below the
     #    diagonal, and not the partial last tile): unmasked. Stage 2: the diagonal band and the
     #    partial last tile: masked. Causal: tiles after the band are all in the future.
-    causal_offset = n_k - n_q
-    full_tiles_end = (n_k // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        unmasked_end = tl.minimum(full_tiles_end, ((query_start + causal_offset + 1) // BLOCK_N) * BLOCK_N)
-        key_end = tl.minimum(n_k, query_start + BLOCK_M + causal_offset)
-    else:
-        unmasked_end = full_tiles_end
-        key_end = n_k
+    causal_offset, unmasked_end, key_end = key_stages(query_start, n_q, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     # 5-6. Stream over the key tiles: scores, online softmax, accumulate P V.
     acc, row_max, row_sum = forward_key_tiles_tma(
         acc, row_max, row_sum, q, k_desc, v_desc, batch, kv_head, rows, n_k, causal_offset, scale_log2,

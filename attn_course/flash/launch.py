@@ -3,18 +3,18 @@ the output buffers, the configuration check, and the launch itself (autotuned on
 
 The launchers are :mod:`~attn_course.flash.triton_attention` (forward, backward),
 :mod:`~attn_course.flash.decode` (flash-decoding) and :mod:`~attn_course.flash.tma_attention`
-(the forward over tensor descriptors). They all call :func:`check_kernel_inputs`, so every
-kernel refuses the same inputs with the same words.
+(the forward over tensor descriptors). Their public functions call :func:`check_kernel_inputs` once,
+so every kernel refuses the same inputs with the same words; their inner steps check nothing again.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 
 import torch
 
 from attn_course import _validate
+from attn_course.flash.accuracy import check_attention_inputs
 from attn_course.flash.configs import (
     CONFIGS,
     GPU_DTYPES,
@@ -23,14 +23,13 @@ from attn_course.flash.configs import (
     KERNEL_NAMES,
     SUPPORTED_HEAD_DIMS,
     KernelConfig,
-    kernel_config,
     kernel_configs,
 )
 from attn_course.flash.triton_mode import define_kernels, is_interpreted
 
 __all__ = ["ENABLE_FP_FUSION", "TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs",
-           "kernel_function", "launch", "length_bucket", "output_buffers", "record_tuned", "runs_in_interpreter",
-           "tuned_config", "tuned_configs", "tuning_key"]
+           "check_output_buffers", "kernel_function", "launch", "length_bucket", "output_buffers", "record_tuned",
+           "runs_in_interpreter", "tuned_config", "tuned_configs", "tuning_key"]
 
 _interpreter_note_shown = False
 _autotuned: dict[tuple[str, int], object] = {}
@@ -88,22 +87,7 @@ def check_kernel_inputs(where: str, q, k, v, causal, scale) -> float:
         ValueError: shapes that do not fit, ``d`` not in 16, 32, 64, 128, empty inputs, a bad scale.
         RuntimeError: CPU tensors while the kernels are compiled for a GPU.
     """
-    _validate.four_d(where, q=q, k=k, v=v)
-    _validate.boolean(where, "causal", causal)
-    if k.shape != v.shape:
-        raise ValueError(f"{where}: v must have k's shape [B, H_kv, N_k, d] (d_v = d in this kernel), got k "
-                         f"{_validate.shape_str(k)}, v {_validate.shape_str(v)}")
-    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{where}: expected q [B, H, N_q, d] and k, v [B, H_kv, N_k, d] with the same B and d, "
-                         f"got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"{where}: the number of query heads H must be a multiple of the key/value heads "
-                         f"H_kv (grouped-query attention), expected q [B, H, N_q, d] and k [B, H_kv, N_k, d] "
-                         f"with H % H_kv == 0, got q {_validate.shape_str(q)}, k {_validate.shape_str(k)}")
-    if causal and q.shape[2] > k.shape[2]:
-        raise ValueError(f"{where}: causal needs N_q <= N_k (the queries are the last N_q of the N_k "
-                         f"positions, bottom-right aligned), got N_q={q.shape[2]}, N_k={k.shape[2]}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _validate.positive_finite(where, "scale", scale)
+    scale = check_attention_inputs(where, q, k, v, causal, scale, value_dim_is_d=True)
     interpreted = runs_in_interpreter()
     allowed = INTERPRETER_DTYPES if interpreted else GPU_DTYPES
     if q.dtype not in allowed:
@@ -133,26 +117,33 @@ def _note_interpreter(interpreted: bool) -> None:
               "kernel code, executed tile by tile with NumPy: exact but slow; keep N small).", file=sys.stderr)
 
 
-def output_buffers(where: str, q: torch.Tensor, out=None, lse=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward's ``out [B, H, N_q, d]`` and ``lse [B, H, N_q]``: allocated when None, checked when given.
+def output_buffers(q: torch.Tensor, out=None, lse=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's ``out [B, H, N_q, d]`` and ``lse [B, H, N_q]`` (float32): the ones given, else new ones."""
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if lse is None:
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def check_output_buffers(where: str, q: torch.Tensor, out, lse) -> None:
+    """A public launcher's optional ``out`` and ``lse``: None, or shaped, typed and placed for ``q``.
 
     Raises:
         TypeError: a buffer that is not a tensor.
         ValueError: ``out`` not shaped, typed and placed like ``q``; ``lse`` not contiguous float32 ``[B, H, N_q]``.
     """
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if lse is None:
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    _validate.tensor(where, "out", out)
-    _validate.tensor(where, "lse", lse)
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"{where}: out must be shaped like q {_validate.shape_str(q)}, got {_validate.shape_str(out)} "
-                         f"(and be {q.dtype} on {q.device}, got {out.dtype} on {out.device})")
-    if lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous() or lse.device != q.device:
-        raise ValueError(f"{where}: lse must be contiguous float32 [B, H, N_q] = {list(q.shape[:3])} on {q.device}, "
-                         f"got {_validate.shape_str(lse)} {lse.dtype} on {lse.device}")
-    return out, lse
+    if out is not None:
+        _validate.tensor(where, "out", out)
+        if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"{where}: out must be shaped like q {_validate.shape_str(q)}, got "
+                             f"{_validate.shape_str(out)} (and be {q.dtype} on {q.device}, got {out.dtype} on "
+                             f"{out.device})")
+    if lse is not None:
+        _validate.tensor(where, "lse", lse)
+        if lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous() or lse.device != q.device:
+            raise ValueError(f"{where}: lse must be contiguous float32 [B, H, N_q] = {list(q.shape[:3])} on "
+                             f"{q.device}, got {_validate.shape_str(lse)} {lse.dtype} on {lse.device}")
 
 
 def check_config(where: str, name: str, config: object, kernel: str, head_dim: int) -> KernelConfig | None:
@@ -188,15 +179,17 @@ def autotuned_kernel(kernel: str, head_dim: int):
     if (kernel, head_dim) not in _autotuned:
         import triton
 
-        def sizes(c):
-            return {"BLOCK_N": c.block_n} if kernel == "decode" else {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}
-
-        configs = [triton.Config(sizes(c), num_warps=c.num_warps, num_stages=c.num_stages)
+        configs = [triton.Config(_block_sizes(kernel, c), num_warps=c.num_warps, num_stages=c.num_stages)
                    for c in CONFIGS[kernel, head_dim]]
         function = kernel_function(KERNEL_NAMES[kernel])
         _autotuned[kernel, head_dim] = triton.autotune(configs=configs, key=["n_q", "n_k", "num_kv_groups", "CAUSAL"])(
             function)
     return _autotuned[kernel, head_dim]
+
+
+def _block_sizes(kernel: str, config: KernelConfig) -> dict[str, int]:
+    """The tile sizes ``kernel`` takes from ``config``; decoding's ``BLOCK_M`` follows from its rows."""
+    return {"BLOCK_N": config.block_n} if kernel == "decode" else {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
 
 
 def length_bucket(n: int) -> int:
@@ -284,15 +277,14 @@ def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, 
         return meta["BLOCK_N"] if kernel == "backward_dkdv" else meta["BLOCK_M"]
 
     if config is None and runs_in_interpreter():
-        config = kernel_config(kernel, head_dim)
+        config = CONFIGS[kernel, head_dim][0]
     key = None
     if config is None:
         names = kernel_function(KERNEL_NAMES[kernel]).arg_names
         key = tuning_key(kernel, head_dim, causal, {**dict(zip(names, args)), **constants})
         config = _tuned.get(key)                     # tuned before for this bucket: launch its winner
     if config is not None:
-        sizes = {"BLOCK_N": config.block_n} if kernel == "decode" else {"BLOCK_M": config.block_m,
-                                                                       "BLOCK_N": config.block_n}
+        sizes = _block_sizes(kernel, config)
         grid = (cdiv(grid_rows, tile(sizes)), batch_heads, extra_grid)
         kernel_function(KERNEL_NAMES[kernel])[grid](
             *args, HEAD_DIM=head_dim, CAUSAL=causal, **sizes, **constants,

@@ -17,11 +17,12 @@ pass crashing for exactly this shape, "a small FA2-like causal two-loop descript
 (triton-lang/triton#9728, Triton 3.4 on an H100), and Triton enabled it on Hopper for the
 tutorial's attention only without causality and with on-device descriptors (triton-lang/triton#7658);
 it has never been run on a GPU here.
-Ahead-of-time compilation for sm_90 is :func:`~attn_course.flash.aot.compile_tma_forward`.
+Ahead-of-time compilation for sm_90 is ``python -m gpu_tools.aot`` (:mod:`gpu_tools.aot`, apart from the course).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import torch
@@ -32,8 +33,8 @@ from attn_course.flash.launch import (
     ENABLE_FP_FUSION,
     cdiv,
     check_kernel_inputs,
+    check_output_buffers,
     kernel_function,
-    output_buffers,
     record_tuned,
     tuned_config,
     tuning_key,
@@ -46,6 +47,7 @@ __all__ = [
     "attention_forward_tma",
     "has_device_tensor_descriptors",
     "host_tensor_descriptor",
+    "launch_tma_forward",
     "tma_forward_config",
     "tma_forward_supported",
     "tuned_tma_config",
@@ -113,7 +115,7 @@ def tma_forward_config(head_dim: int) -> dict[str, int]:
     """
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"tma_forward_config: head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim!r}")
-    return dict(vars(tma_forward_configs(head_dim)[0]))
+    return dataclasses.asdict(tma_forward_configs(head_dim)[0])
 
 
 def _tma_kernel():
@@ -219,7 +221,7 @@ def _check_tma_inputs(where, q, k, v, out, lse, causal, scale) -> float:
     _validate.four_d(where, out=out)
     _validate.tensor(where, "lse", lse)
     scale = check_kernel_inputs(where, q, k, v, causal, scale)
-    output_buffers(where, q, out, lse)
+    check_output_buffers(where, q, out, lse)
     for name, tensor in (("q", q), ("k", k), ("v", v), ("out", out)):
         problem = _layout_problem(name, tensor)
         if problem:
@@ -238,9 +240,16 @@ def _descriptor_strides(tensor: torch.Tensor) -> list[int]:
     return strides
 
 
-def _launch(q, k, v, out, lse, causal: bool, scale: float, config: KernelConfig, warp_specialize: bool,
-            host_descriptors: bool) -> None:
-    """One launch of the TMA kernel in ``config``; the inputs were checked."""
+def launch_tma_forward(q, k, v, out, lse, *, causal: bool, scale: float, config: KernelConfig | None = None,
+                       warp_specialize: bool = False, host_descriptors: bool | None = None) -> None:
+    """The TMA kernel on inputs already checked (the core of :func:`attention_forward_tma`, and the
+    Hopper path of :func:`~attn_course.flash.triton_attention.attention_forward`): in ``config``,
+    or with none, in :func:`tuned_tma_config`'s; ``host_descriptors`` None: where this Triton has them."""
+    if host_descriptors is None:
+        host_descriptors = host_tensor_descriptor() is not None
+    if config is None:
+        config = tuned_tma_config(q, k, v, out, lse, causal=causal, scale=scale, warp_specialize=warp_specialize,
+                                  host_descriptors=host_descriptors)
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     kernel = _tma_kernel()
@@ -301,10 +310,11 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
         import triton.testing
 
         kept = prune_tma_configs(candidates, head_dim, **gpu_limits(q.device), element_bytes=q.element_size())
-        times = [triton.testing.do_bench(                                 # KernelConfig is not hashable: a list
-            lambda config=config: _launch(q, k, v, out, lse, causal, scale, config, warp_specialize,
-                                          host_descriptors), warmup=TUNING_WARMUP_MS, rep=TUNING_REP_MS)
-            for config in kept]
+        times = [triton.testing.do_bench(
+            lambda config=config: launch_tma_forward(q, k, v, out, lse, causal=causal, scale=scale, config=config,
+                                                     warp_specialize=warp_specialize,
+                                                     host_descriptors=host_descriptors),
+            warmup=TUNING_WARMUP_MS, rep=TUNING_REP_MS) for config in kept]
         winner = kept[times.index(min(times))]
         record_tuned(key, winner)
     return winner
@@ -373,15 +383,14 @@ def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: flo
     if not host_descriptors and not has_device_tensor_descriptors():
         raise ValueError(f"{where}: host_descriptors=False needs tl.make_tensor_descriptor, which this Triton lacks")
     sizes = {"block_m": block_m, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
-    if all(value is None for value in sizes.values()):
-        config = tuned_tma_config(q, k, v, out, lse, causal=causal, scale=scale, warp_specialize=warp_specialize,
-                                  host_descriptors=host_descriptors)
-    else:
+    config = None                              # none of the four given: tuned
+    if any(value is not None for value in sizes.values()):
         sizes = {name: tma_forward_config(q.shape[-1])[name] if value is None else value
                  for name, value in sizes.items()}
         config = KernelConfig(block_m=_power_of_two(where, "block_m", sizes["block_m"], 16, 256),
                               block_n=_power_of_two(where, "block_n", sizes["block_n"], 16, 256),
                               num_warps=_power_of_two(where, "num_warps", sizes["num_warps"], 1, 32),
                               num_stages=_validate.integer(where, "num_stages", sizes["num_stages"], minimum=1))
-    _launch(q, k, v, out, lse, causal, scale, config, warp_specialize, host_descriptors)
+    launch_tma_forward(q, k, v, out, lse, causal=causal, scale=scale, config=config, warp_specialize=warp_specialize,
+                       host_descriptors=host_descriptors)
     return out, lse

@@ -82,13 +82,40 @@ def tma_forward_configs(head_dim: int) -> tuple[KernelConfig, ...]:
     """
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"tma_forward_configs: head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim!r}")
-    return tuple(KernelConfig(block_m=m, block_n=n, num_warps=w, num_stages=s) for m, n, w, s in _CANDIDATES[head_dim])
+    return tuple(KernelConfig(*candidate) for candidate in _CANDIDATES[head_dim])
 
 
-def _check_config(where: str, config) -> KernelConfig:
-    if not isinstance(config, KernelConfig):
-        raise TypeError(f"{where}: config must be a KernelConfig, got {type(config).__name__}")
-    return config
+def _check(where: str, configs, head_dim, element_bytes=2, **limits) -> None:
+    """The checks every function here makes: KernelConfigs, sizes and limits that are ints >= 1
+    (``capability`` >= 10)."""
+    for config in configs:
+        if not isinstance(config, KernelConfig):
+            raise TypeError(f"{where}: config must be a KernelConfig, got {type(config).__name__}")
+    for name, value in (("head_dim", head_dim), ("element_bytes", element_bytes), *limits.items()):
+        _validate.integer(where, name, value, minimum=10 if name == "capability" else 1)
+
+
+def _shared_memory(config: KernelConfig, head_dim: int, element_bytes: int) -> int:
+    tiles = config.block_m * head_dim + config.num_stages * 2 * config.block_n * head_dim
+    return tiles * element_bytes + SHARED_OVERHEAD
+
+
+def _registers(config: KernelConfig, head_dim: int) -> int:
+    return config.block_m * (head_dim + config.block_n) // (32 * config.num_warps) + REGISTER_OVERHEAD
+
+
+def _pruned_because(config: KernelConfig, head_dim: int, shared_memory_limit: int, registers_per_block: int,
+                    capability: int, element_bytes: int) -> str | None:
+    shared, registers = _shared_memory(config, head_dim, element_bytes), _registers(config, head_dim)
+    if shared > shared_memory_limit:
+        return f"shared memory {shared} > {shared_memory_limit} bytes"
+    if registers > REGISTERS_PER_THREAD:
+        return f"about {registers} registers per thread > {REGISTERS_PER_THREAD}"
+    if registers * 32 * config.num_warps > registers_per_block:
+        return f"about {registers * 32 * config.num_warps} registers per block > {registers_per_block}"
+    if 90 <= capability < 100 and config.num_warps == 8 and config.block_m * config.block_n < 128 * 128:
+        return f"8 warps on a {config.block_m} x {config.block_n} tile (Triton tutorial: pruned on Hopper)"
+    return None
 
 
 def estimated_shared_memory(config: KernelConfig, head_dim: int, element_bytes: int = 2) -> int:
@@ -106,12 +133,8 @@ def estimated_shared_memory(config: KernelConfig, head_dim: int, element_bytes: 
         >>> estimated_shared_memory(KernelConfig(block_m=128, block_n=64, num_warps=4, num_stages=3), 64)
         66560
     """
-    where = "estimated_shared_memory"
-    config = _check_config(where, config)
-    head_dim = _validate.integer(where, "head_dim", head_dim, minimum=1)
-    element_bytes = _validate.integer(where, "element_bytes", element_bytes, minimum=1)
-    tiles = config.block_m * head_dim + config.num_stages * 2 * config.block_n * head_dim
-    return tiles * element_bytes + SHARED_OVERHEAD
+    _check("estimated_shared_memory", [config], head_dim, element_bytes)
+    return _shared_memory(config, head_dim, element_bytes)
 
 
 def estimated_registers(config: KernelConfig, head_dim: int) -> int:
@@ -130,10 +153,8 @@ def estimated_registers(config: KernelConfig, head_dim: int) -> int:
         >>> estimated_registers(KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=2), 128)
         192
     """
-    where = "estimated_registers"
-    config = _check_config(where, config)
-    head_dim = _validate.integer(where, "head_dim", head_dim, minimum=1)
-    return config.block_m * (head_dim + config.block_n) // (32 * config.num_warps) + REGISTER_OVERHEAD
+    _check("estimated_registers", [config], head_dim)
+    return _registers(config, head_dim)
 
 
 def prune_tma_configs(configs, head_dim: int, *, shared_memory_limit: int, registers_per_block: int,
@@ -168,14 +189,12 @@ def prune_tma_configs(configs, head_dim: int, *, shared_memory_limit: int, regis
         >>> [(c.block_n, c.num_warps, c.num_stages) for c in kept]
         [(128, 8, 2), (128, 8, 3)]
     """
-    where = "prune_tma_configs"
-    configs = [_check_config(where, config) for config in configs]
-    shared_memory_limit = _validate.integer(where, "shared_memory_limit", shared_memory_limit, minimum=1)
-    registers_per_block = _validate.integer(where, "registers_per_block", registers_per_block, minimum=1)
-    capability = _validate.integer(where, "capability", capability, minimum=10)
+    configs = list(configs)
     limits = dict(shared_memory_limit=shared_memory_limit, registers_per_block=registers_per_block,
-                  capability=capability, element_bytes=element_bytes)
-    kept = [config for config in configs if pruned_because(config, head_dim, **limits) is None]
+                  capability=capability)
+    _check("prune_tma_configs", configs, head_dim, element_bytes, **limits)
+    kept = [config for config in configs if _pruned_because(config, head_dim, **limits, element_bytes=element_bytes)
+            is None]
     return kept if kept or not configs else configs[:1]
 
 
@@ -190,22 +209,10 @@ def pruned_because(config: KernelConfig, head_dim: int, *, shared_memory_limit: 
         >>> pruned_because(tma_forward_configs(128)[-1], 128, **HOPPER_LIMITS)
         '8 warps on a 128 x 64 tile (Triton tutorial: pruned on Hopper)'
     """
-    where = "pruned_because"
-    config = _check_config(where, config)
-    shared_memory_limit = _validate.integer(where, "shared_memory_limit", shared_memory_limit, minimum=1)
-    registers_per_block = _validate.integer(where, "registers_per_block", registers_per_block, minimum=1)
-    capability = _validate.integer(where, "capability", capability, minimum=10)
-    shared = estimated_shared_memory(config, head_dim, element_bytes)
-    registers = estimated_registers(config, head_dim)
-    if shared > shared_memory_limit:
-        return f"shared memory {shared} > {shared_memory_limit} bytes"
-    if registers > REGISTERS_PER_THREAD:
-        return f"about {registers} registers per thread > {REGISTERS_PER_THREAD}"
-    if registers * 32 * config.num_warps > registers_per_block:
-        return f"about {registers * 32 * config.num_warps} registers per block > {registers_per_block}"
-    if 90 <= capability < 100 and config.num_warps == 8 and config.block_m * config.block_n < 128 * 128:
-        return f"8 warps on a {config.block_m} x {config.block_n} tile (Triton tutorial: pruned on Hopper)"
-    return None
+    limits = dict(shared_memory_limit=shared_memory_limit, registers_per_block=registers_per_block,
+                  capability=capability)
+    _check("pruned_because", [config], head_dim, element_bytes, **limits)
+    return _pruned_because(config, head_dim, **limits, element_bytes=element_bytes)
 
 
 def gpu_limits(device: torch.device) -> dict[str, int]:

@@ -7,11 +7,11 @@ exact, slow, and good for learning and testing. The kernels are defined on first
 mode this machine needs (:mod:`attn_course.flash.triton_mode`); importing changes nothing.
 
 Launch configurations come from one table (:data:`~attn_course.flash.configs.CONFIGS`),
-autotuned on a GPU; the inputs of every kernel are checked by one function
-(:func:`~attn_course.flash.launch.check_kernel_inputs`). On a Hopper GPU the forward takes the
-tensor-descriptor kernel (:mod:`attn_course.flash.tma_attention`) by itself. For a few queries
-against a long cache (``N_q <= 16``, decoding) :func:`flash_attention` uses flash-decoding
-(:func:`~attn_course.flash.decode.attention_decode_forward`).
+autotuned on a GPU. Each public function checks its inputs once, by one function
+(:func:`~attn_course.flash.launch.check_kernel_inputs`), and calls unchecked cores (``_forward``,
+``_backward``) from there on. On a Hopper GPU the forward takes the tensor-descriptor kernel
+(:mod:`attn_course.flash.tma_attention`) by itself. For a few queries against a long cache
+(``N_q <= 16``, decoding) :func:`flash_attention` uses flash-decoding (:mod:`attn_course.flash.decode`).
 """
 
 from __future__ import annotations
@@ -19,48 +19,27 @@ from __future__ import annotations
 import torch
 
 from attn_course import _validate
-from attn_course.flash.configs import (  # noqa: F401  (the names chapter 07 and the core import from here)
-    CONFIGS,
-    DECODE_BLOCK_M,
+from attn_course.flash.configs import (
     DECODE_MAX_QUERIES,
-    DECODE_MAX_SPLITS,
     DELTA_BLOCK_M,
-    GPU_DTYPES,
-    INTERPRETER_DTYPES,
-    KERNEL_NAMES,
     SUPPORTED_HEAD_DIMS,
     KernelConfig,
     atomic_dq_config,
-    kernel_config,
-    kernel_configs,
 )
-from attn_course.flash.decode import attention_decode_forward, decode_merge_width, decode_num_splits  # noqa: F401
+from attn_course.flash.decode import check_decode_inputs, launch_decode
 from attn_course.flash.launch import (
     cdiv,
     check_config,
     check_kernel_inputs,
+    check_output_buffers,
     kernel_function,
     launch,
     output_buffers,
-    runs_in_interpreter,
 )
-from attn_course.flash.tma_attention import attention_forward_tma, tma_forward_supported
+from attn_course.flash.tma_attention import launch_tma_forward, tma_forward_supported
 
-__all__ = [
-    "CONFIGS",
-    "SUPPORTED_HEAD_DIMS",
-    "KernelConfig",
-    "attention_backward",
-    "attention_backward_delta",
-    "attention_forward",
-    "flash_attention",
-    "decode_attention",
-    "attention_decode_forward",
-    "decode_num_splits",
-    "kernel_config",
-    "kernel_configs",
-    "runs_in_interpreter",
-]
+__all__ = ["attention_backward", "attention_backward_delta", "attention_forward", "decode_attention",
+           "flash_attention"]
 
 
 def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None, out=None, lse=None,
@@ -73,7 +52,7 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
         out: optional ``[B, H, N_q, d]`` buffer to write into (tests pre-fill it with NaN to
             catch elements the kernel fails to write).
         lse: optional float32 ``[B, H, N_q]`` buffer, likewise.
-        config: one of :func:`kernel_configs` ``("forward", d)``; default: the autotuner's
+        config: one of :func:`~attn_course.flash.configs.kernel_configs` ``("forward", d)``; default: the autotuner's
             choice on a GPU, the first candidate in the interpreter.
         tma: run the tensor-descriptor (TMA) kernel of :mod:`attn_course.flash.kernels_tma`:
             ``None`` (default) where it is supported (a Hopper GPU, a Triton with device-side
@@ -89,24 +68,28 @@ def attention_forward(q, k, v, *, causal: bool = False, scale: float | None = No
     """
     where = "attention_forward"
     scale = check_kernel_inputs(where, q, k, v, causal, scale)
-    batch, heads, n_q, head_dim = q.shape
-    n_k = k.shape[2]
-    out, lse = output_buffers(where, q, out, lse)
-    config = check_config(where, "config", config, "forward", head_dim)
+    check_output_buffers(where, q, out, lse)
+    config = check_config(where, "config", config, "forward", q.shape[-1])
     if tma is not None:
         _validate.boolean(where, "tma", tma)
-    if tma is not False:
-        supported = tma_forward_supported(q, k, v, out)
-        if tma and not supported:
-            raise ValueError(f"{where}: tma=True needs CUDA tensors on a Hopper GPU (capability 9.x), a Triton "
-                             "with device-side tensor descriptors, and 16-byte aligned inputs with stride 1 "
-                             "along d; these inputs do not qualify (tma=None chooses by itself)")
-        if supported and (tma or config is None):
-            # Tuned on this GPU once per length bucket over the pruned candidates.
-            return attention_forward_tma(q, k, v, out, lse, causal=causal, scale=scale)
+    if tma and not tma_forward_supported(q, k, v, out):
+        raise ValueError(f"{where}: tma=True needs CUDA tensors on a Hopper GPU (capability 9.x), a Triton "
+                         "with device-side tensor descriptors, and 16-byte aligned inputs with stride 1 "
+                         "along d; these inputs do not qualify (tma=None chooses by itself)")
+    return _forward(q, k, v, causal, scale, out, lse, config, tma)
+
+
+def _forward(q, k, v, causal, scale, out=None, lse=None, config=None, tma=None):
+    """:func:`attention_forward` on checked inputs: the TMA kernel where ``tma`` asks for it, or (None)
+    where it is supported and no ``config`` is given; else the pointer kernel."""
+    batch, heads, n_q, head_dim = q.shape
+    out, lse = output_buffers(q, out, lse)
+    if tma or (tma is None and config is None and tma_forward_supported(q, k, v, out)):
+        launch_tma_forward(q, k, v, out, lse, causal=causal, scale=scale)   # tuned once per length bucket
+        return out, lse
     launch("forward", n_q, batch * heads,
            q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-           heads, heads // k.shape[1], n_q, n_k, scale, head_dim=head_dim, causal=causal, config=config)
+           heads, heads // k.shape[1], n_q, k.shape[2], scale, head_dim=head_dim, causal=causal, config=config)
     return out, lse
 
 
@@ -124,7 +107,12 @@ def attention_backward_delta(grad_out, out, lse):
     Raises:
         TypeError: non-tensors; ValueError: mismatched shapes, dtypes or devices, or ``d`` unsupported.
     """
-    where = "attention_backward_delta"
+    _check_rows("attention_backward_delta", grad_out, out, lse)
+    return _backward_delta(grad_out, out, lse)
+
+
+def _check_rows(where: str, grad_out, out, lse) -> None:
+    """``grad_out`` and ``out`` alike ``[B, H, N_q, d]`` with a supported ``d``; ``lse`` float32 ``[B, H, N_q]``."""
     _validate.four_d(where, grad_out=grad_out, out=out)
     _validate.tensor(where, "lse", lse)
     _validate.same_dtype_and_device(where, out=out, grad_out=grad_out)
@@ -136,6 +124,10 @@ def attention_backward_delta(grad_out, out, lse):
     if lse.shape != out.shape[:3] or lse.dtype != torch.float32 or lse.device != out.device:
         raise ValueError(f"{where}: lse must be float32 [B, H, N_q] = {list(out.shape[:3])} on {out.device}, got "
                          f"{_validate.shape_str(lse)} {lse.dtype} on {lse.device}")
+
+
+def _backward_delta(grad_out, out, lse):
+    """:func:`attention_backward_delta` on checked inputs."""
     batch, heads, n_q, head_dim = out.shape
     lse = lse.contiguous()
     delta = torch.empty(out.shape[:3], dtype=torch.float32, device=out.device)
@@ -156,7 +148,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
         q, k, v, out, lse: the forward's inputs and results.
         causal, scale: as in the forward.
         grad_q, grad_k, grad_v: optional contiguous output buffers.
-        dkdv_config, dq_config: one of :func:`kernel_configs` ``("backward_dkdv", d)`` and
+        dkdv_config, dq_config: one of :func:`~attn_course.flash.configs.kernel_configs` ``("backward_dkdv", d)`` and
             ``("backward_dq", d)``; default: autotuned on a GPU, the first in the interpreter.
         deterministic: ``True`` (default): dK/dV in one kernel, dQ in another, each gradient
             summed in a fixed order, so the same inputs give the same bits every run; seven
@@ -176,26 +168,35 @@ def attention_backward(grad_out, q, k, v, out, lse, *, causal: bool = False, sca
     """
     where = "attention_backward"
     scale = check_kernel_inputs(where, q, k, v, causal, scale)
-    _validate.same_dtype_and_device(where, q=q, grad_out=grad_out, out=out)
-    if grad_out.shape != q.shape or out.shape != q.shape:
+    _check_rows(where, grad_out, out, lse)
+    _validate.same_dtype_and_device(where, q=q, out=out)
+    if out.shape != q.shape:
         raise ValueError(f"{where}: grad_out and out must be shaped like q {_validate.shape_str(q)}, got "
                          f"{_validate.shape_str(grad_out)} and {_validate.shape_str(out)}")
+    for name, buffer, like in (("grad_q", grad_q, q), ("grad_k", grad_k, k), ("grad_v", grad_v, v)):
+        if buffer is not None and (_validate.tensor(where, name, buffer).shape != like.shape
+                                   or buffer.dtype != like.dtype or not buffer.is_contiguous()):
+            raise ValueError(f"{where}: {name} must be contiguous, shaped and typed like its input, got "
+                             f"{_validate.shape_str(buffer)} {buffer.dtype}")
+    _validate.boolean(where, "deterministic", deterministic)
+    dkdv_config = check_config(where, "dkdv_config", dkdv_config, "backward_dkdv", q.shape[-1])
+    dq_config = check_config(where, "dq_config", dq_config, "backward_dq", q.shape[-1])
+    return _backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v, dkdv_config, dq_config,
+                     deterministic)
+
+
+def _backward(grad_out, q, k, v, out, lse, causal, scale, grad_q=None, grad_k=None, grad_v=None, dkdv_config=None,
+              dq_config=None, deterministic=True):
+    """:func:`attention_backward` on checked inputs."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     # Δ_i = Σ_d dO_id · O_id = Σ_j P_ij dP_ij: the one per-row number the softmax's gradient needs,
     # and the log-sum-exp in base 2 (the kernels' exp2(s₂ - LSE₂) then needs no log2(e) per tile);
     # one kernel, no float32 copies of dO and O.
-    delta, lse_base2 = attention_backward_delta(grad_out, out, lse)             # [B, H, N_q] each
+    delta, lse_base2 = _backward_delta(grad_out, out, lse)                      # [B, H, N_q] each
     grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device) if grad_q is None else grad_q
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device) if grad_k is None else grad_k
     grad_v = torch.empty(v.shape, dtype=v.dtype, device=v.device) if grad_v is None else grad_v
-    for name, buffer, like in (("grad_q", grad_q, q), ("grad_k", grad_k, k), ("grad_v", grad_v, v)):
-        if buffer.shape != like.shape or buffer.dtype != like.dtype or not buffer.is_contiguous():
-            raise ValueError(f"{where}: {name} must be contiguous, shaped and typed like its input, got "
-                             f"{_validate.shape_str(buffer)} {buffer.dtype}")
-    _validate.boolean(where, "deterministic", deterministic)
-    dkdv_config = check_config(where, "dkdv_config", dkdv_config, "backward_dkdv", head_dim)
-    dq_config = check_config(where, "dq_config", dq_config, "backward_dq", head_dim)
     strides = (*q.stride(), *k.stride(), *v.stride(), *grad_out.stride())
     kv_heads = k.shape[1]
     if deterministic:
@@ -221,9 +222,9 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, decode, num_splits):
         if decode:   # the same output and log-sum-exp, so the same backward
-            out, lse = attention_decode_forward(q, k, v, causal=causal, scale=scale, num_splits=num_splits)
+            out, lse = launch_decode(q, k, v, causal=causal, scale=scale, num_splits=num_splits)
         else:
-            out, lse = attention_forward(q, k, v, causal=causal, scale=scale)
+            out, lse = _forward(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.scale = causal, scale
         return out
@@ -231,7 +232,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        grad_q, grad_k, grad_v = attention_backward(grad_out, q, k, v, out, lse, causal=ctx.causal, scale=ctx.scale)
+        grad_q, grad_k, grad_v = _backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
@@ -308,11 +309,5 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         >>> out.shape                                          # doctest: +SKIP
         torch.Size([1, 8, 1, 64])
     """
-    where = "decode_attention"
-    scale = check_kernel_inputs(where, q, k, v, causal, scale)
-    if q.shape[2] > DECODE_MAX_QUERIES:
-        raise ValueError(f"{where}: flash-decoding takes at most {DECODE_MAX_QUERIES} queries (N_q), got "
-                         f"q {_validate.shape_str(q)}; use flash_attention")
-    if num_splits is not None:
-        num_splits = _validate.integer(where, "num_splits", num_splits, minimum=1)
+    scale, num_splits = check_decode_inputs("decode_attention", q, k, v, causal, scale, num_splits)
     return _FlashAttention.apply(q, k, v, causal, scale, True, num_splits)

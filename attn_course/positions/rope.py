@@ -132,7 +132,9 @@ class RotaryEmbedding(nn.Module):
         Raises:
             TypeError: positions that are not an integer tensor.
         """
-        positions = _validate.integer_tensor("RotaryEmbedding.angles", "positions", positions)
+        return self._angles(_validate.integer_tensor("RotaryEmbedding.angles", "positions", positions))
+
+    def _angles(self, positions: torch.Tensor) -> torch.Tensor:
         seq_len = None
         if isinstance(self.scaling, NTKScaling) and self.scaling.dynamic and positions.numel():
             seq_len = max(int(positions.max()) + 1, 1)
@@ -163,8 +165,21 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"{where}: x must end in head_dim={self.head_dim}, got shape {_validate.shape_str(x)}"
             )
-        positions = self._check_positions(where, x, positions)
-        angles = self.angles(positions.to(x.device))                   # [N, P/2] or [B, N, P/2]
+        return self.rotate(x, self._check_positions(where, x, positions).to(x.device))
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The rotation itself, on inputs already checked: :meth:`forward` checks its inputs once and
+        calls this, as does :class:`~attn_course.core.multihead.MultiHeadAttention`, which checks the
+        positions it is given once per call.
+
+        Args:
+            x: ``[..., N, head_dim]`` floating.
+            positions: integer ``[N]``, or ``[B, N]`` when ``x`` starts with ``B``, on ``x``'s device.
+
+        Returns:
+            The rotated tensor, same shape and dtype as ``x``.
+        """
+        angles = self._angles(positions)                               # [N, P/2] or [B, N, P/2]
         if angles.dim() == 3:                                          # [B, 1, ..., 1, N, P/2] like x
             angles = angles.view(angles.shape[0], *([1] * (x.dim() - 3)), *angles.shape[1:])
         # Half precision rotates in float32; float32 and float64 keep their own precision.

@@ -12,9 +12,8 @@ USAGE = ("usage: python -m benchmarks.flash_gpu --count-compilations {essential,
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--count-compilations":
-        from benchmarks.flash_gpu.kernels_used import count_compilations
-        from benchmarks.flash_gpu.run import describe_compilations, plan_phases
-        from benchmarks.flash_gpu.sizes import GPU_SIZES, PROFILES
+        from benchmarks.flash_gpu.kernels_used import count_compilations, describe_compilations
+        from benchmarks.flash_gpu.plan import GPU_SIZES, PROFILES, plan_phases
 
         if sys.argv[2] not in PROFILES:
             sys.exit(f"--count-compilations: the profile must be one of {list(PROFILES)}, got {sys.argv[2]!r}\n{USAGE}")

@@ -13,35 +13,22 @@ import torch.nn.functional as F
 from attn_course import _validate
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
+from attn_course.flash import flash_attention
 from attn_course.measure.flash import attention_flops
 from benchmarks.flash_gpu.backends import flex_function, sdpa_context
-from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
-from benchmarks.flash_gpu.checks import (
-    check_callback,
-    check_choices,
-    check_deadline,
-    check_device,
-    check_dtypes,
-    check_modes,
-    nonempty_ints,
-    randn,
-)
-from benchmarks.flash_gpu.clock import Clock
 from benchmarks.flash_gpu.kernels_used import prefill_kernels
-from benchmarks.flash_gpu.machine import MachineInfo, machine_info
-from benchmarks.flash_gpu.measuring import Measured, describe_error, measure, skipped
-from benchmarks.flash_gpu.rows import GpuRow
-from benchmarks.flash_gpu.sizes import (
-    DRY_RUN_DTYPES,
-    FLEX,
-    GPU_DTYPES,
-    GPU_HEAD_DIMS,
-    GPU_LENGTHS,
-    METHODS,
-    MODES,
-    NAIVE_UP_TO,
-    SDPA_BACKENDS,
+from benchmarks.flash_gpu.measuring import (
+    TIME_BUDGET_SPENT,
+    Measured,
+    check_choices,
+    describe_error,
+    measure,
+    past,
+    setup,
+    skipped,
 )
+from benchmarks.flash_gpu.plan import FLEX, GPU_HEAD_DIMS, GPU_LENGTHS, METHODS, MODES, NAIVE_UP_TO, SDPA_BACKENDS
+from benchmarks.flash_gpu.rows import GpuRow, MachineInfo
 
 __all__ = ["SDPA_CONFIG", "gpu_rows"]
 
@@ -71,7 +58,7 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
         dtypes: floating dtypes; default float16 and bfloat16 on a GPU, float16 and float32 on the CPU.
         causal: the mask settings to measure, e.g. ``(False, True)``.
         modes: a subset of ``"forward"``, ``"backward"``, ``"forward+backward"``.
-        methods: a subset of :data:`~benchmarks.flash_gpu.sizes.METHODS`, measured in that table's
+        methods: a subset of :data:`~benchmarks.flash_gpu.plan.METHODS`, measured in that table's
             order (the runs measure FlexAttention in phases of its own, after ours and SDPA's).
         tokens: B · N per measurement.
         model_dim: H · d per measurement.
@@ -98,41 +85,29 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
         RuntimeError: ``device="cuda"`` without a CUDA GPU.
     """
     where = "gpu_rows"
-    lengths = nonempty_ints(where, "lengths", lengths)
-    head_dims = nonempty_ints(where, "head_dims", head_dims)
-    dtypes = None if dtypes is None else check_dtypes(where, dtypes)
-    causal = _validate.sequence(where, "causal", causal, of="bools")
-    causal = [_validate.boolean(where, f"causal[{index}]", value) for index, value in enumerate(causal)]
+    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1, nonempty=True)
+    head_dims = _validate.integer_sequence(where, "head_dims", head_dims, minimum=1, nonempty=True)
+    causal = [_validate.boolean(where, f"causal[{index}]", value)
+              for index, value in enumerate(_validate.sequence(where, "causal", causal, of="bools"))]
     if not causal:
         raise ValueError(f"{where}: causal must not be empty")
-    modes = check_modes(where, modes)
+    modes = check_choices(where, "modes", modes, MODES)
     methods = check_choices(where, "methods", methods, METHODS)
     methods = [method for method in METHODS if method in methods]
     tokens = _validate.integer(where, "tokens", tokens, minimum=1)
     model_dim = _validate.integer(where, "model_dim", model_dim, minimum=1)
+    group_size = _validate.integer(where, "group_size", group_size, minimum=1)
     for index, head_dim in enumerate(head_dims):
         if model_dim % head_dim:
             raise ValueError(f"{where}: head_dims[{index}] must divide model_dim={model_dim}, got {head_dim}")
-    group_size = _validate.integer(where, "group_size", group_size, minimum=1)
-    for index, head_dim in enumerate(head_dims):
         if (model_dim // head_dim) % group_size:
             raise ValueError(f"{where}: group_size must divide the heads H = model_dim / head_dims[{index}] = "
                              f"{model_dim // head_dim}, got {group_size}")
-    seed = _validate.integer(where, "seed", seed, minimum=0)
-    deadline = check_deadline(where, deadline)
-    on_row, progress = check_callback(where, "on_row", on_row), check_callback(where, "progress", progress)
-    if machine is not None and not isinstance(machine, MachineInfo):
-        raise TypeError(f"{where}: machine must be a MachineInfo or None, got {type(machine).__name__}")
-    device = check_device(where, device)
-    dtypes = dtypes or list(GPU_DTYPES if device.type == "cuda" else DRY_RUN_DTYPES)
-    machine = machine or machine_info(device.type)
-    clock = Clock(device)
-    # Imported here: it loads Triton, which the CPU benchmark does not need.
-    from attn_course.flash.triton_attention import flash_attention
-
-    generator = torch.Generator(device=device).manual_seed(seed)
+    run = setup(where, dtypes=dtypes, seed=seed, deadline=deadline, on_row=on_row, progress=progress,
+                machine=machine, device=device)
+    clock, machine = run["clock"], run["machine"]
     rows = []
-    for dtype in dtypes:
+    for dtype in run["dtypes"]:
         for head_dim in head_dims:
             for is_causal in causal:
                 for n in lengths:
@@ -155,19 +130,16 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
                                          max_difference=result.max_difference, first_call_s=result.first_call_s,
                                          reason=result.reason, config=launched, **dataclasses.asdict(machine))
                             new.append(row)
-                            if on_row:
-                                on_row(row)
+                            run["on_row"](row)
 
-                    one_configuration(flash_attention, config, dtype, modes, methods, clock, generator, deadline,
-                                      emit)
+                    one_configuration(config, dtype, modes, methods, clock, run["generator"], run["deadline"], emit)
                     clock.empty_cache()
                     rows += new
-                    if progress:
-                        progress(progress_line(new, config, time.perf_counter() - started))
+                    run["progress"](progress_line(new, config, time.perf_counter() - started))
     return rows
 
 
-def one_configuration(flash_attention, config, dtype, modes, methods, clock, generator, deadline, emit):
+def one_configuration(config, dtype, modes, methods, clock, generator, deadline, emit):
     """Measure one (dtype, d, causal, N): ``emit(method, {mode: Measured}, kernels)`` for each method as
     it is measured; ``kernels(mode)`` gives the row's (path, config), read then (``kernels(None)``
     for a skipped row)."""
@@ -187,8 +159,8 @@ def one_configuration(flash_attention, config, dtype, modes, methods, clock, gen
             emit(method, skipped(TIME_BUDGET_SPENT, modes), paths[method])
         return
     try:
-        q, grad_out = (randn((b, h, n, d), dtype, device, generator) for _ in range(2))
-        k, v = (randn((b, h_kv, n, d), dtype, device, generator) for _ in range(2))
+        q, grad_out = (torch.randn(b, h, n, d, dtype=dtype, device=device, generator=generator) for _ in range(2))
+        k, v = (torch.randn(b, h_kv, n, d, dtype=dtype, device=device, generator=generator) for _ in range(2))
     except Exception as error:   # out of memory
         for method in methods:
             emit(method, skipped(describe_error(error), modes), paths[method])

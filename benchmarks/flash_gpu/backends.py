@@ -1,4 +1,4 @@
-"""Which attention runs: SDPA restricted to one backend, and our decode kernel (or flash_attention)."""
+"""The attention ours is measured against: SDPA restricted to one backend, and FlexAttention."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.flash_gpu.sizes import SDPA_BACKENDS
+from benchmarks.flash_gpu.plan import SDPA_BACKENDS
 
-__all__ = ["flex_function", "ours_decode", "sdpa_context", "sdpa_has_enable_gqa"]
+__all__ = ["flex_function", "sdpa_context", "sdpa_has_enable_gqa"]
 
 
 def sdpa_context(method: str):
+    """``scaled_dot_product_attention`` restricted to ``method``'s backend (a key of ``SDPA_BACKENDS``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[method]))
@@ -33,21 +34,6 @@ def sdpa_has_enable_gqa() -> bool:
     except TypeError:
         return False
     return True
-
-
-@functools.cache
-def ours_decode() -> tuple[str, Callable, str]:
-    """(method name, function, note): ``decode_attention`` if the package has it, else ``flash_attention``."""
-    from attn_course.flash import triton_attention
-
-    try:
-        from attn_course.flash import decode_attention
-    except ImportError as error:
-        decode_attention = getattr(triton_attention, "decode_attention", None)
-        if decode_attention is None:
-            return ("ours (flash_attention)", triton_attention.flash_attention,
-                    f"no decode_attention ({error}); flash_attention timed")
-    return "ours (decode_attention)", decode_attention, ""
 
 
 def flex_function(causal: bool, n: int, device: torch.device,

@@ -12,16 +12,22 @@ import torch.nn.functional as F
 
 from attn_course import _validate
 from attn_course.core.attention import self_attention
+from attn_course.flash import decode_attention
 from benchmarks.flash_gpu.attention import SDPA_CONFIG
-from benchmarks.flash_gpu.backends import ours_decode, sdpa_context, sdpa_has_enable_gqa
-from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
-from benchmarks.flash_gpu.checks import check_callback, check_deadline, check_device, check_dtypes, nonempty_ints, randn
-from benchmarks.flash_gpu.clock import Clock
+from benchmarks.flash_gpu.backends import sdpa_context, sdpa_has_enable_gqa
 from benchmarks.flash_gpu.kernels_used import decode_config
-from benchmarks.flash_gpu.machine import MachineInfo, machine_info
-from benchmarks.flash_gpu.measuring import Measured, describe_error, measure, recorded_warnings, skipped
-from benchmarks.flash_gpu.rows import DecodeRow
-from benchmarks.flash_gpu.sizes import DECODE_KV_LENGTHS, DRY_RUN_DTYPES, GPU_DTYPES, SDPA_BACKENDS
+from benchmarks.flash_gpu.measuring import (
+    TIME_BUDGET_SPENT,
+    Measured,
+    describe_error,
+    measure,
+    past,
+    recorded_warnings,
+    setup,
+    skipped,
+)
+from benchmarks.flash_gpu.plan import DECODE_KV_LENGTHS, SDPA_BACKENDS
+from benchmarks.flash_gpu.rows import DecodeRow, MachineInfo
 
 __all__ = ["decode_rows"]
 
@@ -64,28 +70,20 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
         RuntimeError: ``device="cuda"`` without a CUDA GPU.
     """
     where = "decode_rows"
-    kv_lengths = nonempty_ints(where, "kv_lengths", kv_lengths)
-    query_lengths = nonempty_ints(where, "query_lengths", query_lengths)
+    kv_lengths = _validate.integer_sequence(where, "kv_lengths", kv_lengths, minimum=1, nonempty=True)
+    query_lengths = _validate.integer_sequence(where, "query_lengths", query_lengths, minimum=1, nonempty=True)
     for index, n_q in enumerate(query_lengths):
         if n_q > 16:
             raise ValueError(f"{where}: query_lengths[{index}] must be <= 16 (decoding), got {n_q}")
-    dtypes = None if dtypes is None else check_dtypes(where, dtypes)
-    sizes = {name: _validate.integer(where, name, value, minimum=1) for name, value in
-             (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim))}
-    if sizes["heads"] % sizes["kv_heads"]:
+    batch, heads, kv_heads, head_dim = _validate.integers(where, minimum=1, batch=batch, heads=heads,
+                                                         kv_heads=kv_heads, head_dim=head_dim)
+    if heads % kv_heads:
         raise ValueError(f"{where}: heads must be a multiple of kv_heads, got heads={heads}, kv_heads={kv_heads}")
-    seed = _validate.integer(where, "seed", seed, minimum=0)
-    deadline = check_deadline(where, deadline)
-    on_row, progress = check_callback(where, "on_row", on_row), check_callback(where, "progress", progress)
-    if machine is not None and not isinstance(machine, MachineInfo):
-        raise TypeError(f"{where}: machine must be a MachineInfo or None, got {type(machine).__name__}")
-    device = check_device(where, device)
-    dtypes = dtypes or list(GPU_DTYPES if device.type == "cuda" else DRY_RUN_DTYPES)
-    machine = machine or machine_info(device.type)
-    clock = Clock(device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    run = setup(where, dtypes=dtypes, seed=seed, deadline=deadline, on_row=on_row, progress=progress,
+                machine=machine, device=device)
+    clock, machine = run["clock"], run["machine"]
     rows = []
-    for dtype in dtypes:
+    for dtype in run["dtypes"]:
         for n_q in query_lengths:
             for n_k in kv_lengths:
                 started = time.perf_counter()
@@ -93,7 +91,7 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
                               kv_heads=kv_heads, n_q=n_q, n_k=n_k)
                 kv_bytes = 2 * batch * kv_heads * n_k * head_dim * dtype.itemsize
                 new = []
-                measured = one_decode(config, dtype, clock, generator, deadline)
+                measured = one_decode(config, dtype, clock, run["generator"], run["deadline"])
                 clock.empty_cache()
                 for method, layout, result, (path, launched) in measured:
                     ms = result.milliseconds
@@ -104,32 +102,30 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
                                     max_difference=result.max_difference, first_call_s=result.first_call_s,
                                     reason=result.reason, config=launched, **dataclasses.asdict(machine))
                     new.append(row)
-                    if on_row:
-                        on_row(row)
+                    run["on_row"](row)
                 rows += new
-                if progress:
-                    parts = ", ".join(f"{r.method} " + ("-" if r.kv_gbps is None else f"{r.kv_gbps:.3g}") for r in new)
-                    progress(f"decode {config['dtype']} N_q={n_q} N_k={n_k} (B={batch} H={heads} H_kv={kv_heads} "
-                             f"d={head_dim}) K/V GB/s: {parts}  [{time.perf_counter() - started:.1f} s]")
+                parts = ", ".join(f"{r.method} " + ("-" if r.kv_gbps is None else f"{r.kv_gbps:.3g}") for r in new)
+                run["progress"](f"decode {config['dtype']} N_q={n_q} N_k={n_k} (B={batch} H={heads} H_kv={kv_heads} "
+                                f"d={head_dim}) K/V GB/s: {parts}  [{time.perf_counter() - started:.1f} s]")
     return rows
 
 
 def one_decode(config, dtype, clock, generator, deadline):
     """[(method, kv_layout, Measured, (path, config))] for one (dtype, N_q, N_k)."""
-    ours_name, ours, ours_note = ours_decode()
-    methods = [ours_name, *SDPA_BACKENDS, "naive"]
+    ours = "ours (decode_attention)"
+    methods = [ours, *SDPA_BACKENDS, "naive"]
     expanded_layout = "expanded (repeat_interleave, outside the timing)"
-    layouts = {ours_name: "grouped (in place)", "naive": expanded_layout}
-    ours_path = "flash-decoding" if ours_name == "ours (decode_attention)" else "flash_attention"
-    paths = {ours_name: ours_path, "naive": "naive", **{m: m.replace(" ", "-") for m in SDPA_BACKENDS}}
+    layouts = {ours: "grouped (in place)", "naive": expanded_layout}
+    paths = {ours: "flash-decoding", "naive": "naive", **{m: m.replace(" ", "-") for m in SDPA_BACKENDS}}
     if past(deadline):
         return [(method, layouts.get(method, ""), skipped(TIME_BUDGET_SPENT, ["forward"])["forward"],
                  (paths[method], "")) for method in methods]
     device = clock.device
     b, h, h_kv, d = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
     try:
-        q = randn((b, h, config["n_q"], d), dtype, device, generator)
-        k, v = (randn((b, h_kv, config["n_k"], d), dtype, device, generator) for _ in range(2))
+        q = torch.randn(b, h, config["n_q"], d, dtype=dtype, device=device, generator=generator)
+        k, v = (torch.randn(b, h_kv, config["n_k"], d, dtype=dtype, device=device, generator=generator)
+                for _ in range(2))
         k_wide, v_wide = (t.repeat_interleave(h // h_kv, dim=1) for t in (k, v))     # [B, H, N_k, d]
     except Exception as error:   # out of memory
         failed = Measured("skipped", reason=describe_error(error))
@@ -141,9 +137,9 @@ def one_decode(config, dtype, clock, generator, deadline):
         reference = None
     found = []
     for method in methods:
-        note = ours_note if method == ours_name else ""
-        if method == ours_name:
-            fn = lambda q, k, v: ours(q, k, v)   # noqa: E731
+        note = ""
+        if method == ours:
+            fn = decode_attention
         elif method == "naive":
             fn = lambda q, k, v: self_attention(q, k_wide, v_wide)[0]   # noqa: E731
         else:
@@ -154,7 +150,7 @@ def one_decode(config, dtype, clock, generator, deadline):
         if note:
             result = dataclasses.replace(result, reason=f"{result.reason}; {note}" if result.reason else note)
         launched = SDPA_CONFIG if method in SDPA_BACKENDS else ""
-        if method == ours_name and result.status == "ok" and ours_path == "flash-decoding":
+        if method == ours and result.status == "ok":
             launched = decode_config(q, k)     # read now: the autotuner's choice is this call's
         found.append((method, layouts[method], result, (paths[method], launched)))
     return found   # the inputs are freed as this returns; the caller empties the cache

@@ -1,19 +1,13 @@
 """Which of our kernels ran, in which launch configuration, read back after a measurement, and how
 many kernel compilations a profile triggers.
 
-Nothing here changes the kernels. The forward's path is the launcher's own switch
-(:func:`~attn_course.flash.tma_attention.tma_forward_supported`) asked about the same inputs. The
-TMA forward tunes by itself over its pruned candidates once per length bucket and records the winner
-in the launcher's table under kernel ``"forward_tma"``
-(:func:`~attn_course.flash.tma_attention.tuned_tma_config`). An autotuned kernel's configuration is
-the launcher's winner for the inputs' length bucket (:func:`~attn_course.flash.launch.launch` tunes once per
-:func:`~attn_course.flash.launch.tuning_key` and launches that winner itself afterwards; its table is
-:func:`~attn_course.flash.launch.tuned_configs`), else the ``best_config`` of the
-``triton.autotune`` object the launcher uses (:func:`~attn_course.flash.launch.autotuned_kernel`;
-Triton sets it at every tuned launch). In Triton's interpreter it is the first candidate
-(:func:`~attn_course.flash.configs.kernel_config`), as the launcher picks. Flash-decoding's
-``BLOCK_M`` and number of key splits are recomputed with the launcher's own public functions
-(:func:`~attn_course.flash.decode.decode_num_splits`), not read back: the launcher keeps neither.
+Nothing here changes the kernels; it asks the launchers' own public functions. The forward's path
+is :func:`~attn_course.flash.tma_attention.tma_forward_supported` on the same inputs. A tuned
+kernel's configuration is the launcher's recorded winner for the inputs' length bucket
+(:func:`~attn_course.flash.launch.tuned_configs`, by :func:`~attn_course.flash.launch.tuning_key`;
+the TMA forward records its own under ``"forward_tma"``), else the autotuner's last ``best_config``;
+in Triton's interpreter the first candidate. Flash-decoding's ``BLOCK_M`` and key splits are
+recomputed (:func:`~attn_course.flash.decode.decode_layout`): the launcher keeps neither.
 """
 
 from __future__ import annotations
@@ -22,15 +16,17 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["count_compilations", "decode_config", "describe_config", "prefill_kernels"]
+from attn_course.flash import launch, tma_attention
+from attn_course.flash.configs import CONFIGS, kernel_config
+from attn_course.flash.decode import decode_layout, decode_merge_width
+from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
+
+__all__ = ["count_compilations", "decode_config", "describe_compilations", "describe_config", "prefill_kernels"]
 
 
 def describe_config(config: object) -> str:
-    """``"BLOCK_M=128 BLOCK_N=64 warps=4 stages=3"`` for a ``triton.Config``, a
-    :class:`~attn_course.flash.configs.KernelConfig` or :func:`tma_forward_config`'s dict."""
-    if isinstance(config, dict):
-        return (f"BLOCK_M={config['block_m']} BLOCK_N={config['block_n']} warps={config['num_warps']} "
-                f"stages={config['num_stages']}")
+    """``"BLOCK_M=128 BLOCK_N=64 warps=4 stages=3"`` for a ``triton.Config`` or a
+    :class:`~attn_course.flash.configs.KernelConfig`."""
     if hasattr(config, "kwargs"):   # triton.Config
         sizes = " ".join(f"{name}={value}" for name, value in sorted(config.kwargs.items()))
         return f"{sizes} warps={config.num_warps} stages={config.num_stages}"
@@ -41,8 +37,6 @@ def describe_config(config: object) -> str:
 def _tuned_winner(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q: int, n_k: int,
                   groups: int):
     """The launcher's recorded winner for ``kernel`` on inputs of this length bucket, or None."""
-    from attn_course.flash import launch
-
     want = {"n_q": launch.length_bucket(n_q), "n_k": launch.length_bucket(n_k), "num_kv_groups": groups}
     for key, config in list(launch.tuned_configs().items()):
         if (isinstance(key, tuple) and len(key) == 5 and key[:3] == (kernel, head_dim, causal)
@@ -56,9 +50,6 @@ def _chosen(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q
             groups: int) -> str:
     """The configuration ``kernel`` ran with for these inputs: the interpreter's default, the
     launcher's tuned winner for their length bucket, or the autotuner's last ``best_config``."""
-    from attn_course.flash import launch
-    from attn_course.flash.configs import kernel_config
-
     if launch.runs_in_interpreter():
         chosen = describe_config(kernel_config(kernel, head_dim))
         if kernel == "decode":   # its BLOCK_M comes from the rows, not the configuration
@@ -77,27 +68,22 @@ def _chosen(kernel: str, head_dim: int, *, causal: bool, dtype: torch.dtype, n_q
 
 def _tma_chosen(head_dim: int, **shape) -> str:
     """The TMA forward's configuration for these inputs: its recorded winner for their length bucket."""
-    from attn_course.flash.tma_attention import tma_forward_config
-
     winner = _tuned_winner("forward_tma", head_dim, **shape)
     if winner is not None:
         return describe_config(winner)
-    return describe_config(tma_forward_config(head_dim)) + " (the default: no tuning recorded for this bucket)"
+    return describe_config(tma_forward_configs(head_dim)[0]) + " (the default: no tuning recorded for this bucket)"
 
 
 def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str, *,
                     causal: bool) -> tuple[str, str]:
     """(path, config) of :func:`~attn_course.flash.flash_attention` on these inputs in ``mode``,
     read after it ran: ``"tma"`` or ``"pointer"`` for the forward, the backward always ``"pointer"``."""
-    from attn_course.flash.launch import runs_in_interpreter
-    from attn_course.flash.tma_attention import tma_forward_supported
-
     head_dim = q.shape[-1]
     shape = dict(causal=causal, dtype=q.dtype, n_q=q.shape[2], n_k=k.shape[2], groups=q.shape[1] // k.shape[1])
     paths, parts = [], []
     if mode in ("forward", "forward+backward"):
         # The launcher allocates its own contiguous output, so asking without one asks what it asked.
-        if tma_forward_supported(q.detach(), k.detach(), v.detach()):
+        if tma_attention.tma_forward_supported(q.detach(), k.detach(), v.detach()):
             paths.append("tma")
             parts.append("forward(tma) " + _tma_chosen(head_dim, **shape))
         else:
@@ -108,30 +94,15 @@ def prefill_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str
             paths.append("pointer")
         parts += [f"dkdv {_chosen('backward_dkdv', head_dim, **shape)}",
                   f"dq {_chosen('backward_dq', head_dim, **shape)}"]
-    path = "+".join(paths) + (" (interpreter)" if runs_in_interpreter() else "")
+    path = "+".join(paths) + (" (interpreter)" if launch.runs_in_interpreter() else "")
     return path, "; ".join(parts)
-
-
-def _decode_layout(batch: int, heads: int, kv_heads: int, n_q: int, n_k: int,
-                   multiprocessors: int) -> tuple[int, int]:
-    """(BLOCK_M, key splits) flash-decoding launches with, by the launcher's own rule."""
-    from attn_course.flash.configs import DECODE_BLOCK_M
-    from attn_course.flash.decode import decode_num_splits
-    from attn_course.flash.launch import cdiv
-
-    groups = heads // kv_heads
-    block_m = DECODE_BLOCK_M[0] if groups * n_q <= DECODE_BLOCK_M[0] else DECODE_BLOCK_M[1]
-    splits = decode_num_splits(batch, kv_heads, n_k, cdiv(groups * n_q, block_m), multiprocessors=multiprocessors)
-    return block_m, splits
 
 
 def decode_config(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False) -> str:
     """The configuration :func:`~attn_course.flash.decode_attention` ran with on ``q``, ``k``, read after it ran."""
-    from attn_course.flash.decode import decode_merge_width
-
     batch, heads, n_q, head_dim = q.shape
     multiprocessors = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-    block_m, splits = _decode_layout(batch, heads, k.shape[1], n_q, k.shape[2], multiprocessors)
+    block_m, _, splits = decode_layout(batch, heads, k.shape[1], n_q, k.shape[2], multiprocessors=multiprocessors)
     chosen = _chosen("decode", head_dim, causal=causal, dtype=q.dtype, n_q=n_q, n_k=k.shape[2],
                      groups=heads // k.shape[1])
     return (f"decode {chosen} BLOCK_M={block_m}; splits={splits} "
@@ -140,7 +111,7 @@ def decode_config(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False) -> 
 
 def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bool = True,
                        multiprocessors: int = 132) -> dict:
-    """The distinct kernel compilations a plan of :func:`~benchmarks.flash_gpu.run.plan_phases` triggers.
+    """The distinct kernel compilations a plan of :func:`~benchmarks.flash_gpu.plan.plan_phases` triggers.
 
     Ours: one per (kernel, configuration, dtype, head dim, causal), every autotuning candidate
     included (the autotuner compiles each to time it). Triton also specialises on integer
@@ -151,8 +122,8 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
     under ``torch.no_grad``), a training forward and its backward.
 
     Args:
-        plan: ``[(kind, options)]`` as :func:`~benchmarks.flash_gpu.run.plan_phases` returns.
-        sizes: :data:`~benchmarks.flash_gpu.sizes.GPU_SIZES` or the dry run's.
+        plan: ``[(kind, options)]`` as :func:`~benchmarks.flash_gpu.plan.plan_phases` returns.
+        sizes: :data:`~benchmarks.flash_gpu.plan.GPU_SIZES` or the dry run's.
         tma: the forward takes the TMA kernel (a Hopper GPU, tuned over the candidates
             :func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps for an H100/H200) rather
             than the autotuned pointer one.
@@ -161,10 +132,6 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
     Returns:
         ``{"ours": int, "ours_with_group": int, "flex": int, "by_kernel": {kernel: int}}``.
     """
-    from attn_course.flash.configs import CONFIGS
-    from attn_course.flash.decode import decode_merge_width
-    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
-
     ours, flex = set(), set()
     for kind, options in plan:
         for dtype in options["dtypes"]:
@@ -176,8 +143,8 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
                     ours.add(("decode", describe_config(c), dtype, d, False, group == 1))
                 for n_q in options["query_lengths"]:
                     for n_k in options["kv_lengths"]:
-                        _, splits = _decode_layout(decode["batch"], decode["heads"], decode["kv_heads"], n_q, n_k,
-                                                   multiprocessors)
+                        *_, splits = decode_layout(decode["batch"], decode["heads"], decode["kv_heads"], n_q, n_k,
+                                                   multiprocessors=multiprocessors)
                         ours.add(("decode_merge", f"SPLITS={decode_merge_width(splits)} warps=4", dtype, d, False,
                                   True))
                 continue
@@ -209,3 +176,13 @@ def count_compilations(plan: Sequence[tuple[str, dict]], sizes: dict, *, tma: bo
         by_kernel[entry[0]] = by_kernel.get(entry[0], 0) + 1
     return {"ours": len({entry[:5] for entry in ours}), "ours_with_group": len(ours), "flex": len(flex),
             "by_kernel": dict(sorted(by_kernel.items()))}
+
+
+def describe_compilations(compilations: dict, profile: str, dry_run: bool = False) -> str:
+    """One line for :func:`~benchmarks.flash_gpu.kernels_used.count_compilations`' counts."""
+    kernels = ", ".join(f"{kernel} {count}" for kernel, count in compilations["by_kernel"].items())
+    where = "on an H200 (assumed: TMA forward, 132 multiprocessors)" if dry_run else "on this GPU"
+    return (f"kernel compilations of the {profile} profile {where}: ours {compilations['ours']} distinct (kernel, "
+            f"config, dtype, d, causal) [{kernels}], up to {compilations['ours_with_group']} with Triton's "
+            f"group-size-1 specialisation; FlexAttention compiled {compilations['flex']} graphs (per shape: "
+            "inference, training forward, backward)")

@@ -1,19 +1,152 @@
-"""Measuring one method in each mode: a skipped row with the reason, never a crash."""
+"""How one method is measured: the device's clock, the time budget, a skipped row (never a crash),
+and the input checks the two benchmarks share."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, past
-from benchmarks.flash_gpu.clock import Clock
+from attn_course import _validate
+from attn_course.measure.memory import available_memory_bytes
+from attn_course.measure.timing import best_time, gpu_milliseconds, gpu_timer_name, timed
+from benchmarks.flash_gpu.plan import DRY_RUN_DTYPES, GPU_DTYPES
+from benchmarks.flash_gpu.rows import MachineInfo, machine_info
 
-__all__ = ["Measured", "describe_error", "measure", "recorded_warnings", "skipped"]
+__all__ = ["TIME_BUDGET_SPENT", "Clock", "Measured", "Terminated", "capture_graph", "check_choices", "check_device",
+           "check_dtypes", "describe_error", "measure", "past", "recorded_warnings", "setup",
+           "sigterm_stops", "skipped"]
 
+TIME_BUDGET_SPENT = "time budget spent (max_minutes): not measured"
+
+
+# --- The time budget ------------------------------------------------------------------------------
+
+def past(deadline: float | None) -> bool:
+    """Whether ``deadline`` (a ``time.monotonic()`` value, or None for no limit) has passed."""
+    return deadline is not None and time.monotonic() > deadline
+
+
+class Terminated(BaseException):
+    """SIGTERM (``timeout``) during the run: stop measuring, write what there is."""
+
+
+@contextlib.contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """Inside the block, SIGTERM raises :class:`Terminated` instead of killing the process; the
+    previous handler comes back after it. Only the main thread can set a handler: elsewhere
+    (a test runner's thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --- The clock ------------------------------------------------------------------------------------
+
+def capture_graph(call: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
+    """``call()`` captured in a ``torch.cuda.CUDAGraph``, after two warm-up calls on a side stream."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    torch.cuda.synchronize(device)
+    return graph
+
+
+class Clock:
+    """How one device is timed: ``triton.testing.do_bench`` on a GPU
+    (:func:`~attn_course.measure.timing.gpu_milliseconds`), the best of ``repeats`` wall-clock
+    calls on the CPU dry run (:func:`~attn_course.measure.timing.best_time`: Triton's interpreter
+    has no driver for ``do_bench``).
+
+    Args:
+        device: ``cuda`` or ``cpu``.
+        repeats: the dry run's timed calls per measurement.
+    """
+
+    def __init__(self, device: torch.device, repeats: int = 1):
+        self.device = device
+        self.repeats = repeats
+        self.name = gpu_timer_name() if device.type == "cuda" else f"best of {repeats} wall-clock runs (CPU dry run)"
+
+    def milliseconds(self, call: Callable[[], object]) -> float:
+        """Milliseconds of one ``call()``, by this device's timer."""
+        if self.device.type == "cuda":
+            return gpu_milliseconds(call)
+        return 1000 * best_time(call, self.repeats)
+
+    def graphed_milliseconds(self, call: Callable[[], object]) -> tuple[float, str, str, float | None]:
+        """Milliseconds of one ``call()`` replayed from a CUDA graph: no Python launch overhead.
+
+        One call is captured in a ``torch.cuda.CUDAGraph`` (after two calls on a side stream, as
+        PyTorch's CUDA-graph notes ask, so that lazy initialisation is not captured) and this
+        device's timer times ``graph.replay``. ``do_bench`` flushes the L2 cache before each replay,
+        so a small KV cache is read from HBM as a model's next layer would; Triton's
+        ``do_bench_cudagraph`` unrolls many calls into one graph without flushing, and would time
+        a cache of a few MiB from L2. Where capture fails (or on the CPU) the call is timed plainly.
+
+        Returns:
+            ``(milliseconds, timing, note, plain_milliseconds)``: ``timing`` is ``"cuda graph"`` or
+            ``"plain"``; ``note`` says why a graph was not used; ``plain_milliseconds`` is the same
+            call timed without a graph (None when that is ``milliseconds`` itself).
+        """
+        if self.device.type != "cuda":
+            return self.milliseconds(call), "plain", "CPU dry run: no CUDA graphs, timed without one", None
+        try:
+            graph = capture_graph(call, self.device)
+        except Exception as error:   # a call that synchronises, or allocates in a way capture refuses
+            torch.cuda.synchronize(self.device)
+            lines = str(error).strip().splitlines() or [""]
+            note = (f"CUDA graph capture failed ({type(error).__name__}: {lines[0][:200]}): timed without a "
+                    "graph, Python's launch overhead included")
+            return self.milliseconds(call), "plain", note, None
+        try:
+            return self.milliseconds(graph.replay), "cuda graph", "", self.milliseconds(call)
+        finally:
+            del graph
+
+    def first_call(self, call: Callable[[], Any]) -> tuple[Any, float]:
+        """``call()`` once, untouched by any warm-up (Triton compiles or autotunes there): its result and seconds."""
+        def synchronised():
+            result = call()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)     # the GPU's work counts, not only its launch
+            return result
+
+        return timed(synchronised)
+
+    def free_bytes(self) -> int:
+        """Bytes free on the device now (:func:`~attn_course.measure.memory.available_memory_bytes`)."""
+        return available_memory_bytes(self.device)
+
+    def empty_cache(self) -> None:
+        """Return the caching allocator's free blocks to the GPU, between measurements."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# --- One method in each mode ----------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
@@ -50,8 +183,8 @@ def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
 
 
 def measure(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor | None,
-             reference: torch.Tensor | None, modes: Sequence[str], clock: Clock,
-             deadline: float | None, *, graphed: bool = False) -> dict[str, Measured]:
+            reference: torch.Tensor | None, modes: Sequence[str], clock: Clock,
+            deadline: float | None, *, graphed: bool = False) -> dict[str, Measured]:
     """Time ``fn(q, k, v)`` in each mode; never raises for what ``fn`` raises (the row says it).
     ``graphed``: the forward is replayed from a CUDA graph (:meth:`Clock.graphed_milliseconds`)."""
     if past(deadline):
@@ -85,11 +218,9 @@ def measure(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
 
                 def call(out=out):
                     torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
-            elif mode == "forward+backward":
+            else:                                # "forward+backward"
                 def call():
                     torch.autograd.grad(fn(q, k, v), inputs, grad_out)
-            else:
-                raise ValueError(f"unknown mode {mode!r}")
             if graphed and mode == "forward":
                 ms, timing, note, plain = clock.graphed_milliseconds(call)
                 results[mode] = Measured("ok", ms, difference, first, note, timing, plain)
@@ -101,3 +232,64 @@ def measure(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
             out = call = None   # frees a retained graph before the next mode
             clock.empty_cache()
     return results
+
+
+# --- Input checks ---------------------------------------------------------------------------------
+
+def check_device(where: str, device: object) -> torch.device:
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{where}: device must be 'cuda' or 'cpu', got {type(device).__name__}")
+    device = torch.device(device)
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"{where}: device must be 'cuda' or 'cpu' (the CPU dry run), got {str(device)!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{where}: needs a CUDA GPU; use device='cpu' for the dry run, or cpu_rows on a CPU")
+    return device
+
+
+def check_dtypes(where: str, dtypes: object) -> list[torch.dtype]:
+    dtypes = _validate.sequence(where, "dtypes", dtypes, of="torch dtypes")
+    if not dtypes:
+        raise ValueError(f"{where}: dtypes must not be empty")
+    for index, dtype in enumerate(dtypes):
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"{where}: dtypes[{index}] must be a floating torch.dtype, got {dtype!r}")
+    return dtypes
+
+
+def check_choices(where: str, name: str, values: object, allowed: Sequence[str]) -> list[str]:
+    """``values``, a non-empty sequence of labels each one of ``allowed``; or the error naming the first that is not."""
+    values = _validate.labels(where, name, values)
+    for index, value in enumerate(values):
+        if value not in allowed:
+            raise ValueError(f"{where}: {name}[{index}] must be one of {list(allowed)}, got {value!r}")
+    if not values:
+        raise ValueError(f"{where}: {name} must not be empty")
+    return values
+
+
+def setup(where: str, *, dtypes, seed, deadline, on_row, progress, machine, device) -> dict:
+    """The arguments ``gpu_rows`` and ``decode_rows`` share, checked, and what they make of them.
+
+    Returns:
+        ``dict(dtypes, deadline, on_row, progress, machine, clock, generator)``: the dtypes default to
+        float16 and bfloat16 on a GPU, float16 and float32 on the CPU; ``machine`` to
+        :func:`~benchmarks.flash_gpu.rows.machine_info`; ``generator`` is seeded on the device.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as the callers document.
+    """
+    dtypes = None if dtypes is None else check_dtypes(where, dtypes)
+    seed = _validate.integer(where, "seed", seed, minimum=0)
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
+        raise TypeError(f"{where}: deadline must be a time.monotonic() value or None, got {type(deadline).__name__}")
+    for name, value in (("on_row", on_row), ("progress", progress)):
+        if value is not None and not callable(value):
+            raise TypeError(f"{where}: {name} must be callable or None, got {type(value).__name__}")
+    if machine is not None and not isinstance(machine, MachineInfo):
+        raise TypeError(f"{where}: machine must be a MachineInfo or None, got {type(machine).__name__}")
+    device = check_device(where, device)
+    return dict(dtypes=dtypes or list(GPU_DTYPES if device.type == "cuda" else DRY_RUN_DTYPES),
+                deadline=None if deadline is None else float(deadline), on_row=on_row or (lambda row: None),
+                progress=progress or (lambda line: None), machine=machine or machine_info(device.type),
+                clock=Clock(device), generator=torch.Generator(device=device).manual_seed(seed))

@@ -1,10 +1,105 @@
-"""The GPU benchmark's rows: attention over a whole sequence, decoding, and ours against SDPA's best."""
+"""What every row of the GPU benchmark holds: the machine it ran on, the three kinds of rows, and
+their CSV files, written as the rows come (a run killed midway leaves its data)."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
 
-__all__ = ["DecodeRow", "GpuRow", "SummaryRow"]
+import torch
+
+from benchmarks.flash_gpu.backends import sdpa_has_enable_gqa
+
+__all__ = ["CsvStream", "DecodeRow", "GpuRow", "MachineInfo", "SummaryRow", "installed_triton", "machine_facts",
+           "machine_info", "nvidia_driver", "write_table"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineInfo:
+    """What every row names: the GPU and the software that drove it.
+
+    Attributes:
+        gpu: e.g. ``"NVIDIA H200"``; on the CPU dry run ``"none (CPU dry run: x86_64)"``.
+        driver: the NVIDIA driver version (``nvidia-smi``), ``"none"`` or ``"unknown"``.
+        cuda: the CUDA version torch was built with, or ``"none"``.
+        torch_version, triton_version: ``torch.__version__``, ``triton.__version__``.
+    """
+
+    gpu: str
+    driver: str
+    cuda: str
+    torch_version: str
+    triton_version: str
+
+    def title(self) -> str:
+        """One line for plot titles and headers."""
+        return (f"{self.gpu}; driver {self.driver}; CUDA {self.cuda}; torch {self.torch_version}; "
+                f"Triton {self.triton_version}")
+
+
+def installed_triton() -> str:
+    try:
+        import triton
+    except ImportError:   # pragma: no cover - Triton is a Linux-only dependency
+        return "not installed"
+    return triton.__version__
+
+
+def nvidia_driver() -> str:
+    try:
+        found = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=20, check=True)
+        return found.stdout.split()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    try:
+        text = pathlib.Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return "unknown"
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return match.group(1) if match else "unknown"
+
+
+def machine_info(device: str = "cuda") -> MachineInfo:
+    """The GPU, driver, CUDA, torch and Triton versions of this machine.
+
+    Args:
+        device: ``"cuda"`` (the current GPU) or ``"cpu"`` (the dry run: no GPU is named).
+
+    Returns:
+        A :class:`MachineInfo`.
+
+    Raises:
+        ValueError: another device.
+    """
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"machine_info: device must be 'cuda' or 'cpu', got {device!r}")
+    if device == "cuda":
+        return MachineInfo(gpu=torch.cuda.get_device_name(), driver=nvidia_driver(), cuda=str(torch.version.cuda),
+                           torch_version=torch.__version__, triton_version=installed_triton())
+    return MachineInfo(gpu=f"none (CPU dry run: {platform.processor() or platform.machine()})", driver="none",
+                       cuda=str(torch.version.cuda or "none"), torch_version=torch.__version__,
+                       triton_version=installed_triton())
+
+
+def machine_facts(device: torch.device) -> dict:
+    """More than the rows carry, for ``machine.json``."""
+    facts = {"python": sys.version.split()[0], "platform": platform.platform(), "cpu_count": os.cpu_count(),
+             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+             "sdpa_enable_gqa": sdpa_has_enable_gqa()}
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        facts.update(compute_capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+                     memory_gib=round(properties.total_memory / 2**30, 1),
+                     multiprocessors=properties.multi_processor_count)
+    return facts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +158,7 @@ class DecodeRow:
     """One (configuration, method) of :func:`decode_rows`: N_q queries against a KV cache of N_k keys.
 
     Attributes:
-        method: ``"ours (decode_attention)"`` (or ``"ours (flash_attention)"`` where there is no
-            ``decode_attention``), an SDPA backend, or ``"naive"``.
+        method: ``"ours (decode_attention)"``, an SDPA backend, or ``"naive"``.
         path: ``"flash-decoding"`` (ours), ``"sdpa-flash"``, ``"sdpa-efficient"``, ``"sdpa-cudnn"`` or ``"naive"``.
         dtype, head_dim, batch, heads, kv_heads, n_q, n_k: of ``q [B, H, N_q, d]`` and
             ``k``, ``v`` ``[B, H_kv, N_k, d]``.
@@ -151,3 +245,29 @@ class SummaryRow:
     cuda: str
     torch_version: str
     triton_version: str
+
+
+class CsvStream:
+    """A CSV with one dataclass's columns, each row flushed as it comes: a killed run leaves its data."""
+
+    def __init__(self, path: pathlib.Path, kind: type):
+        self.path = path
+        self._handle = open(path, "w", newline="")
+        self._writer = csv.DictWriter(self._handle, fieldnames=[f.name for f in dataclasses.fields(kind)])
+        self._writer.writeheader()
+        self._handle.flush()
+
+    def write(self, row: object) -> None:
+        self._writer.writerow(dataclasses.asdict(row))
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def write_table(path: pathlib.Path, kind: type, rows: Sequence[object]) -> None:
+    """Write ``rows`` (instances of the dataclass ``kind``) to ``path``: the header even when there are none."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[f.name for f in dataclasses.fields(kind)])
+        writer.writeheader()
+        writer.writerows(dataclasses.asdict(row) for row in rows)

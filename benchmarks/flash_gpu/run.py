@@ -12,50 +12,22 @@ import torch
 
 from attn_course import _validate
 from benchmarks.flash_gpu.attention import gpu_rows
-from benchmarks.flash_gpu.budget import TIME_BUDGET_SPENT, Terminated, past, sigterm_stops
-from benchmarks.flash_gpu.checks import check_callback, check_device, nonempty_ints
-from benchmarks.flash_gpu.clock import Clock
-from benchmarks.flash_gpu.csv_stream import CsvStream, write_table
 from benchmarks.flash_gpu.decode import decode_rows
-from benchmarks.flash_gpu.kernels_used import count_compilations
-from benchmarks.flash_gpu.machine import machine_facts, machine_info
-from benchmarks.flash_gpu.plots import plot_gpu_rows
-from benchmarks.flash_gpu.rows import DecodeRow, GpuRow, SummaryRow
-from benchmarks.flash_gpu.sizes import (
-    DECODE_QUERY_LENGTHS,
-    DRY_RUN,
-    FLEX,
-    GPU_SIZES,
-    METHODS,
-    PROFILES,
-    WARM_UP_SECONDS,
+from benchmarks.flash_gpu.kernels_used import count_compilations, describe_compilations
+from benchmarks.flash_gpu.measuring import (
+    TIME_BUDGET_SPENT,
+    Clock,
+    Terminated,
+    check_device,
+    past,
+    sigterm_stops,
 )
-from benchmarks.flash_gpu.summary import print_summary, speedup_summary
+from benchmarks.flash_gpu.plan import DRY_RUN, FLEX, GPU_SIZES, WARM_UP_SECONDS, check_profile, plan_phases
+from benchmarks.flash_gpu.report import plot_gpu_rows, speedup_summary, summary_table, target_verdicts
+from benchmarks.flash_gpu.rows import CsvStream, DecodeRow, GpuRow, SummaryRow, machine_facts, machine_info, write_table
 from benchmarks.flash_gpu.warm_up import warm_triton_cache, warm_up_jobs
 
-__all__ = ["GpuBenchmarkResult", "describe_compilations", "plan_phases", "run_gpu_benchmark"]
-
-
-def describe_compilations(compilations: dict, profile: str, dry_run: bool = False) -> str:
-    """One line for :func:`~benchmarks.flash_gpu.kernels_used.count_compilations`' counts."""
-    kernels = ", ".join(f"{kernel} {count}" for kernel, count in compilations["by_kernel"].items())
-    where = "on an H200 (assumed: TMA forward, 132 multiprocessors)" if dry_run else "on this GPU"
-    return (f"kernel compilations of the {profile} profile {where}: ours {compilations['ours']} distinct (kernel, "
-            f"config, dtype, d, causal) [{kernels}], up to {compilations['ours_with_group']} with Triton's "
-            f"group-size-1 specialisation; FlexAttention compiled {compilations['flex']} graphs (per shape: "
-            "inference, training forward, backward)")
-
-
-#: The methods of the attention phases before FlexAttention's own.
-KERNEL_METHODS = tuple(method for method in METHODS if method != FLEX)
-
-
-def check_profile(where: str, profile: object) -> str:
-    if not isinstance(profile, str):
-        raise TypeError(f"{where}: profile must be a str, one of {list(PROFILES)}, got {type(profile).__name__}")
-    if profile not in PROFILES:
-        raise ValueError(f"{where}: profile must be one of {list(PROFILES)}, got {profile!r}")
-    return profile
+__all__ = ["GpuBenchmarkResult", "run_gpu_benchmark"]
 
 
 @dataclasses.dataclass
@@ -77,59 +49,6 @@ class GpuBenchmarkResult:
     files: dict
     seconds: float
     stopped: str
-
-
-def plan_phases(sizes: dict, lengths: Sequence[int] | None, profile: str = "long") -> list[tuple[str, dict]]:
-    """The measurements in order of importance, as ``[(kind, options)]``.
-
-    ``"essential"`` (issue 32's first-contact rows): float16 over both d, both masks and all
-    modes at the profile's N (4096 and 16384 on a GPU), one decode row set (the first dtype,
-    N_q = 1), one grouped-query prefill row set (the first dtype, causal, H = 32 over H_kv = 8),
-    then bfloat16 as float16. ``"long"``: long sequences in the first dtype, decoding at N_q = 1,
-    the second dtype, decoding at N_q = 16 and in the second dtype, grouped-query prefill in
-    every dtype and mask, and the short sequences last. ``lengths`` replaces the attention N.
-    In both, FlexAttention compiled is measured on the same cases in phases of its own, after
-    ours, SDPA's and naive: it compiles per shape (seconds each, where ours is warmed up in
-    parallel), and a budget that runs out should cut the peer, not the comparison with SDPA.
-
-    Raises:
-        TypeError, ValueError: ``profile`` not a str, or not one of :data:`PROFILES`.
-    """
-    check_profile("plan_phases", profile)
-    full = list(lengths or sizes["lengths"])
-    first, *others = sizes["dtypes"]
-    decode, gqa = sizes["decode"], sizes["gqa"]
-
-    def attention(dtypes, chosen, causal=(False, True), methods=KERNEL_METHODS):
-        return ("attention", dict(dtypes=list(dtypes), lengths=list(chosen), head_dims=list(sizes["head_dims"]),
-                                  causal=list(causal), tokens=sizes["tokens"], model_dim=sizes["model_dim"],
-                                  group_size=1, methods=list(methods)))
-
-    def grouped(dtypes, causal, methods=KERNEL_METHODS):
-        return ("attention", dict(dtypes=list(dtypes), lengths=list(lengths or gqa["lengths"]),
-                                  head_dims=[gqa["head_dim"]], causal=list(causal), tokens=gqa["tokens"],
-                                  model_dim=gqa["heads"] * gqa["head_dim"],
-                                  group_size=gqa["heads"] // gqa["kv_heads"], methods=list(methods)))
-
-    def decoding(dtypes, query_lengths, kv_lengths):
-        return ("decode", dict(dtypes=list(dtypes), query_lengths=list(query_lengths), kv_lengths=list(kv_lengths)))
-
-    if profile == "essential":
-        chosen = list(lengths or sizes["essential_lengths"])
-        phases = [attention([first], chosen), decoding([first], [1], decode["essential_kv_lengths"]),
-                  grouped([first], [True]), attention(others, chosen),
-                  attention([first], chosen, methods=[FLEX]), grouped([first], [True], methods=[FLEX]),
-                  attention(others, chosen, methods=[FLEX])]
-    else:
-        long = [n for n in full if n >= sizes["long_from"]]
-        short = [n for n in full if n < sizes["long_from"]]
-        phases = [attention([first], long), decoding([first], [1], decode["kv_lengths"]), attention(others, long),
-                  decoding([first], [16], decode["kv_lengths"]),
-                  decoding(others, DECODE_QUERY_LENGTHS, decode["kv_lengths"]),
-                  grouped(sizes["dtypes"], (False, True)), attention(sizes["dtypes"], short),
-                  attention(sizes["dtypes"], long, methods=[FLEX]), grouped(sizes["dtypes"], (False, True), [FLEX]),
-                  attention(sizes["dtypes"], short, methods=[FLEX])]
-    return [(kind, options) for kind, options in phases if options["dtypes"] and options.get("lengths", [1])]
 
 
 def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", lengths: Sequence[int] | None = None,
@@ -156,10 +75,10 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
     Args:
         out: the folder for the files (created if missing).
         profile: ``"essential"`` (the first-contact check's rows, issue 32) or ``"long"`` (the
-            whole sweep); see :func:`plan_phases`.
+            whole sweep); see :func:`~benchmarks.flash_gpu.plan.plan_phases`.
         lengths: sequence lengths N for the attention rows (default: the profile's; the dry run's
             are tiny).
-        dry_run: run on the CPU at tiny sizes (:data:`DRY_RUN`): the kernels in Triton's
+        dry_run: run on the CPU at tiny sizes (:data:`~benchmarks.flash_gpu.plan.DRY_RUN`): the kernels in Triton's
             interpreter, float16 and float32, a wall-clock timer.
         max_minutes: the time budget, > 0; None: no limit.
         decode: also run :func:`decode_rows`.
@@ -180,14 +99,16 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
     where = "run_gpu_benchmark"
     out = _validate.path(where, "out", out)
     if lengths is not None:
-        lengths = nonempty_ints(where, "lengths", lengths)
+        lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1, nonempty=True)
     check_profile(where, profile)
     dry_run = _validate.boolean(where, "dry_run", dry_run)
     decode = _validate.boolean(where, "decode", decode)
     warm_up = _validate.boolean(where, "warm_up", warm_up)
     if max_minutes is not None:
         max_minutes = _validate.positive_finite(where, "max_minutes", max_minutes)
-    progress = check_callback(where, "progress", progress) or (lambda line: None)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"{where}: progress must be callable or None, got {type(progress).__name__}")
+    progress = progress or (lambda line: None)
     device = check_device(where, "cpu" if dry_run else "cuda")
     sizes = DRY_RUN if dry_run else GPU_SIZES
     started, started_at = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -197,13 +118,9 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
     files = {"rows": out / "flash-gpu.csv", "decode": out / "flash-gpu-decode.csv",
              "summary": out / "flash-gpu-summary.csv", "machine": out / "machine.json"}
     streams = {"rows": CsvStream(files["rows"], GpuRow), "decode": CsvStream(files["decode"], DecodeRow)}
-    plan = plan_phases(sizes, lengths, profile)
-    if not decode:
-        plan = [phase for phase in plan if phase[0] != "decode"]
-    # The GPU's count even on the dry run: the number a GPU check's time estimate needs.
-    gpu_plan = plan_phases(GPU_SIZES, lengths, profile)
-    if not decode:
-        gpu_plan = [phase for phase in gpu_plan if phase[0] != "decode"]
+    # The compilations are counted for a GPU even on the dry run: what a GPU check's time estimate needs.
+    plan, gpu_plan = ([phase for phase in plan_phases(chosen, lengths, profile) if decode or phase[0] != "decode"]
+                      for chosen in (sizes, GPU_SIZES))
     if device.type == "cuda":
         compilations = count_compilations(gpu_plan, GPU_SIZES, tma=torch.cuda.get_device_capability()[0] == 9,
                                           multiprocessors=torch.cuda.get_device_properties(0).multi_processor_count)
@@ -282,7 +199,12 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
             stream.close()
     summary = write_summary(stopped or "complete")
     if summary:
-        print_summary(summary)
+        try:
+            progress(summary_table(summary).to_string())
+        except ImportError:   # a bare GPU image may lack pandas; the summary CSV holds the same
+            progress(f"pandas is not installed: the summary is in {files['summary']}")
+        for line in target_verdicts(summary):
+            progress(line)
     title = f"FlashAttention benchmark{' (CPU dry run)' if dry_run else ''}: {machine.title()}"
     for name, found in (("plot", rows), ("decode_plot", decode_found)):
         if not found:

@@ -11,14 +11,15 @@ import time
 
 import torch
 
-from benchmarks.flash_gpu.backends import flex_function, ours_decode
-from benchmarks.flash_gpu.sizes import DECODE_QUERY_LENGTHS
+from attn_course.flash import decode_attention, flash_attention
+from benchmarks.flash_gpu.backends import flex_function
+from benchmarks.flash_gpu.plan import DECODE_QUERY_LENGTHS
 
 __all__ = ["warm_triton_cache", "warm_up_job", "warm_up_jobs"]
 
 
 def warm_up_jobs(plan: list[tuple[str, dict]], sizes: dict, dry_run: bool) -> list[dict]:
-    """One job per kernel specialization the plan (:func:`~benchmarks.flash_gpu.run.plan_phases`) needs:
+    """One job per kernel specialization the plan (:func:`~benchmarks.flash_gpu.plan.plan_phases`) needs:
     (dtype, d, causal, group size) for attention, one per dtype for decoding, then one per shape for
     FlexAttention compiled (Inductor's on-disk caches, like Triton's, serve the benchmark's process).
     The dry run warms only the first, to run the code, not to save time."""
@@ -55,14 +56,12 @@ def warm_up_jobs(plan: list[tuple[str, dict]], sizes: dict, dry_run: bool) -> li
 def warm_up_job(job: dict) -> None:
     """Run one warm-up job (in its own process): the kernels compile, and the autotuner compiles
     every candidate, into Triton's on-disk cache, where the benchmark's process finds them."""
-    from attn_course.flash import triton_attention
-
     dtype, device, d = getattr(torch, job["dtype"]), job["device"], job["head_dim"]
     if job["kind"] == "attention":
         q = torch.randn(1, job["heads"], job["n"], d, dtype=dtype, device=device, requires_grad=True)
         k, v = (torch.randn(1, job.get("kv_heads", job["heads"]), job["n"], d, dtype=dtype, device=device,
                             requires_grad=True) for _ in range(2))
-        out = triton_attention.flash_attention(q, k, v, causal=job["causal"])
+        out = flash_attention(q, k, v, causal=job["causal"])
         out.backward(torch.randn_like(out))
     elif job["kind"] == "flex":
         fn, _, _, _ = flex_function(job["causal"], job["n"], torch.device(device), job["kv_heads"] < job["heads"])
@@ -75,10 +74,9 @@ def warm_up_job(job: dict) -> None:
             out = fn(q, k, v)
             out.backward(torch.randn_like(out))
     else:
-        _, decode, _ = ours_decode()
         k, v = (torch.randn(job["batch"], job["kv_heads"], job["n"], d, dtype=dtype, device=device) for _ in range(2))
         for n_q in DECODE_QUERY_LENGTHS:
-            decode(torch.randn(job["batch"], job["heads"], n_q, d, dtype=dtype, device=device), k, v)
+            decode_attention(torch.randn(job["batch"], job["heads"], n_q, d, dtype=dtype, device=device), k, v)
     if device == "cuda":
         torch.cuda.synchronize()
 

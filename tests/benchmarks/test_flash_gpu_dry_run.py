@@ -15,7 +15,7 @@ from made_up_rows import DECODE_COLUMNS, GPU_COLUMNS, SUMMARY_COLUMNS, read_csv
 
 import benchmarks
 from benchmarks import flash_gpu
-from benchmarks.flash_gpu.run import plan_phases
+from benchmarks.flash_gpu.plan import plan_phases
 
 REPO = pathlib.Path(benchmarks.__file__).parent.parent
 

@@ -13,7 +13,8 @@ from made_up_rows import GPU_COLUMNS, MACHINE, decode_row, gpu_row, read_csv
 
 import benchmarks
 from benchmarks import flash_gpu
-from benchmarks.flash_gpu import machine, run, warm_up
+from benchmarks.flash_gpu import rows, warm_up
+from benchmarks.flash_gpu.plan import plan_phases
 
 REPO = pathlib.Path(benchmarks.__file__).parent.parent
 
@@ -33,8 +34,8 @@ def test_gpu_printers_and_plots_reject_mixed_or_missing_rows(tmp_path):
         flash_gpu.plot_gpu_rows([gpu_row(), decode_row()], tmp_path / "x.png", title="t")
     with pytest.raises(TypeError, match=r"^plot_gpu_rows: path must be a str or pathlib.Path, got int"):
         flash_gpu.plot_gpu_rows([gpu_row()], 3, title="t")
-    with pytest.raises(TypeError, match=r"^print_summary: rows\[0\] must be SummaryRow, got GpuRow"):
-        flash_gpu.print_summary([gpu_row()])
+    with pytest.raises(TypeError, match=r"^summary_table: rows\[0\] must be SummaryRow, got GpuRow"):
+        flash_gpu.summary_table([gpu_row()])
 
 
 def test_plots_draw_gpu_and_decode_rows(tmp_path):
@@ -134,20 +135,22 @@ def test_speedup_summary_rejects_what_is_not_rows():
         flash_gpu.speedup_summary([gpu_row()], long_from=0)
 
 
-def test_print_summary_says_which_targets_were_met(capsys):
+def test_the_summary_table_and_verdicts_say_which_targets_were_met():
     summary = flash_gpu.speedup_summary([gpu_row(n=4096, milliseconds=2.0),
                                          gpu_row(n=4096, method="sdpa flash", milliseconds=1.0)])
-    flash_gpu.print_summary(summary)
-    out = capsys.readouterr().out
-    assert "0.50x" in out and "MISSED" in out
-    assert "forward: ours >= 1.0x SDPA's best in 0 of 1 configurations" in out
+    frame = flash_gpu.summary_table(summary)
+    assert list(frame["ours/SDPA"]) == [0.5] and list(frame["met"]) == ["MISSED"]
+    assert frame.to_string().splitlines()[-1].endswith("MISSED")      # what tools/gpu_check.sh greps
+    assert flash_gpu.target_verdicts(summary) == [
+        "forward: ours >= 1.0x SDPA's best in 0 of 1 configurations with a target (worst 0.50x: float16 d=64 "
+        "causal=False N=4096)"]
 
 
 def test_the_gpu_clock_is_do_bench_and_the_dry_run_clock_best_time(monkeypatch):
     """The CUDA path, with triton.testing.do_bench made up (its interpreter has no driver to time with)."""
     import triton.testing
 
-    from benchmarks.flash_gpu.clock import Clock
+    from benchmarks.flash_gpu.measuring import Clock
 
     calls = []
 
@@ -183,7 +186,7 @@ def test_cuda_facts_read_the_properties_torch_has(monkeypatch):
     properties = type("Properties", (), {"total_memory": 150_000_000_000, "multi_processor_count": 132})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: properties)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    facts = machine.machine_facts(torch.device("cuda"))
+    facts = rows.machine_facts(torch.device("cuda"))
     assert (facts["compute_capability"], facts["memory_gib"], facts["multiprocessors"]) == ("9.0", 139.7, 132)
 
 
@@ -196,13 +199,13 @@ def test_driver_version_without_nvidia_smi_comes_from_proc(monkeypatch, text, dr
     def no_nvidia_smi(*args, **kwargs):
         raise FileNotFoundError("nvidia-smi")
 
-    monkeypatch.setattr(machine.subprocess, "run", no_nvidia_smi)
-    monkeypatch.setattr(machine.pathlib.Path, "read_text", lambda self: text)
-    assert machine.nvidia_driver() == driver
+    monkeypatch.setattr(rows.subprocess, "run", no_nvidia_smi)
+    monkeypatch.setattr(rows.pathlib.Path, "read_text", lambda self: text)
+    assert rows.nvidia_driver() == driver
 
 
 def test_warm_up_jobs_cover_every_specialization_and_run_in_process():
-    plan = run.plan_phases(flash_gpu.GPU_SIZES, None, "essential")
+    plan = plan_phases(flash_gpu.GPU_SIZES, None, "essential")
     jobs = warm_up.warm_up_jobs(plan, flash_gpu.GPU_SIZES, dry_run=False)
     attention = {(j["dtype"], j["head_dim"], j["causal"], j["heads"] // j["kv_heads"]) for j in jobs
                  if j["kind"] == "attention"}
@@ -213,7 +216,7 @@ def test_warm_up_jobs_cover_every_specialization_and_run_in_process():
     flex = [j for j in jobs if j["kind"] == "flex"]                  # one per measured shape, after ours
     assert len(flex) == 18 and {j["n"] for j in flex} == {4096, 16384} and jobs[-1]["kind"] == "flex"
     sizes = {**flash_gpu.DRY_RUN, "decode": {**flash_gpu.DRY_RUN["decode"], "kv_lengths": (64,)}}
-    dry_plan = run.plan_phases(sizes, None, "essential")
+    dry_plan = plan_phases(sizes, None, "essential")
     for job in warm_up.warm_up_jobs(dry_plan, sizes, dry_run=True) + [
             dict(kind="decode", dtype="float32", head_dim=16, causal=False, n=64, heads=4, kv_heads=2, batch=1,
                  device="cpu"),
@@ -240,7 +243,7 @@ def test_warm_up_runs_at_most_parallel_processes_and_stops_at_its_timeout():
 
 
 def test_sigterm_stops_raises_terminated_inside_the_block_and_restores_the_handler():
-    from benchmarks.flash_gpu.budget import Terminated, past, sigterm_stops
+    from benchmarks.flash_gpu.measuring import Terminated, past, sigterm_stops
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Terminated), sigterm_stops():

@@ -12,13 +12,13 @@ import torch
 from made_up_rows import MACHINE, decode_row, gpu_row
 
 from benchmarks import flash_gpu
-from benchmarks.flash_gpu import clock as clock_module
-from benchmarks.flash_gpu import kernels_used, run
-from benchmarks.flash_gpu.clock import Clock
+from benchmarks.flash_gpu import kernels_used, measuring, run
+from benchmarks.flash_gpu.measuring import Clock
+from benchmarks.flash_gpu.plan import plan_phases
 
 
 def test_the_essential_profile_is_issue_32s_list_most_important_first():
-    plan = run.plan_phases(flash_gpu.GPU_SIZES, None, "essential")
+    plan = plan_phases(flash_gpu.GPU_SIZES, None, "essential")
     kinds = [kind for kind, _ in plan]
     assert kinds == ["attention", "decode", "attention", "attention", "attention", "attention", "attention"]
     float16, decode, grouped, bfloat16, *flex = (options for _, options in plan)
@@ -38,12 +38,12 @@ def test_the_essential_profile_is_issue_32s_list_most_important_first():
 
 
 def test_the_long_profile_keeps_the_whole_sweep_and_lengths_override_both():
-    plan = run.plan_phases(flash_gpu.GPU_SIZES, None, "long")
+    plan = plan_phases(flash_gpu.GPU_SIZES, None, "long")
     attention = [options for kind, options in plan if kind == "attention"]
     assert sorted({n for options in attention for n in options["lengths"]}) == list(flash_gpu.GPU_LENGTHS)
     assert {n_q for kind, options in plan if kind == "decode" for n_q in options["query_lengths"]} == {1, 16}
     assert any(options["group_size"] > 1 and options["causal"] == [False, True] for options in attention)
-    essential = run.plan_phases(flash_gpu.GPU_SIZES, [2048], "essential")
+    essential = plan_phases(flash_gpu.GPU_SIZES, [2048], "essential")
     assert {n for kind, options in essential if kind == "attention" for n in options["lengths"]} == {2048}
 
 
@@ -52,7 +52,7 @@ def test_run_gpu_benchmark_refuses_an_unknown_profile(tmp_path):
                                          r"got 'short'"):
         flash_gpu.run_gpu_benchmark(tmp_path, profile="short", dry_run=True)
     with pytest.raises(TypeError, match=r"^plan_phases: profile must be a str, one of .+, got int"):
-        run.plan_phases(flash_gpu.GPU_SIZES, None, 1)
+        plan_phases(flash_gpu.GPU_SIZES, None, 1)
 
 
 def test_the_long_profile_runs_to_its_end_under_a_spent_budget(tmp_path):
@@ -69,7 +69,7 @@ def test_the_essential_profile_counts_every_autotuning_candidate_once_per_dtype_
     from attn_course.flash.configs import CONFIGS
     from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
 
-    plan = run.plan_phases(flash_gpu.GPU_SIZES, None, "essential")
+    plan = plan_phases(flash_gpu.GPU_SIZES, None, "essential")
     counts = kernels_used.count_compilations(plan, flash_gpu.GPU_SIZES)
 
     def candidates(kernel):   # float16 and bfloat16, both masks, d = 64 and 128
@@ -96,7 +96,7 @@ def test_the_essential_profile_counts_every_autotuning_candidate_once_per_dtype_
 def test_count_compilations_prints_without_running_anything():
     completed = subprocess.run([sys.executable, "-m", "benchmarks.flash_gpu", "--count-compilations", "essential"],
                                capture_output=True, text=True, timeout=120, check=True)
-    counts = kernels_used.count_compilations(run.plan_phases(flash_gpu.GPU_SIZES, None, "essential"),
+    counts = kernels_used.count_compilations(plan_phases(flash_gpu.GPU_SIZES, None, "essential"),
                                              flash_gpu.GPU_SIZES)
     assert f"ours {counts['ours']} distinct (kernel, config, dtype, d, causal)" in completed.stdout
     assert json.loads(completed.stdout.splitlines()[-1]) == counts
@@ -105,16 +105,16 @@ def test_count_compilations_prints_without_running_anything():
     assert refused.returncode == 1 and "must be one of ['essential', 'long']" in refused.stderr
 
 
-def test_describe_config_reads_triton_configs_kernel_configs_and_the_tma_dict():
+def test_describe_config_reads_triton_configs_and_kernel_configs():
     import triton
 
     from attn_course.flash.configs import kernel_config
-    from attn_course.flash.tma_attention import tma_forward_config
+    from attn_course.flash.tma_configs import tma_forward_configs
 
     assert kernels_used.describe_config(triton.Config({"BLOCK_N": 64, "BLOCK_M": 128}, num_warps=8, num_stages=2)
                                         ) == "BLOCK_M=128 BLOCK_N=64 warps=8 stages=2"
     assert kernels_used.describe_config(kernel_config("forward", 64)) == "BLOCK_M=128 BLOCK_N=64 warps=4 stages=3"
-    assert kernels_used.describe_config(tma_forward_config(128)) == "BLOCK_M=128 BLOCK_N=128 warps=8 stages=2"
+    assert kernels_used.describe_config(tma_forward_configs(128)[0]) == "BLOCK_M=128 BLOCK_N=128 warps=8 stages=2"
 
 
 def test_prefill_kernels_in_the_interpreter_name_the_pointer_path_and_first_candidates():
@@ -178,13 +178,13 @@ def test_decode_is_timed_from_a_cuda_graph_or_plainly_with_the_reason(monkeypatc
         def replay(self):
             replayed.append(1)
 
-    monkeypatch.setattr(clock_module, "capture_graph", lambda call, device: Graph())
+    monkeypatch.setattr(measuring, "capture_graph", lambda call, device: Graph())
     assert gpu.graphed_milliseconds(lambda: None) == (2.0, "cuda graph", "", 2.0) and replayed == [1]
 
     def refuses(call, device):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
-    monkeypatch.setattr(clock_module, "capture_graph", refuses)
+    monkeypatch.setattr(measuring, "capture_graph", refuses)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     ms, timing, note, plain = gpu.graphed_milliseconds(lambda: None)
     assert (ms, timing, plain) == (2.0, "plain", None)

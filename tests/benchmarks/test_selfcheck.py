@@ -9,7 +9,7 @@ from benchmarks import selfcheck
 
 
 def test_selfcheck_passes_a_correct_attention_and_fails_a_wrong_one():
-    from attn_course.flash.triton_attention import flash_attention
+    from attn_course.flash import flash_attention
 
     def sdpa(q, k, v, *, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)

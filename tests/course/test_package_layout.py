@@ -18,7 +18,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attn_course"
 # import-linter's root packages (pyproject.toml's [tool.importlinter]), copied for the planted violation
-ROOT_PACKAGES = ("attn_course", "attn_course_grading", "benchmarks")
+ROOT_PACKAGES = ("attn_course", "attn_course_grading", "benchmarks", "gpu_tools")
 LINT_IMPORTS = pathlib.Path(sys.executable).parent / "lint-imports"
 
 
@@ -105,6 +105,9 @@ def copy_of_the_checkout(tmp_path_factory) -> pathlib.Path:
     # the student package importing the benchmarks
     ("attn_course/measure/timing.py", "benchmarks.selfcheck",
      "attn_course is not allowed to import benchmarks"),
+    # a kernel launcher importing the GPU tools, which live outside the package
+    ("attn_course/flash/launch.py", "gpu_tools.aot",
+     "attn_course is not allowed to import gpu_tools"),
     # a cycle inside one layer, which no layer rule sees: the masks importing the attention that imports them
     ("attn_course/core/masks.py", "attn_course.core.attention",
      "No cycles are allowed in attn_course.core"),

@@ -126,7 +126,7 @@ def _log_compilations(path: str) -> None:
 
 # --- Shards: tools/gpu_check.sh runs the kernel tests in parallel processes -------------------------
 # Each process compiles its own kernels, one after another, so the shards are balanced by the
-# compilations they need (tools/count_compiles.py --plan writes tools/gpu_check_shards.txt).
+# compilations they need (python -m gpu_tools.count_compiles --plan writes tools/gpu_check_shards.txt).
 # A shard lists test functions, "FILE::FUNCTION", or a slice of one's parametrisations,
 # "FILE::FUNCTION@I/N" (the I-th of N consecutive runs of its cases, in collection order: the ids
 # name dtypes, which differ between a GPU and the interpreter, the order does not).

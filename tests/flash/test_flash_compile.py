@@ -2,9 +2,9 @@
 
 Triton's interpreter (what the other flash tests use without a GPU) does not enforce dot
 shapes, dtypes or shared-memory limits; the real compiler does. This needs no GPU. The cases
-are :func:`~attn_course.flash.aot.essential_cases`: every kernel path for every head dim,
+are :func:`~gpu_tools.aot.essential_cases`: every kernel path for every head dim,
 causal flag and GPU, and every autotuning candidate at least once
-(``python -m attn_course.flash.aot --all`` compiles the full product).
+(``python -m gpu_tools.aot --all`` compiles the full product).
 A process has one Triton mode (:mod:`attn_course.flash.triton_mode`), so compilation runs in
 subprocesses with ``TRITON_INTERPRET=0``, two shards in parallel. The compiling tests are marked slow.
 """
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from attn_course.flash.aot import SHARED_MEMORY_LIMIT, essential_cases  # noqa: E402
+from gpu_tools.aot import SHARED_MEMORY_LIMIT, Case, compile_case, essential_cases  # noqa: E402
 
 from helpers import run_aot_shards  # noqa: E402
 
@@ -66,11 +66,11 @@ def test_shared_memory_fits_each_gpu(compile_report):
         assert limit == SHARED_MEMORY_LIMIT[int(re.search(r"sm_(\d+)", line).group(1))]
 
 
-def test_compile_kernel_refuses_interpreter_mode():
-    from attn_course.flash import aot
+def test_compile_case_refuses_interpreter_mode():
     from attn_course.flash.launch import runs_in_interpreter
 
     if not runs_in_interpreter():
         pytest.skip("Triton is in GPU mode in this process")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
-        aot.compile_kernel("forward", 64, "float16", False, 90)
+    for kernel in ("forward", "forward_tma"):
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
+            compile_case(Case(kernel, 0, 64, "float16", False, 90))

@@ -19,13 +19,9 @@ pytest.importorskip("triton")
 # On a GPU the kernels not under test run in their default configuration (see gpu_setup).
 from gpu_setup import PRECISE_DTYPE, autotuned_kernel, pinned_configs, round_off  # noqa: E402, F401
 
-from attn_course.flash.triton_attention import (  # noqa: E402
-    CONFIGS,
-    attention_backward,
-    attention_decode_forward,
-    attention_forward,
-    kernel_configs,
-)
+from attn_course.flash.configs import CONFIGS, kernel_configs  # noqa: E402
+from attn_course.flash.decode import attention_decode_forward  # noqa: E402
+from attn_course.flash.triton_attention import attention_backward, attention_forward  # noqa: E402
 
 from support.flash_rule import DEVICE, assert_flash_rule, random_inputs  # noqa: E402
 

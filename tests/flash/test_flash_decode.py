@@ -17,14 +17,9 @@ from gpu_setup import PRECISE_DTYPE, pinned_configs, round_off  # noqa: E402, F4
 
 from attn_course.flash import triton_attention  # noqa: E402
 from attn_course.flash.accuracy import plain_attention  # noqa: E402
-from attn_course.flash.triton_attention import (  # noqa: E402
-    DECODE_MAX_QUERIES,
-    attention_decode_forward,
-    decode_attention,
-    decode_num_splits,
-    flash_attention,
-    kernel_configs,
-)
+from attn_course.flash.configs import DECODE_MAX_QUERIES, SUPPORTED_HEAD_DIMS, kernel_configs  # noqa: E402
+from attn_course.flash.decode import attention_decode_forward, decode_num_splits  # noqa: E402
+from attn_course.flash.triton_attention import decode_attention, flash_attention  # noqa: E402
 
 from support.flash_rule import DEVICE, DTYPES, assert_flash_rule, random_inputs  # noqa: E402
 
@@ -68,7 +63,7 @@ def test_caches_shorter_than_a_split_block(n_q, n_k):
                       kernel=decode_kernel(1), gradients=False)
 
 
-@pytest.mark.parametrize("head_dim", triton_attention.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_every_head_dim_and_many_rows_per_group(head_dim):
     # 16 query heads on one key/value head, 4 queries: 64 rows per program (the wider BLOCK_M).
     # float32 within 1e-5 of float64; float16 (on a GPU) as accurate as float16 attention can be.
@@ -115,8 +110,8 @@ def test_every_element_is_written():
 
 def test_flash_attention_decodes_up_to_16_queries(monkeypatch):
     calls = []
-    original = triton_attention.attention_decode_forward
-    monkeypatch.setattr(triton_attention, "attention_decode_forward",
+    original = triton_attention.launch_decode
+    monkeypatch.setattr(triton_attention, "launch_decode",
                         lambda *args, **kwargs: calls.append(args[0].shape[2]) or original(*args, **kwargs))
     for n_q in (1, DECODE_MAX_QUERIES, DECODE_MAX_QUERIES + 1):
         q, k, v, _ = random_inputs(1, 2, 1, n_q, 40, 16, PRECISE_DTYPE, seed=n_q)

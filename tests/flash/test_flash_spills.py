@@ -1,9 +1,9 @@
 """Registers and spills of the FlashAttention kernels, read without a GPU.
 
-:func:`~attn_course.flash.aot_resources.resource_usage` re-assembles a kernel's PTX with the ``ptxas`` that
+:func:`~gpu_tools.resources.resource_usage` re-assembles a kernel's PTX with the ``ptxas`` that
 Triton ships and reads its report; its parsing is tested here on captured reports. The slow test
 compiles every configuration the launcher or the autotuner can select of the forward and the
-two backward kernels for sm_90 (:func:`~attn_course.flash.aot.spill_cases`: every head dim,
+two backward kernels for sm_90 (:func:`~gpu_tools.aot.spill_cases`: every head dim,
 causal or not, one query head per key/value head and more, float16), the backward's Δ kernel,
 the optional atomic-dQ dK/dV kernel and the TMA forward in every candidate kept for an H100/H200,
 and fails on any spill: a spilled register lives in local memory, off chip, and is stored and
@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from attn_course.flash import aot, aot_resources  # noqa: E402
+from gpu_tools import aot, resources  # noqa: E402
 
 from helpers import run_aot_shards  # noqa: E402
 
@@ -48,44 +48,44 @@ ptxas info    : Used 132 registers, used 1 barriers, 544 bytes cmem[0]
 
 
 def test_parses_registers_and_spills_of_the_named_function():
-    assert aot_resources.parse_ptxas_log(SPILLING_REPORT, "attention_backward_dkdv_kernel") == {
+    assert resources.parse_ptxas_log(SPILLING_REPORT, "attention_backward_dkdv_kernel") == {
         "registers": 255, "spill_stores": 72, "spill_loads": 72, "stack": 72}
-    assert aot_resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "second_kernel") == {
+    assert resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "second_kernel") == {
         "registers": 132, "spill_stores": 0, "spill_loads": 0, "stack": 0}
-    assert aot_resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "first_kernel")["spill_stores"] == 4
+    assert resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "first_kernel")["spill_stores"] == 4
 
 
 def test_a_report_without_the_function_or_its_figures_is_refused_by_name():
     with pytest.raises(ValueError, match=r"no register and spill report for 'other_kernel'.*'first_kernel'"):
-        aot_resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "other_kernel")
+        resources.parse_ptxas_log(TWO_FUNCTIONS_REPORT, "other_kernel")
     without_registers = SPILLING_REPORT.replace("Used 255 registers", "Used registers")
     with pytest.raises(ValueError, match="ptxas must run with -v"):
-        aot_resources.parse_ptxas_log(without_registers, "attention_backward_dkdv_kernel")
+        resources.parse_ptxas_log(without_registers, "attention_backward_dkdv_kernel")
     with pytest.raises(ValueError, match=r"functions reported: \[\]"):
-        aot_resources.parse_ptxas_log("", "attention_backward_dkdv_kernel")    # what a ptxas without -v prints
+        resources.parse_ptxas_log("", "attention_backward_dkdv_kernel")    # what a ptxas without -v prints
     with pytest.raises(TypeError, match="parse_ptxas_log: log must be a str, got bytes"):
-        aot_resources.parse_ptxas_log(SPILLING_REPORT.encode(), "attention_backward_dkdv_kernel")
+        resources.parse_ptxas_log(SPILLING_REPORT.encode(), "attention_backward_dkdv_kernel")
     with pytest.raises(TypeError, match="parse_ptxas_log: kernel_name must be a str, got NoneType"):
-        aot_resources.parse_ptxas_log(SPILLING_REPORT, None)
+        resources.parse_ptxas_log(SPILLING_REPORT, None)
 
 
 def test_shipped_assemblers_prefer_the_newer_ptxas_for_hopper():
     try:
-        hopper, ampere = aot_resources.shipped_assemblers(90), aot_resources.shipped_assemblers(80)
+        hopper, ampere = resources.shipped_assemblers(90), resources.shipped_assemblers(80)
     except FileNotFoundError as error:
         pytest.skip(str(error))
     assert sorted(hopper) == sorted(ampere) and all(os.path.isabs(path) for path in hopper)
     if len(hopper) == 2:
         assert os.path.basename(hopper[0]) == "ptxas-blackwell" and os.path.basename(ampere[0]) == "ptxas"
     with pytest.raises(TypeError, match="shipped_assemblers: capability must be an int, got str"):
-        aot_resources.shipped_assemblers("90")
+        resources.shipped_assemblers("90")
     with pytest.raises(ValueError, match="compute capability times ten"):
-        aot_resources.shipped_assemblers(9)
+        resources.shipped_assemblers(9)
 
 
 def test_resource_usage_refuses_what_is_not_a_compiled_kernel():
     with pytest.raises(TypeError, match=r"resource_usage: compiled must be a kernel compiled by triton.compile"):
-        aot_resources.resource_usage("kernel.ptx")
+        resources.resource_usage("kernel.ptx")
 
 
 def test_spill_cases_cover_every_selectable_configuration_with_both_group_counts():
@@ -123,7 +123,7 @@ def sm90_resources():
 
 @pytest.mark.slow
 def test_no_sm90_build_spills(sm90_resources, capsys):
-    assert all(sm90_resources), "a line of `python -m attn_course.flash.aot --spills` did not parse"
+    assert all(sm90_resources), "a line of `python -m gpu_tools.aot --spills` did not parse"
     assert {match["case"] for match in sm90_resources} == {case.name for case in aot.spill_cases()}
     table = [f"{'case':<58} {'registers':>9} {'spill st/ld':>11} {'stack':>5} {'shared':>7}"]
     table += [f"{m['case']:<58} {m['registers']:>9} {m['stores'] + '/' + m['loads']:>11} {m['stack']:>5} "

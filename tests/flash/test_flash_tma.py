@@ -37,6 +37,7 @@ from attn_course.flash.tma_configs import (  # noqa: E402
     tma_forward_configs,
 )
 
+from helpers import ROOT  # noqa: E402
 from support.flash_rule import assert_flash_rule as shared_flash_rule  # noqa: E402
 from support.flash_rule import random_inputs as inputs_and_grad  # noqa: E402
 
@@ -354,11 +355,11 @@ AOT_CASES = [(head_dim, index, "float16", causal, False) for head_dim in (64, 12
 AOT_CASES += [(head_dim, 0, "bfloat16", True, False) for head_dim in (64, 128)] + [(64, 0, "float16", True, True)]
 COMPILE_SCRIPT = """
 import json, re, sys, time
-from attn_course.flash.aot import compile_tma_forward
-from attn_course.flash.aot_resources import resource_usage
+from gpu_tools.aot import Case, compile_case
+from gpu_tools.resources import resource_usage
 for head_dim, index, dtype, causal, device in json.loads(sys.argv[1]):
     start = time.perf_counter()
-    compiled = compile_tma_forward(head_dim, dtype, causal, config=index, device_descriptors=device)
+    compiled = compile_case(Case("forward_tma", index, head_dim, dtype, causal, 90, device_descriptors=device))
     usage = resource_usage(compiled)
     seconds = time.perf_counter() - start
     ptx = compiled.asm["ptx"]
@@ -375,7 +376,7 @@ for head_dim, index, dtype, causal, device in json.loads(sys.argv[1]):
 def sm90_report():
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(AOT_CASES)], env=env,
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=900, cwd=ROOT)   # gpu_tools: the checkout's
     assert result.returncode == 0, result.stderr[-3000:]
     report = {tuple(line["case"]): line for line in map(json.loads, result.stdout.splitlines())}
     table = [f"{'d':>3} {'config (m, n, warps, stages)':<28} {'dtype':<8} {'causal':<6} {'regs':>4} {'spill':>5} "
@@ -426,16 +427,6 @@ def test_sm90_build_costs_each_score_one_fma_before_its_exp2(sm90_report):
     scores_per_thread = 128 * 64 // 128
     assert line["ops"]["sub.f32"] < scores_per_thread, line["ops"]
     assert line["ops"]["fma.rn.f32"] >= line["ops"]["ex2"] > 0, line["ops"]
-
-
-def test_compile_refuses_interpreter_mode():
-    from attn_course.flash.aot import compile_tma_forward
-    from attn_course.flash.launch import runs_in_interpreter
-
-    if not runs_in_interpreter():
-        pytest.skip("Triton is in GPU mode in this process")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
-        compile_tma_forward(64, "float16", False)
 
 
 def test_attention_forward_takes_the_tma_path_only_where_supported():

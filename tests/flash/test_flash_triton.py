@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 # per autotuning candidate (autotuning is tested in test_flash_configs.py).
 from gpu_setup import pinned_configs  # noqa: E402, F401
 
-from attn_course.flash import launch, triton_attention  # noqa: E402
+from attn_course.flash import launch  # noqa: E402
+from attn_course.flash.configs import SUPPORTED_HEAD_DIMS  # noqa: E402
 from attn_course.flash.triton_attention import attention_backward, attention_forward, flash_attention  # noqa: E402
 
 from support.flash_rule import DEVICE, DTYPES, assert_flash_rule  # noqa: E402
@@ -48,7 +49,7 @@ def test_queries_and_keys_of_different_lengths(n_q, n_k):
     assert_flash_rule(*random_inputs(1, 2, n_q, n_k, 32, DTYPES[0], seed=2), causal=False)
 
 
-@pytest.mark.parametrize("head_dim", triton_attention.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_every_supported_head_dim(head_dim):
     assert_flash_rule(*random_inputs(1, 2, 70, 70, head_dim, DTYPES[0], seed=3), causal=True)
 
@@ -128,7 +129,7 @@ def test_clear_errors(change, error, message):
 
 
 def test_bfloat16_is_refused_in_the_interpreter():
-    if not triton_attention.runs_in_interpreter():
+    if not launch.runs_in_interpreter():
         pytest.skip("bfloat16 is supported on a GPU")
     with pytest.raises(TypeError, match="bfloat16.*interpreter|interpreter.*bfloat16"):
         flash_attention(*_inputs(dtype=torch.bfloat16))

@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 # on a GPU each kernel in its default configuration, compiled once (see gpu_setup).
 from gpu_setup import PRECISE_DTYPE, pinned_configs, round_off  # noqa: E402, F401
 
-from attn_course.flash.triton_attention import flash_attention, kernel_config  # noqa: E402
+from attn_course.flash.configs import kernel_config  # noqa: E402
+from attn_course.flash.triton_attention import flash_attention  # noqa: E402
 
 from support.flash_rule import DTYPES, assert_flash_rule, random_inputs  # noqa: E402
 

@@ -325,8 +325,8 @@ def test_rope_with_the_wrong_head_dim_is_rejected():
 @pytest.mark.parametrize("rope", ["yes", True, torch.nn.Identity()], ids=["str", "true", "no-head-dim"])
 def test_rope_that_is_no_rotation_is_rejected_with_what_to_pass(rope):
     # The core builds no RoPE itself (it imports nothing of chapter 05): the error names the class to pass.
-    with pytest.raises(TypeError, match=r"rope must be None or a rotation with a head_dim, such as "
-                                        r"attn_course.positions.rope.RotaryEmbedding\(4\)"):
+    with pytest.raises(TypeError, match=r"rope must be None or a rotation with rotate\(x, positions\) and a "
+                                        r"head_dim, such as attn_course.positions.rope.RotaryEmbedding\(4\)"):
         MultiHeadAttention(16, 4, rope=rope)
 
 

@@ -1,6 +1,6 @@
 """Count the Triton compilations that tools/gpu_check.sh triggers on a GPU, on a machine without one.
 
-    .venv/bin/python tools/count_compiles.py [--json FILE] [PYTEST_ARGS...]
+    .venv/bin/python -m gpu_tools.count_compiles [--json FILE] [--plan FILE] [PYTEST_ARGS...]
 
 A GPU compiles a kernel once per *specialisation*: its constexpr values (HEAD_DIM, BLOCK_M,
 BLOCK_N, CAUSAL, SPLITS), its launch options (num_warps, num_stages), and for every other argument
@@ -24,14 +24,11 @@ process in the check, so each compiles its own) and per kernel. Where the GPU ta
 * test_flash_configs.py's autotuning test uses d = 64 on a GPU (every candidate compiled and
   timed), d = 16 with one candidate here: added from ``CONFIGS``.
 
-Then the benchmark's rows at N in {4096, 16384} (``python -m benchmarks flash --lengths 4096 16384``,
-its autotuned launches: every candidate of each backward kernel, the TMA forward's kept candidates,
-decoding at d = 128
-for both query lengths and dtypes), counted from the same tables (``attn_course.flash.configs``,
-``benchmarks.flash_gpu.sizes``), and the benchmark's own count for its essential profile where it
-has one (``python -m benchmarks.flash_gpu --count-compilations essential``).
+Then the benchmark's essential profile, by its own count (``python -m benchmarks.flash_gpu
+--count-compilations essential``: every candidate of each backward kernel, the TMA forward's kept
+candidates, decoding, FlexAttention's graphs).
 
-``--calibrate`` also times real ahead-of-time compiles for sm_90 (``attn_course.flash.aot``) in a
+``--calibrate`` also times real ahead-of-time compiles for sm_90 (:mod:`gpu_tools.aot`) in a
 subprocess (Triton in GPU mode) and prints the seconds each took.
 """
 
@@ -54,7 +51,7 @@ GPU_CHECK_TESTS = ["tests/flash/test_flash_triton.py", "tests/flash/test_flash_t
 H200_MULTIPROCESSORS = 132
 CALIBRATION = """
 import json, time
-from attn_course.flash.aot import Case, compile_case
+from gpu_tools.aot import Case, compile_case
 for case in [Case("forward_tma", 0, 64, "float16", True, 90), Case("backward_dkdv", 0, 128, "bfloat16", True, 90),
              Case("backward_dq", 1, 64, "float16", False, 90),
              Case("decode", 0, 128, "float16", False, 90, block_m=16)]:
@@ -144,51 +141,12 @@ def tma_tuning_test_extra() -> int:
     return len(prune_tma_configs(tma_forward_configs(64), 64, **HOPPER_LIMITS))
 
 
-def benchmark_compiles(lengths=(4096, 16384)) -> dict[str, int]:
-    """The compilations of the benchmark's essential rows, from the tables the code launches from.
+def benchmark_compiles(profile: str = "essential") -> dict:
+    """The compilations of the GPU benchmark's ``profile`` on an H200, by the benchmark's own count
+    (:func:`~benchmarks.flash_gpu.kernels_used.count_compilations`, from the tables the code launches from)."""
+    from benchmarks.flash_gpu import GPU_SIZES, count_compilations, plan_phases
 
-    Attention: per dtype, d and causal flag, the TMA forward's candidates kept for an H200 (tuned),
-    and every candidate of the two backward kernels (autotuned). All N are multiples of 16 (one
-    specialisation for both).
-    Decoding (d = 128, grouped heads): every decode candidate at each BLOCK_M its query lengths need,
-    and the merge at each SPLITS width the kv lengths give on an H200.
-    """
-    sys.path.insert(0, str(ROOT))
-    from attn_course.flash.configs import DECODE_BLOCK_M, kernel_configs
-    from attn_course.flash.decode import decode_merge_width, decode_num_splits
-    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
-    from benchmarks.flash_gpu.sizes import DECODE_QUERY_LENGTHS, GPU_SIZES
-
-    assert all(n % 16 == 0 for n in lengths), "one specialisation per N class; recount for N not divisible by 16"
-    dtypes, head_dims = GPU_SIZES["dtypes"], GPU_SIZES["head_dims"]
-    kept = sum(len(prune_tma_configs(tma_forward_configs(d), d, **HOPPER_LIMITS)) for d in head_dims)
-    attention = {"forward (TMA)": len(dtypes) * 2 * kept}
-    for kernel in ("backward_dkdv", "backward_dq"):
-        attention[kernel] = len(dtypes) * 2 * sum(len(kernel_configs(kernel, d)) for d in head_dims)
-    decode = GPU_SIZES["decode"]
-    groups = decode["heads"] // decode["kv_heads"]
-    widths, merges = set(), set()
-    for n_q in DECODE_QUERY_LENGTHS:
-        block_m = DECODE_BLOCK_M[0] if groups * n_q <= DECODE_BLOCK_M[0] else DECODE_BLOCK_M[1]
-        widths.add(block_m)
-        row_chunks = -(-groups * n_q // block_m)
-        for n_k in decode["kv_lengths"]:
-            splits = decode_num_splits(decode["batch"], decode["kv_heads"], n_k, row_chunks,
-                                       multiprocessors=H200_MULTIPROCESSORS)
-            merges.add(decode_merge_width(splits))
-    candidates = len(kernel_configs("decode", decode["head_dim"]))
-    return {**attention, "decode": len(dtypes) * candidates * len(widths), "decode_merge": len(dtypes) * len(merges)}
-
-
-def benchmark_own_count(profile: str = "essential") -> dict | None:
-    """The benchmark's own count (``python -m benchmarks.flash_gpu --count-compilations PROFILE``), where
-    this checkout's benchmark has one: its last line, a JSON object; None where it has none."""
-    result = subprocess.run([sys.executable, "-m", "benchmarks.flash_gpu", "--count-compilations", profile], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
-    lines = result.stdout.strip().splitlines()
-    if result.returncode or not lines or not lines[-1].startswith("{"):
-        return None
-    return {"says": lines[0], **json.loads(lines[-1])} if len(lines) > 1 else json.loads(lines[-1])
+    return count_compilations(plan_phases(GPU_SIZES, None, profile), GPU_SIZES)
 
 
 def plan_shards(by_test: dict[str, set], shards: int, most: int, extra: dict[str, int]) -> list[tuple[str, set, list]]:
@@ -230,7 +188,7 @@ def plan_shards(by_test: dict[str, set], shards: int, most: int, extra: dict[str
 def write_plan(plan, path: pathlib.Path, seconds_per_compile=(2, 6)) -> None:
     low, high = seconds_per_compile
     lines = ["# tools/gpu_check.sh's test shards, one process each, all at once: NAME COMPILATIONS SPEC...",
-             "# Written by tools/count_compiles.py --plan (rerun it when the kernel tests change: a test",
+             "# Written by python -m gpu_tools.count_compiles --plan (rerun it when the kernel tests change: a test",
              "# in no shard would not run, and the dry run says so). COMPILATIONS: the distinct kernel",
              f"# specialisations the shard compiles, at {low} to {high} s each for sm_90."]
     lines += [f"{name} {len(keys)} {' '.join(sorted(specs))}" for name, keys, specs in plan if specs]
@@ -278,8 +236,7 @@ def main(argv: list[str]) -> int:
                                   per_file.get("tests/flash/test_flash_configs.py", 0) + extra,
                                   "tests/flash/test_flash_tma.py":
                                   per_file.get("tests/flash/test_flash_tma.py", 0) + tma_extra},
-              "benchmark_essential": bench, "benchmark_essential_total": sum(bench.values()),
-              "benchmark_own_count": benchmark_own_count(),
+              "benchmark_essential": bench,
               "interpreter_seconds": round(seconds, 1)}
     index = {key: number for number, key in enumerate(recorder.keys)}
     report["keys"] = [repr(key) for key in recorder.keys]          # to recount any other split into shards

@@ -3,8 +3,8 @@
 :func:`resource_usage` re-assembles a compiled kernel's PTX with the ``ptxas`` that Triton ships
 (``triton/backends/nvidia/bin``), with Triton's own flags, and reads its report
 (:func:`parse_ptxas_log`); where ``cuobjdump`` is shipped too, the figures are checked against the
-binary Triton built. :mod:`~attn_course.flash.aot` compiles the kernels; ``python -m
-attn_course.flash.aot --spills`` prints these figures for every case.
+binary Triton built. :mod:`~gpu_tools.aot` compiles the kernels; ``python -m gpu_tools.aot
+--spills`` prints these figures for every case.
 """
 
 from __future__ import annotations

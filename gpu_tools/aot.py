@@ -5,40 +5,50 @@ dtype mix-ups, tiles that overflow shared memory). Compiling every kernel in eve
 configuration of :data:`~attn_course.flash.configs.CONFIGS` for real targets
 catches those without a GPU:
 
-    TRITON_INTERPRET=0 python -m attn_course.flash.aot [--all] [SHARD/SHARDS]
+    TRITON_INTERPRET=0 python -m gpu_tools.aot [--all | --spills] [--resources] [SHARD/SHARDS]
 
 (``TRITON_INTERPRET=0``: without a GPU, Triton would otherwise be put in interpreter mode, and a
-process has one mode, see :mod:`attn_course.flash.triton_mode`.) :func:`compile_tma_forward`
-compiles the tensor-descriptor forward the same way, through :func:`compile_case`.
+process has one mode, see :mod:`attn_course.flash.triton_mode`.)
 
 The result's ``metadata.shared`` is the shared memory a program needs, in bytes.
-:func:`resource_usage` reads the rest from the assembler: registers per thread and the bytes
-spilled to local memory (``python -m attn_course.flash.aot --resources`` prints them per case).
+:func:`~gpu_tools.resources.resource_usage` reads the rest from the assembler: registers per
+thread and the bytes spilled to local memory (``--resources`` prints them per case).
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 from typing import NamedTuple
 
-from attn_course.flash.aot_resources import resource_usage
+from attn_course.flash.configs import (
+    DECODE_BLOCK_M,
+    DECODE_MAX_SPLITS,
+    DELTA_BLOCK_M,
+    KERNEL_NAMES,
+    SUPPORTED_HEAD_DIMS,
+    atomic_dq_config,
+    kernel_configs,
+)
+from attn_course.flash.decode import decode_merge_width
+from attn_course.flash.launch import kernel_function, runs_in_interpreter
+from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
+from gpu_tools.resources import resource_usage
+
+__all__ = ["SHARED_MEMORY_LIMIT", "Case", "all_cases", "compile_case", "essential_cases", "main", "spill_cases"]
 
 # Shared memory one thread block may use, in bytes (CUDA programming guide, "Technical
 # specifications per compute capability"): A100 (sm_80) 163 KiB, H100/H200 (sm_90) 227 KiB.
 SHARED_MEMORY_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 _TRITON_DTYPE = {"float16": "*fp16", "bfloat16": "*bf16"}
-
-
 _CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL", "SPLITS", "ATOMIC_DQ", "HOST_DESCRIPTORS", "WARP_SPECIALIZE")
 _TENSORS = ("Q", "K", "V", "Out", "dOut", "dQ", "dK", "dV")   # in the input dtype
 _STATISTICS = ("LSE", "Delta", "LSE2", "PartialOut", "PartialLSE")     # float32
-_MERGE = "decode_merge"                                         # flash-decoding's second kernel
-_MERGE_KERNEL = "attention_decode_merge_kernel"
-_TMA = "forward_tma"                                            # the forward over tensor descriptors
-_TMA_KERNEL = "attention_forward_tma_kernel"
-_DELTA = "backward_delta"                                       # the backward's Δ and base-2 LSE
-_DELTA_KERNEL = "attention_backward_delta_kernel"
+# The kernels without a KernelConfig, besides those of KERNEL_NAMES: flash-decoding's merge, the
+# forward over tensor descriptors (its candidates are tma_forward_configs), the backward's Δ.
+_OTHER_KERNELS = {"decode_merge": "attention_decode_merge_kernel", "forward_tma": "attention_forward_tma_kernel",
+                  "backward_delta": "attention_backward_delta_kernel"}
 
 
 class Case(NamedTuple):
@@ -79,7 +89,7 @@ class Case(NamedTuple):
     @property
     def name(self) -> str:
         shape = f" block_m={self.block_m}" if self.kernel == "decode" else ""
-        shape += f" splits={self.splits}" if self.kernel == _MERGE else ""
+        shape += f" splits={self.splits}" if self.kernel == "decode_merge" else ""
         shape += " G=1" if self.groups == 1 else ""
         shape += " atomic_dq" if self.atomic_dq else ""
         shape += " device_descriptors" if self.device_descriptors else ""
@@ -110,8 +120,6 @@ def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = Tr
     Returns:
         ``(signature, extra constants, attributes)`` for :class:`triton.compiler.ASTSource`.
     """
-    import inspect
-
     signature, constants, attributes = {}, {}, {}
     for index, name in enumerate(inspect.signature(kernel_function.fn).parameters):
         if name in _CONSTEXPRS:
@@ -143,108 +151,51 @@ def compile_case(case: Case):
 
     Raises:
         RuntimeError: Triton is in interpreter mode (set ``TRITON_INTERPRET=0``).
-        ValueError: an unknown dtype or kernel.
+        ValueError: an unknown dtype or kernel, or an option the kernel does not have.
     """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from attn_course.flash.configs import DELTA_BLOCK_M, KERNEL_NAMES, kernel_configs
-    from attn_course.flash.launch import kernel_function as defined
-    from attn_course.flash.launch import runs_in_interpreter
-    from attn_course.flash.tma_configs import tma_forward_configs
-
     if runs_in_interpreter():
-        raise RuntimeError("compile_kernel: Triton is in interpreter mode; run with TRITON_INTERPRET=0")
+        raise RuntimeError("compile_case: Triton is in interpreter mode; run with TRITON_INTERPRET=0")
     if case.dtype not in _TRITON_DTYPE:
-        raise ValueError(f"compile_kernel: dtype must be one of {sorted(_TRITON_DTYPE)}, got {case.dtype!r}")
-    descriptors = None
-    if case.kernel == _MERGE:
-        kernel_function = defined(_MERGE_KERNEL)
-        constants = {"HEAD_DIM": case.head_dim, "SPLITS": case.splits}
-        options = {"num_warps": 4, "num_stages": 1}
-    elif case.kernel == _DELTA:
-        kernel_function = defined(_DELTA_KERNEL)
-        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": DELTA_BLOCK_M}
-        options = {"num_warps": 4, "num_stages": 1}
-    elif case.kernel == _TMA:
-        config = tma_forward_configs(case.head_dim)[case.config]
-        kernel_function = defined(_TMA_KERNEL)
-        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n,
-                     "CAUSAL": case.causal, "HOST_DESCRIPTORS": not case.device_descriptors,
-                     "WARP_SPECIALIZE": case.warp_specialize}
-        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-        if not case.device_descriptors:
-            rows = {"Q": config.block_m, "Out": config.block_m, "K": config.block_n, "V": config.block_n}
-            descriptors = {name: [1, 1, size, case.head_dim] for name, size in rows.items()}
-    elif case.kernel in KERNEL_NAMES:
-        config = kernel_configs(case.kernel, case.head_dim)[case.config]
-        kernel_function = defined(KERNEL_NAMES[case.kernel])
-        block_m = case.block_m if case.kernel == "decode" else config.block_m
-        constants = {"HEAD_DIM": case.head_dim, "BLOCK_M": block_m, "BLOCK_N": config.block_n, "CAUSAL": case.causal}
-        if case.kernel == "backward_dkdv":
-            constants["ATOMIC_DQ"] = case.atomic_dq
-        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    else:
-        raise ValueError(f"compile_kernel: kernel must be one of {sorted([*KERNEL_NAMES, _MERGE, _TMA, _DELTA])}, "
+        raise ValueError(f"compile_case: dtype must be one of {sorted(_TRITON_DTYPE)}, got {case.dtype!r}")
+    if case.kernel not in KERNEL_NAMES and case.kernel not in _OTHER_KERNELS:
+        raise ValueError(f"compile_case: kernel must be one of {sorted([*KERNEL_NAMES, *_OTHER_KERNELS])}, "
                          f"got {case.kernel!r}")
     if case.atomic_dq and case.kernel != "backward_dkdv":
-        raise ValueError(f"compile_kernel: atomic_dq is an option of the backward_dkdv kernel, not {case.kernel!r}")
-    if (case.device_descriptors or case.warp_specialize) and case.kernel != _TMA:
-        raise ValueError(f"compile_kernel: device_descriptors and warp_specialize are options of the TMA forward, "
+        raise ValueError(f"compile_case: atomic_dq is an option of the backward_dkdv kernel, not {case.kernel!r}")
+    if (case.device_descriptors or case.warp_specialize) and case.kernel != "forward_tma":
+        raise ValueError(f"compile_case: device_descriptors and warp_specialize are options of the TMA forward, "
                          f"not {case.kernel!r}")
     if case.groups not in (0, 1):
-        raise ValueError(f"compile_kernel: groups must be 0 (a run-time count) or 1, got {case.groups!r}")
-    signature, strides, attributes = _signature(kernel_function, _TRITON_DTYPE[case.dtype],
-                                                aligned_strides=case.kernel != _TMA, groups=case.groups,
+        raise ValueError(f"compile_case: groups must be 0 (a run-time count) or 1, got {case.groups!r}")
+    function = kernel_function(KERNEL_NAMES.get(case.kernel) or _OTHER_KERNELS[case.kernel])
+    constants, options, descriptors = {"HEAD_DIM": case.head_dim}, {"num_warps": 4, "num_stages": 1}, None
+    if case.kernel == "decode_merge":
+        constants["SPLITS"] = case.splits
+    elif case.kernel == "backward_delta":
+        constants["BLOCK_M"] = DELTA_BLOCK_M
+    else:
+        tma = case.kernel == "forward_tma"
+        candidates = tma_forward_configs(case.head_dim) if tma else kernel_configs(case.kernel, case.head_dim)
+        config = candidates[case.config]
+        constants.update(BLOCK_M=case.block_m if case.kernel == "decode" else config.block_m, BLOCK_N=config.block_n,
+                         CAUSAL=case.causal)
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        if case.kernel == "backward_dkdv":
+            constants["ATOMIC_DQ"] = case.atomic_dq
+        if tma:
+            constants.update(HOST_DESCRIPTORS=not case.device_descriptors, WARP_SPECIALIZE=case.warp_specialize)
+            if not case.device_descriptors:
+                rows = {"Q": config.block_m, "Out": config.block_m, "K": config.block_n, "V": config.block_n}
+                descriptors = {name: [1, 1, size, case.head_dim] for name, size in rows.items()}
+    signature, strides, attributes = _signature(function, _TRITON_DTYPE[case.dtype],
+                                                aligned_strides=case.kernel != "forward_tma", groups=case.groups,
                                                 descriptors=descriptors)
-    source = ASTSource(fn=kernel_function, signature=signature, constexprs={**constants, **strides}, attrs=attributes)
+    source = ASTSource(fn=function, signature=signature, constexprs={**constants, **strides}, attrs=attributes)
     return triton.compile(source, target=GPUTarget("cuda", case.capability, 32), options=options)
-
-
-def compile_kernel(kernel: str, head_dim: int, dtype: str, causal: bool, capability: int, config: int = 0):
-    """Compile one kernel in its ``config``-th candidate configuration for ``sm_<capability>``.
-
-    Args:
-        kernel: ``"forward"``, ``"backward_dkdv"``, ``"backward_dq"`` or ``"decode"``.
-        head_dim: one of :data:`~attn_course.flash.configs.SUPPORTED_HEAD_DIMS`.
-        dtype: ``"float16"`` or ``"bfloat16"``.
-        causal: the ``CAUSAL`` specialisation.
-        capability: 80 (A100) or 90 (H100/H200).
-        config: index into :func:`~attn_course.flash.configs.kernel_configs`.
-
-    Raises:
-        RuntimeError: Triton is in interpreter mode (set ``TRITON_INTERPRET=0``).
-    """
-    from attn_course.flash.configs import DECODE_BLOCK_M
-
-    return compile_case(Case(kernel, config, head_dim, dtype, causal, capability, block_m=DECODE_BLOCK_M[0]))
-
-
-def compile_tma_forward(head_dim: int, dtype: str, causal: bool, *, capability: int = 90, config: int = 0,
-                        device_descriptors: bool = False, warp_specialize: bool = False):
-    """Compile the tensor-descriptor forward (:mod:`attn_course.flash.kernels_tma`) for
-    ``sm_<capability>`` in its ``config``-th candidate configuration
-    (:func:`~attn_course.flash.tma_configs.tma_forward_configs`; 0 is the default), without a GPU.
-
-    Args:
-        head_dim: 16, 32, 64 or 128.
-        dtype: ``"float16"`` or ``"bfloat16"``.
-        causal: the ``CAUSAL`` specialisation.
-        capability: CUDA compute capability times ten; 90 (H100/H200) is the one TMA is for.
-        config: index into the candidates.
-        device_descriptors: descriptors built in the kernel (the fallback) instead of on the host.
-        warp_specialize: the warp-specialised unmasked loop (off by default in the launcher).
-
-    Returns:
-        Triton's compiled kernel: ``.asm["ptx"]`` the PTX, ``.metadata.shared`` shared memory in bytes.
-
-    Raises:
-        RuntimeError: Triton is in interpreter mode (run with ``TRITON_INTERPRET=0``).
-        ValueError: an unsupported head dimension or dtype.
-    """
-    return compile_case(Case(_TMA, config, head_dim, dtype, causal, capability,
-                             device_descriptors=device_descriptors, warp_specialize=warp_specialize))
 
 
 def all_cases() -> list[Case]:
@@ -256,29 +207,19 @@ def all_cases() -> list[Case]:
     each of its row widths; the merge kernel at the smallest and largest ``SPLITS``; the Δ
     kernel in both dtypes.
     """
-    from attn_course.flash.configs import (
-        DECODE_BLOCK_M,
-        DECODE_MAX_SPLITS,
-        KERNEL_NAMES,
-        SUPPORTED_HEAD_DIMS,
-        kernel_configs,
-    )
-    from attn_course.flash.decode import decode_merge_width
-
+    capabilities, dtypes = sorted(SHARED_MEMORY_LIMIT), sorted(_TRITON_DTYPE)
     cases = []
-    for kernel, head_dim, causal, capability in itertools.product(
-            sorted(KERNEL_NAMES), SUPPORTED_HEAD_DIMS, (False, True), sorted(SHARED_MEMORY_LIMIT)):
+    for kernel, head_dim, causal, capability in itertools.product(sorted(KERNEL_NAMES), SUPPORTED_HEAD_DIMS,
+                                                                  (False, True), capabilities):
         for index in range(len(kernel_configs(kernel, head_dim))):
-            for dtype in (sorted(_TRITON_DTYPE) if index == 0 else ["float16"]):
+            for dtype in (dtypes if index == 0 else ["float16"]):
                 for block_m in (DECODE_BLOCK_M if kernel == "decode" else (0,)):
                     cases.append(Case(kernel, index, head_dim, dtype, causal, capability, block_m=block_m))
     for head_dim, dtype, capability, splits in itertools.product(
-            SUPPORTED_HEAD_DIMS, sorted(_TRITON_DTYPE), sorted(SHARED_MEMORY_LIMIT),
-            (decode_merge_width(1), decode_merge_width(DECODE_MAX_SPLITS))):
-        cases.append(Case(_MERGE, 0, head_dim, dtype, False, capability, splits=splits))
-    for head_dim, dtype, capability in itertools.product(SUPPORTED_HEAD_DIMS, sorted(_TRITON_DTYPE),
-                                                         sorted(SHARED_MEMORY_LIMIT)):
-        cases.append(Case(_DELTA, 0, head_dim, dtype, False, capability))
+            SUPPORTED_HEAD_DIMS, dtypes, capabilities, (decode_merge_width(1), decode_merge_width(DECODE_MAX_SPLITS))):
+        cases.append(Case("decode_merge", 0, head_dim, dtype, False, capability, splits=splits))
+    for head_dim, dtype, capability in itertools.product(SUPPORTED_HEAD_DIMS, dtypes, capabilities):
+        cases.append(Case("backward_delta", 0, head_dim, dtype, False, capability))
     return cases
 
 
@@ -294,9 +235,9 @@ def essential_cases() -> list[Case]:
         if case.dtype == "bfloat16":
             return case.config == 0 and case.head_dim == 64 and case.capability == 90 and case.causal \
                 and case.block_m in (0, 16) and case.splits in (0, 128)
-        if case.kernel == _MERGE:
+        if case.kernel == "decode_merge":
             return case.splits == 128
-        if case.kernel == _DELTA:
+        if case.kernel == "backward_delta":
             return True
         return case.config == 0 or (case.head_dim in (64, 128) and case.causal)
 
@@ -320,19 +261,16 @@ def spill_cases(capability: int = 90) -> list[Case]:
     Raises:
         ValueError: a capability other than 80 or 90.
     """
-    from attn_course.flash.configs import SUPPORTED_HEAD_DIMS, atomic_dq_config, kernel_configs
-    from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
-
     if capability not in SHARED_MEMORY_LIMIT:
         raise ValueError(f"spill_cases: capability must be one of {sorted(SHARED_MEMORY_LIMIT)}, got {capability!r}")
     half = [case for case in all_cases() if case.capability == capability and case.dtype == "float16"]
     tiled = [case._replace(groups=groups) for case in half
              for groups in (1, 0) if case.kernel in ("forward", "backward_dkdv", "backward_dq")]
-    delta = [case for case in half if case.kernel == _DELTA]
+    delta = [case for case in half if case.kernel == "backward_delta"]
     atomic = [Case("backward_dkdv", kernel_configs("backward_dkdv", head_dim).index(atomic_dq_config(head_dim)),
                    head_dim, "float16", causal, capability, groups=groups, atomic_dq=True)
               for head_dim, causal, groups in itertools.product(SUPPORTED_HEAD_DIMS, (False, True), (1, 0))]
-    tma = [Case(_TMA, candidates.index(config), head_dim, "float16", causal, capability)
+    tma = [Case("forward_tma", candidates.index(config), head_dim, "float16", causal, capability)
            for head_dim in SUPPORTED_HEAD_DIMS for candidates in [tma_forward_configs(head_dim)]
            for config in prune_tma_configs(candidates, head_dim, **HOPPER_LIMITS) for causal in (False, True)]
     return tiled + delta + atomic + (tma if capability == 90 else [])
@@ -344,8 +282,8 @@ def main(argv: list[str]) -> int:
     and print one line each: the case, shared memory in bytes, the limit, whether the PTX uses
     ``wgmma`` (Hopper's warp-group matrix multiply), and OK or TOO BIG. With ``--resources``
     (implied by ``--spills``) the line also gives registers, spill stores and loads and stack
-    (:func:`resource_usage`), and a spill counts as a failure. Exit status 1 if anything is too
-    big or spills."""
+    (:func:`~gpu_tools.resources.resource_usage`), and a spill counts as a failure. Exit status 1
+    if anything is too big or spills."""
     options = {argument for argument in argv if argument.startswith("--")}
     unknown = options - {"--all", "--resources", "--spills"}
     if unknown:
@@ -362,7 +300,6 @@ def main(argv: list[str]) -> int:
         compiled = compile_case(case)
         shared, limit = compiled.metadata.shared, SHARED_MEMORY_LIMIT[case.capability]
         failures += shared > limit
-        wgmma = "wgmma" in compiled.asm["ptx"]
         verdict = "OK" if shared <= limit else "TOO BIG"
         figures = ""
         if resources:
@@ -371,7 +308,8 @@ def main(argv: list[str]) -> int:
                        f"spill_loads {usage.spill_loads} stack {usage.stack}")
             failures += usage.spills
             verdict = "SPILLS" if usage.spills and verdict == "OK" else verdict
-        print(f"{case.name}: shared {shared} limit {limit} wgmma={wgmma}{figures} {verdict}", flush=True)
+        print(f"{case.name}: shared {shared} limit {limit} wgmma={'wgmma' in compiled.asm['ptx']}{figures} {verdict}",
+              flush=True)
     return 1 if failures else 0
 
 

@@ -1,0 +1,176 @@
+"""What a run reports: ours against the fastest SDPA backend per configuration and mode (rows, a
+table, whether the targets were met), and the rows as PNGs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+
+from attn_course import _validate
+from attn_course.measure.rows import check_rows
+from benchmarks.flash_gpu.plan import FLEX, LONG_FROM, TARGETS
+from benchmarks.flash_gpu.rows import DecodeRow, GpuRow, MachineInfo, SummaryRow
+
+__all__ = ["plot_gpu_rows", "speedup_summary", "summary_table", "target_verdicts"]
+
+
+def speedup_summary(rows: Sequence[GpuRow] = (), decode: Sequence[DecodeRow] = (), *,
+                    long_from: int = LONG_FROM) -> list[SummaryRow]:
+    """Ours against the fastest SDPA backend, per configuration and mode.
+
+    Args:
+        rows: rows of :func:`gpu_rows` (may be empty).
+        decode: rows of :func:`decode_rows` (may be empty).
+        long_from: the N from which the targets apply (forward ≥ 1.0, backward ≥ 0.8).
+
+    Returns:
+        One :class:`SummaryRow` per configuration and mode found, in the rows' order (attention
+        first); configurations with no measured row at all are left out.
+
+    Raises:
+        TypeError: rows of the wrong type, or ``long_from`` not an int.
+        ValueError: ``long_from`` below 1.
+    """
+    where = "speedup_summary"
+    rows = _validate.sequence(where, "rows", rows, of="GpuRow")
+    rows = check_rows(where, rows, (GpuRow,)) if rows else []
+    decode = _validate.sequence(where, "decode", decode, of="DecodeRow")
+    decode = check_rows(where, decode, (DecodeRow,)) if decode else []
+    long_from = _validate.integer(where, "long_from", long_from, minimum=1)
+    summary = []
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault(("attention", r.dtype, r.head_dim, r.heads, r.kv_heads, r.causal, r.n, r.n, r.mode),
+                          []).append(r)
+    for r in decode:
+        groups.setdefault(("decode", r.dtype, r.head_dim, r.heads, r.kv_heads, False, r.n_q, r.n_k, "forward"),
+                          []).append(r)
+    for key, members in groups.items():
+        measured = [r for r in members if r.status == "ok"]
+        if not measured:
+            continue
+        kind, dtype, head_dim, heads, kv_heads, causal, n_q, n_k, mode = key
+        ours = next((r for r in measured if r.method.startswith("ours")), None)
+        sdpa = [r for r in measured if r.method.startswith("sdpa")]
+        best = min(sdpa, key=lambda r: r.milliseconds) if sdpa else None
+        ratio = best.milliseconds / ours.milliseconds if ours and best else None
+        target = TARGETS.get(mode) if kind == "attention" and n_k >= long_from else None
+        flex = next((r for r in measured if r.method == FLEX), None)
+        flex_ratio = flex.milliseconds / ours.milliseconds if ours and flex else None
+        note = "" if ratio is not None else ("ours did not run" if not ours else "no SDPA backend ran")
+        summary.append(SummaryRow(kind=kind, dtype=dtype, head_dim=head_dim, heads=heads, kv_heads=kv_heads,
+                                  causal=causal, n_q=n_q, n_k=n_k,
+                                  mode=mode, ours_ms=ours.milliseconds if ours else None,
+                                  best_sdpa=best.method if best else "",
+                                  best_sdpa_ms=best.milliseconds if best else None,
+                                  ratio=ratio, target=target,
+                                  meets_target=None if target is None or ratio is None else ratio >= target,
+                                  flex_ms=flex.milliseconds if flex else None, flex_ratio=flex_ratio, note=note,
+                                  **{f.name: getattr(members[0], f.name) for f in
+                                                dataclasses.fields(MachineInfo)}))
+    return summary
+
+
+def summary_table(summary: Sequence[SummaryRow]):
+    """:func:`speedup_summary`'s rows as a table: times in milliseconds, ours' speed in units of the
+    best SDPA backend's and FlexAttention's (> 1: ours faster), and ``ok`` or ``MISSED`` where a
+    target applies.
+
+    Returns:
+        A pandas ``DataFrame`` (:func:`~attn_course.teaching.tables.table`).
+
+    Raises:
+        TypeError: not a sequence of :class:`SummaryRow`.
+        ValueError: no rows.
+        ImportError: pandas is not installed (a bare GPU image may lack it; the CSV holds the numbers).
+    """
+    from attn_course.teaching.tables import table  # here: pandas, which a bare GPU image may lack
+
+    summary = check_rows("summary_table", summary, (SummaryRow,))
+    shown = [{"kind": r.kind, "dtype": r.dtype, "d": r.head_dim, "H/H_kv": f"{r.heads}/{r.kv_heads}",
+              "causal": r.causal, "N_q": r.n_q, "N_k": r.n_k, "mode": r.mode, "ours ms": r.ours_ms,
+              "best SDPA": r.best_sdpa or "-", "SDPA ms": r.best_sdpa_ms, "ours/SDPA": r.ratio, "flex ms": r.flex_ms,
+              "ours/flex": r.flex_ratio, "target": r.target,
+              "met": "" if r.meets_target is None else ("ok" if r.meets_target else "MISSED")} for r in summary]
+    return table(shown, digits=3)
+
+
+def target_verdicts(summary: Sequence[SummaryRow]) -> list[str]:
+    """One line per mode with a target: in how many configurations ours met it, and the worst ratio."""
+    lines = []
+    for mode, target in TARGETS.items():
+        judged = [r for r in summary if r.mode == mode and r.meets_target is not None]
+        if judged:
+            worst = min(judged, key=lambda r: r.ratio)
+            lines.append(f"{mode}: ours >= {target}x SDPA's best in {sum(r.meets_target for r in judged)} of "
+                         f"{len(judged)} configurations with a target (worst {worst.ratio:.2f}x: {worst.dtype} "
+                         f"d={worst.head_dim} causal={worst.causal} N={worst.n_k})")
+    return lines
+
+
+def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.PathLike, *, title: str) -> None:
+    """Save a PNG of :func:`gpu_rows` (TFLOP/s against N, one panel per dtype, d, mask, mode and
+    grouped-query layout)
+    or :func:`decode_rows` (K/V GB/s against N_k, one panel per dtype and N_q). Skipped rows
+    are left out.
+
+    Args:
+        rows: a non-empty sequence of :class:`GpuRow`, or one of :class:`DecodeRow`.
+        path: the PNG file to write.
+        title: the figure's title; name the machine (:meth:`MachineInfo.title`).
+
+    Raises:
+        TypeError: rows of mixed or other types, ``path`` not a path, ``title`` not a str.
+        ValueError: no rows.
+        ImportError: matplotlib is not installed.
+    """
+    where = "plot_gpu_rows"
+    rows = check_rows(where, rows, (GpuRow, DecodeRow))
+    path = _validate.path(where, "path", path)
+    if not isinstance(title, str):
+        raise TypeError(f"{where}: title must be a str, got {type(title).__name__}")
+    import matplotlib  # here, not at the top: a bare GPU image may lack it, and the CSV suffices
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    decode = isinstance(rows[0], DecodeRow)
+    if decode:
+        def panel_of(r):
+            return (r.dtype, r.n_q)
+        x_of, y_of, ylabel, xlabel = (lambda r: r.n_k), (lambda r: r.kv_gbps), "K/V GB/s", "N_k (KV cache length)"
+    else:
+        def panel_of(r):   # grouped-query rows get panels of their own
+            return (r.dtype, r.head_dim, r.causal, r.mode, f"H={r.heads}/H_kv={r.kv_heads}" if r.kv_heads < r.heads
+                    else "")
+        x_of, y_of, ylabel, xlabel = (lambda r: r.n), (lambda r: r.tflops), "TFLOP/s", "N"
+    panels = list(dict.fromkeys(panel_of(r) for r in rows))
+    columns = min(len(panels), 2 if decode else 3)
+    height = math.ceil(len(panels) / columns)
+    figure, axes = plt.subplots(height, columns, squeeze=False, figsize=(4.5 * columns, 3.2 * height + 0.6))
+    for axis, panel in zip(axes.flat, panels):
+        chosen = [r for r in rows if panel_of(r) == panel and r.status == "ok"]
+        for method in dict.fromkeys(r.method for r in chosen):
+            points = sorted((x_of(r), y_of(r)) for r in chosen if r.method == method)
+            axis.plot(*zip(*points), marker="o", label=method)
+        if decode:
+            name = f"{panel[0]} N_q={panel[1]}"
+        else:
+            name = f"{panel[0]} d={panel[1]} {'causal' if panel[2] else 'full'} {panel[3]} {panel[4]}".rstrip()
+        axis.set_xscale("log", base=2)
+        ticks = sorted({x_of(r) for r in rows})
+        axis.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks], fontsize=7)
+        axis.xaxis.set_minor_formatter(NullFormatter())
+        axis.set(xlabel=xlabel, ylabel=ylabel, title=name)
+        axis.title.set_fontsize(9)
+        if chosen:
+            axis.legend(fontsize=6)
+    for axis in list(axes.flat)[len(panels):]:
+        axis.set_visible(False)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
