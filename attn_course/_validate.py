@@ -91,6 +91,13 @@ def positive_finite(where: str, name: str, value: object) -> float:
     return value
 
 
+def instance(where: str, name: str, value: object, kind: type) -> object:
+    """Require an instance of ``kind`` (a config, a step, a kernel configuration)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{where}: {name} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
 def integer(where: str, name: str, value: object, *, minimum: int | None = None) -> int:
     """Require a Python integer (bool excluded), optionally ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

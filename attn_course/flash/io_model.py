@@ -220,9 +220,7 @@ def step_time(step: Step, gpu: Gpu) -> tuple[float, str]:
         >>> step_time(Step("x", 989e12, 1.0), GPUS["H100 SXM"])
         (1.0, 'compute')
     """
-    if not isinstance(step, Step):
-        raise TypeError(f"step_time: step must be a Step, got {type(step).__name__}")
-    if not isinstance(gpu, Gpu):
-        raise TypeError(f"step_time: gpu must be a Gpu, got {type(gpu).__name__}")
+    _validate.instance("step_time", "step", step, Step)
+    _validate.instance("step_time", "gpu", gpu, Gpu)
     compute, memory = step.flops / gpu.flops, step.bytes / gpu.hbm_bytes_per_s
     return (memory, "memory") if memory > compute else (compute, "compute")

@@ -247,8 +247,7 @@ def record_tuned(key: tuple, config: KernelConfig) -> None:
     """
     if not isinstance(key, tuple):
         raise TypeError(f"record_tuned: key must be a tuple from tuning_key, got {type(key).__name__}")
-    if not isinstance(config, KernelConfig):
-        raise TypeError(f"record_tuned: config must be a KernelConfig, got {type(config).__name__}")
+    _validate.instance("record_tuned", "config", config, KernelConfig)
     _tuned[key] = config
 
 

@@ -113,8 +113,7 @@ class PositionLanguageModel(nn.Module):
 
     def __init__(self, config: PositionConfig) -> None:
         super().__init__()
-        if not isinstance(config, PositionConfig):
-            raise TypeError(f"PositionLanguageModel: config must be a PositionConfig, got {type(config).__name__}")
+        _validate.instance("PositionLanguageModel", "config", config, PositionConfig)
         self.config = config
         E, H = config.embed_dim, config.num_heads
         self.token_embedding = nn.Embedding(config.vocab_size, E)

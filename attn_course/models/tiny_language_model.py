@@ -108,8 +108,7 @@ class TinyLanguageModel(nn.Module):
 
     def __init__(self, config: LanguageModelConfig) -> None:
         super().__init__()
-        if not isinstance(config, LanguageModelConfig):
-            raise TypeError(f"TinyLanguageModel: config must be a LanguageModelConfig, got {type(config).__name__}")
+        _validate.instance("TinyLanguageModel", "config", config, LanguageModelConfig)
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.embed_dim)
         self.position_embedding = nn.Embedding(config.max_length, config.embed_dim)

@@ -196,8 +196,7 @@ class TwoRelationModel(nn.Module):
     def __init__(self, config: TwoRelationConfig | None = None) -> None:
         super().__init__()
         config = TwoRelationConfig() if config is None else config
-        if not isinstance(config, TwoRelationConfig):
-            raise TypeError(f"TwoRelationModel: config must be a TwoRelationConfig, got {type(config).__name__}")
+        _validate.instance("TwoRelationModel", "config", config, TwoRelationConfig)
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.embed_dim)
         self.register_buffer(

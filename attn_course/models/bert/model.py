@@ -89,8 +89,7 @@ class BertModel(nn.Module):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        if not isinstance(config, BertConfig):
-            raise TypeError(f"BertModel: config must be a BertConfig, got {type(config).__name__}")
+        _validate.instance("BertModel", "config", config, BertConfig)
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(

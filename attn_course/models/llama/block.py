@@ -162,6 +162,5 @@ def rotary_embedding(config: LlamaConfig) -> RotaryEmbedding:
         >>> rope.head_dim, rope.interleaved
         (8, False)
     """
-    if not isinstance(config, LlamaConfig):
-        raise TypeError(f"rotary_embedding: config must be a LlamaConfig, got {type(config).__name__}")
+    _validate.instance("rotary_embedding", "config", config, LlamaConfig)
     return RotaryEmbedding(config.head_dim, base=config.rope_theta, interleaved=False, scaling=config.rope_scaling)

@@ -97,8 +97,7 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        if not isinstance(config, LlamaConfig):
-            raise TypeError(f"LlamaModel: config must be a LlamaConfig, got {type(config).__name__}")
+        _validate.instance("LlamaModel", "config", config, LlamaConfig)
         self.config = config
         rope = rotary_embedding(config)                                     # no weights: one for all blocks
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -249,8 +248,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        if not isinstance(config, LlamaConfig):
-            raise TypeError(f"LlamaForCausalLM: config must be a LlamaConfig, got {type(config).__name__}")
+        _validate.instance("LlamaForCausalLM", "config", config, LlamaConfig)
         self.config = config
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
