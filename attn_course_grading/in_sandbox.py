@@ -20,13 +20,8 @@ can change any of it. The grader treats every reply as data from the student, ch
 (:mod:`attn_course_grading.replies`), keeps a deadline on every request it writes and every
 reply it reads, and scores in its own process. What this program can still guarantee is the
 sandbox's own limits, which it sets before the first cell runs and which no later code can raise.
-
-It also leaves the student's code no easy handle on itself, though the grader does not rely
-on that (code in the same process can always reach it, through frames or the garbage collector,
-or simply stop the process): the cell timer's handler is a built-in, not a function whose
-``__globals__`` are this module's, the request loop holds what it calls in its own locals, bound
-before the first cell runs, and a request's length is read with ``int.from_bytes``, which no
-module's attribute can replace.
+It also leaves the student's code no easy handle on itself (see the cell timer's handler, the
+request loop's names, the reading of a request's length), though the grader does not rely on that.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
-"""A submission running in its sandbox, and its exercise answers as proxies the grader calls.
+"""A submission running in its sandbox, which the grader sends calls and reads replies from.
 
 :class:`Submission` starts :mod:`attn_course_grading.in_sandbox` (in the sandbox of
 :mod:`attn_course_grading.sandbox`, or, trusted, without one), has it run the notebook, and keeps
-it running while the checks call the answers. A check calls :class:`RemoteFunction` like the
-student's own function: the arguments go to the submission as data, the answer comes back as
-data (:mod:`attn_course_grading.wire`), and an exception in the student's code comes back as an
-exception of the same name and message, so a check's diagnosis reads as it does in the notebook.
+it running while the checks call its answers (through :mod:`attn_course_grading.proxies`): each
+request and reply a :mod:`attn_course_grading.wire` message.
 
 Nothing a reply says is trusted: a malformed (:mod:`attn_course_grading.replies`), oversized or
 late reply stops the submission, and so does a request it does not read in time (the grader's
 writes have the same deadlines as its reads: a submission that stops reading cannot block the
 grader). Every later call raises :class:`SubmissionStopped` (the question's tests fail, as they
-would if the notebook had crashed).
-
-What a call changes in its arguments comes back only for the calls meant to change them: a
-Triton kernel's launch (its outputs) and the caches a decoding step appends to
-(:func:`attn_course_grading.wire.update_in_place`). An ordinary function that changes a tensor it
-was given changes only the sandbox's copy.
+would if the notebook had crashed). A watch stops it, too, when its processes together pass their
+memory or fill their process limit.
 """
 
 from __future__ import annotations
@@ -25,15 +19,12 @@ import builtins
 import os
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
 
-import torch
-
-from attn_course_grading import in_sandbox, replies, sandbox, wire
+from attn_course_grading import in_sandbox, proc, replies, sandbox, wire
 
 #: Exceptions from the student's code that come back as themselves; any other comes back as a
 #: :class:`SubmissionError` subclass of the same name.
@@ -73,9 +64,8 @@ class Submission:
 
     Raises:
         TypeError: an argument of the wrong type (named in the message). Nothing a submission
-            does makes the constructor raise: a late, malformed or missing setup reply sets
-            ``stopped``. If the constructor raises for any other reason (the grader's own),
-            the process it started is killed first.
+            does makes the constructor raise (a bad setup reply sets ``stopped``); whatever else
+            makes it raise, the process it started is killed first.
     """
 
     def __init__(self, cells: list[str], answers: list[str], limits: sandbox.Limits, *, sandboxed: bool = True):
@@ -140,21 +130,6 @@ class Submission:
     @property
     def output(self) -> str:
         return self._output.decode("utf-8", "replace")
-
-    def answer_values(self) -> dict[str, object]:
-        """``{name: proxy or value}`` for each answer the notebook defines (a missing one is left out)."""
-        found: dict[str, object] = {}
-        for name, kind in self.kinds.items():
-            if kind == "function":
-                found[name] = RemoteFunction(self, name)
-            elif kind == "kernel":
-                found[name] = RemoteKernel(self, name)
-            elif kind == "value":
-                try:
-                    found[name] = self.request({"get": name}).get("value")
-                except Exception:  # noqa: BLE001 - a value that cannot cross is left out, as if undefined
-                    pass
-        return found
 
     def request(self, message: dict) -> dict:
         """Send one call (``{"call": name, "args": [...], ...}``) or read (``{"get": name}``).
@@ -232,7 +207,7 @@ class Submission:
         (gone, or not reading: ``late`` says why, after "it stopped reading the grader's requests")."""
         if self.stopped:
             return False
-        pending = [memoryview(struct.pack("<Q", len(blob))), memoryview(blob)]
+        pending = [memoryview(len(blob).to_bytes(8, "little")), memoryview(blob)]
         poll = select.poll()
         poll.register(self._requests, select.POLLOUT)      # poll, not select: no limit on the fd's number
         while pending:
@@ -264,7 +239,7 @@ class Submission:
             header = self._read(8, deadline)
             if header is None:
                 return self._stop(late)
-            (length,) = struct.unpack("<Q", header)
+            length = int.from_bytes(header, "little")
             if length > wire.MAX_MESSAGE_BYTES:
                 return self._stop(f"it sent a reply of {length} bytes, more than {wire.MAX_MESSAGE_BYTES}")
             blob = self._read(length, deadline)
@@ -327,26 +302,24 @@ class Submission:
         when it reaches its limit of processes (checked 10 times a second: one check reads /proc,
         about 2–4 ms).
 
-        Each process is held to that address space by RLIMIT_AS, but a notebook that forks many
-        could still add up to more than the machine has; without cgroups, this watch is the limit
-        on the sum, and it may be passed for a moment. A notebook at its process limit is a fork
-        bomb: its processes, each busy forking, would take the CPU from every other notebook graded
-        at the same time, so it is stopped at once (the chapters use a few dozen at most).
+        RLIMIT_AS holds each process, but a notebook that forks many could still add up to more
+        than the machine has: without cgroups, this watch is the limit on the sum (it may be passed
+        for a moment). A fork bomb's processes would take the CPU from every notebook graded beside it.
         """
         while self._process.poll() is None:
-            pids = process_tree(self._process.pid)
-            tasks = task_count(pids)
+            pids = proc.process_tree(self._process.pid)
+            tasks = proc.task_count(pids)
             self.peak_tasks = max(self.peak_tasks, tasks)
             # A bomb's processes come and go as each fails to fork and exits: stopped when they fill
             # most of the limit (90%), which no chapter comes near, not only at the limit itself.
             if tasks >= 0.9 * self.limits.processes:
                 self._stop(f"it reached its limit of {self.limits.processes} processes and threads")
                 return
-            resident = resident_bytes(pids)
+            resident = proc.resident_bytes(pids)
             if resident > self.limits.memory_bytes:
                 # Resident memory counts the pages forked processes share once per process; the
                 # proportional share (PSS) counts each page once: slower to read, so read only now.
-                resident = proportional_bytes(pids)
+                resident = proc.proportional_bytes(pids)
             self.peak_memory_bytes = max(self.peak_memory_bytes, resident)
             if resident > self.limits.memory_bytes:
                 self._stop(f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB "
@@ -362,127 +335,3 @@ class Submission:
             room = self.limits.output_bytes - len(self._output)
             if room > 0:
                 self._output += chunk[:room]
-
-
-def process_tree(root: int) -> list[int]:
-    """Process ``root`` and all its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat") as handle:
-                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue                      # gone meanwhile, or not readable
-            children.setdefault(parent, []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    return tree
-
-
-def task_count(pids: list[int]) -> int:
-    """Processes and threads of ``pids`` (what RLIMIT_NPROC counts)."""
-    count = 0
-    for pid in pids:
-        try:
-            count += len(os.listdir(f"/proc/{pid}/task"))
-        except OSError:
-            pass
-    return count
-
-
-def resident_bytes(pids: list[int]) -> int:
-    """Resident memory of ``pids`` added up (a page shared by several counts for each)."""
-    total, page = 0, os.sysconf("SC_PAGE_SIZE")
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/statm") as handle:
-                total += int(handle.read().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-def proportional_bytes(pids: list[int]) -> int:
-    """Proportional set size of ``pids`` added up: each shared page divided among its sharers."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as handle:
-                for line in handle:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
-class RemoteFunction:
-    """The student's function ``name``, called in their sandbox: data in, data out.
-
-    Grad mode is the caller's. What the call changes in its arguments is copied back only where
-    changing them is the call's job: the tensors a kernel launch (``index``, the grid) writes,
-    and the caches (:class:`~attn_course.core.kv_cache.KVCache`) a decoding step appends to. An
-    ordinary function's change of a tensor argument stays in the sandbox, so that an answer that
-    zeroes ``v`` or fills a mask in place cannot change what a check computes after the call.
-
-    Args:
-        submission: the running :class:`Submission`.
-        name: the answer's name in the notebook.
-        index: a kernel's launch grid (``kernel[grid]``), or None for a function.
-    """
-
-    def __init__(self, submission: Submission, name: str, index: object = None):
-        if not isinstance(submission, Submission):
-            raise TypeError(f"RemoteFunction: submission must be a Submission, got {type(submission).__name__}")
-        if type(name) is not str or not name.isidentifier():
-            raise TypeError(f"RemoteFunction: name must be an identifier, got {name!r}")
-        self._submission, self.__name__, self._index = submission, name, index
-
-    def __call__(self, *args, **kwargs):
-        reply = self._submission.request({"call": self.__name__, "index": self._index, "args": list(args),
-                                          "kwargs": kwargs, "grad": torch.is_grad_enabled()})
-        self._copy_back(args, reply["after"])
-        return reply["value"]
-
-    def call_watching(self, rules: list, *args):
-        """Call it under the exercise's rules of what it may not call, watched in the sandbox
-        (:func:`attn_course.checks.forbidden.watch_calls`, where the answer runs).
-
-        Returns:
-            ``(value, seen)``: what it returned, and ``(what was called, the rule)`` for each
-            forbidden call, as :func:`~attn_course.checks.forbidden.watch_calls` records them.
-        """
-        reply = self._submission.request({"call": self.__name__, "index": self._index, "args": list(args),
-                                          "kwargs": {}, "grad": torch.is_grad_enabled(),
-                                          "forbid": [[rule.name, rule.why] for rule in rules]})
-        self._copy_back(args, reply["after"])
-        by_name = {rule.name: rule for rule in rules}
-        return reply["value"], [(called, by_name[name]) for called, name in reply["forbidden"]]
-
-    def _copy_back(self, args: tuple, after: list) -> None:
-        """The changes of the arguments that this kind of call is meant to make (the class's rule)."""
-        for original, changed in zip(args, after):
-            wire.update_in_place(original, changed, tensors=self._index is not None)
-
-    def __repr__(self) -> str:
-        return f"<the submission's {self.__name__}>"
-
-
-class RemoteKernel:
-    """The student's ``@triton.jit`` kernel: ``kernel[grid](...)`` launches it in their sandbox
-    (in Triton's interpreter) and copies the tensors it wrote back into the caller's."""
-
-    def __init__(self, submission: Submission, name: str):
-        self._submission, self.__name__ = submission, name
-        self.fn = None        # JITFunction's attribute that launchers look for
-
-    def __getitem__(self, grid) -> RemoteFunction:
-        return RemoteFunction(self._submission, self.__name__, index=grid)
-
-    def __repr__(self) -> str:
-        return f"<the submission's kernel {self.__name__}>"

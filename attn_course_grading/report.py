@@ -4,14 +4,9 @@ A result holds text the student controls (an error message, a stop reason quotin
 notebook printed) and values the grader decoded from it (a tensor in a cell's event). Written as
 they are, a lone surrogate (``"\\ud800"``) stops a UTF-8 write, a tensor stops ``json.dumps``,
 a string of 290 MB fills the disk and the grader's memory, a formula in a student's name runs
-in the instructor's spreadsheet, and an escape sequence rewrites the console. So:
-
-- :func:`feedback_json`: a result as JSON that is ASCII, at most :data:`MAX_FEEDBACK_BYTES`,
-  whatever it holds (anything not JSON becomes a short string), and says where it was cut.
-- :func:`write_grades`: grades.csv, every text cell escaped and neutralised (:func:`csv_cell`).
-- :func:`console_line`: the line printed for one graded notebook, escaped.
-- :func:`refused_result`: the result of a notebook that was not run: 0 for each question, the
-  reason as its feedback.
+in the instructor's spreadsheet, and an escape sequence rewrites the console. So the feedback
+files (:func:`feedback_json`), grades.csv (:func:`write_grades`) and the console
+(:func:`console_line`) are written so that none of these can happen.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import os
 import pathlib
 import tempfile
 
-from attn_course_grading.collect import display
+from attn_course_grading.display import display
 
 #: A feedback file is at most this many bytes: the longest of the course's own (a whole chapter
 #: with every test failing) is a few tens of KB.
@@ -171,33 +166,10 @@ def console_line(student: str, chapter: str, result: dict) -> str:
                    f"{sum(q['max_score'] for q in questions):g} ({took}") + note + ")"
 
 
-def refused_result(tests: dict[str, str], reason: str) -> dict:
-    """The result of a notebook that was refused unrun: 0 for each question of ``tests``, with ``reason``.
-
-    Args:
-        tests: ``{question: otter test file source}`` (:attr:`Assignment.tests
-            <attn_course_grading.grader.Assignment>`), whose names and points give the questions.
-        reason: why it was refused (``"it is a symbolic link; …"``).
-    """
-    from otter.test_files.exception_test import ExceptionTestFile
-
-    if not isinstance(reason, str):
-        raise TypeError(f"refused_result: reason must be a str, got {type(reason).__name__}")
-    stopped = f"the notebook was not graded: {reason}"
-    questions = []
-    for name, source in tests.items():
-        test_file = ExceptionTestFile.from_string(source, path=f"tests/{name}.py")
-        questions.append({"name": test_file.name, "score": 0, "max_score": round(test_file.possible, 5),
-                          "output": stopped})
-    return {"questions": questions,
-            "run": {"seconds": 0.0, "sandboxed": None, "refused": reason, "stopped": stopped, "cell_errors": [],
-                    "peak_memory_bytes": 0, "peak_processes": 0, "output_bytes": 0, "output_start": ""}}
-
-
 def csv_cell(value: object) -> object:
     """A value as grades.csv holds it: a number as it is; anything else escaped and neutralised.
 
-    Text is escaped (:func:`~attn_course_grading.collect.display`: no newline can forge a row) and
+    Text is escaped (:func:`~attn_course_grading.display.display`: no newline can forge a row) and
     cut to 1000 characters; text that starts with ``= + - @``, a tab or a carriage return gets a
     leading ``'``, so that a spreadsheet shows it rather than running it as a formula.
     """

@@ -34,6 +34,8 @@ import threading
 #: account needed), so that the kernel counts its processes apart from every other sandbox's.
 SANDBOX_UIDS = range(61000, 61256)
 SANDBOX_GID = 65534                # nogroup
+#: The system's folders at the root besides /usr (links into it on a merged /usr).
+_SYSTEM_TOPS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 INSTALL_HINT = ("Install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap; Fedora: sudo dnf install "
                 "bubblewrap), or, only for submissions you trust, grade without a sandbox: make grade TRUSTED=1")
@@ -104,13 +106,16 @@ def _package_folder(name: str) -> pathlib.Path:
     return pathlib.Path(importlib.util.find_spec(name).origin).resolve().parent
 
 
+def _python_folders() -> set[pathlib.Path]:
+    """The Python installation, this environment, and where a symlinked interpreter (pyenv, conda) lives."""
+    return {pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix).resolve(),
+            pathlib.Path(os.path.realpath(sys.executable)).parent.parent}
+
+
 def readable_roots() -> list[pathlib.Path]:
     """The folders a submission reads: the Python installation, this environment, the course's
     package and the grader's (whose ``in_sandbox`` runs the notebook), each folder alone."""
-    roots = {pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix).resolve(),
-             _package_folder("attn_course"), _package_folder("attn_course_grading")}
-    # An interpreter symlinked from elsewhere (pyenv, conda) lives where its link points.
-    roots.add(pathlib.Path(os.path.realpath(sys.executable)).parent.parent)
+    roots = _python_folders() | {_package_folder("attn_course"), _package_folder("attn_course_grading")}
     # Drop any folder inside another: bubblewrap mounts each once.
     return sorted(root for root in roots if not any(other != root and other in root.parents for other in roots))
 
@@ -152,9 +157,7 @@ def _installed_special_files(root: pathlib.Path) -> tuple[str, ...]:
 
 def _installed() -> set[pathlib.Path]:
     """The folders :func:`sandbox_command` walks once per process for sockets, not once per sandbox."""
-    system = {pathlib.Path("/") / top for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")}
-    return system | {pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix).resolve(),
-                     pathlib.Path(os.path.realpath(sys.executable)).parent.parent}
+    return {pathlib.Path("/") / top for top in ("usr", *_SYSTEM_TOPS)} | _python_folders()
 
 
 def sandbox_command(command: list[str], limits: Limits) -> list[str]:
@@ -166,7 +169,7 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
                "--die-with-parent", "--new-session", "--hostname", "sandbox",
                "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--proc", "/proc"]
     mounted = [pathlib.Path("/usr")]
-    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+    for top in _SYSTEM_TOPS:
         path = pathlib.Path("/") / top
         if path.is_symlink():
             options += ["--symlink", os.readlink(path), str(path)]   # merged /usr: /lib -> usr/lib

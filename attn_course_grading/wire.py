@@ -1,7 +1,7 @@
 """What crosses between a sandboxed submission and the grader: data, never code.
 
 A submission's notebook runs in its own process (:mod:`attn_course_grading.in_sandbox`); the
-grader calls its exercise functions from outside (:mod:`attn_course_grading.remote`). Every
+grader calls its exercise functions from outside (:mod:`attn_course_grading.proxies`). Every
 message between the two is one safetensors blob: the tensors as raw bytes, and the structure
 around them (numbers, strings, lists, tuples, dicts, dtypes) as JSON in the blob's metadata.
 Nothing is unpickled, so a message can describe a value but never run code when it is read.
@@ -247,11 +247,8 @@ def update_in_place(original: object, after: object, *, tensors: bool = False) -
     where the call is one that is meant to change its arguments.
 
     Two kinds of call change an argument on purpose: a Triton kernel writes its outputs into the
-    tensors it is given, and a decoding step appends to its caches (chapter 04). The submission
-    sends each changed argument back as data (``after``), and this copies it into the grader's
-    own object. Any other change stays in the sandbox: an ordinary function that zeroes ``v`` or
-    fills a mask in place changes only its own copy, so a check that computes its reference
-    after the call still computes it from the inputs it drew.
+    tensors it is given, and a decoding step appends to its caches (chapter 04). Any other change
+    stays in the sandbox (:class:`~attn_course_grading.proxies.RemoteFunction`).
 
     Args:
         original: the grader's argument: a tensor, a

@@ -1,47 +1,19 @@
 """``python -m benchmarks NAME``: run one benchmark, print its table, write its CSV.
 
-    python -m benchmarks kv-cache     # generation with and without a KV cache
-    python -m benchmarks flash        # FlashAttention: GPU TFLOP/s, or CPU time and memory
-                                      # (on a CPU also forward+backward memory, for training)
-    python -m benchmarks flash --max-minutes 4.5      # the GPU run, bounded in time
-    python -m benchmarks flash --dry-run              # the GPU code path on the CPU, tiny sizes
-    python -m benchmarks flash --profile long         # the whole GPU sweep (default: essential,
-                                                      # the first-contact check's rows)
-    python -m benchmarks variants     # causal softmax, sliding window, FlexAttention, linear:
-                                      # time and memory against N, and linear's crossover N
-    python -m benchmarks variants --quick             # tiny sizes, a few seconds
-    python -m benchmarks distributed  # ring attention vs Ulysses on P = 1, 2, 4 processes:
-                                      # bytes sent per rank, memory per rank, time ratios
-    python -m benchmarks distributed --quick          # tiny sizes
-    python -m benchmarks grading --autograders dist/autograder    # sandboxed grading: notebooks
-                                      # per minute for a class, and the sandbox's start-up cost
-    python -m benchmarks grading --quick              # the start-up cost only
+    python -m benchmarks kv-cache         # generation with and without a KV cache: kv-cache.csv
+    python -m benchmarks flash            # a GPU: benchmarks.flash_gpu (flash-gpu*.csv, machine.json, PNGs);
+                                          # a CPU: time and memory, flash-cpu.csv, flash-cpu-training.csv, PNG
+    python -m benchmarks flash --dry-run  # the GPU code path on the CPU, tiny sizes (--profile long: the
+                                          # whole sweep; --max-minutes 4.5: the GPU run, bounded in time)
+    python -m benchmarks variants         # attn_course.measure.variants: variants.csv, variants-crossover.csv,
+                                          # variants-cache-bytes.csv, variants.png (--quick: tiny sizes)
+    python -m benchmarks distributed      # attn_course.measure.distributed on P = 1, 2, 4 processes:
+                                          # distributed-{traffic,traffic-gqa,memory,time}.csv, distributed.png
+    python -m benchmarks grading --autograders dist/autograder   # benchmarks.grading: grading-overhead.csv,
+                                          # grading-chapters.csv, grading-class.csv (--quick: the overhead only)
 
-``kv-cache`` writes ``bench-results/kv-cache.csv``. ``flash`` on a CUDA machine (or with
-``--dry-run``) runs :func:`benchmarks.flash_gpu.run_gpu_benchmark`: ``flash-gpu.csv``,
-``flash-gpu-decode.csv``, ``flash-gpu-summary.csv``, ``machine.json`` and PNG plots; elsewhere
-``flash-cpu.csv`` and ``flash-cpu-training.csv`` with a PNG plot. ``--out`` changes the folder;
-``variants`` (:mod:`attn_course.measure.variants`) writes ``variants.csv`` (one row per variant and
-N: seconds, exact peak bytes, the bytes kept for decoding, the difference from a reference),
-``variants-crossover.csv`` (the N from which causal linear attention is faster and smaller than
-softmax attention, against SDPA and against the course's ``self_attention``),
-``variants-cache-bytes.csv`` (bytes per token and per sequence for MHA, GQA, MQA, MLA, a sliding
-window and linear attention) and ``variants.png``; ``--quick`` runs it at tiny sizes, ``--threads``
-sets torch's CPU threads while it measures (default 1: steadier on a shared machine).
-``distributed`` (:mod:`attn_course.measure.distributed`) starts ``P = 1, 2, 4`` processes (gloo, one
-thread each) and writes ``distributed-traffic.csv`` (bytes one rank sends for one attention layer,
-forward and forward + backward, counted twice from outside next to the formulas, with ``N``
-fixed and with ``N`` growing in proportion to ``P``), ``distributed-memory.csv`` (exact peak bytes
-per rank in a forward pass against ``N`` and ``P``), ``distributed-time.csv`` (forward time as a
-ratio to ``P = 1``; on fewer cores than ``P`` the ranks share cores, and the rows say so) and
-``distributed.png``; ``--quick`` runs it at tiny sizes, ``--lengths`` sets the memory sweep's N.
-``grading`` (:mod:`benchmarks.grading`) writes ``grading-overhead.csv`` (start-up of a
-one-cell notebook with and without the sandbox) and, given ``--autograders``, grades a made-up
-class (``--students`` copies of every chapter's solution notebook, ``--jobs`` at once) into
-``grading-chapters.csv`` and ``grading-class.csv`` (notebooks per minute, and the minutes a class
-of 40 would take).
-``--lengths`` overrides the list of N for ``flash`` and ``variants`` and the numbers of generated
-tokens for ``kv-cache``.
+Files go to ``bench-results/`` (``--out``); ``--lengths`` sets the N values (for ``kv-cache`` the numbers
+of generated tokens); ``--help`` lists the rest.
 """
 
 from __future__ import annotations
@@ -224,17 +196,14 @@ def _grading(args: argparse.Namespace) -> int:
 
     overhead = grading.sandbox_overhead(repeats=2 if args.quick else 10)
     print("# start-up of a one-cell notebook, seconds (Python, torch, IPython; with bubblewrap's sandbox or not)")
-    grading.print_rows(overhead)
-    print(f"wrote {write_csv(overhead, args.out / 'grading-overhead.csv')}")
+    _show(overhead, args.out / "grading-overhead.csv")
     if args.quick or args.autograders is None:
         return 0
     per_chapter, whole = grading.class_throughput(args.autograders, students=args.students, jobs=args.jobs)
     print(f"# {args.students} students x {len(per_chapter)} chapters (solution notebooks), {args.jobs} at once, "
           f"each sandboxed, {os.cpu_count()} CPU cores")
-    grading.print_rows(per_chapter)
-    grading.print_rows([whole])
-    print(f"wrote {write_csv(per_chapter, args.out / 'grading-chapters.csv')}")
-    print(f"wrote {write_csv([whole], args.out / 'grading-class.csv')}")
+    _show(per_chapter, args.out / "grading-chapters.csv")
+    _show([whole], args.out / "grading-class.csv")
     return 0
 
 

@@ -1,8 +1,8 @@
 """How fast a class is graded, and what the sandbox costs per submission.
 
-    python -m attn_course.measure grading --autograders dist/autograder            # a class of 2 x every chapter
-    python -m attn_course.measure grading --autograders dist/autograder --students 4 --jobs 2
-    python -m attn_course.measure grading --quick                                  # the sandbox's overhead only
+    python -m benchmarks grading --autograders dist/autograder            # a class of 2 x every chapter
+    python -m benchmarks grading --autograders dist/autograder --students 4 --jobs 2
+    python -m benchmarks grading --quick                                  # the sandbox's overhead only
 
 :func:`sandbox_overhead` starts a one-cell notebook (``x = 1``) as a
 :class:`~attn_course_grading.remote.Submission` with and without the sandbox and times it until
@@ -10,7 +10,7 @@ the notebook has run (start-up: Python, torch, IPython, and for the sandbox, bub
 namespaces and mounts). :func:`class_throughput` grades a made-up class, each student handing in
 every chapter's solution notebook (the whole chapter, as a student who did the reading hands it
 in), with ``jobs`` notebooks at once, each sandboxed, and reports notebooks per minute and the
-time a class of 40 would take.
+time a class of 40 would take. Each returns rows; ``attn_course.teaching.tables.table(rows)`` shows them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from attn_course.measure.timing import timed
 from attn_course_grading import sandbox
-from attn_course_grading.grader import Assignment, grade
+from attn_course_grading.assignment import Assignment
+from attn_course_grading.grader import grade
 from attn_course_grading.remote import Submission
 
 
@@ -137,10 +138,3 @@ def class_throughput(autograders: pathlib.Path, *, students: int = 2, jobs: int 
                           round(40 * len(assignments) / rate, 1))
     return per_chapter, whole
 
-
-def print_rows(rows: Sequence[object]) -> None:
-    """A plain table: the dataclass's fields as columns."""
-    fields = [field.name for field in dataclasses.fields(rows[0])]
-    print("  ".join(f"{name:>18}" for name in fields))
-    for row in rows:
-        print("  ".join(f"{getattr(row, name)!s:>18}" for name in fields))

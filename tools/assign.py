@@ -37,23 +37,17 @@ from concurrent.futures import ThreadPoolExecutor
 import nbformat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:                  # run as a script: tools/ is found from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from tools.lab import lab_environment  # noqa: E402
+
 CHAPTERS = ROOT / "notebooks"
 
 
 def otter_command() -> list[str]:
     """The ``otter`` of this Python environment (never a different one on PATH)."""
     return [str(pathlib.Path(sys.executable).parent / "otter")]
-
-
-def kernel_environment() -> dict[str, str]:
-    """Environment in which the notebook kernel "python3" is this environment's Python."""
-    environment = dict(os.environ)
-    own_kernels = str(pathlib.Path(sys.prefix) / "share" / "jupyter")
-    environment["JUPYTER_PATH"] = os.pathsep.join(
-        [own_kernels] + [p for p in environment.get("JUPYTER_PATH", "").split(os.pathsep) if p]
-    )
-    environment.setdefault("HF_HUB_OFFLINE", "1")
-    return environment
 
 
 def tidy_student_notebook(path: pathlib.Path) -> None:
@@ -140,7 +134,7 @@ def assign(master: pathlib.Path, out: pathlib.Path, *, run_tests: bool) -> None:
         if not run_tests:
             command.append("--no-run-tests")
         completed = subprocess.run(
-            command, cwd=source, env=kernel_environment(), capture_output=True, text=True
+            command, cwd=source, env=lab_environment(), capture_output=True, text=True
         )
         if completed.returncode != 0:
             sys.stderr.write(completed.stdout + completed.stderr)

@@ -8,7 +8,7 @@ that the hand-out link cloned are in ``HOMES/USER/attn-course/CHAPTER.ipynb`` (`
 another folder, ``--inside ''`` the home itself). Each becomes ``OUT/USER/CHAPTER.ipynb``, then
 ``make grade SUBMISSIONS=OUT`` grades them.
 
-Nothing in a home is trusted: the reading is attn_course_grading.collect's (no symbolic link
+Nothing in a home is trusted: the reading is attn_course_grading.reading's (no symbolic link
 followed, folders included; only regular files; its size and JSON caps), and a notebook is
 collected only if it is a notebook (JSON, format 4, within the caps) and written from the bytes
 that were checked. What cannot be collected is reported per user and chapter, with the reason,
@@ -35,7 +35,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:                  # run as a script: the grader's package is in the checkout
     sys.path.insert(0, str(ROOT))
 
-from attn_course_grading import collect  # noqa: E402
+from attn_course_grading import collect, reading  # noqa: E402
+from attn_course_grading.display import display  # noqa: E402
 
 #: Where the hand-out link clones the notebooks in each home (tools/handout.py's TARGET).
 INSIDE = "attn-course"
@@ -55,17 +56,17 @@ class Collected:
     never_pulled: set[str] = dataclasses.field(default_factory=set)
 
     def lines(self) -> list[str]:
-        """The report, one line per user and kind, every name escaped (collect.display)."""
+        """The report, one line per user and kind, every name escaped (display)."""
         users = sorted(set(self.collected) | set(self.missing) | {user for user, _, _ in self.refused},
                        key=os.fsencode)
         lines = []
         for user in users:
-            shown = collect.display(user, 200)
+            shown = display(user, 200)
             if self.collected.get(user):
                 lines.append(f"{shown}: collected {', '.join(self.collected[user])}")
             for refused_user, chapter, reason in self.refused:
                 if refused_user == user:
-                    lines.append(f"{shown}: REFUSED {chapter or 'the whole home'}: {collect.display(reason, 400)}")
+                    lines.append(f"{shown}: REFUSED {chapter or 'the whole home'}: {display(reason, 400)}")
             if self.missing.get(user):
                 why = " (no hand-out folder: the link was never opened)" if user in self.never_pulled else ""
                 lines.append(f"{shown}: missing {', '.join(self.missing[user])}{why}")
@@ -78,7 +79,7 @@ def _link_problem(path: pathlib.Path, home: pathlib.Path, what: str) -> str:
     resolved = pathlib.Path(os.path.normpath(path.parent / target))
     inside = resolved == home or home in resolved.parents
     where = f"inside {home.name}/" if inside else f"outside {home.name}/"
-    return f"{what} is a symbolic link (to {collect.display(target, 200)}, {where}); not followed"
+    return f"{what} is a symbolic link (to {display(target, 200)}, {where}); not followed"
 
 
 def _read_notebook(path: pathlib.Path, home: pathlib.Path) -> bytes:
@@ -89,8 +90,8 @@ def _read_notebook(path: pathlib.Path, home: pathlib.Path) -> bytes:
         raise FileNotFoundError(path) from None
     if stat.S_ISLNK(status.st_mode):
         raise ValueError(_link_problem(path, home, "it"))
-    data = collect.read_bytes(path)               # no link followed, regular files only, size cap
-    collect.parse_code_cells(data)                # JSON, notebook format 4, the cells' caps
+    data = reading.read_bytes(path)               # no link followed, regular files only, size cap
+    reading.parse_code_cells(data)                # JSON, notebook format 4, the cells' caps
     return data
 
 
@@ -196,13 +197,6 @@ def write_collection(out: os.PathLike | str, report: Collected, notebooks: dict)
     (out / REPORT).write_text("\n".join(report.lines()) + "\n", encoding="utf-8")
 
 
-def handed_out_chapters(student: os.PathLike | str) -> list[str]:
-    """The chapters handed out: the names of the notebooks in ``student`` (``dist/student``)."""
-    if not isinstance(student, (str, os.PathLike)):
-        raise TypeError(f"handed_out_chapters: student must be a path, got {type(student).__name__}")
-    return sorted(path.stem for path in pathlib.Path(student).glob("*.ipynb"))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("homes", type=pathlib.Path, help="the folder of user homes (or of a folder export)")
@@ -213,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inside", default=INSIDE, help=f"the folder of each home that holds them (default {INSIDE})")
     args = parser.parse_args(argv)
     chapters = ([name.strip().removesuffix(".ipynb") for name in args.chapters.split(",") if name.strip()]
-                if args.chapters else handed_out_chapters(args.student))
+                if args.chapters else sorted(path.stem for path in args.student.glob("*.ipynb")))
     if not chapters:
         print(f"collect: no chapters: {args.student} holds no notebook (make assignments), and no --chapters",
               file=sys.stderr)
@@ -222,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         report, notebooks = collect_homes(args.homes, chapters, args.inside)
         write_collection(args.out, report, notebooks)
     except (TypeError, ValueError, OSError) as error:
-        print(f"collect: {collect.display(error)}", file=sys.stderr)
+        print(f"collect: {display(error)}", file=sys.stderr)
         return 2
     for line in report.lines():
         print(line)

@@ -12,8 +12,8 @@ chapter's file name::
 
 Each notebook runs in its own bubblewrap sandbox (no network, a read-only view of the course's
 environment, a private scratch folder, limits on time, memory, processes and output); the tests
-run in this process, calling the notebook's answers as data in, data out
-(:mod:`attn_course_grading`, INSTRUCTORS.md). Without bubblewrap this refuses to grade, unless
+run outside it, in a grading process per notebook, calling the notebook's answers as data in,
+data out (:mod:`attn_course_grading`, INSTRUCTORS.md). Without bubblewrap this refuses to grade, unless
 ``--trusted`` (``make grade TRUSTED=1``) says the submissions are trusted. Results:
 
     grades/grades.csv                 a row per student, a column per chapter:question, then
@@ -21,13 +21,9 @@ run in this process, calling the notebook's answers as data in, data out
     grades/STUDENT/CHAPTER.json       per question its score and feedback (what otter gives), and
                                       how the run went: seconds, cells that failed, why it stopped
 
-Nothing in a submission is trusted (:mod:`attn_course_grading.collect`): a student folder or a
-notebook that is a symbolic link, a notebook that is not a regular file (a FIFO, a device) or is
-too large, and a folder whose name is not printable UTF-8, are refused with the reason, on the
-console and in grades.csv's notes; a refused notebook scores 0, the reason in its feedback. What
-is written (:mod:`attn_course_grading.report`) is escaped, capped and ASCII-safe, and each
-notebook's results are written on their own, so that one notebook's failure is that student's
-note and the class is still graded: grades.csv is always written.
+Nothing in a submission is trusted: what is refused (a link, a FIFO, a file too large, a name that
+is not printable) says why on the console and in grades.csv's notes, and scores 0; each notebook's
+results are written on their own, so grades.csv is always written (INSTRUCTORS.md, section 2).
 """
 
 from __future__ import annotations
@@ -41,18 +37,20 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-from attn_course_grading import collect, report, sandbox
-from attn_course_grading.grader import Assignment, grade
+from attn_course_grading import collect, reading, report, sandbox
+from attn_course_grading.assignment import Assignment
+from attn_course_grading.display import display
+from attn_course_grading.grader import grade, refused_result
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _PRINTING = threading.Lock()
 
 
 def say(line: str, stream=None) -> None:
-    """Print one line, escaped (collect.display: a newline in it cannot make two, an escape cannot
-    move the cursor), whole even when the jobs print at once."""
+    """Print one line, escaped (a newline in it cannot make two, an escape cannot move the cursor),
+    whole even when the jobs print at once."""
     with _PRINTING:
-        print(collect.display(line), file=stream or sys.stdout, flush=True)
+        print(display(line), file=stream or sys.stdout, flush=True)
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -122,23 +120,27 @@ def main() -> int:
     def grade_job(job) -> list[dict] | None:
         student, chapter, notebook, refused = job
         assignment = assignments[chapter]
+
+        def failed(what: str, line: str) -> None:
+            failures.append(job)
+            note(student, f"{chapter}: {what}")
+            say(line, sys.stderr)
+
         if refused is None:
             try:
                 # Read here first, safely: a notebook refused now costs no sandbox.
-                collect.read_code_cells(notebook)
+                reading.read_code_cells(notebook)
             except ValueError as error:
                 refused = str(error)
         try:
             if refused is not None:            # its console line below says why
                 note(student, f"{chapter}: refused: {refused}")
-                result = report.refused_result(assignment.tests, refused)
+                result = refused_result(assignment.points, refused)
             else:
                 # The path as found, never resolved: the notebook is no link, and stays read as found.
                 result = grade(assignment, notebook, limits, sandboxed=not args.trusted)
         except Exception:  # noqa: BLE001 - a fault of the grader itself: report it, grade the rest
-            failures.append(job)
-            note(student, f"{chapter}: the grader failed (see its output)")
-            say(f"grade: the grader failed on {student}/{chapter}.ipynb:", sys.stderr)
+            failed("the grader failed (see its output)", f"grade: the grader failed on {student}/{chapter}.ipynb:")
             for line in traceback.format_exc().splitlines():
                 say(line, sys.stderr)
             return None
@@ -147,16 +149,14 @@ def main() -> int:
         try:
             questions = report.scores(result)
         except Exception as error:  # noqa: BLE001
-            failures.append(job)
-            note(student, f"{chapter}: its scores could not be read ({type(error).__name__})")
-            say(f"grade: the scores of {student}/{chapter}.ipynb could not be read: {error}", sys.stderr)
+            failed(f"its scores could not be read ({type(error).__name__})",
+                   f"grade: the scores of {student}/{chapter}.ipynb could not be read: {error}")
             return None
         try:
             report.write_feedback(args.out / student / f"{chapter}.json", result)
         except Exception as error:  # noqa: BLE001
-            failures.append(job)
-            note(student, f"{chapter}: its feedback could not be written ({type(error).__name__})")
-            say(f"grade: the feedback of {student}/{chapter}.ipynb could not be written: {error}", sys.stderr)
+            failed(f"its feedback could not be written ({type(error).__name__})",
+                   f"grade: the feedback of {student}/{chapter}.ipynb could not be written: {error}")
         try:
             say(report.console_line(student, chapter, result))
         except Exception as error:  # noqa: BLE001

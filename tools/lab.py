@@ -3,8 +3,9 @@
     .venv/bin/python tools/lab.py                          # what `make lab` runs: notebooks/
     .venv/bin/python tools/lab.py --root DIR --no-browser --port=8899
 
-The one place for JupyterLab's flags: `make lab` and the browser tests (tests/course/test_browser.py)
-both start the server through this script. Any option after ``--root`` goes to JupyterLab.
+The one place for JupyterLab's flags and environment: `make lab` and the browser tests
+(tests/course/test_browser.py) start the server through this script, and tools/assign.py runs otter's
+kernels in its environment. Any option after ``--root`` goes to JupyterLab.
 """
 
 from __future__ import annotations

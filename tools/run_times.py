@@ -113,10 +113,10 @@ def stale_files(write: bool) -> list[str]:
     return stale
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report what disagrees; exit 1 if anything does")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     stale = stale_files(write=not args.check)
     if args.check and stale:
         print("run times disagree with notebooks/run_times.json in: " + ", ".join(stale)

@@ -5,18 +5,9 @@
     python -m http.server -d build/site             # preview at http://127.0.0.1:8000
 
 Nothing is executed: the pages show the outputs saved in ``notebooks/``. The site is what a
-student may read, so the chapters are not published as they are. Each is first copied, as a
-student sees it, into a source folder (``build/site-work/src`` by default):
-
-- otter's raw cells (``# ASSIGNMENT CONFIG``, ``# BEGIN QUESTION`` ... ``# END QUESTION``) go,
-  and so do the test cells between ``# BEGIN TESTS`` and ``# END TESTS``, public and hidden;
-- solution code becomes what ``otter assign`` gives the student (otter's own
-  ``replace_solutions``, so the site and ``make assignments`` agree), its outputs cleared;
-  Markdown inside a solution block (a written answer) goes, as otter removes it;
-- the notebook's saved ipywidgets state goes: the site has no widget manager, and myst-nb
-  would otherwise load one from a CDN. A widget output keeps its static fallback
-  (``text/html``, an image), which ``site/conf.py`` ranks above the widget view; one with no
-  fallback but its ``text/plain`` repr becomes a short note (a progress bar is dropped).
+student may read, so each chapter is first copied as a student sees it
+(``tools/student_chapter.py``: no otter cell, no test, solutions replaced by ``...``, no saved
+widget state) into a source folder (``build/site-work/src`` by default).
 
 Beside the chapters the source folder gets a front page, made from README.md's title, intro
 and chapter map ("## Chapters"), and one page per package module that a chapter links to
@@ -29,8 +20,6 @@ folder; the HTML is copied to ``--out``, replacing a site built there before.
 from __future__ import annotations
 
 import argparse
-import copy
-import html
 import os
 import pathlib
 import posixpath
@@ -45,17 +34,16 @@ from dataclasses import dataclass, field
 import nbformat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:                  # run as a script: tools/ is found from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from tools.student_chapter import student_notebook  # noqa: E402
+
 CHAPTERS = ROOT / "notebooks"
 PACKAGE = "attn_course"
 CONF_DIR = ROOT / "site"
 DEFAULT_OUT = ROOT / "build" / "site"
 
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-# Outputs a page can show without a widget manager; site/conf.py ranks them above the widget view.
-STATIC_MIME_TYPES = ("text/html", "image/png", "image/svg+xml", "image/jpeg", "image/gif",
-                     "text/markdown", "text/latex")
-# tqdm's notebook bar: its text/plain is the bar as it was when first displayed ("  0%|  | 0/600").
-PROGRESS_BAR = re.compile(r"\d+%\|.*\|\s*\d+/\d+")
 # A Markdown link or image target: [text](target) or [text](target "title").
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
 HTML_LINK = re.compile(r"""((?:href|src)=["'])([^"']+)(["'])""")
@@ -64,120 +52,6 @@ SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 class SiteError(Exception):
     """The site cannot be built as asked; the message says why (``main`` prints it, exit 1)."""
-
-
-# --- the student's view of a chapter --------------------------------------------------------
-
-
-def otter_block(cell: nbformat.NotebookNode) -> tuple[str, str] | None:
-    """``("begin"|"end", "question"|"solution"|"tests"|"prompt")`` for one of otter's block
-    boundary cells, ``("config", "")`` for its assignment config; ``None`` for any other cell.
-
-    Otter's own functions decide (``otter.assign.blocks``): the same raw cells, fenced ```otter
-    Markdown cells included, that ``otter assign`` acts on.
-    """
-    from otter.assign.blocks import BlockType, is_assignment_config_cell, is_block_boundary_cell
-
-    if cell.cell_type == "code" or not cell.source.strip():
-        return None                                 # otter reads a boundary from a first line
-    if is_assignment_config_cell(cell):
-        return ("config", "")
-    for block in BlockType:
-        for end in (False, True):
-            if is_block_boundary_cell(cell, block, end=end):
-                return ("end" if end else "begin", block.value)
-    return None
-
-
-def student_source(source: str) -> str:
-    """Solution code as ``otter assign`` hands it to the student: each ``# BEGIN SOLUTION`` ...
-    ``# END SOLUTION`` block becomes ``...`` and each ``x = ...  # SOLUTION`` line ``x = ...``."""
-    from otter.assign.solutions import replace_solutions
-
-    return "\n".join(replace_solutions(source.split("\n"), "python"))
-
-
-def has_solution_marker(source: str) -> bool:
-    """Whether code carries one of otter's solution markers."""
-    return any(re.search(r"#\s*(BEGIN SOLUTION|END SOLUTION|SOLUTION)( NO PROMPT)?\s*$", line.rstrip())
-               for line in source.splitlines())
-
-
-def widget_note(output: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    """A widget output as a static page can show it.
-
-    An output with a static fallback (``text/html``, an image, ...) is kept as it is: site/conf.py
-    ranks the fallback first. One with only the widget view and its ``text/plain`` repr
-    (``QueryExplorer(query='bank', ...)``) becomes a note saying where the widget works; a
-    progress bar, whose repr is the bar at 0%, is dropped (``None``).
-    """
-    data = output.get("data", {})
-    if WIDGET_VIEW not in data or any(mime in data for mime in STATIC_MIME_TYPES):
-        return output
-    text = data.get("text/plain", "")
-    if PROGRESS_BAR.search(text):
-        return None
-    name = re.match(r"\s*([A-Za-z_]\w*)\(", text)
-    what = f"the interactive {html.escape(name.group(1))}" if name else "an interactive widget"
-    note = (f'<p class="site-widget-note">Here the chapter shows {what}. It needs a running '
-            "notebook: open this chapter in JupyterLab (<code>make lab</code>) to use it.</p>")
-    return nbformat.from_dict({"output_type": "display_data", "metadata": {}, "data": {"text/html": note}})
-
-
-def student_notebook(notebook: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
-    """A copy of a chapter as the site shows it to a student (see the module docstring).
-
-    Args:
-        notebook: the executed chapter, with otter's assignment cells.
-        name: the chapter's name, for error messages.
-
-    Returns:
-        A new notebook: no otter cells, no test cells, solutions replaced by ``...`` (their
-        outputs cleared), no saved widget state, widget outputs reduced to what a page can show.
-
-    Raises:
-        SiteError: when otter's blocks do not nest (a ``# BEGIN TESTS`` never ended, an end
-            without a begin), or a solution marker sits outside a solution block, where
-            ``otter assign`` would leave it, and the solution, in the student's notebook.
-    """
-    notebook = copy.deepcopy(notebook)
-    notebook.metadata.pop("widgets", None)
-    open_blocks: list[str] = []
-    cells = []
-    for index, cell in enumerate(notebook.cells):
-        where = f"{name}, cell {index}"
-        boundary = otter_block(cell)
-        if boundary is not None:
-            kind, block = boundary
-            if kind == "begin":
-                open_blocks.append(block)
-            elif kind == "end":
-                if not open_blocks:
-                    raise SiteError(f"{where}: '# END {block.upper()}' without its '# BEGIN {block.upper()}'")
-                if open_blocks[-1] != block:
-                    raise SiteError(f"{where}: '# END {block.upper()}' while '# BEGIN {open_blocks[-1].upper()}' "
-                                    "is still open")
-                open_blocks.pop()
-            continue
-        if "tests" in open_blocks:
-            continue
-        if "solution" in open_blocks and "prompt" not in open_blocks:
-            if cell.cell_type == "markdown" and "otter_include" not in cell.metadata.get("tags", []):
-                continue                            # a written answer: otter removes it too
-            if cell.cell_type == "code":
-                cell.source = student_source(cell.source)
-                cell.outputs = []
-                cell.execution_count = None
-        if cell.cell_type == "code":
-            if has_solution_marker(cell.source):
-                raise SiteError(f"{where}: a solution marker outside a solution block; otter would "
-                                "show it, and the solution, to students")
-            cell.outputs = [kept for kept in map(widget_note, cell.outputs) if kept is not None]
-        cells.append(cell)
-    if open_blocks:
-        raise SiteError(f"{name}: '# BEGIN {open_blocks[-1].upper()}' never ended")
-    notebook.cells = cells
-    return notebook
 
 
 # --- links, and the pages they need ---------------------------------------------------------
@@ -360,7 +234,10 @@ def write_sources(src: pathlib.Path) -> list[str]:
     pages = Pages(chapters=set(names))
     titles = {}
     for chapter, name in zip(chapters, names):
-        notebook = student_notebook(nbformat.read(chapter, as_version=4), chapter.name)
+        try:
+            notebook = student_notebook(nbformat.read(chapter, as_version=4), chapter.name)
+        except ValueError as error:            # otter's blocks do not nest, or a solution would show
+            raise SiteError(str(error)) from None
         titles[name] = chapter_title(notebook)
         for cell in notebook.cells:
             if cell.cell_type == "markdown":

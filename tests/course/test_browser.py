@@ -37,6 +37,7 @@ from support.browser import (
     TIMEOUT_MS,
     missing_browser,
     require_browser,
+    stop_server,
     wait_for_kernel_idle,
     wait_until_serving,
 )
@@ -73,11 +74,7 @@ def lab(chromium, tmp_path_factory):
                            problem=lambda: f"JupyterLab did not start; see {log.name}")
         yield Lab(base, token, root)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         log.close()
 
 

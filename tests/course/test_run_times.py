@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import re
@@ -10,10 +9,9 @@ import re
 import nbformat
 import pytest
 
+from tools import run_times
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SPEC = importlib.util.spec_from_file_location("run_times", ROOT / "tools" / "run_times.py")
-run_times = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(run_times)
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 TIMES = json.loads((ROOT / "notebooks" / "run_times.json").read_text())
 

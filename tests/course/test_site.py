@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import html.parser
-import importlib.util
 import pathlib
 import re
 import subprocess
@@ -32,6 +31,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import nbformat
 import pytest
 
+from tools import site as website
+from tools import student_chapter
+
 from helpers import ROOT
 
 # otter imports ipylab, whose traits warn as they are defined (traitlets' own deprecation); not ours.
@@ -43,16 +45,6 @@ ARTIFACTS = ROOT / "test-artifacts" / "site"
 # first line); solution lines inside a code cell are marked the same way, or end in "# SOLUTION".
 OTTER_CELL = re.compile(r"#\s+(?:(begin|end)\s+(question|solution|tests|prompt)|assignment\s+config)\b", re.I)
 TEXT_MIME_TYPES = ("text/plain", "text/markdown", "text/html", "text/latex")
-
-
-def site_tool():
-    """tools/site.py as a module (tools/ is not a package, and ``site`` is a standard module's name)."""
-    if "site_tool" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("site_tool", ROOT / "tools" / "site.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["site_tool"] = module          # before running it: its dataclass looks itself up
-        spec.loader.exec_module(module)
-    return sys.modules["site_tool"]
 
 
 def squeeze(text: str) -> str:
@@ -119,14 +111,13 @@ def solutions() -> dict[str, set[str]]:
             elif "solution" not in inside:
                 visible += [cell.source, output_text(cell)]
     # The package files a chapter links to or shows get a page of their own.
-    tool = site_tool()
-    pages = tool.Pages(chapters={f"notebooks/{c.name}" for c in CHAPTERS})
+    pages = website.Pages(chapters={f"notebooks/{c.name}" for c in CHAPTERS})
     for chapter in CHAPTERS:
         notebook = nbformat.read(chapter, as_version=4)
         for cell in notebook.cells:
             if cell.cell_type == "markdown":
-                tool.rewrite_links(cell.source, f"notebooks/{chapter.name}", pages)
-        for module in tool.shown_modules(notebook):
+                website.rewrite_links(cell.source, f"notebooks/{chapter.name}", pages)
+        for module in website.shown_modules(notebook):
             visible.append((ROOT / module).read_text(encoding="utf-8"))
     visible += [(ROOT / module).read_text(encoding="utf-8") for module in pages.modules]
     corpus = squeeze("\n".join(visible))
@@ -142,8 +133,7 @@ def notebook_text(notebook) -> str:
 
 @pytest.fixture(scope="module")
 def student_chapters():
-    tool = site_tool()
-    return {c.stem: tool.student_notebook(nbformat.read(c, as_version=4), c.name) for c in CHAPTERS}
+    return {c.stem: student_chapter.student_notebook(nbformat.read(c, as_version=4), c.name) for c in CHAPTERS}
 
 
 def test_every_chapter_has_solution_lines_to_look_for():
@@ -211,7 +201,7 @@ def small_notebook() -> nbformat.NotebookNode:
 def test_student_notebook_of_a_small_master():
     notebook = small_notebook()
     notebook.cells[-1].source = "print('no solution out here')"
-    student = site_tool().student_notebook(notebook, "00_small.ipynb")
+    student = student_chapter.student_notebook(notebook, "00_small.ipynb")
     assert [(c.cell_type, c.source) for c in student.cells] == [
         ("markdown", "# Chapter 00 — A question"),
         ("markdown", "Write `double`."),
@@ -224,15 +214,15 @@ def test_student_notebook_of_a_small_master():
 
 
 def test_student_notebook_refuses_a_solution_outside_its_block():
-    with pytest.raises(site_tool().SiteError, match=r"00_small.ipynb, cell 13: a solution marker outside"):
-        site_tool().student_notebook(small_notebook(), "00_small.ipynb")
+    with pytest.raises(ValueError, match=r"00_small.ipynb, cell 13: a solution marker outside"):
+        student_chapter.student_notebook(small_notebook(), "00_small.ipynb")
 
 
 def test_student_notebook_refuses_an_unended_block():
     notebook = small_notebook()
     del notebook.cells[11]                                         # "# END TESTS"
-    with pytest.raises(site_tool().SiteError, match="cell 11: '# END QUESTION' while '# BEGIN TESTS' is still open"):
-        site_tool().student_notebook(notebook, "00_small.ipynb")
+    with pytest.raises(ValueError, match="cell 11: '# END QUESTION' while '# BEGIN TESTS' is still open"):
+        student_chapter.student_notebook(notebook, "00_small.ipynb")
 
 
 def widget_output(**data) -> nbformat.NotebookNode:
@@ -241,7 +231,7 @@ def widget_output(**data) -> nbformat.NotebookNode:
 
 
 def test_widget_outputs_keep_their_fallback_or_become_a_note():
-    note = site_tool().widget_note
+    note = student_chapter.widget_note
     with_fallback = widget_output(**{"text/html": "<div>view</div><script>draw()</script>", "text/plain": "View()"})
     assert note(with_fallback) is with_fallback
     only_repr = note(widget_output(**{"text/plain": "QueryExplorer(query='bank', title='toy model')"}))
@@ -263,49 +253,45 @@ def test_no_chapter_output_shows_a_widget_repr(student_chapters):
 
 
 def test_links_point_at_pages_of_the_site():
-    tool = site_tool()
-    pages = tool.Pages(chapters={"notebooks/01_intuition.ipynb", "notebooks/02_formula.ipynb"})
+    pages = website.Pages(chapters={"notebooks/01_intuition.ipynb", "notebooks/02_formula.ipynb"})
     text = ("See [chapter 02](02_formula.ipynb#masks), [the code](../attn_course/core/attention.py), "
             "[a paper](https://arxiv.org/abs/1706.03762), [below](#summary) and, as an example, "
             "`[x](../nowhere.py)`.")
-    assert tool.rewrite_links(text, "notebooks/01_intuition.ipynb", pages) == text.replace(
+    assert website.rewrite_links(text, "notebooks/01_intuition.ipynb", pages) == text.replace(
         "attention.py)", "attention.py.md)")
     assert pages.modules == {"attn_course/core/attention.py": {"notebooks/01_intuition.ipynb"}}
     for target in ("../INSTRUCTORS.md", "../attn_course/nowhere.py", "../../outside.py"):
-        with pytest.raises(tool.SiteError, match=re.escape(target)):
-            tool.rewrite_links(f"[x]({target})", "notebooks/01_intuition.ipynb", pages)
+        with pytest.raises(website.SiteError, match=re.escape(target)):
+            website.rewrite_links(f"[x]({target})", "notebooks/01_intuition.ipynb", pages)
 
 
 def test_show_source_outputs_name_their_module_file():
-    tool = site_tool()
-    assert tool.module_file("attn_course.positions.rope.RotaryEmbedding.forward") == "attn_course/positions/rope.py"
-    assert tool.module_file("attn_course.flash.tiled.tiled_attention") == "attn_course/flash/tiled.py"
-    assert tool.module_file("torch.nn.functional.softmax") is None
+    assert website.module_file("attn_course.positions.rope.RotaryEmbedding.forward") == "attn_course/positions/rope.py"
+    assert website.module_file("attn_course.flash.tiled.tiled_attention") == "attn_course/flash/tiled.py"
+    assert website.module_file("torch.nn.functional.softmax") is None
 
 
 def test_front_page_is_the_readme_chapter_map():
-    tool = site_tool()
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     names = [f"notebooks/{c.name}" for c in CHAPTERS]
-    page = tool.front_page(readme, names, tool.Pages(chapters=set(names)))
-    _, _, chapter_map = tool.readme_sections(readme)
+    page = website.front_page(readme, names, website.Pages(chapters=set(names)))
+    _, _, chapter_map = website.readme_sections(readme)
     assert chapter_map in page and page.startswith("# attn-course")
     assert all(f"]({name})" in page for name in names)
-    with pytest.raises(tool.SiteError, match="chapter map does not link notebooks/10_more.ipynb"):
-        tool.front_page(readme, names + ["notebooks/10_more.ipynb"], tool.Pages(chapters=set(names)))
-    with pytest.raises(tool.SiteError, match="'## Chapters' section"):
-        tool.readme_sections("# A title\n\nNo map.\n")
+    with pytest.raises(website.SiteError, match="chapter map does not link notebooks/10_more.ipynb"):
+        website.front_page(readme, names + ["notebooks/10_more.ipynb"], website.Pages(chapters=set(names)))
+    with pytest.raises(website.SiteError, match="'## Chapters' section"):
+        website.readme_sections("# A title\n\nNo map.\n")
 
 
 def test_out_folder_that_is_not_a_site_is_refused(tmp_path, capsys):
-    tool = site_tool()
     (tmp_path / "notes.txt").write_text("mine")
-    assert tool.main(["--out", str(tmp_path)]) == 1
+    assert website.main(["--out", str(tmp_path)]) == 1
     assert "is a folder with files in it but no site built by this tool" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "mine"
-    assert tool.main(["--out", str(ROOT / "notebooks" / "site")]) == 1
+    assert website.main(["--out", str(ROOT / "notebooks" / "site")]) == 1
     assert "would overwrite" in capsys.readouterr().err
-    assert tool.main(["--out", str(ROOT.parent)]) == 1
+    assert website.main(["--out", str(ROOT.parent)]) == 1
     assert "would overwrite the checkout" in capsys.readouterr().err
 
 
@@ -313,9 +299,8 @@ def test_out_folder_that_is_not_a_site_is_refused(tmp_path, capsys):
 def test_site_chapters_match_otters_student_notebooks(dist):
     """The site shows each chapter's cells as `make assignments` hands them out: the same cells,
     in the same order, less otter's own (its set-up cell and a grader.check per question)."""
-    tool = site_tool()
     for chapter in CHAPTERS:
-        site = tool.student_notebook(nbformat.read(chapter, as_version=4), chapter.name)
+        site = student_chapter.student_notebook(nbformat.read(chapter, as_version=4), chapter.name)
         student = nbformat.read(dist / "student" / chapter.name, as_version=4)
         otters_own = re.compile(r"# Initialize Otter|grader\.check(_all)?\(|grader\.export\(")
         expected = [(c.cell_type, c.source) for c in student.cells if not otters_own.match(c.source)]
@@ -397,7 +382,7 @@ def test_every_page_is_built_and_no_page_asks_another_machine(built):
 
 def expected_images(chapter: pathlib.Path) -> int:
     """Plots the chapter's page must show: outputs whose best representation is an image."""
-    notebook = site_tool().student_notebook(nbformat.read(chapter, as_version=4), chapter.name)
+    notebook = student_chapter.student_notebook(nbformat.read(chapter, as_version=4), chapter.name)
     return sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
                if "image/png" in output.get("data", {}) and "text/html" not in output["data"])
 

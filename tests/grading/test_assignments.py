@@ -19,7 +19,6 @@ import importlib.util
 import json
 import pathlib
 import re
-import subprocess
 import sys
 import zipfile
 
@@ -28,7 +27,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 from helpers import run_tool, sandbox_installed
-from support.exercises import assign_tool, chapter_namespace, exception_test_source, failures, public_tests
+from support.exercises import chapter_namespace, exception_test_source, failures, otter_run, public_tests
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -103,8 +102,7 @@ def student_code(student: nbformat.NotebookNode) -> list[list[str]]:
 
 def as_graded(body: str) -> list[str]:
     """A chapter test cell's statements as otter runs them (tools/assign.py's exception_test)."""
-    tool = assign_tool()
-    (function, _) = ast.parse(tool.exception_test(body, "test")).body
+    (function, _) = ast.parse(exception_test_source(body)).body
     return [ast.dump(node) for node in function.body]
 
 
@@ -395,14 +393,9 @@ def test_scores_and_feedback_equal_what_otter_run_gives(dist, graded, tmp_path):
     student = next(s for s, chapters in sorted(GRADED_PLANTED.items()) if chapter in chapters)
     notebook = tmp_path / student / f"{chapter}.ipynb"
     plant(dist / "student" / f"{chapter}.ipynb", GRADED_PLANTED[student][chapter], notebook)
-    tool = assign_tool()
     out = tmp_path / "otter"
     out.mkdir()
-    completed = subprocess.run(tool.otter_command() + ["run", "-a", str(dist / "autograder" / f"{chapter}.zip"),
-                                                       "-o", str(out), str(notebook)],
-                               env=tool.kernel_environment(), capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    by_otter = {t["name"]: t for t in json.loads((out / "results.json").read_text())["tests"] if "max_score" in t}
+    by_otter = otter_run(dist / "autograder" / f"{chapter}.zip", notebook, out)
     ours = {q["name"]: q for q in json.loads((graded / student / f"{chapter}.json").read_text())["questions"]}
     assert set(ours) == set(by_otter)
     for name, question in ours.items():

@@ -3,7 +3,7 @@
 Each attack here worked once: a link to the solution notebook scored full marks, ``/dev/zero``
 ran the grader to 3.3 GB, a FIFO hung it, a lone surrogate or a tensor in a result ended
 ``make grade`` with no grades.csv, a folder's name forged rows or ran a formula, escapes forged
-the console. The collection and reading (attn_course_grading.collect) and the writing
+the console. The collection and reading (attn_course_grading.collect, .reading) and the writing
 (attn_course_grading.report) are tested on hostile folders built here; then tools/grade.py grades
 a tiny class (a made-up one-question chapter) with all of tests/grading/hostile/collect.py's
 folders in it, and must write every row; last, a unix socket in a folder the sandbox sees
@@ -28,7 +28,8 @@ import pytest
 import torch
 from hostile import collect as hostile_collect
 
-from attn_course_grading import collect, report, sandbox
+from attn_course_grading import collect, reading, report, sandbox
+from attn_course_grading.display import display
 
 from helpers import ROOT, require_sandbox
 
@@ -44,7 +45,7 @@ def notebook_json(*sources: str, cell_type: str = "code", version: int = 4) -> s
 
 def refusal(path: pathlib.Path) -> str:
     with pytest.raises(ValueError) as caught:
-        collect.read_code_cells(path)
+        reading.read_code_cells(path)
     return str(caught.value)
 
 
@@ -54,9 +55,9 @@ def refusal(path: pathlib.Path) -> str:
 def test_a_notebook_reads_as_nbformat_reads_it():
     chapter = ROOT / "notebooks" / "03_multi_head.ipynb"
     expected = [cell.source for cell in nbformat.read(chapter, as_version=4).cells if cell.cell_type == "code"]
-    assert collect.read_code_cells(chapter) == expected and len(expected) > 10
+    assert reading.read_code_cells(chapter) == expected and len(expected) > 10
     # A source stored as a list of lines is joined, as nbformat does.
-    assert collect.parse_code_cells(notebook_json(["a = 1\n", "b = 2"], "").encode()) == ["a = 1\nb = 2", ""]
+    assert reading.parse_code_cells(notebook_json(["a = 1\n", "b = 2"], "").encode()) == ["a = 1\nb = 2", ""]
 
 
 def test_links_are_never_followed(tmp_path):
@@ -71,7 +72,7 @@ def test_links_are_never_followed(tmp_path):
     (tmp_path / "bob").symlink_to(tmp_path / "carol", target_is_directory=True)
     (tmp_path / "carol").mkdir()
     (tmp_path / "carol" / "03.ipynb").write_text(notebook_json("x = 1"))
-    assert collect.read_code_cells(tmp_path / "carol" / "03.ipynb") == ["x = 1"]
+    assert reading.read_code_cells(tmp_path / "carol" / "03.ipynb") == ["x = 1"]
     assert refusal(tmp_path / "bob" / "03.ipynb") == ("its folder is a symbolic link or not a folder; "
                                                       "hand in the notebook itself")
 
@@ -100,26 +101,26 @@ def test_no_more_than_the_cap_is_read_whatever_the_size_says():
     # /proc's files say they are 0 bytes long, as /dev/zero did (its size passed the old check).
     command_line = pathlib.Path(f"/proc/{os.getpid()}/cmdline")
     assert command_line.stat().st_size == 0 and len(command_line.read_bytes()) > 10
-    assert collect.read_bytes(command_line, 10**6) == command_line.read_bytes()
+    assert reading.read_bytes(command_line, 10**6) == command_line.read_bytes()
     with pytest.raises(ValueError, match="^it is more than the 10 bytes graded; clear its outputs"):
-        collect.read_bytes(command_line, 10)
+        reading.read_bytes(command_line, 10)
 
 
 def test_caps_are_checked_before_parsing(tmp_path):
     big = tmp_path / "big.ipynb"
     with open(big, "wb") as handle:
-        handle.truncate(collect.MAX_NOTEBOOK_BYTES + 1)                       # sparse: no disk used
+        handle.truncate(reading.MAX_NOTEBOOK_BYTES + 1)                       # sparse: no disk used
     assert refusal(big) == ("it is 16,777,217 bytes, more than the 16,777,216 graded; clear its outputs "
                             "(Edit > Clear Outputs of All Cells), save, and hand it in again")
     many = (tmp_path / "many.ipynb")
-    many.write_text(notebook_json(*[""] * (collect.MAX_CELLS + 1)))
+    many.write_text(notebook_json(*[""] * (reading.MAX_CELLS + 1)))
     assert refusal(many) == "it has 2,001 cells, more than the 2,000 graded"
     # A million dicts in 3 MB ([{},{},...]) are counted, never parsed: 2 marks each ("{" and ","), and 6 more.
     items = tmp_path / "items.ipynb"
-    items.write_bytes(b'{"cells": [' + b"{}," * collect.MAX_JSON_ITEMS + b'{}], "nbformat": 4}')
+    items.write_bytes(b'{"cells": [' + b"{}," * reading.MAX_JSON_ITEMS + b'{}], "nbformat": 4}')
     assert refusal(items).startswith("it holds about 2,000,006 JSON items, more than the 1,000,000 graded")
     long_cell = tmp_path / "long.ipynb"
-    long_cell.write_text(notebook_json("x = 1", "#" * (collect.MAX_CELL_CHARACTERS + 1), cell_type="markdown"))
+    long_cell.write_text(notebook_json("x = 1", "#" * (reading.MAX_CELL_CHARACTERS + 1), cell_type="markdown"))
     assert refusal(long_cell) == "its cell 2 has 262,145 characters, more than the 262,144 graded in one cell"
 
 
@@ -188,9 +189,9 @@ def test_a_folder_of_many_files_is_summed_up(tmp_path):
 def test_display_escapes_what_a_terminal_or_a_line_reader_would_obey():
     forged = "0 / 11 \x1b[2K\r11 / 11\x1b]0;title\x07 \u202eevil\u2066 \x85 \udcff café 李\n"
     shown = "0 / 11 \\x1b[2K\\r11 / 11\\x1b]0;title\\x07 \\u202eevil\\u2066 \\x85 \\xff café 李\\n"
-    assert collect.display(forged) == shown and collect.display(shown) == shown      # twice: the same
-    assert collect.display("x" * 10, 4) == "xxxx… (6 more characters)"
-    assert collect.display(b"\x1b") == "b'\\x1b'"           # str() of anything
+    assert display(forged) == shown and display(shown) == shown      # twice: the same
+    assert display("x" * 10, 4) == "xxxx… (6 more characters)"
+    assert display(b"\x1b") == "b'\\x1b'"           # str() of anything
 
 
 # --- writing results ------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 from hostile.resources import ATTACKS
 
 from attn_course_grading import grader, sandbox
+from attn_course_grading.assignment import Assignment
 
 from helpers import require_sandbox, sandbox_installed
 
@@ -72,7 +73,7 @@ def test_q4_repeat_1(torch, repetitions):
 HONEST = 5.0
 
 
-def make_assignment(folder: pathlib.Path) -> grader.Assignment:
+def make_assignment(folder: pathlib.Path) -> Assignment:
     """The made-up chapter ``99_resources``: its autograder zip and solution notebook."""
     archive = folder / "99_resources.zip"
     with zipfile.ZipFile(archive, "w") as handle:
@@ -82,7 +83,7 @@ def make_assignment(folder: pathlib.Path) -> grader.Assignment:
     solution = nbformat.v4.new_notebook()
     solution.cells = [nbformat.v4.new_code_cell(source) for source in SOLUTION_CELLS]
     nbformat.write(solution, archive.with_suffix(".ipynb"))
-    return grader.Assignment(archive)
+    return Assignment(archive)
 
 
 def submission(folder: pathlib.Path, student: str, replace: dict[str, str] | None = None,

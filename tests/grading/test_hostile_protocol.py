@@ -32,7 +32,9 @@ from hostile.protocol import BLOCKS_THE_PIPE, FORGES_A_REPLY, MALFORMED, TENSOR_
 
 from attn_course.core.kv_cache import KVCache
 from attn_course_grading import replies, sandbox, wire
-from attn_course_grading.remote import Submission, SubmissionError, SubmissionStopped, process_tree
+from attn_course_grading.proc import process_tree
+from attn_course_grading.proxies import answer_values
+from attn_course_grading.remote import Submission, SubmissionError, SubmissionStopped
 
 #: Short limits: every cell here is tiny, and each deadline tested is waited for in full.
 LIMITS = sandbox.Limits(seconds=30, cell_seconds=2, call_seconds=2)
@@ -227,7 +229,7 @@ RUNNER_ANSWERS = ["handler_has_globals", "zeroes_in_place", "appends", "kernel",
 @pytest.fixture(scope="module")
 def runner():
     with Submission(RUNNER_CELLS, RUNNER_ANSWERS, LIMITS, sandboxed=False) as submission:
-        yield submission, submission.answer_values()
+        yield submission, answer_values(submission)
 
 
 def test_cell_errors_cross_safe_and_bounded(runner):
@@ -290,7 +292,7 @@ def test_a_submission_that_stops_reading_is_stopped_by_the_writes_deadline():
     def call_it():
         started = time.monotonic()
         try:
-            submission.answer_values()["f"](torch.zeros(2**18))
+            answer_values(submission)["f"](torch.zeros(2**18))
         except SubmissionStopped as error:
             outcome.append((error, time.monotonic() - started))
 
@@ -335,7 +337,7 @@ def alive(pid: int) -> bool:
 def test_a_malformed_setup_reply_stops_that_notebook_and_all_its_processes(events, tensors):
     cell = "import torch\n" + forged_setup(events, tensors=tensors, children=CHILDREN)
     with Submission([cell], ["f"], LIMITS, sandboxed=False) as submission:     # raises nothing
-        assert MALFORMED in submission.stopped and submission.kinds == {} and submission.answer_values() == {}
+        assert MALFORMED in submission.stopped and submission.kinds == {} and answer_values(submission) == {}
     (line,) = [line for line in submission.output.splitlines() if line.startswith("CHILDREN")]
     children = [int(pid) for pid in line.split()[1:]]
     deadline = time.monotonic() + 5
@@ -352,7 +354,7 @@ def test_a_malformed_call_reply_is_a_stop_not_an_exception_of_the_grader():
                              ' ["forbidden", {"list": []}]]})\n'
                              '    time.sleep(600)\n')
     with Submission([cell], ["f"], LIMITS, sandboxed=False) as submission:
-        f = submission.answer_values()["f"]
+        f = answer_values(submission)["f"]
         with pytest.raises(SubmissionStopped, match="malformed reply"):
             f()
         assert "device" in submission.stopped and writable(submission.stopped)

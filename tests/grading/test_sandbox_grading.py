@@ -33,6 +33,7 @@ from test_assignments import answers_only, write_notebook
 from attn_course.core.kv_cache import KVCache
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 from attn_course_grading import sandbox, wire
+from attn_course_grading.proxies import answer_values
 
 from helpers import ROOT, require_sandbox, run_tool, sandbox_installed
 
@@ -410,7 +411,7 @@ def test_an_attack_on_the_grader_or_the_tests_gets_exactly_what_it_must(hostile_
 def test_an_attack_on_the_tests_scores_what_otter_run_gives(hostile_class, dist, tmp_path, student):
     """Issue 31: the mutating, empty, broadcasting and measuring answers once scored under make grade
     what otter run did not give (and fooled otter run too); now both give the same, question by question."""
-    from support.exercises import assign_tool
+    from support.exercises import otter_run
 
     chapter = TEST_ATTACKS[student]["chapter"]
     # The notebook make grade graded, with the student notebook's metadata (otter run reads the
@@ -418,13 +419,7 @@ def test_an_attack_on_the_tests_scores_what_otter_run_gives(hostile_class, dist,
     graded = nbformat.read(pathlib.Path(hostile_class["submissions"]) / student / f"{chapter}.ipynb", as_version=4)
     graded.metadata = nbformat.read(dist / "student" / f"{chapter}.ipynb", as_version=4).metadata
     notebook = write_notebook(graded, tmp_path / "submission" / f"{chapter}.ipynb")
-    tool = assign_tool()
-    completed = subprocess.run(tool.otter_command() + ["run", "-a", str(dist / "autograder" / f"{chapter}.zip"),
-                                                       "-o", str(tmp_path), str(notebook)],
-                               env=tool.kernel_environment(), capture_output=True, text=True)
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    by_otter = {t["name"]: t for t in json.loads((tmp_path / "results.json").read_text())["tests"]
-                if "max_score" in t}
+    by_otter = otter_run(dist / "autograder" / f"{chapter}.zip", notebook, tmp_path)
     ours = {q["name"]: q for q in hostile_class["feedback"][student, chapter]["questions"]}
     assert set(ours) == set(by_otter)
     assert {name: q["score"] for name, q in ours.items()} == {name: t["score"] for name, t in by_otter.items()}
@@ -574,7 +569,7 @@ def test_nan_wrong_dtypes_shapes_and_non_data_fail_with_their_diagnosis(hostile_
 
 @pytest.mark.slow
 def test_what_one_submission_changes_in_the_chapters_context_never_reaches_the_next(dist):
-    from attn_course_grading.grader import Assignment
+    from attn_course_grading.assignment import Assignment
 
     assignment = Assignment(dist / "autograder" / "01_intuition.zip")
     assert "sentence" in assignment.environment()               # what chapter 01's hidden tests read
@@ -635,7 +630,7 @@ def proxied():
     names = ["raises_value_error", "raises_its_own", "returns_a_function", "doubles_in_place", "grad_mode",
              "answer", "undefined", "softmax_with_torch", "softmax_by_hand"]
     with Submission([PROXIED], names, sandbox.Limits(), sandboxed=sandboxed) as submission:
-        yield submission, submission.answer_values()
+        yield submission, answer_values(submission)
 
 
 @pytest.mark.slow
@@ -698,7 +693,7 @@ def test_all_calls_together_get_the_notebooks_time():
     # 10 s for the notebook: starting torch in the sandbox took over 4 s on a loaded CI machine.
     limits = sandbox.Limits(seconds=10, call_seconds=3)
     with Submission([PROXIED], ["sleeps"], limits, sandboxed=sandboxed) as submission:
-        sleeps = submission.answer_values()["sleeps"]
+        sleeps = answer_values(submission)["sleeps"]
         assert sleeps(0.1) == 0.1
         with pytest.raises(SubmissionStopped, match="ran past 3 s"):
             sleeps(3.5)                                   # one call past --call-seconds
@@ -706,7 +701,7 @@ def test_all_calls_together_get_the_notebooks_time():
     # 3 s with the round trip, and the per-call limit fired before the one on all calls together.
     with Submission([PROXIED], ["sleeps"], sandbox.Limits(seconds=10, call_seconds=5),
                     sandboxed=sandboxed) as submission:
-        sleeps = submission.answer_values()["sleeps"]
+        sleeps = answer_values(submission)["sleeps"]
         with pytest.raises(SubmissionStopped, match="ran past 10 s in all"):
             for _ in range(6):                            # each call within its 5 s, 15 s in all
                 assert sleeps(2.5) == 2.5
@@ -761,7 +756,7 @@ def shortcut_submissions():
                   for cell in (code, f"shortcut_{index} = {name}")]
     with Submission(cells, [f"shortcut_{index}" for index in range(len(cases))], sandbox.Limits(),
                     sandboxed=sandbox_installed()) as submission:
-        values = submission.answer_values()
+        values = answer_values(submission)
         proxies: dict[str, dict] = {}
         for index, (chapter, name, code, _, _) in enumerate(cases):
             proxies.setdefault(chapter, {})[name, code] = values[f"shortcut_{index}"]

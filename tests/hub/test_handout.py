@@ -64,12 +64,18 @@ def test_the_first_click_gives_the_student_the_student_notebooks(course):
     assert (home / "attn-course" / "02_formula.ipynb").read_bytes() == (student / "02_formula.ipynb").read_bytes()
 
 
+def answered(home: pathlib.Path) -> pathlib.Path:
+    """The student's copy of chapter 02, with their answer saved in it."""
+    mine = home / "attn-course" / "02_formula.ipynb"
+    notebook = nbformat.read(mine, as_version=4)
+    notebook.cells[2].source = ANSWER
+    nbformat.write(notebook, mine)
+    return mine
+
+
 def test_a_typo_fixed_later_arrives_and_the_students_answer_stays(course):
     student, repo, home = course
-    mine = home / "attn-course" / "02_formula.ipynb"
-    answered = nbformat.read(mine, as_version=4)
-    answered.cells[2].source = ANSWER                                  # the student's answer, saved
-    nbformat.write(answered, mine)
+    mine = answered(home)
     fixed = chapter("Chapter 02")
     fixed.cells[1].source = fixed.cells[1].source.replace("teh", "the")  # the instructor's typo fix
     write(fixed, student / "02_formula.ipynb")
@@ -80,10 +86,7 @@ def test_a_typo_fixed_later_arrives_and_the_students_answer_stays(course):
 
 def test_where_both_changed_the_same_cell_the_students_version_wins(course):
     student, repo, home = course
-    mine = home / "attn-course" / "02_formula.ipynb"
-    answered = nbformat.read(mine, as_version=4)
-    answered.cells[2].source = ANSWER
-    nbformat.write(answered, mine)
+    mine = answered(home)
     changed_stub = chapter("Chapter 02", stub="def stable_softmax(scores: torch.Tensor):\n    ...")
     write(changed_stub, student / "02_formula.ipynb")
     handout.publish(student, repo)

@@ -54,8 +54,6 @@ def require_browser() -> str:
     pytest.skip(f"browser tests skipped: {reason}")
 
 
-
-
 # JupyterLab's execution indicator says "idle" before any kernel exists, too: a kernel is ready when the
 # toolbar names one and the indicator says idle.
 _KERNEL_IDLE = """() => {
@@ -90,3 +88,14 @@ def wait_until_serving(url: str, server: subprocess.Popen, *, seconds: float, po
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(problem()) from None
             time.sleep(poll)
+
+
+def stop_server(server: subprocess.Popen, seconds: float = 20) -> None:
+    """Terminate ``server`` (JupyterLab, JupyterHub) and wait for it; kill it if it is still running
+    after ``seconds``."""
+    server.terminate()
+    try:
+        server.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()

@@ -7,13 +7,15 @@ docstring example answers an exercise).
 from __future__ import annotations
 
 import ast
-import functools
-import importlib.util
+import json
 import pathlib
 import re
+import subprocess
 
 import nbformat
 from IPython.core.inputtransformer2 import TransformerManager
+
+from tools import assign, lab
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -75,18 +77,18 @@ def answer_names(master: pathlib.Path) -> dict[str, list[str]]:
     return found
 
 
-@functools.cache
-def assign_tool():
-    """tools/assign.py as a module (tools/ is not a package), loaded once."""
-    spec = importlib.util.spec_from_file_location("assign_tool", ROOT / "tools" / "assign.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
-
-
 def exception_test_source(source: str) -> str:
     """One test cell as otter runs it (tools/assign.py's exception-based test and its call)."""
-    return assign_tool().exception_test(source, "public_test")
+    return assign.exception_test(source, "public_test")
+
+
+def otter_run(autograder: pathlib.Path, notebook: pathlib.Path, out: pathlib.Path) -> dict[str, dict]:
+    """``otter run``'s own grading of ``notebook`` (the notebook and the tests in one kernel,
+    unsandboxed): ``{question: its result}``, each with ``score``, ``max_score`` and ``output``."""
+    completed = subprocess.run(assign.otter_command() + ["run", "-a", str(autograder), "-o", str(out), str(notebook)],
+                               env=lab.lab_environment(), capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return {t["name"]: t for t in json.loads((out / "results.json").read_text())["tests"] if "max_score" in t}
 
 
 def failures(tests: list[str], namespace: dict, question: str) -> list[str]:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from helpers import in_ci
-from support.browser import wait_until_serving
+from support.browser import stop_server, wait_until_serving
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEST_CONFIG = ROOT / "tests" / "hub" / "jupyterhub_test_config.py"
@@ -110,12 +110,7 @@ def stop_hub(hub: subprocess.Popen) -> None:
         started = psutil.Process(hub.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         started = []
-    hub.terminate()
-    try:
-        hub.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        hub.kill()
-        hub.wait()
+    stop_server(hub)
     for process in started:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.terminate()

@@ -11,7 +11,8 @@ import json
 import os
 import pathlib
 
-from attn_course_grading.collect import MAX_CELLS, MAX_NOTEBOOK_BYTES, display
+from attn_course_grading.display import display
+from attn_course_grading.reading import MAX_CELLS, MAX_NOTEBOOK_BYTES
 
 #: A name that a spreadsheet runs as a formula (OWASP's example): accepted, and neutralised in grades.csv.
 FORMULA_NAME = "@SUM(1+1)*cmd|' -C calc'!A0"
