@@ -1,19 +1,15 @@
-"""``python -m benchmarks NAME``: run one benchmark, print its table, write its CSV.
+"""``python -m benchmarks NAME``: run one benchmark, print its table, write its CSV (and plots) to ``--out``.
 
-    python -m benchmarks kv-cache         # generation with and without a KV cache: kv-cache.csv
-    python -m benchmarks flash            # a GPU: benchmarks.flash_gpu (flash-gpu*.csv, machine.json, PNGs);
-                                          # a CPU: time and memory, flash-cpu.csv, flash-cpu-training.csv, PNG
-    python -m benchmarks flash --dry-run  # the GPU code path on the CPU, tiny sizes (--profile long: the
-                                          # whole sweep; --max-minutes 4.5: the GPU run, bounded in time)
-    python -m benchmarks variants         # attn_course.measure.variants: variants.csv, variants-crossover.csv,
-                                          # variants-cache-bytes.csv, variants.png (--quick: tiny sizes)
-    python -m benchmarks distributed      # attn_course.measure.distributed on P = 1, 2, 4 processes:
-                                          # distributed-{traffic,traffic-gqa,memory,time}.csv, distributed.png
-    python -m benchmarks grading --autograders dist/autograder   # benchmarks.grading: grading-overhead.csv,
-                                          # grading-chapters.csv, grading-class.csv (--quick: the overhead only)
+    python -m benchmarks kv-cache      # generation with and without a KV cache
+    python -m benchmarks flash         # GPU: benchmarks.flash_gpu; CPU: time and memory, forward and backward
+    python -m benchmarks flash --dry-run   # the GPU code path on the CPU (--profile long: the whole sweep;
+                                           # --max-minutes 4.5: the GPU run, bounded in time)
+    python -m benchmarks variants      # attn_course.measure.variants (--quick: tiny sizes)
+    python -m benchmarks distributed   # attn_course.measure.distributed, P = 1, 2, 4 processes (--quick)
+    python -m benchmarks grading --autograders dist/autograder   # benchmarks.grading (--quick: overhead only)
 
-Files go to ``bench-results/`` (``--out``); ``--lengths`` sets the N values (for ``kv-cache`` the numbers
-of generated tokens); ``--help`` lists the rest.
+Files go to ``bench-results/``; ``--lengths`` sets the N values (for ``kv-cache`` the numbers of generated
+tokens); ``--help`` lists the rest.
 """
 
 from __future__ import annotations
@@ -59,16 +55,6 @@ def _length(text: str) -> int:
     return value
 
 
-def _minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number of minutes, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value:g}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark named in ``argv`` (default: ``sys.argv[1:]``) and write its results.
 
@@ -86,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder for the CSV and PNG (default: bench-results)")
     parser.add_argument("--lengths", type=_length, nargs="+",
                         help="sequence lengths N for flash and variants; numbers of new tokens for kv-cache")
-    parser.add_argument("--max-minutes", type=_minutes, default=None,
+    parser.add_argument("--max-minutes", type=float, default=None,
                         help="flash on a GPU: start no new measurement after this many minutes (default: no limit)")
     parser.add_argument("--profile", choices=["essential", "long"], default=None,
                         help="flash on a GPU (or --dry-run): essential (default: the first-contact check's rows, "
@@ -105,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.name != "flash" and (args.dry_run or args.max_minutes is not None or args.profile is not None):
         parser.error("--dry-run, --max-minutes and --profile are options of flash")
+    if args.max_minutes is not None and not 0 < args.max_minutes < float("inf"):
+        parser.error(f"--max-minutes must be a positive number of minutes, got {args.max_minutes:g}")
     if args.name == "distributed" and args.threads is not None:
         parser.error("--threads is an option of variants (distributed runs one thread per process)")
     if args.name not in ("variants", "distributed", "grading") and (args.quick or args.threads is not None):

@@ -1,21 +1,17 @@
-"""``python -m benchmarks.selfcheck``: the Triton kernels against float64, without pytest.
+"""``python -m benchmarks.selfcheck [cuda|cpu]``: the Triton kernels against float64, without pytest.
 
-For a machine that has torch and Triton but not pytest (``tools/gpu_check.sh`` runs this
-instead of the kernel tests there, rather than skipping them). Each case runs
-:func:`~attn_course.flash.flash_attention` forward and backward (and ``decode_attention``
-forward) and judges the output and the gradients by the
-FlashAttention rule, :func:`attn_course.flash.accuracy.flash_rule`, the one the kernel tests
-and chapter 07 use: the kernel's error against float64 at most ``factor`` times the error of
-plain attention in the same dtype, plus a small floor. Its reference,
-:func:`~attn_course.flash.accuracy.plain_attention` (grouped-query heads, bottom-right causal),
-is independent of the kernels.
-
-Exit status 0 when every case passes, 1 otherwise.
+For a GPU machine that has torch and Triton but not pytest (``tools/gpu_check.sh`` runs this there
+instead of the kernel tests). Each case runs :func:`~attn_course.flash.flash_attention` forward and
+backward (or ``decode_attention`` forward) and judges it by the FlashAttention rule the kernel tests and
+chapter 07 use (:func:`attn_course.flash.accuracy.flash_rule`: the kernel's error against float64 at most
+a factor times plain attention's in the same dtype, plus a small floor). Exit status 0 when every case
+passes, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -31,16 +27,8 @@ __all__ = ["CaseResult", "cases", "main", "run_case", "selfcheck"]
 
 @dataclasses.dataclass(frozen=True)
 class CaseResult:
-    """One case of :func:`selfcheck`.
-
-    Attributes:
-        name: what was run, e.g. ``"flash float16 d=64 B=2 H=8 H_kv=2 N_q=300 N_k=300 causal"``.
-        errors: quantity (``"output"``, ``"dq"``, ``"dk"``, ``"dv"``) → the kernel's largest
-            absolute difference from float64.
-        allowed: quantity → ``factor · (plain attention's error in the same dtype) + floor``.
-        seconds: wall-clock time of the case (the kernel, and the references it is judged against).
-        error: the exception's text if the kernel raised, else ``""``.
-    """
+    """One case of :func:`selfcheck`: per quantity (``"output"``, ``"dq"``, ``"dk"``, ``"dv"``) the kernel's
+    largest difference from float64 (``errors``) and what the rule allows; ``error``: what the kernel raised."""
 
     name: str
     errors: dict
@@ -50,7 +38,6 @@ class CaseResult:
 
     @property
     def passed(self) -> bool:
-        """Whether the kernel ran and every quantity is within the rule."""
         return not self.error and all(self.errors[q] <= self.allowed[q] for q in self.errors)
 
 
@@ -60,22 +47,17 @@ def run_case(fn: Callable, *, batch: int, heads: int, kv_heads: int, n_q: int, n
 
     Args:
         fn: the attention to judge, e.g. :func:`~attn_course.flash.flash_attention`.
-        batch, heads, kv_heads, n_q, n_k, head_dim: B, H, H_kv, N_q, N_k and d of ``q [B, H, N_q, d]``
-            and ``k``, ``v`` ``[B, H_kv, N_k, d]``.
-        dtype: the inputs' dtype (one of the floors of :mod:`attn_course.flash.accuracy`).
-        causal: bottom-right causal mask.
-        backward: also judge the gradients.
-        device: ``"cuda"`` or ``"cpu"``.
-        name: the case's label.
-        seed: for the inputs (drawn in float64 on the CPU, then cast and moved; the float64
-            reference sees the cast values).
+        batch, heads, kv_heads, n_q, n_k, head_dim: of ``q [B, H, N_q, d]`` and ``k``, ``v`` ``[B, H_kv, N_k, d]``.
+        dtype: the inputs' dtype (one with a floor in :mod:`attn_course.flash.accuracy`).
+        causal, backward: a bottom-right causal mask; judge the gradients too.
+        device, name: ``"cuda"`` or ``"cpu"``; the case's label.
+        seed: for the inputs (drawn in float64, then cast; the reference sees the cast values).
 
     Returns:
         A :class:`CaseResult` (an exception from ``fn`` is recorded in it, not raised).
 
     Raises:
-        TypeError: ``fn`` not callable, a size not an int, ``causal``/``backward`` not a bool, or
-            ``dtype`` without a floor.
+        TypeError: ``fn`` not callable, a size not an int, a flag not a bool, ``dtype`` without a floor.
         ValueError: a size below 1, ``heads`` not a multiple of ``kv_heads``, or an unknown device.
     """
     where = "run_case"
@@ -114,14 +96,8 @@ def run_case(fn: Callable, *, batch: int, heads: int, kv_heads: int, n_q: int, n
 
 
 def cases(device: str) -> list[dict]:
-    """The cases :func:`selfcheck` runs: larger and in half precisions on a GPU, small on the CPU.
-
-    Args:
-        device: ``"cuda"`` or ``"cpu"``.
-
-    Returns:
-        Keyword arguments for :func:`run_case`, without ``fn``, plus ``"kernel"``: ``"flash"``
-        or ``"decode"``.
+    """The cases :func:`selfcheck` runs on ``device`` (``"cuda"``: larger, in half precisions; ``"cpu"``):
+    keyword arguments for :func:`run_case` without ``fn``, plus ``"kernel"`` (``"flash"`` or ``"decode"``).
 
     Raises:
         ValueError: another device.
@@ -132,35 +108,21 @@ def cases(device: str) -> list[dict]:
     dtypes = (torch.float16, torch.bfloat16) if gpu else (torch.float16, torch.float32)
     head_dims = (64, 128) if gpu else (64,)
     n = 1030 if gpu else 130
+    shapes = [("flash", 2, 4, 4, n, n), ("flash", 1, 8, 2, n // 2 + 3, n // 2 + 3), ("flash", 1, 4, 1, n // 3, n)]
+    shapes += [("decode", 2, 8, 2, n_q, 8192 + 5 if gpu else 300) for n_q in (1, 16)]
     found = []
-    for dtype in dtypes:
-        for head_dim in head_dims:
-            for causal in (False, True):
-                shapes = [(2, 4, 4, n, n), (1, 8, 2, n // 2 + 3, n // 2 + 3), (1, 4, 1, n // 3, n)]
-                for batch, heads, kv_heads, n_q, n_k in shapes:
-                    found.append(dict(kernel="flash", batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, n_k=n_k,
-                                      head_dim=head_dim, dtype=dtype, causal=causal, backward=True))
-                for n_q in (1, 16):
-                    found.append(dict(kernel="decode", batch=2, heads=8, kv_heads=2, n_q=n_q,
-                                      n_k=8192 + 5 if gpu else 300, head_dim=head_dim, dtype=dtype, causal=causal,
-                                      backward=False))
-    for case in found:
-        mask = "causal" if case["causal"] else "full"
-        case["name"] = (f"{case['kernel']} {str(case['dtype']).removeprefix('torch.')} d={case['head_dim']} "
-                        f"B={case['batch']} H={case['heads']} H_kv={case['kv_heads']} N_q={case['n_q']} "
-                        f"N_k={case['n_k']} {mask}")
+    for dtype, head_dim, causal, (kernel, batch, heads, kv_heads, n_q, n_k) in itertools.product(
+            dtypes, head_dims, (False, True), shapes):
+        name = (f"{kernel} {str(dtype).removeprefix('torch.')} d={head_dim} B={batch} H={heads} H_kv={kv_heads} "
+                f"N_q={n_q} N_k={n_k} {'causal' if causal else 'full'}")
+        found.append(dict(kernel=kernel, batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, n_k=n_k,
+                          head_dim=head_dim, dtype=dtype, causal=causal, backward=kernel == "flash", name=name))
     return found
 
 
 def selfcheck(device: str | None = None, *, report: Callable[[str], None] | None = print) -> list[CaseResult]:
-    """Run every case of :func:`cases` and report one line each.
-
-    Args:
-        device: ``"cuda"`` or ``"cpu"``; default ``"cuda"`` when there is a GPU.
-        report: called with each line of text (None: silent).
-
-    Returns:
-        One :class:`CaseResult` per case.
+    """Run every case of :func:`cases` on ``device`` (default: ``"cuda"`` when there is a GPU), calling
+    ``report`` with a line each (None: silent); a :class:`CaseResult` per case.
 
     Raises:
         ValueError: an unknown device.
@@ -183,11 +145,7 @@ def selfcheck(device: str | None = None, *, report: Callable[[str], None] | None
 
 
 def main() -> int:
-    """Command line: ``python -m benchmarks.selfcheck [cuda|cpu]``.
-
-    Returns:
-        0 when every case passed, 1 otherwise (2 for a bad argument).
-    """
+    """The command line: 0 when every case passed, 1 otherwise, 2 for a bad argument."""
     arguments = sys.argv[1:]
     if len(arguments) > 1 or (arguments and arguments[0] not in ("cuda", "cpu")):
         print("usage: python -m benchmarks.selfcheck [cuda|cpu]", file=sys.stderr)

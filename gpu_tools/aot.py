@@ -1,18 +1,10 @@
-"""Compile the FlashAttention kernels ahead of time for a GPU, on a machine with none.
-
-Triton's interpreter accepts things a GPU compiler rejects (``tl.dot`` shapes below 16,
-dtype mix-ups, tiles that overflow shared memory). Compiling every kernel in every
-configuration of :data:`~attn_course.flash.configs.CONFIGS` for real targets
-catches those without a GPU:
+"""Compile the FlashAttention kernels ahead of time for sm_80 and sm_90, on a machine without a GPU: what
+Triton's interpreter accepts and a GPU compiler rejects (``tl.dot`` shapes below 16, dtype mix-ups, tiles
+that overflow shared memory) is caught without one.
 
     TRITON_INTERPRET=0 python -m gpu_tools.aot [--all | --spills] [--resources] [SHARD/SHARDS]
 
-(``TRITON_INTERPRET=0``: without a GPU, Triton would otherwise be put in interpreter mode, and a
-process has one mode, see :mod:`attn_course.flash.triton_mode`.)
-
-The result's ``metadata.shared`` is the shared memory a program needs, in bytes.
-:func:`~gpu_tools.resources.resource_usage` reads the rest from the assembler: registers per
-thread and the bytes spilled to local memory (``--resources`` prints them per case).
+(``TRITON_INTERPRET=0``: without a GPU Triton would be in interpreter mode; a process has one mode.)
 """
 
 from __future__ import annotations
@@ -52,25 +44,17 @@ _OTHER_KERNELS = {"decode_merge": "attention_decode_merge_kernel", "forward_tma"
 
 
 class Case(NamedTuple):
-    """One compilation: a kernel in one configuration, for one GPU.
+    """One compilation: a kernel in one configuration, for one GPU (``capability`` 80 or 90).
 
-    Attributes:
-        kernel: a key of :data:`~attn_course.flash.configs.KERNEL_NAMES`, ``"decode_merge"``,
-            ``"forward_tma"`` or ``"backward_delta"``.
-        config: index into :func:`~attn_course.flash.configs.kernel_configs`, for the TMA forward
-            into :func:`~attn_course.flash.tma_configs.tma_forward_configs` (0 for the merge and the
-            Δ kernel, whose rows are ``DELTA_BLOCK_M``).
-        head_dim, dtype, causal, capability: the specialisation and the target (80 or 90).
-        block_m: the decode kernel's rows per program (one of ``DECODE_BLOCK_M``), else the config's.
-        splits: the merge kernel's ``SPLITS`` (else 0).
-        groups: 0 compiles ``num_kv_groups`` as a run-time integer (what a launch with ``G > 1``
-            query heads per key/value head gets), 1 as the constant 1 (the JIT specialises an
-            integer argument equal to 1, so ``G = 1`` launches get that variant, loop unrolled).
-        atomic_dq: the dK/dV kernel's ``ATOMIC_DQ`` (dQ by atomic adds, the optional
-            five-product backward); False for every other kernel.
-        device_descriptors: the TMA forward with descriptors built in the kernel (the fallback where
-            Triton has no host-side ``TensorDescriptor``); else it takes host descriptors.
-        warp_specialize: the TMA forward's ``WARP_SPECIALIZE`` option.
+    ``kernel`` is a key of :data:`~attn_course.flash.configs.KERNEL_NAMES`, ``"decode_merge"``,
+    ``"forward_tma"`` or ``"backward_delta"``; ``config`` an index into its candidates
+    (:func:`~attn_course.flash.configs.kernel_configs`, for the TMA forward
+    :func:`~attn_course.flash.tma_configs.tma_forward_configs`; 0 for the merge and the Δ kernel).
+    ``block_m``: the decode kernel's rows per program; ``splits``: the merge's ``SPLITS``. ``groups``: 0
+    compiles ``num_kv_groups`` as a run-time integer (a launch with G > 1), 1 as the constant the JIT
+    makes of a 1 (G = 1, loop unrolled). ``atomic_dq``: the dK/dV kernel's optional dQ by atomic adds;
+    ``device_descriptors``, ``warp_specialize``: the TMA forward's options (descriptors built in the
+    kernel, where Triton has no host-side ``TensorDescriptor``).
     """
 
     kernel: str
@@ -88,37 +72,28 @@ class Case(NamedTuple):
 
     @property
     def name(self) -> str:
-        shape = f" block_m={self.block_m}" if self.kernel == "decode" else ""
-        shape += f" splits={self.splits}" if self.kernel == "decode_merge" else ""
-        shape += " G=1" if self.groups == 1 else ""
-        shape += " atomic_dq" if self.atomic_dq else ""
-        shape += " device_descriptors" if self.device_descriptors else ""
-        shape += " warp_specialize" if self.warp_specialize else ""
+        flags = {f"block_m={self.block_m}": self.kernel == "decode",
+                 f"splits={self.splits}": self.kernel == "decode_merge", "G=1": self.groups == 1,
+                 "atomic_dq": self.atomic_dq, "device_descriptors": self.device_descriptors,
+                 "warp_specialize": self.warp_specialize}
+        shape = "".join(f" {flag}" for flag, shown in flags.items() if shown)
         return (f"{self.kernel}[{self.config}]{shape} d={self.head_dim} {self.dtype} causal={self.causal} "
                 f"sm_{self.capability}")
 
 
 def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = True, groups: int = 0,
                descriptors: dict[str, list[int]] | None = None) -> tuple[dict[str, str], dict[str, int], dict]:
-    """Triton's type string for each kernel parameter, specialised as the JIT specialises a
-    launch on contiguous, 16-byte-aligned tensors.
+    """Triton's type string for each kernel parameter, specialised as the JIT specialises a launch on
+    contiguous, 16-byte-aligned tensors: ``(signature, extra constants, attributes)`` for ``ASTSource``.
 
-    At run time Triton compiles a variant per argument pattern: an integer equal to 1 becomes a
-    constant, and pointers and integers divisible by 16 are marked so (``tt.divisibility``).
-    That decides the code: with the head dimension's stride known to be 1 and rows aligned, the
-    compiler can issue vector and asynchronous copies (and pipeline them through shared memory)
-    instead of one scalar load per element. So here the last-dimension strides are the constant
-    1 and the pointers and other strides divisible by 16, as with contiguous ``[B, H, N, d]``
-    tensors of ``d`` in 16…128; the sizes (``n_q``, ``n_k``, ...) stay plain ``i32``.
-    ``aligned_strides=False`` leaves the strides plain ``i32`` too (the TMA forward: its
-    descriptors carry the strides, and it has no last-dimension strides). ``groups=1`` makes
-    ``num_kv_groups`` the constant 1, as a launch with one query head per key/value head has it.
-    ``descriptors`` maps tensor parameters to the block shapes of the host-side tensor descriptors
-    passed in their place (``tensordesc<fp16[1, 1, 128, 64]>``, as the JIT types a
-    ``TensorDescriptor`` argument).
-
-    Returns:
-        ``(signature, extra constants, attributes)`` for :class:`triton.compiler.ASTSource`.
+    The JIT compiles a variant per argument pattern (an integer equal to 1 becomes a constant, pointers
+    and integers divisible by 16 are marked ``tt.divisibility``), and that decides the code: with the
+    head dimension's stride known to be 1 and rows aligned, the compiler issues vector and asynchronous
+    copies instead of one scalar load per element. So the last-dimension strides are the constant 1, the
+    pointers and other strides divisible by 16 (plain ``i32`` with ``aligned_strides=False``: the TMA
+    forward's descriptors carry its strides), the sizes plain ``i32``; ``groups=1`` makes
+    ``num_kv_groups`` the constant 1; ``descriptors`` maps tensor parameters to the block shapes of the
+    host-side tensor descriptors passed in their place.
     """
     signature, constants, attributes = {}, {}, {}
     for index, name in enumerate(inspect.signature(kernel_function.fn).parameters):
@@ -146,8 +121,7 @@ def _signature(kernel_function, pointer_type: str, *, aligned_strides: bool = Tr
 
 
 def compile_case(case: Case):
-    """Compile one :class:`Case` and return Triton's compiled kernel (``.asm["ptx"]``,
-    ``.metadata.shared`` in bytes, ...).
+    """Compile one :class:`Case`: Triton's compiled kernel (``.asm["ptx"]``, ``.metadata.shared`` in bytes, ...).
 
     Raises:
         RuntimeError: Triton is in interpreter mode (set ``TRITON_INTERPRET=0``).
@@ -199,14 +173,10 @@ def compile_case(case: Case):
 
 
 def all_cases() -> list[Case]:
-    """Every compilation the launcher can need on a GPU.
-
-    Every candidate configuration of every kernel, head dim and causal flag, for sm_80 and sm_90,
-    in float16; the default candidate in bfloat16 too (the dtype changes neither the tile shapes
-    nor the shared memory, both being 2-byte types, only the conversions); the decode kernel at
-    each of its row widths; the merge kernel at the smallest and largest ``SPLITS``; the Δ
-    kernel in both dtypes.
-    """
+    """Every compilation the launcher can need on a GPU: every candidate of every kernel, head dim and
+    causal flag for sm_80 and sm_90 in float16, the default candidate in bfloat16 too (2-byte types
+    both: the same tiles and shared memory), the decode kernel at each row width, the merge at the
+    smallest and largest ``SPLITS``, the Δ kernel in both dtypes."""
     capabilities, dtypes = sorted(SHARED_MEMORY_LIMIT), sorted(_TRITON_DTYPE)
     cases = []
     for kernel, head_dim, causal, capability in itertools.product(sorted(KERNEL_NAMES), SUPPORTED_HEAD_DIMS,
@@ -224,13 +194,9 @@ def all_cases() -> list[Case]:
 
 
 def essential_cases() -> list[Case]:
-    """The cases ``make test`` compiles: every kernel path, and every candidate at least once.
-
-    Every kernel (the merge included) in its default configuration for every head dim, causal
-    flag and GPU, in float16 (the decode kernel at both row widths); every other candidate at
-    d = 64 and 128, causal, in float16; and the default configurations in bfloat16 at d = 64
-    on sm_90. :func:`all_cases` (``--all``) compiles the full product, about twice as many.
-    """
+    """The cases ``make test`` compiles, about half of :func:`all_cases`: every kernel in its default
+    configuration for every head dim, causal flag and GPU in float16, every other candidate at d = 64 and
+    128, causal, and the defaults in bfloat16 at d = 64 on sm_90."""
     def wanted(case: Case) -> bool:
         if case.dtype == "bfloat16":
             return case.config == 0 and case.head_dim == 64 and case.capability == 90 and case.causal \
@@ -245,18 +211,13 @@ def essential_cases() -> list[Case]:
 
 
 def spill_cases(capability: int = 90) -> list[Case]:
-    """The cases whose registers the spill test reads, in float16: every candidate configuration
-    the launcher or the autotuner can select of the forward and the two backward kernels, every
-    head dim, causal or not, with one query head per key/value head (``G = 1``, the JIT's
-    constant) and with more (a run-time ``G``); the backward's Δ kernel at every head dim; and the
-    optional atomic-dQ dK/dV kernel in the configuration it runs by default
-    (:func:`~attn_course.flash.configs.atomic_dq_config`), with both group counts; and, for sm_90,
-    the TMA forward in every candidate :func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps
-    for an H100/H200 (:data:`~attn_course.flash.tma_configs.HOPPER_LIMITS`), causal or not.
-
-    bfloat16 is left out to halve the compile time: its registers, spills and shared memory were
-    those of float16 in all 48 default-candidate cases measured (Triton 3.9, ptxas 13.4; the
-    dtype changes only conversions), and :func:`essential_cases` still compiles it.
+    """The cases whose registers the spill test reads, in float16: every candidate of the forward and the two
+    backward kernels, every head dim, causal or not, with G = 1 and a run-time G; the Δ kernel; the
+    atomic-dQ dK/dV kernel in its default configuration (:func:`~attn_course.flash.configs.atomic_dq_config`);
+    and on sm_90 the TMA forward in every candidate kept for an H100/H200
+    (:func:`~attn_course.flash.tma_configs.prune_tma_configs`). bfloat16 is left out to halve the compile
+    time: its registers, spills and shared memory were float16's in all 48 default-candidate cases
+    measured (Triton 3.9, ptxas 13.4).
 
     Raises:
         ValueError: a capability other than 80 or 90.
@@ -277,13 +238,10 @@ def spill_cases(capability: int = 90) -> list[Case]:
 
 
 def main(argv: list[str]) -> int:
-    """Compile the cases (:func:`essential_cases`, :func:`all_cases` with ``--all``, or
-    :func:`spill_cases` for sm_90 with ``--spills``; the ``shard/shards`` slice if one is given)
-    and print one line each: the case, shared memory in bytes, the limit, whether the PTX uses
-    ``wgmma`` (Hopper's warp-group matrix multiply), and OK or TOO BIG. With ``--resources``
-    (implied by ``--spills``) the line also gives registers, spill stores and loads and stack
-    (:func:`~gpu_tools.resources.resource_usage`), and a spill counts as a failure. Exit status 1
-    if anything is too big or spills."""
+    """Compile :func:`essential_cases` (:func:`all_cases` with ``--all``, :func:`spill_cases` with
+    ``--spills``; a ``shard/shards`` slice if given) and print a line each: shared memory and its limit,
+    whether the PTX uses ``wgmma``, and with ``--resources`` (implied by ``--spills``) the registers,
+    spills and stack. Exit status 1 if anything is too big or spills."""
     options = {argument for argument in argv if argument.startswith("--")}
     unknown = options - {"--all", "--resources", "--spills"}
     if unknown:

@@ -1,35 +1,18 @@
 """Count the Triton compilations that tools/gpu_check.sh triggers on a GPU, on a machine without one.
 
-    .venv/bin/python -m gpu_tools.count_compiles [--json FILE] [--plan FILE] [PYTEST_ARGS...]
+    .venv/bin/python -m gpu_tools.count_compiles [--json FILE] [--plan FILE] [--calibrate] [PYTEST_ARGS...]
 
-A GPU compiles a kernel once per *specialisation*: its constexpr values (HEAD_DIM, BLOCK_M,
-BLOCK_N, CAUSAL, SPLITS), its launch options (num_warps, num_stages), and for every other argument
-Triton's type and specialisation of the value (pointer dtype and 16-byte alignment; an int equal
-to 1 becomes a constant, an int divisible by 16 is marked so). A cold compile for sm_90 takes
-seconds (about 2 to 6 s, see ``--calibrate``), so these counts are most of the check's time.
-
-This runs the GPU check's kernel tests (default: the files and ``-m "not slow"`` of
-tools/gpu_check.sh; other pytest arguments replace them) in Triton's interpreter, records every
-launch's specialisation key with Triton's own ``native_specialize_impl`` (the function its JIT
-keys its cache with) and prints the distinct keys per test file (each file is its own pytest
-process in the check, so each compiles its own) and per kernel. Where the GPU takes another path:
-
-* decoding's default split count follows the GPU's multiprocessors: simulated for an H200's 132;
-* the forward with no ``config`` takes the TMA kernel on Hopper, pinned by ``gpu_setup`` to one
-  configuration per head dim like the pointer kernel's default here: the same number of
-  specialisations; the one test of its tuning (here with a fake timer, launching nothing) compiles every candidate
-  ``prune_tma_configs`` keeps at d = 64 on an H200: added;
-* the interpreter's float32 becomes float16 or bfloat16 on a GPU: the count here is an upper bound
-  (two interpreter dtypes may become one GPU dtype, never the reverse);
-* test_flash_configs.py's autotuning test uses d = 64 on a GPU (every candidate compiled and
-  timed), d = 16 with one candidate here: added from ``CONFIGS``.
-
-Then the benchmark's essential profile, by its own count (``python -m benchmarks.flash_gpu
---count-compilations essential``: every candidate of each backward kernel, the TMA forward's kept
-candidates, decoding, FlexAttention's graphs).
-
-``--calibrate`` also times real ahead-of-time compiles for sm_90 (:mod:`gpu_tools.aot`) in a
-subprocess (Triton in GPU mode) and prints the seconds each took.
+A GPU compiles a kernel once per specialisation (its constexprs, launch options, and Triton's
+specialisation of every other argument: dtype, 16-byte alignment, an int equal to 1), at about 2 to 6 s
+each for sm_90 (``--calibrate`` times a few): most of the check's time. This runs the check's kernel
+tests (default: tools/gpu_check.sh's files, ``-m "not slow"``) in Triton's interpreter, records every
+launch's key with Triton's own ``native_specialize_impl`` and prints the distinct keys per test file
+(each is its own process in the check) and per kernel. Where a GPU takes another path: decoding's split
+count follows an H200's 132 multiprocessors; the forward takes the TMA kernel, pinned by ``gpu_setup``
+to one configuration per head dim like the pointer kernel here; the interpreter's float32 becomes a
+16-bit dtype (the count is an upper bound); the two tuning tests compile every candidate on a GPU (one
+here): added. Then the benchmark's essential profile, by its own count
+(:func:`~benchmarks.flash_gpu.kernels_used.count_compilations`). ``--plan`` writes the check's shards.
 """
 
 from __future__ import annotations
@@ -90,9 +73,7 @@ class LaunchRecorder:
             else:
                 key.append((parameter.name, native_specialize_impl(BaseBackend, value, False, True, True)))
         # Launch options, at the JIT's defaults when not given (other options keep their defaults).
-        key.append(("num_warps", kwargs.get("num_warps", 4)))
-        key.append(("num_stages", kwargs.get("num_stages", 3)))
-        key = tuple(key)
+        key = (*key, ("num_warps", kwargs.get("num_warps", 4)), ("num_stages", kwargs.get("num_stages", 3)))
         self.launches += 1
         self.keys.setdefault(key, self.current)
         self.by_file[self.current].add(key)
@@ -122,44 +103,25 @@ def install(recorder: LaunchRecorder) -> None:
     decode.decode_num_splits = gpu_splits
 
 
-def autotuning_test_extra() -> int:
-    """Compilations test_the_autotuned_launch_runs adds on a GPU (every candidate at d = 64) over the
-    interpreter's (one candidate at d = 16), for the forward and the decode kernel."""
+def gpu_only_compilations() -> dict[str, int]:
+    """Compilations two tests add on a GPU, by test: the autotuned launch (every forward and decode candidate
+    at d = 64 there, one at d = 16 here) and the TMA forward's tuning (every candidate kept for an H200 at
+    d = 64; here it times a fake and launches nothing)."""
     from attn_course.flash.configs import kernel_configs
-
-    return sum(len(kernel_configs(kernel, 64)) - len(kernel_configs(kernel, 16)) for kernel in ("forward", "decode"))
-
-
-TMA_TUNING_TEST = "tests/flash/test_flash_tma.py::test_tuning_on_a_gpu_picks_a_kept_candidate_once_per_length_bucket"
-
-
-def tma_tuning_test_extra() -> int:
-    """Compilations the TMA forward's tuning test adds on a GPU (in the interpreter it times a fake, launching nothing):
-    every candidate the pruning keeps for an H200 at d = 64, float16, causal."""
     from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs
 
-    return len(prune_tma_configs(tma_forward_configs(64), 64, **HOPPER_LIMITS))
-
-
-def benchmark_compiles(profile: str = "essential") -> dict:
-    """The compilations of the GPU benchmark's ``profile`` on an H200, by the benchmark's own count
-    (:func:`~benchmarks.flash_gpu.kernels_used.count_compilations`, from the tables the code launches from)."""
-    from benchmarks.flash_gpu import GPU_SIZES, count_compilations, plan_phases
-
-    return count_compilations(plan_phases(GPU_SIZES, None, profile), GPU_SIZES)
+    autotuned = sum(len(kernel_configs(name, 64)) - len(kernel_configs(name, 16)) for name in ("forward", "decode"))
+    return {"tests/flash/test_flash_configs.py::test_the_autotuned_launch_runs": autotuned,
+            "tests/flash/test_flash_tma.py::test_tuning_on_a_gpu_picks_a_kept_candidate_once_per_length_bucket":
+            len(prune_tma_configs(tma_forward_configs(64), 64, **HOPPER_LIMITS))}
 
 
 def plan_shards(by_test: dict[str, set], shards: int, most: int, extra: dict[str, int]) -> list[tuple[str, set, list]]:
-    """Split the tests into ``shards`` processes, balanced by the compilations each process needs.
+    """``[(name, compilation keys, specs)]``: the tests in ``shards`` processes, balanced by compilations.
 
-    A unit is a test function (``FILE::FUNCTION``), or, when one needs more than ``most``
-    compilations, a slice of its cases (``FILE::FUNCTION@I/N``, see tests/flash/gpu_setup.py).
-    Largest units first, each goes to the shard whose set of compilations grows least (the
-    compilations shared with tests already there are free). ``extra``: compilations a function
-    needs on a GPU only (function id -> how many).
-
-    Returns:
-        ``[(name, compilation keys, specs)]``.
+    A unit is a test function (``FILE::FUNCTION``), or a slice of its cases (``FILE::FUNCTION@I/N``, see
+    tests/flash/gpu_setup.py) when it needs more than ``most``; largest first, each goes to the shard
+    whose compilations grow least. ``extra``: compilations a function needs on a GPU only.
     """
     by_function: dict[str, list[tuple[str, set]]] = collections.defaultdict(list)
     for test, keys in by_test.items():
@@ -185,12 +147,11 @@ def plan_shards(by_test: dict[str, set], shards: int, most: int, extra: dict[str
     return plan
 
 
-def write_plan(plan, path: pathlib.Path, seconds_per_compile=(2, 6)) -> None:
-    low, high = seconds_per_compile
+def write_plan(plan, path: pathlib.Path) -> None:
     lines = ["# tools/gpu_check.sh's test shards, one process each, all at once: NAME COMPILATIONS SPEC...",
              "# Written by python -m gpu_tools.count_compiles --plan (rerun it when the kernel tests change: a test",
              "# in no shard would not run, and the dry run says so). COMPILATIONS: the distinct kernel",
-             f"# specialisations the shard compiles, at {low} to {high} s each for sm_90."]
+             "# specialisations the shard compiles, at 2 to 6 s each for sm_90."]
     lines += [f"{name} {len(keys)} {' '.join(sorted(specs))}" for name, keys, specs in plan if specs]
     path.write_text("\n".join(lines) + "\n")
 
@@ -227,23 +188,21 @@ def main(argv: list[str]) -> int:
     seconds = time.monotonic() - started
     per_file = {name: len(keys) for name, keys in sorted(recorder.by_file.items())}
     per_kernel = collections.Counter(key[0] for key in recorder.keys)
-    extra, tma_extra = autotuning_test_extra(), tma_tuning_test_extra()
-    bench = benchmark_compiles()
+    extra = gpu_only_compilations()
+    on_gpu = dict(per_file)
+    for test, count in extra.items():
+        on_gpu[test.split("::")[0]] = on_gpu.get(test.split("::")[0], 0) + count
+    from benchmarks.flash_gpu import GPU_SIZES, count_compilations, plan_phases
+
     report = {"tests_exit_status": int(status), "launches": recorder.launches, "distinct": len(recorder.keys),
-              "per_file": per_file, "per_kernel": dict(per_kernel), "autotuning_test_extra_on_gpu": extra,
-              "tma_tuning_test_extra_on_gpu": tma_extra,
-              "per_file_on_gpu": {**per_file, "tests/flash/test_flash_configs.py":
-                                  per_file.get("tests/flash/test_flash_configs.py", 0) + extra,
-                                  "tests/flash/test_flash_tma.py":
-                                  per_file.get("tests/flash/test_flash_tma.py", 0) + tma_extra},
-              "benchmark_essential": bench,
+              "per_file": per_file, "per_kernel": dict(per_kernel), "extra_on_gpu": extra, "per_file_on_gpu": on_gpu,
+              "benchmark_essential": count_compilations(plan_phases(GPU_SIZES, None, "essential"), GPU_SIZES),
               "interpreter_seconds": round(seconds, 1)}
     index = {key: number for number, key in enumerate(recorder.keys)}
     report["keys"] = [repr(key) for key in recorder.keys]          # to recount any other split into shards
     report["by_test"] = {test: sorted(index[key] for key in keys) for test, keys in recorder.by_test.items()}
     if args.plan:
-        autotune = "tests/flash/test_flash_configs.py::test_the_autotuned_launch_runs"
-        plan = plan_shards(recorder.by_test, args.shards, args.most, {autotune: extra, TMA_TUNING_TEST: tma_extra})
+        plan = plan_shards(recorder.by_test, args.shards, args.most, extra)
         write_plan(plan, args.plan)
         report["shards"] = {name: len(keys) for name, keys, specs in plan if specs}
     if args.calibrate:

@@ -1,11 +1,5 @@
-"""What a kernel compiled ahead of time takes of the GPU: registers, spills, stack and shared memory.
-
-:func:`resource_usage` re-assembles a compiled kernel's PTX with the ``ptxas`` that Triton ships
-(``triton/backends/nvidia/bin``), with Triton's own flags, and reads its report
-(:func:`parse_ptxas_log`); where ``cuobjdump`` is shipped too, the figures are checked against the
-binary Triton built. :mod:`~gpu_tools.aot` compiles the kernels; ``python -m gpu_tools.aot
---spills`` prints these figures for every case.
-"""
+"""What a kernel compiled ahead of time (:mod:`gpu_tools.aot`) takes of the GPU: registers, spills, stack
+and shared memory, read from the ``ptxas`` that Triton ships (``python -m gpu_tools.aot --spills``)."""
 
 from __future__ import annotations
 
@@ -19,17 +13,10 @@ __all__ = ["ResourceUsage", "parse_ptxas_log", "resource_usage", "shipped_assemb
 
 
 class ResourceUsage(NamedTuple):
-    """What one compiled kernel takes of the GPU, per thread and per program.
-
-    Attributes:
-        registers: registers per thread (255 is the most one thread can have on sm_80/sm_90).
-        spill_stores, spill_loads: bytes per thread that the assembler, short of registers,
-            writes to local memory and reads back (both 0: no spill). Local memory is off-chip
-            (cached in L1), so a spill inside the inner loop costs memory traffic on every tile.
-        stack: the stack frame in bytes per thread, where the spills live.
-        shared: shared memory per program in bytes (Triton's ``metadata.shared``).
-        assembler: the path of the ``ptxas`` that produced the figures.
-    """
+    """What one compiled kernel takes of the GPU: registers per thread (at most 255 on sm_80/sm_90), the
+    bytes per thread the assembler, short of registers, spills to local memory (off chip: traffic on every
+    tile) and reads back, the stack frame they live in, shared memory per program (bytes), and the
+    ``ptxas`` that produced the figures."""
 
     registers: int
     spill_stores: int
@@ -53,10 +40,6 @@ _CUOBJDUMP_FUNCTION = re.compile(r"Function (?P<name>\S+):\s*\n\s*REG:(?P<regist
 
 def parse_ptxas_log(log: str, kernel_name: str) -> dict[str, int]:
     """Registers and spills of ``kernel_name`` from the report of ``ptxas -v``.
-
-    ``ptxas -v`` prints, per entry function, ``Compiling entry function 'NAME' for 'sm_90a'``,
-    ``Function properties for NAME`` followed by ``S bytes stack frame, T bytes spill stores,
-    L bytes spill loads``, and ``Used R registers, ...``.
 
     Args:
         log: what ``ptxas -v`` wrote (it writes to stderr).
@@ -91,12 +74,9 @@ def parse_ptxas_log(log: str, kernel_name: str) -> dict[str, int]:
 
 
 def shipped_assemblers(capability: int) -> list[str]:
-    """The ``ptxas`` programs that come with Triton (``triton/backends/nvidia/bin/``), in the order
-    to try them for ``sm_<capability>``.
-
-    Triton assembles sm_90 and newer with ``ptxas-blackwell`` (the newer CUDA), and writes PTX of
-    the version that assembler reads; the plain ``ptxas`` (older) refuses that PTX. For sm_80 the
-    order is reversed, as Triton does it. Only the ones present are listed.
+    """The ``ptxas`` programs that come with Triton, in the order to try them for ``sm_<capability>``: for
+    sm_90 and newer ``ptxas-blackwell`` first (Triton writes PTX of the version it reads, which the older
+    plain ``ptxas`` refuses), for sm_80 the plain one first, as Triton does.
 
     Raises:
         TypeError, ValueError: ``capability`` not an int of at least 50.
@@ -121,25 +101,21 @@ def shipped_assemblers(capability: int) -> list[str]:
 def resource_usage(compiled) -> ResourceUsage:
     """Registers, spills and shared memory of a kernel compiled for a CUDA GPU, without a GPU.
 
-    Triton assembles the PTX with ``ptxas`` but keeps only the binary, and reads the register
-    count back only when a GPU loads it. So the PTX is assembled again here, with Triton's own
-    flags (``--regAllocOptLevel=2``, ``--fmad=false`` when FP fusion is off, the kernel's
-    ``ptx_options``): the register allocation, hence the spills, depend on them. Where Triton
-    ships ``cuobjdump``, the binary Triton built is read too, and its registers and stack must
-    be those of the re-assembly (otherwise the spill figures would describe another binary).
+    Triton keeps only the binary and reads its registers when a GPU loads it, so the PTX is assembled
+    again with Triton's own flags (the register allocation, hence the spills, depend on them). Where
+    Triton ships ``cuobjdump``, the binary's registers and stack must be the re-assembly's.
 
     Args:
-        compiled: what :func:`compile_case` (``triton.compile``) returns for a ``"cuda"`` target.
+        compiled: what :func:`~gpu_tools.aot.compile_case` (``triton.compile``) returns for a CUDA target.
 
     Returns:
         A :class:`ResourceUsage`.
 
     Raises:
-        TypeError: ``compiled`` is not a Triton compiled kernel with PTX.
-        ValueError: it was compiled for another backend than CUDA.
+        TypeError, ValueError: ``compiled`` not a Triton kernel with PTX, or not compiled for CUDA.
         FileNotFoundError: no shipped ``ptxas``.
-        RuntimeError: every shipped ``ptxas`` failed on this PTX (their messages are included), or
-            the re-assembly disagrees with Triton's binary.
+        RuntimeError: every shipped ``ptxas`` failed (their messages included), or the re-assembly
+            disagrees with Triton's binary.
     """
     asm, metadata = getattr(compiled, "asm", None), getattr(compiled, "metadata", None)
     if not isinstance(asm, dict) or not isinstance(asm.get("ptx"), str) or metadata is None:

@@ -1,8 +1,5 @@
-"""``python -m benchmarks.flash_gpu --count-compilations PROFILE``: print the kernel compilations the GPU
-benchmark's profile (``essential`` or ``long``) triggers on an H200, without running anything (for a GPU
-check's time estimate); ``python -m benchmarks.flash_gpu --warm-up JOB``: one of
-:func:`~benchmarks.flash_gpu.warm_up.warm_triton_cache`'s processes (run by
-:func:`~benchmarks.flash_gpu.run_gpu_benchmark`, not by hand)."""
+"""``--count-compilations PROFILE``: the kernel compilations the GPU benchmark's profile triggers on an H200,
+counted without running anything; ``--warm-up JOB``: one of the warm-up's processes (not run by hand)."""
 
 import json
 import sys

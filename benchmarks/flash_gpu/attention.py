@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 
@@ -15,18 +16,10 @@ from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
 from attn_course.flash import flash_attention
 from attn_course.measure.flash import attention_flops
+from attn_course.measure.memory import available_memory_bytes
 from benchmarks.flash_gpu.backends import flex_function, sdpa_context
 from benchmarks.flash_gpu.kernels_used import prefill_kernels
-from benchmarks.flash_gpu.measuring import (
-    TIME_BUDGET_SPENT,
-    Measured,
-    check_choices,
-    describe_error,
-    measure,
-    past,
-    setup,
-    skipped,
-)
+from benchmarks.flash_gpu.measuring import TIME_BUDGET_SPENT, Measured, describe_error, measure, past, setup, skipped
 from benchmarks.flash_gpu.plan import FLEX, GPU_HEAD_DIMS, GPU_LENGTHS, METHODS, MODES, NAIVE_UP_TO, SDPA_BACKENDS
 from benchmarks.flash_gpu.rows import GpuRow, MachineInfo
 
@@ -42,46 +35,33 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
              model_dim: int = 2048, group_size: int = 1, seed: int = 0,
              device: str = "cuda", deadline: float | None = None, on_row: Callable[[GpuRow], None] | None = None,
              progress: Callable[[str], None] | None = None, machine: MachineInfo | None = None) -> list[GpuRow]:
-    """TFLOP/s of our Triton kernel, SDPA's backends, FlexAttention compiled and naive attention,
-    forward and backward.
+    """TFLOP/s of our Triton kernel, SDPA's backends, FlexAttention compiled and naive attention, forward and
+    backward, each row naming the path and configuration that ran.
 
-    Batch and heads follow the FlashAttention papers: ``B = tokens / N`` sequences (at least 1)
-    of ``H = model_dim / d`` heads, of which every ``group_size`` share one key/value head
-    (grouped-query prefill: ``H_kv = H / group_size``). Every (dtype, d, causal, N) gives one row
-    per method and mode, naming the path and configuration that ran; a method that is unavailable
-    or raises gives ``status="skipped"`` rows with the reason. Naive attention is skipped above
-    N = 4096 and where its N × N float32 matrices would not fit in free memory.
+    As in the FlashAttention papers, ``B = tokens / N`` sequences (at least 1) of ``H = model_dim / d`` heads,
+    every ``group_size`` of them sharing a key/value head (``H_kv = H / group_size``: SDPA gets
+    ``enable_gqa=True``, and a backend that refuses it K/V expanded inside the timed call; naive attention
+    expands them). A method that is unavailable or raises gives skipped rows with the reason; naive
+    attention is skipped above N = 4096 and where its N x N float32 matrices would not fit in free memory.
 
     Args:
-        lengths: sequence lengths N, measured in this order.
-        head_dims: d values; each must divide ``model_dim``.
-        dtypes: floating dtypes; default float16 and bfloat16 on a GPU, float16 and float32 on the CPU.
-        causal: the mask settings to measure, e.g. ``(False, True)``.
-        modes: a subset of ``"forward"``, ``"backward"``, ``"forward+backward"``.
-        methods: a subset of :data:`~benchmarks.flash_gpu.plan.METHODS`, measured in that table's
-            order (the runs measure FlexAttention in phases of its own, after ours and SDPA's).
-        tokens: B · N per measurement.
-        model_dim: H · d per measurement.
-        group_size: query heads per key/value head; must divide every ``H``. SDPA gets the
-            grouped K/V with ``enable_gqa=True`` (a backend that refuses it is skipped with the
-            reason), naive attention expands them inside its call.
-        seed: for the random inputs, ``>= 0`` (a generator on the device; the global RNG is not touched).
+        lengths, head_dims, dtypes, causal, modes: what to measure, in this order (``dtypes`` default:
+            float16 and bfloat16 on a GPU, float16 and float32 on the CPU); each d must divide ``model_dim``.
+        methods: a subset of :data:`~benchmarks.flash_gpu.plan.METHODS`, measured in that table's order.
+        tokens, model_dim, group_size: B · N, H · d and the query heads per key/value head.
+        seed: for the random inputs (a generator on the device), ``>= 0``.
         device: ``"cuda"``, or ``"cpu"`` for the dry run (Triton's interpreter, a wall-clock timer).
-        deadline: a ``time.monotonic()`` value; a measurement that would start later becomes a
-            skipped row (``reason`` says so). None: no limit.
-        on_row: called with each row as soon as it is measured (e.g. to append it to a CSV).
-        progress: called with one line of text per configuration.
+        deadline: a ``time.monotonic()`` value after which measurements become skipped rows; None: no limit.
+        on_row: called with each row as soon as it is measured; progress: with a line per configuration.
         machine: the :class:`MachineInfo` the rows name (default: :func:`machine_info`).
 
     Returns:
         One :class:`GpuRow` per (dtype, d, causal, N, method, mode), in that nesting order.
 
     Raises:
-        TypeError: an argument of the wrong type (a size not an int, a dtype not a floating
-            ``torch.dtype``, a callback not callable).
-        ValueError: empty or non-positive sizes, a head dim that does not divide ``model_dim``,
-            a ``group_size`` that does not divide the heads, an unknown mode or method, a negative
-            seed, or an unknown device.
+        TypeError: an argument of the wrong type.
+        ValueError: empty or non-positive sizes, d not dividing ``model_dim`` or ``group_size`` not dividing H,
+            an unknown mode, method or device, seed < 0.
         RuntimeError: ``device="cuda"`` without a CUDA GPU.
     """
     where = "gpu_rows"
@@ -91,12 +71,11 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
               for index, value in enumerate(_validate.sequence(where, "causal", causal, of="bools"))]
     if not causal:
         raise ValueError(f"{where}: causal must not be empty")
-    modes = check_choices(where, "modes", modes, MODES)
-    methods = check_choices(where, "methods", methods, METHODS)
+    modes = _choices(where, "modes", modes, MODES)
+    methods = _choices(where, "methods", methods, METHODS)
     methods = [method for method in METHODS if method in methods]
-    tokens = _validate.integer(where, "tokens", tokens, minimum=1)
-    model_dim = _validate.integer(where, "model_dim", model_dim, minimum=1)
-    group_size = _validate.integer(where, "group_size", group_size, minimum=1)
+    tokens, model_dim, group_size = _validate.integers(where, minimum=1, tokens=tokens, model_dim=model_dim,
+                                                       group_size=group_size)
     for index, head_dim in enumerate(head_dims):
         if model_dim % head_dim:
             raise ValueError(f"{where}: head_dims[{index}] must divide model_dim={model_dim}, got {head_dim}")
@@ -107,42 +86,47 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
                 machine=machine, device=device)
     clock, machine = run["clock"], run["machine"]
     rows = []
-    for dtype in run["dtypes"]:
-        for head_dim in head_dims:
-            for is_causal in causal:
-                for n in lengths:
-                    started = time.perf_counter()
-                    batch, heads = max(1, tokens // n), model_dim // head_dim
-                    config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, causal=is_causal,
-                                  batch=batch, heads=heads, kv_heads=heads // group_size, n=n)
-                    new = []
+    for dtype, head_dim, is_causal, n in itertools.product(run["dtypes"], head_dims, causal, lengths):
+        started = time.perf_counter()
+        batch, heads = max(1, tokens // n), model_dim // head_dim
+        config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, causal=is_causal,
+                      batch=batch, heads=heads, kv_heads=heads // group_size, n=n)
+        new = []
 
-                    def emit(method, results, kernels, config=config, new=new):
-                        """Write one method's rows the moment it is measured (before the next compiles)."""
-                        for mode in modes:
-                            result = results[mode]
-                            flops = attention_flops(config["batch"], config["heads"], config["n"], config["head_dim"],
-                                                    causal=config["causal"], mode=mode)
-                            ms = result.milliseconds
-                            path, launched = kernels(mode) if result.status == "ok" else kernels(None)
-                            row = GpuRow(method=method, path=path, **config, mode=mode, status=result.status,
-                                         milliseconds=ms, tflops=None if ms is None else flops / ms / 1e9,
-                                         max_difference=result.max_difference, first_call_s=result.first_call_s,
-                                         reason=result.reason, config=launched, **dataclasses.asdict(machine))
-                            new.append(row)
-                            run["on_row"](row)
+        def emit(method, results, kernels, config=config, new=new):   # as soon as it is measured
+            for mode in modes:
+                result = results[mode]
+                flops = attention_flops(config["batch"], config["heads"], config["n"], config["head_dim"],
+                                        causal=config["causal"], mode=mode)
+                ms = result.milliseconds
+                path, launched = kernels(mode) if result.status == "ok" else kernels(None)
+                row = GpuRow(method=method, path=path, **config, mode=mode, status=result.status,
+                             milliseconds=ms, tflops=None if ms is None else flops / ms / 1e9,
+                             max_difference=result.max_difference, first_call_s=result.first_call_s,
+                             reason=result.reason, config=launched, **dataclasses.asdict(machine))
+                new.append(row)
+                run["on_row"](row)
 
-                    one_configuration(config, dtype, modes, methods, clock, run["generator"], run["deadline"], emit)
-                    clock.empty_cache()
-                    rows += new
-                    run["progress"](progress_line(new, config, time.perf_counter() - started))
+        one_configuration(config, dtype, modes, methods, clock, run["generator"], run["deadline"], emit)
+        clock.empty_cache()
+        rows += new
+        run["progress"](progress_line(new, config, time.perf_counter() - started))
     return rows
 
 
+def _choices(where: str, name: str, values: object, allowed: Sequence[str]) -> list[str]:
+    values = _validate.labels(where, name, values)
+    for index, value in enumerate(values):
+        if value not in allowed:
+            raise ValueError(f"{where}: {name}[{index}] must be one of {list(allowed)}, got {value!r}")
+    if not values:
+        raise ValueError(f"{where}: {name} must not be empty")
+    return values
+
+
 def one_configuration(config, dtype, modes, methods, clock, generator, deadline, emit):
-    """Measure one (dtype, d, causal, N): ``emit(method, {mode: Measured}, kernels)`` for each method as
-    it is measured; ``kernels(mode)`` gives the row's (path, config), read then (``kernels(None)``
-    for a skipped row)."""
+    """Measure one (dtype, d, causal, N): ``emit(method, {mode: Measured}, kernels)`` for each method, where
+    ``kernels(mode)`` reads the row's (path, config) then (``kernels(None)`` for a skipped row)."""
     device, causal, n = clock.device, config["causal"], config["n"]
     b, h, h_kv, d = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
     group = h // h_kv
@@ -191,9 +175,9 @@ def one_configuration(config, dtype, modes, methods, clock, generator, deadline,
             emit(method, skipped(f"naive is left out above N = {NAIVE_UP_TO}: its N x N float32 matrices take "
                                  "GBs and milliseconds a call; the time goes to the kernels", modes), paths[method])
             continue
-        if method == "naive" and naive_bytes > 0.8 * clock.free_bytes():
+        if method == "naive" and naive_bytes > 0.8 * available_memory_bytes(device):
             emit(method, skipped(f"needs about {naive_bytes / 2**30:.0f} GiB for its N x N float32 matrices, "
-                                 f"{clock.free_bytes() / 2**30:.0f} GiB free", modes), paths[method])
+                                 f"{available_memory_bytes(device) / 2**30:.0f} GiB free", modes), paths[method])
             continue
         note = ""
         if method == FLEX:
@@ -242,10 +226,9 @@ def one_configuration(config, dtype, modes, methods, clock, generator, deadline,
 
 def progress_line(rows: Sequence[GpuRow], config: dict, seconds: float) -> str:
     modes = list(dict.fromkeys(r.mode for r in rows))
-    parts = []
-    for method in dict.fromkeys(r.method for r in rows):
-        values = [next(r for r in rows if r.method == method and r.mode == mode) for mode in modes]
-        parts.append(f"{method} " + "/".join("-" if r.tflops is None else f"{r.tflops:.3g}" for r in values))
+    tflops = {(r.method, r.mode): "-" if r.tflops is None else f"{r.tflops:.3g}" for r in reversed(rows)}
+    parts = [f"{method} " + "/".join(tflops[method, mode] for mode in modes)
+             for method in dict.fromkeys(r.method for r in rows)]
     mask = "causal" if config["causal"] else "full"
     return (f"{config['dtype']} d={config['head_dim']} {mask} N={config['n']} (B={config['batch']} "
             f"H={config['heads']} H_kv={config['kv_heads']}) TFLOP/s {'/'.join(modes)}: " + ", ".join(parts)

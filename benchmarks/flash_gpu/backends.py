@@ -22,12 +22,8 @@ def sdpa_context(method: str):
 
 @functools.cache
 def sdpa_has_enable_gqa() -> bool:
-    """Whether this torch's ``scaled_dot_product_attention`` takes ``enable_gqa`` (added in torch 2.5).
-
-    Returns:
-        True when SDPA accepts grouped-query K/V with ``enable_gqa=True``; backends may still
-        refuse it (then :func:`decode_rows` expands K/V for them).
-    """
+    """Whether this torch's ``scaled_dot_product_attention`` takes ``enable_gqa`` (torch 2.5 and later; a
+    backend may still refuse it)."""
     q, k = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 2, 8)
     try:
         F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
@@ -40,13 +36,10 @@ def flex_function(causal: bool, n: int, device: torch.device,
                   grouped: bool) -> tuple[Callable, str, str, str]:
     """(fn, path, config, note): FlexAttention for one shape, its causal block mask made once, here.
 
-    On a GPU ``fn`` is ``torch.compile(flex_attention, dynamic=False)``: one static compilation per
-    shape, as a model of fixed shape gets (the default would recompile the second shape with
-    dynamic sizes). Compiled caches are dropped first (``torch.compiler.reset()``), so that
-    configuration after configuration never reaches Dynamo's recompile limit, past which it
-    would run eagerly without saying so in the row. Its first call compiles; the row's
-    ``first_call_s`` holds that, the timing does not. On the CPU dry run FlexAttention runs
-    eagerly (Inductor's Triton kernels need a GPU): the same mask and call, forward only.
+    On a GPU ``fn`` is ``torch.compile(flex_attention, dynamic=False)``: one static compilation per shape,
+    as a model of fixed shape gets (its first call compiles: ``first_call_s``, not the timing). Compiled
+    caches are dropped first (``torch.compiler.reset()``): past Dynamo's recompile limit it would run
+    eagerly without saying so. On the CPU dry run it runs eagerly (Inductor's Triton kernels need a GPU).
 
     Raises:
         ImportError, RuntimeError: this torch has no FlexAttention, or the mask cannot be built
@@ -61,8 +54,7 @@ def flex_function(causal: bool, n: int, device: torch.device,
     block_mask = create_block_mask(causal_mod, None, None, n, n, device=device) if causal else None
     if device.type == "cuda":
         torch.compiler.reset()
-        attend, path = torch.compile(flex_attention, dynamic=False), "flex-compiled"
-        note = ""
+        attend, path, note = torch.compile(flex_attention, dynamic=False), "flex-compiled", ""
     else:
         attend, path = flex_attention, "flex-eager"
         note = "CPU dry run: flex_attention eagerly (torch.compile's Triton kernels need a GPU)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,7 +25,6 @@ from benchmarks.flash_gpu.measuring import (
     past,
     recorded_warnings,
     setup,
-    skipped,
 )
 from benchmarks.flash_gpu.plan import DECODE_KV_LENGTHS, SDPA_BACKENDS
 from benchmarks.flash_gpu.rows import DecodeRow, MachineInfo
@@ -37,36 +37,27 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
                 head_dim: int = 128, seed: int = 0, device: str = "cuda", deadline: float | None = None,
                 on_row: Callable[[DecodeRow], None] | None = None, progress: Callable[[str], None] | None = None,
                 machine: MachineInfo | None = None) -> list[DecodeRow]:
-    """Decoding time and achieved K/V bandwidth: our decode kernel against SDPA's backends.
+    """Decoding time and achieved K/V bandwidth: our decode kernel against SDPA's backends and naive attention.
 
-    Each call is timed replayed from a CUDA graph (:meth:`Clock.graphed_milliseconds`): below
-    about 8k keys a decoding step takes less GPU time than Python takes to launch it, and timed
-    plainly it measured that overhead. Where capture fails the row is timed plainly and says why
-    (``timing``, ``reason``); ``plain_milliseconds`` holds the plain time for comparison.
-
-    Decoding is memory-bound: N_q new queries read the whole cache (K and V, ``2 · B · H_kv ·
-    N_k · d`` elements) for ``4 · B · H · N_q · N_k · d`` FLOPs, so the number to compare is the
-    bandwidth, reported as the cache's bytes over the time (``kv_gbps``). Ours reads the
-    grouped-query K/V in place. SDPA gets them with ``enable_gqa=True`` where this torch has it
-    (2.5 and later) and the backend accepts it; otherwise they are expanded to H heads with
-    ``repeat_interleave`` once, outside the timing (which favours SDPA: it reads ``H / H_kv``
-    times the bytes, but a model would also pay for the copy). Naive attention uses the expanded
-    K/V. No mask: the new queries see the whole cache.
+    Each call is replayed from a CUDA graph (:meth:`Clock.graphed_milliseconds`): below about 8k keys a
+    decoding step takes less GPU time than Python takes to launch it. Decoding is memory-bound (the N_q new
+    queries read the whole cache, no mask), so the number to compare is ``kv_gbps``, the cache's bytes over
+    the time. Ours reads grouped K/V in place; SDPA gets them with ``enable_gqa=True`` where this torch and
+    the backend take it, else expanded to H heads once, outside the timing (which favours SDPA: a model
+    would pay for the copy); naive attention gets them expanded.
 
     Args:
         kv_lengths: cache lengths N_k, measured in this order.
         query_lengths: N_q values, at most 16 (the decode kernel's range).
-        dtypes: floating dtypes; default float16 and bfloat16 on a GPU, float16 and float32 on the CPU.
+        dtypes, seed, device, deadline, on_row, progress, machine: as in :func:`gpu_rows`.
         batch, heads, kv_heads, head_dim: B, H, H_kv (dividing H) and d.
-        seed, device, deadline, on_row, progress, machine: as in :func:`gpu_rows`.
 
     Returns:
         One :class:`DecodeRow` per (dtype, N_q, N_k, method), in that nesting order.
 
     Raises:
         TypeError: an argument of the wrong type.
-        ValueError: empty or non-positive sizes, N_q above 16, ``heads`` not a multiple of
-            ``kv_heads``, a negative seed or an unknown device.
+        ValueError: empty or non-positive sizes, N_q > 16, H not a multiple of H_kv, seed < 0, another device.
         RuntimeError: ``device="cuda"`` without a CUDA GPU.
     """
     where = "decode_rows"
@@ -83,30 +74,25 @@ def decode_rows(kv_lengths: Sequence[int] = DECODE_KV_LENGTHS, *, query_lengths:
                 machine=machine, device=device)
     clock, machine = run["clock"], run["machine"]
     rows = []
-    for dtype in run["dtypes"]:
-        for n_q in query_lengths:
-            for n_k in kv_lengths:
-                started = time.perf_counter()
-                config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, batch=batch, heads=heads,
-                              kv_heads=kv_heads, n_q=n_q, n_k=n_k)
-                kv_bytes = 2 * batch * kv_heads * n_k * head_dim * dtype.itemsize
-                new = []
-                measured = one_decode(config, dtype, clock, run["generator"], run["deadline"])
-                clock.empty_cache()
-                for method, layout, result, (path, launched) in measured:
-                    ms = result.milliseconds
-                    row = DecodeRow(method=method, path=path, **config, kv_layout=layout, status=result.status,
-                                    timing=result.timing, milliseconds=ms,
-                                    plain_milliseconds=result.plain_milliseconds,
-                                    kv_gbps=None if ms is None else kv_bytes / ms / 1e6,
-                                    max_difference=result.max_difference, first_call_s=result.first_call_s,
-                                    reason=result.reason, config=launched, **dataclasses.asdict(machine))
-                    new.append(row)
-                    run["on_row"](row)
-                rows += new
-                parts = ", ".join(f"{r.method} " + ("-" if r.kv_gbps is None else f"{r.kv_gbps:.3g}") for r in new)
-                run["progress"](f"decode {config['dtype']} N_q={n_q} N_k={n_k} (B={batch} H={heads} H_kv={kv_heads} "
-                                f"d={head_dim}) K/V GB/s: {parts}  [{time.perf_counter() - started:.1f} s]")
+    for dtype, n_q, n_k in itertools.product(run["dtypes"], query_lengths, kv_lengths):
+        started = time.perf_counter()
+        config = dict(dtype=str(dtype).removeprefix("torch."), head_dim=head_dim, batch=batch, heads=heads,
+                      kv_heads=kv_heads, n_q=n_q, n_k=n_k)
+        kv_bytes = 2 * batch * kv_heads * n_k * head_dim * dtype.itemsize
+        new = []
+        measured = one_decode(config, dtype, clock, run["generator"], run["deadline"])
+        clock.empty_cache()
+        for method, layout, result, (path, launched) in measured:
+            ms = result.milliseconds
+            row = DecodeRow(method=method, path=path, **config, kv_layout=layout, **dataclasses.asdict(result),
+                            kv_gbps=None if ms is None else kv_bytes / ms / 1e6, config=launched,
+                            **dataclasses.asdict(machine))
+            new.append(row)
+            run["on_row"](row)
+        rows += new
+        parts = ", ".join(f"{r.method} " + ("-" if r.kv_gbps is None else f"{r.kv_gbps:.3g}") for r in new)
+        run["progress"](f"decode {config['dtype']} N_q={n_q} N_k={n_k} (B={batch} H={heads} H_kv={kv_heads} "
+                        f"d={head_dim}) K/V GB/s: {parts}  [{time.perf_counter() - started:.1f} s]")
     return rows
 
 
@@ -118,8 +104,8 @@ def one_decode(config, dtype, clock, generator, deadline):
     layouts = {ours: "grouped (in place)", "naive": expanded_layout}
     paths = {ours: "flash-decoding", "naive": "naive", **{m: m.replace(" ", "-") for m in SDPA_BACKENDS}}
     if past(deadline):
-        return [(method, layouts.get(method, ""), skipped(TIME_BUDGET_SPENT, ["forward"])["forward"],
-                 (paths[method], "")) for method in methods]
+        spent = Measured("skipped", reason=TIME_BUDGET_SPENT)
+        return [(method, layouts.get(method, ""), spent, (paths[method], "")) for method in methods]
     device = clock.device
     b, h, h_kv, d = config["batch"], config["heads"], config["kv_heads"], config["head_dim"]
     try:

@@ -15,19 +15,15 @@ from typing import Any
 import torch
 
 from attn_course import _validate
-from attn_course.measure.memory import available_memory_bytes
 from attn_course.measure.timing import best_time, gpu_milliseconds, gpu_timer_name, timed
 from benchmarks.flash_gpu.plan import DRY_RUN_DTYPES, GPU_DTYPES
 from benchmarks.flash_gpu.rows import MachineInfo, machine_info
 
-__all__ = ["TIME_BUDGET_SPENT", "Clock", "Measured", "Terminated", "capture_graph", "check_choices", "check_device",
-           "check_dtypes", "describe_error", "measure", "past", "recorded_warnings", "setup",
-           "sigterm_stops", "skipped"]
+__all__ = ["TIME_BUDGET_SPENT", "Clock", "Measured", "Terminated", "capture_graph", "check_device",
+           "describe_error", "measure", "past", "recorded_warnings", "setup", "sigterm_stops", "skipped"]
 
 TIME_BUDGET_SPENT = "time budget spent (max_minutes): not measured"
 
-
-# --- The time budget ------------------------------------------------------------------------------
 
 def past(deadline: float | None) -> bool:
     """Whether ``deadline`` (a ``time.monotonic()`` value, or None for no limit) has passed."""
@@ -40,9 +36,8 @@ class Terminated(BaseException):
 
 @contextlib.contextmanager
 def sigterm_stops() -> Iterator[None]:
-    """Inside the block, SIGTERM raises :class:`Terminated` instead of killing the process; the
-    previous handler comes back after it. Only the main thread can set a handler: elsewhere
-    (a test runner's thread) nothing changes."""
+    """Inside the block, SIGTERM raises :class:`Terminated` instead of killing the process (in the main
+    thread only: no other can set a handler)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -56,8 +51,6 @@ def sigterm_stops() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-
-# --- The clock ------------------------------------------------------------------------------------
 
 def capture_graph(call: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
     """``call()`` captured in a ``torch.cuda.CUDAGraph``, after two warm-up calls on a side stream."""
@@ -75,15 +68,8 @@ def capture_graph(call: Callable[[], object], device: torch.device) -> torch.cud
 
 
 class Clock:
-    """How one device is timed: ``triton.testing.do_bench`` on a GPU
-    (:func:`~attn_course.measure.timing.gpu_milliseconds`), the best of ``repeats`` wall-clock
-    calls on the CPU dry run (:func:`~attn_course.measure.timing.best_time`: Triton's interpreter
-    has no driver for ``do_bench``).
-
-    Args:
-        device: ``cuda`` or ``cpu``.
-        repeats: the dry run's timed calls per measurement.
-    """
+    """How ``device`` is timed: ``do_bench`` on a GPU (:func:`~attn_course.measure.timing.gpu_milliseconds`),
+    the best of ``repeats`` wall-clock calls on the CPU dry run (Triton's interpreter has no driver to time with)."""
 
     def __init__(self, device: torch.device, repeats: int = 1):
         self.device = device
@@ -91,25 +77,18 @@ class Clock:
         self.name = gpu_timer_name() if device.type == "cuda" else f"best of {repeats} wall-clock runs (CPU dry run)"
 
     def milliseconds(self, call: Callable[[], object]) -> float:
-        """Milliseconds of one ``call()``, by this device's timer."""
         if self.device.type == "cuda":
             return gpu_milliseconds(call)
         return 1000 * best_time(call, self.repeats)
 
     def graphed_milliseconds(self, call: Callable[[], object]) -> tuple[float, str, str, float | None]:
-        """Milliseconds of one ``call()`` replayed from a CUDA graph: no Python launch overhead.
+        """``(milliseconds, timing, note, plain_milliseconds)`` of one ``call()`` replayed from a CUDA graph
+        (``timing="cuda graph"``: no Python launch overhead), or timed plainly where capture fails or on the
+        CPU (``"plain"``, ``note`` says why, ``plain_milliseconds`` None).
 
-        One call is captured in a ``torch.cuda.CUDAGraph`` (after two calls on a side stream, as
-        PyTorch's CUDA-graph notes ask, so that lazy initialisation is not captured) and this
-        device's timer times ``graph.replay``. ``do_bench`` flushes the L2 cache before each replay,
-        so a small KV cache is read from HBM as a model's next layer would; Triton's
-        ``do_bench_cudagraph`` unrolls many calls into one graph without flushing, and would time
-        a cache of a few MiB from L2. Where capture fails (or on the CPU) the call is timed plainly.
-
-        Returns:
-            ``(milliseconds, timing, note, plain_milliseconds)``: ``timing`` is ``"cuda graph"`` or
-            ``"plain"``; ``note`` says why a graph was not used; ``plain_milliseconds`` is the same
-            call timed without a graph (None when that is ``milliseconds`` itself).
+        ``do_bench`` flushes the L2 cache before each replay, so a small KV cache is read from HBM as a
+        model's next layer would; Triton's ``do_bench_cudagraph`` replays many calls without flushing and
+        would time a cache of a few MiB from L2.
         """
         if self.device.type != "cuda":
             return self.milliseconds(call), "plain", "CPU dry run: no CUDA graphs, timed without one", None
@@ -117,9 +96,8 @@ class Clock:
             graph = capture_graph(call, self.device)
         except Exception as error:   # a call that synchronises, or allocates in a way capture refuses
             torch.cuda.synchronize(self.device)
-            lines = str(error).strip().splitlines() or [""]
-            note = (f"CUDA graph capture failed ({type(error).__name__}: {lines[0][:200]}): timed without a "
-                    "graph, Python's launch overhead included")
+            note = (f"CUDA graph capture failed ({describe_error(error)}): timed without a graph, Python's launch "
+                    "overhead included")
             return self.milliseconds(call), "plain", note, None
         try:
             return self.milliseconds(graph.replay), "cuda graph", "", self.milliseconds(call)
@@ -136,17 +114,10 @@ class Clock:
 
         return timed(synchronised)
 
-    def free_bytes(self) -> int:
-        """Bytes free on the device now (:func:`~attn_course.measure.memory.available_memory_bytes`)."""
-        return available_memory_bytes(self.device)
-
     def empty_cache(self) -> None:
-        """Return the caching allocator's free blocks to the GPU, between measurements."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-
-# --- One method in each mode ----------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
@@ -185,7 +156,7 @@ def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
 def measure(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor | None,
             reference: torch.Tensor | None, modes: Sequence[str], clock: Clock,
             deadline: float | None, *, graphed: bool = False) -> dict[str, Measured]:
-    """Time ``fn(q, k, v)`` in each mode; never raises for what ``fn`` raises (the row says it).
+    """``{mode: Measured}`` of ``fn(q, k, v)``; what ``fn`` raises is a skipped row's reason, never raised.
     ``graphed``: the forward is replayed from a CUDA graph (:meth:`Clock.graphed_milliseconds`)."""
     if past(deadline):
         return skipped(TIME_BUDGET_SPENT, modes)
@@ -234,8 +205,6 @@ def measure(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gra
     return results
 
 
-# --- Input checks ---------------------------------------------------------------------------------
-
 def check_device(where: str, device: object) -> torch.device:
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"{where}: device must be 'cuda' or 'cpu', got {type(device).__name__}")
@@ -247,39 +216,17 @@ def check_device(where: str, device: object) -> torch.device:
     return device
 
 
-def check_dtypes(where: str, dtypes: object) -> list[torch.dtype]:
-    dtypes = _validate.sequence(where, "dtypes", dtypes, of="torch dtypes")
-    if not dtypes:
-        raise ValueError(f"{where}: dtypes must not be empty")
-    for index, dtype in enumerate(dtypes):
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"{where}: dtypes[{index}] must be a floating torch.dtype, got {dtype!r}")
-    return dtypes
-
-
-def check_choices(where: str, name: str, values: object, allowed: Sequence[str]) -> list[str]:
-    """``values``, a non-empty sequence of labels each one of ``allowed``; or the error naming the first that is not."""
-    values = _validate.labels(where, name, values)
-    for index, value in enumerate(values):
-        if value not in allowed:
-            raise ValueError(f"{where}: {name}[{index}] must be one of {list(allowed)}, got {value!r}")
-    if not values:
-        raise ValueError(f"{where}: {name} must not be empty")
-    return values
-
-
 def setup(where: str, *, dtypes, seed, deadline, on_row, progress, machine, device) -> dict:
-    """The arguments ``gpu_rows`` and ``decode_rows`` share, checked, and what they make of them.
-
-    Returns:
-        ``dict(dtypes, deadline, on_row, progress, machine, clock, generator)``: the dtypes default to
-        float16 and bfloat16 on a GPU, float16 and float32 on the CPU; ``machine`` to
-        :func:`~benchmarks.flash_gpu.rows.machine_info`; ``generator`` is seeded on the device.
-
-    Raises:
-        TypeError, ValueError, RuntimeError: as the callers document.
-    """
-    dtypes = None if dtypes is None else check_dtypes(where, dtypes)
+    """The arguments :func:`gpu_rows` and :func:`decode_rows` share, checked, with their defaults: the dtypes
+    (float16 and bfloat16 on a GPU, float16 and float32 on the CPU), the machine, the clock and a generator
+    seeded on the device."""
+    if dtypes is not None:
+        dtypes = _validate.sequence(where, "dtypes", dtypes, of="torch dtypes")
+        if not dtypes:
+            raise ValueError(f"{where}: dtypes must not be empty")
+        for index, dtype in enumerate(dtypes):
+            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+                raise TypeError(f"{where}: dtypes[{index}] must be a floating torch.dtype, got {dtype!r}")
     seed = _validate.integer(where, "seed", seed, minimum=0)
     if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))):
         raise TypeError(f"{where}: deadline must be a time.monotonic() value or None, got {type(deadline).__name__}")

@@ -60,17 +60,14 @@ def check_profile(where: str, profile: object) -> str:
 
 
 def plan_phases(sizes: dict, lengths: Sequence[int] | None, profile: str = "long") -> list[tuple[str, dict]]:
-    """The measurements in order of importance, as ``[(kind, options)]``.
+    """The measurements in order of importance, as ``[(kind, options)]``; ``lengths`` replaces the attention N.
 
-    ``"essential"`` (issue 32's first-contact rows): float16 over both d, both masks and all
-    modes at the profile's N (4096 and 16384 on a GPU), one decode row set (the first dtype,
-    N_q = 1), one grouped-query prefill row set (the first dtype, causal, H = 32 over H_kv = 8),
-    then bfloat16 as float16. ``"long"``: long sequences in the first dtype, decoding at N_q = 1,
-    the second dtype, decoding at N_q = 16 and in the second dtype, grouped-query prefill in
-    every dtype and mask, and the short sequences last. ``lengths`` replaces the attention N.
-    In both, FlexAttention compiled is measured on the same cases in phases of its own, after
-    ours, SDPA's and naive: it compiles per shape (seconds each, where ours is warmed up in
-    parallel), and a budget that runs out should cut the peer, not the comparison with SDPA.
+    ``"essential"`` (issue 32's first-contact rows): float16 over both d, both masks and all modes at the
+    profile's N, decoding (N_q = 1), grouped-query prefill (causal, H = 32 over H_kv = 8), then bfloat16 as
+    float16. ``"long"``: long sequences, decoding at N_q = 1, the second dtype, decoding at N_q = 16 and in
+    the second dtype, grouped-query prefill in every dtype and mask, the short sequences last. FlexAttention
+    compiled comes after, on the same cases: it compiles per shape, and a budget that runs out should cut
+    the peer, not the comparison with SDPA.
 
     Raises:
         TypeError, ValueError: ``profile`` not a str, or not one of :data:`PROFILES`.

@@ -18,16 +18,14 @@ __all__ = ["plot_gpu_rows", "speedup_summary", "summary_table", "target_verdicts
 
 def speedup_summary(rows: Sequence[GpuRow] = (), decode: Sequence[DecodeRow] = (), *,
                     long_from: int = LONG_FROM) -> list[SummaryRow]:
-    """Ours against the fastest SDPA backend, per configuration and mode.
+    """Ours against the fastest SDPA backend (and FlexAttention), per configuration and mode.
 
     Args:
-        rows: rows of :func:`gpu_rows` (may be empty).
-        decode: rows of :func:`decode_rows` (may be empty).
+        rows, decode: rows of :func:`gpu_rows` and of :func:`decode_rows` (either may be empty).
         long_from: the N from which the targets apply (forward ≥ 1.0, backward ≥ 0.8).
 
     Returns:
-        One :class:`SummaryRow` per configuration and mode found, in the rows' order (attention
-        first); configurations with no measured row at all are left out.
+        One :class:`SummaryRow` per configuration and mode with a measured row, in the rows' order.
 
     Raises:
         TypeError: rows of the wrong type, or ``long_from`` not an int.
@@ -39,7 +37,6 @@ def speedup_summary(rows: Sequence[GpuRow] = (), decode: Sequence[DecodeRow] = (
     decode = _validate.sequence(where, "decode", decode, of="DecodeRow")
     decode = check_rows(where, decode, (DecodeRow,)) if decode else []
     long_from = _validate.integer(where, "long_from", long_from, minimum=1)
-    summary = []
     groups: dict[tuple, list] = {}
     for r in rows:
         groups.setdefault(("attention", r.dtype, r.head_dim, r.heads, r.kv_heads, r.causal, r.n, r.n, r.mode),
@@ -47,39 +44,30 @@ def speedup_summary(rows: Sequence[GpuRow] = (), decode: Sequence[DecodeRow] = (
     for r in decode:
         groups.setdefault(("decode", r.dtype, r.head_dim, r.heads, r.kv_heads, False, r.n_q, r.n_k, "forward"),
                           []).append(r)
+    summary = []
     for key, members in groups.items():
         measured = [r for r in members if r.status == "ok"]
         if not measured:
             continue
-        kind, dtype, head_dim, heads, kv_heads, causal, n_q, n_k, mode = key
-        ours = next((r for r in measured if r.method.startswith("ours")), None)
-        sdpa = [r for r in measured if r.method.startswith("sdpa")]
-        best = min(sdpa, key=lambda r: r.milliseconds) if sdpa else None
-        ratio = best.milliseconds / ours.milliseconds if ours and best else None
-        target = TARGETS.get(mode) if kind == "attention" and n_k >= long_from else None
-        flex = next((r for r in measured if r.method == FLEX), None)
-        flex_ratio = flex.milliseconds / ours.milliseconds if ours and flex else None
-        note = "" if ratio is not None else ("ours did not run" if not ours else "no SDPA backend ran")
-        summary.append(SummaryRow(kind=kind, dtype=dtype, head_dim=head_dim, heads=heads, kv_heads=kv_heads,
-                                  causal=causal, n_q=n_q, n_k=n_k,
-                                  mode=mode, ours_ms=ours.milliseconds if ours else None,
-                                  best_sdpa=best.method if best else "",
-                                  best_sdpa_ms=best.milliseconds if best else None,
-                                  ratio=ratio, target=target,
-                                  meets_target=None if target is None or ratio is None else ratio >= target,
-                                  flex_ms=flex.milliseconds if flex else None, flex_ratio=flex_ratio, note=note,
-                                  **{f.name: getattr(members[0], f.name) for f in
-                                                dataclasses.fields(MachineInfo)}))
+        config = dict(zip(("kind", "dtype", "head_dim", "heads", "kv_heads", "causal", "n_q", "n_k", "mode"), key))
+        ours = next((r.milliseconds for r in measured if r.method.startswith("ours")), None)
+        best = min((r for r in measured if r.method.startswith("sdpa")), key=lambda r: r.milliseconds, default=None)
+        flex = next((r.milliseconds for r in measured if r.method == FLEX), None)
+        ratio = best.milliseconds / ours if ours is not None and best else None
+        target = TARGETS.get(config["mode"]) if config["kind"] == "attention" and config["n_k"] >= long_from else None
+        summary.append(SummaryRow(
+            **config, ours_ms=ours, best_sdpa=best.method if best else "",
+            best_sdpa_ms=best.milliseconds if best else None, ratio=ratio, target=target,
+            meets_target=None if target is None or ratio is None else ratio >= target, flex_ms=flex,
+            flex_ratio=flex / ours if ours is not None and flex is not None else None,
+            note="" if ratio is not None else ("ours did not run" if ours is None else "no SDPA backend ran"),
+            **{f.name: getattr(members[0], f.name) for f in dataclasses.fields(MachineInfo)}))
     return summary
 
 
 def summary_table(summary: Sequence[SummaryRow]):
-    """:func:`speedup_summary`'s rows as a table: times in milliseconds, ours' speed in units of the
-    best SDPA backend's and FlexAttention's (> 1: ours faster), and ``ok`` or ``MISSED`` where a
-    target applies.
-
-    Returns:
-        A pandas ``DataFrame`` (:func:`~attn_course.teaching.tables.table`).
+    """:func:`speedup_summary`'s rows as a pandas ``DataFrame`` (:func:`~attn_course.teaching.tables.table`),
+    ``ok`` or ``MISSED`` where a target applies.
 
     Raises:
         TypeError: not a sequence of :class:`SummaryRow`.
@@ -111,10 +99,8 @@ def target_verdicts(summary: Sequence[SummaryRow]) -> list[str]:
 
 
 def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.PathLike, *, title: str) -> None:
-    """Save a PNG of :func:`gpu_rows` (TFLOP/s against N, one panel per dtype, d, mask, mode and
-    grouped-query layout)
-    or :func:`decode_rows` (K/V GB/s against N_k, one panel per dtype and N_q). Skipped rows
-    are left out.
+    """Save a PNG of :func:`gpu_rows` (TFLOP/s against N, a panel per dtype, d, mask, mode and grouped-query
+    layout) or of :func:`decode_rows` (K/V GB/s against N_k, a panel per dtype and N_q); skipped rows left out.
 
     Args:
         rows: a non-empty sequence of :class:`GpuRow`, or one of :class:`DecodeRow`.
@@ -129,8 +115,7 @@ def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.P
     where = "plot_gpu_rows"
     rows = check_rows(where, rows, (GpuRow, DecodeRow))
     path = _validate.path(where, "path", path)
-    if not isinstance(title, str):
-        raise TypeError(f"{where}: title must be a str, got {type(title).__name__}")
+    _validate.instance(where, "title", title, str)
     import matplotlib  # here, not at the top: a bare GPU image may lack it, and the CSV suffices
 
     matplotlib.use("Agg", force=False)
@@ -139,13 +124,13 @@ def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.P
 
     decode = isinstance(rows[0], DecodeRow)
     if decode:
-        def panel_of(r):
-            return (r.dtype, r.n_q)
+        def panel_of(r):   # its title
+            return f"{r.dtype} N_q={r.n_q}"
         x_of, y_of, ylabel, xlabel = (lambda r: r.n_k), (lambda r: r.kv_gbps), "K/V GB/s", "N_k (KV cache length)"
     else:
         def panel_of(r):   # grouped-query rows get panels of their own
-            return (r.dtype, r.head_dim, r.causal, r.mode, f"H={r.heads}/H_kv={r.kv_heads}" if r.kv_heads < r.heads
-                    else "")
+            grouped = f" H={r.heads}/H_kv={r.kv_heads}" if r.kv_heads < r.heads else ""
+            return f"{r.dtype} d={r.head_dim} {'causal' if r.causal else 'full'} {r.mode}{grouped}"
         x_of, y_of, ylabel, xlabel = (lambda r: r.n), (lambda r: r.tflops), "TFLOP/s", "N"
     panels = list(dict.fromkeys(panel_of(r) for r in rows))
     columns = min(len(panels), 2 if decode else 3)
@@ -156,15 +141,11 @@ def plot_gpu_rows(rows: Sequence[GpuRow] | Sequence[DecodeRow], path: str | os.P
         for method in dict.fromkeys(r.method for r in chosen):
             points = sorted((x_of(r), y_of(r)) for r in chosen if r.method == method)
             axis.plot(*zip(*points), marker="o", label=method)
-        if decode:
-            name = f"{panel[0]} N_q={panel[1]}"
-        else:
-            name = f"{panel[0]} d={panel[1]} {'causal' if panel[2] else 'full'} {panel[3]} {panel[4]}".rstrip()
         axis.set_xscale("log", base=2)
         ticks = sorted({x_of(r) for r in rows})
         axis.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks], fontsize=7)
         axis.xaxis.set_minor_formatter(NullFormatter())
-        axis.set(xlabel=xlabel, ylabel=ylabel, title=name)
+        axis.set(xlabel=xlabel, ylabel=ylabel, title=panel)
         axis.title.set_fontsize(9)
         if chosen:
             axis.legend(fontsize=6)

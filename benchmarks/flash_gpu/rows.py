@@ -17,20 +17,14 @@ import torch
 
 from benchmarks.flash_gpu.backends import sdpa_has_enable_gqa
 
-__all__ = ["CsvStream", "DecodeRow", "GpuRow", "MachineInfo", "SummaryRow", "installed_triton", "machine_facts",
-           "machine_info", "nvidia_driver", "write_table"]
+__all__ = ["CsvStream", "DecodeRow", "GpuRow", "MachineInfo", "SummaryRow", "machine_facts", "machine_info",
+           "nvidia_driver"]
 
 
 @dataclasses.dataclass(frozen=True)
 class MachineInfo:
-    """What every row names: the GPU and the software that drove it.
-
-    Attributes:
-        gpu: e.g. ``"NVIDIA H200"``; on the CPU dry run ``"none (CPU dry run: x86_64)"``.
-        driver: the NVIDIA driver version (``nvidia-smi``), ``"none"`` or ``"unknown"``.
-        cuda: the CUDA version torch was built with, or ``"none"``.
-        torch_version, triton_version: ``torch.__version__``, ``triton.__version__``.
-    """
+    """What every row names: the GPU (``"none (CPU dry run: x86_64)"`` on the dry run), the NVIDIA driver
+    (``"none"`` or ``"unknown"`` where not found), the CUDA torch was built with, torch's and Triton's versions."""
 
     gpu: str
     driver: str
@@ -44,12 +38,10 @@ class MachineInfo:
                 f"Triton {self.triton_version}")
 
 
-def installed_triton() -> str:
-    try:
-        import triton
-    except ImportError:   # pragma: no cover - Triton is a Linux-only dependency
-        return "not installed"
-    return triton.__version__
+def _row(cls: type) -> type:
+    """A frozen row dataclass whose last columns are :class:`MachineInfo`'s: every row names its machine."""
+    cls.__annotations__ = {**cls.__annotations__, **MachineInfo.__annotations__}
+    return dataclasses.dataclass(frozen=True)(cls)
 
 
 def nvidia_driver() -> str:
@@ -68,25 +60,22 @@ def nvidia_driver() -> str:
 
 
 def machine_info(device: str = "cuda") -> MachineInfo:
-    """The GPU, driver, CUDA, torch and Triton versions of this machine.
-
-    Args:
-        device: ``"cuda"`` (the current GPU) or ``"cpu"`` (the dry run: no GPU is named).
-
-    Returns:
-        A :class:`MachineInfo`.
+    """The GPU, driver, CUDA, torch and Triton versions of this machine (``device="cpu"``: the dry run's).
 
     Raises:
-        ValueError: another device.
+        ValueError: a device other than ``"cuda"`` or ``"cpu"``.
     """
     if device not in ("cuda", "cpu"):
         raise ValueError(f"machine_info: device must be 'cuda' or 'cpu', got {device!r}")
-    if device == "cuda":
-        return MachineInfo(gpu=torch.cuda.get_device_name(), driver=nvidia_driver(), cuda=str(torch.version.cuda),
-                           torch_version=torch.__version__, triton_version=installed_triton())
-    return MachineInfo(gpu=f"none (CPU dry run: {platform.processor() or platform.machine()})", driver="none",
-                       cuda=str(torch.version.cuda or "none"), torch_version=torch.__version__,
-                       triton_version=installed_triton())
+    try:
+        from triton import __version__ as triton_version
+    except ImportError:   # pragma: no cover - Triton is a Linux-only dependency
+        triton_version = "not installed"
+    gpu = device == "cuda"
+    return MachineInfo(gpu=torch.cuda.get_device_name() if gpu else
+                       f"none (CPU dry run: {platform.processor() or platform.machine()})",
+                       driver=nvidia_driver() if gpu else "none", cuda=str(torch.version.cuda or "none"),
+                       torch_version=torch.__version__, triton_version=triton_version)
 
 
 def machine_facts(device: torch.device) -> dict:
@@ -102,31 +91,17 @@ def machine_facts(device: torch.device) -> dict:
     return facts
 
 
-@dataclasses.dataclass(frozen=True)
+@_row
 class GpuRow:
-    """One (configuration, method, mode) of :func:`gpu_rows`.
+    """One (configuration, method, mode) of :func:`gpu_rows`, on ``q [B, H, N, d]``, ``k``, ``v`` ``[B, H_kv, N, d]``.
 
-    Attributes:
-        method: ``"ours (Triton)"``, ``"sdpa flash"``, ``"sdpa efficient"``, ``"sdpa cudnn"``,
-            ``"flex compiled"`` (``torch.compile(flex_attention)``) or ``"naive"``.
-        path: which code ran: ``"tma"`` or ``"pointer"`` (our forward; ``"tma+pointer"`` forward and
-            backward), ``"sdpa-flash"``, ``"sdpa-efficient"``, ``"sdpa-cudnn"``, ``"flex-compiled"``,
-            ``"naive"``; ``" (interpreter)"`` or ``"flex-eager"`` on the CPU dry run.
-        dtype: e.g. ``"float16"``.
-        head_dim, causal, batch, heads, kv_heads, n: d, the mask, B, H, H_kv and N of ``q`` ``[B, H, N, d]``
-            and ``k``, ``v`` ``[B, H_kv, N, d]`` (``kv_heads < heads``: grouped-query prefill).
-        mode: ``"forward"``, ``"backward"`` or ``"forward+backward"``.
-        status: ``"ok"``, or ``"skipped"`` (then ``reason`` says why and the numbers are None).
-        milliseconds: the median of ``triton.testing.do_bench`` on a GPU (the best of a few
-            wall-clock runs on the CPU dry run).
-        tflops: :func:`~attn_course.measure.flash.attention_flops` per second, in 10¹².
-        max_difference: the output's largest absolute difference from SDPA in float32.
-        first_call_s: seconds of the first call (Triton compiles, or autotunes, there), forward
-            for ``"forward"``, backward for ``"backward"``.
-        reason: why a row is skipped, or a note on a measured one.
-        config: the launch configuration that ran, per kernel (tile sizes, warps, stages; ours from
-            the autotuner's ``best_config`` or the launcher's fixed choice), or what is known of it.
-        gpu, driver, cuda, torch_version, triton_version: the :class:`MachineInfo`.
+    ``path`` is the code that ran (ours ``"tma"``, ``"pointer"`` or ``"tma+pointer"``; ``"sdpa-cudnn"``,
+    ``"flex-compiled"``, ...; ``" (interpreter)"`` or ``"flex-eager"`` on the dry run) and ``config`` its
+    launch configuration per kernel (ours: the launcher's tuned winner or the autotuner's ``best_config``).
+    A ``"skipped"`` row has a ``reason`` and no numbers. ``milliseconds``: the median of ``do_bench`` (the
+    dry run's best wall-clock run); ``tflops``: :func:`~attn_course.measure.flash.attention_flops` per second
+    in 10¹²; ``max_difference``: from SDPA in float32; ``first_call_s``: the first forward (or backward)
+    call, where Triton compiles or autotunes.
     """
 
     method: str
@@ -146,34 +121,19 @@ class GpuRow:
     first_call_s: float | None
     reason: str
     config: str
-    gpu: str
-    driver: str
-    cuda: str
-    torch_version: str
-    triton_version: str
 
 
-@dataclasses.dataclass(frozen=True)
+@_row
 class DecodeRow:
-    """One (configuration, method) of :func:`decode_rows`: N_q queries against a KV cache of N_k keys.
+    """One (configuration, method) of :func:`decode_rows`: ``q [B, H, N_q, d]`` against a KV cache
+    ``[B, H_kv, N_k, d]``; the columns :class:`GpuRow` has mean the same (ours' ``config`` adds ``BLOCK_M``,
+    the key splits and the merge kernel's width).
 
-    Attributes:
-        method: ``"ours (decode_attention)"``, an SDPA backend, or ``"naive"``.
-        path: ``"flash-decoding"`` (ours), ``"sdpa-flash"``, ``"sdpa-efficient"``, ``"sdpa-cudnn"`` or ``"naive"``.
-        dtype, head_dim, batch, heads, kv_heads, n_q, n_k: of ``q [B, H, N_q, d]`` and
-            ``k``, ``v`` ``[B, H_kv, N_k, d]``.
-        kv_layout: how the method saw grouped K/V: ``"grouped (in place)"``, ``"grouped
-            (enable_gqa=True)"``, or ``"expanded (repeat_interleave, outside the timing)"``.
-        status, milliseconds, max_difference, first_call_s, reason, config: as in :class:`GpuRow`
-            (ours' config adds ``BLOCK_M``, the key splits and the merge kernel's width).
-        timing: ``"cuda graph"`` (one call captured in a ``torch.cuda.CUDAGraph``, its replay timed:
-            no Python launch overhead in ``milliseconds``) or ``"plain"`` (capture failed or the CPU
-            dry run; ``reason`` says why).
-        plain_milliseconds: the same call timed without a graph (Python's launch overhead
-            included), for comparison; None when ``timing`` is ``"plain"``.
-        kv_gbps: the cache's bytes (K and V, ``2 · B · H_kv · N_k · d`` elements) over the time,
-            in 10⁹ bytes per second: the same bytes for every method, so it ranks them like the time.
-        gpu, driver, cuda, torch_version, triton_version: the :class:`MachineInfo`.
+    ``kv_layout``: how the method saw grouped K/V (in place, ``enable_gqa=True``, or expanded outside the
+    timing). ``timing``: ``"cuda graph"`` (one captured call replayed, no Python launch overhead) or
+    ``"plain"`` (capture failed or the dry run; ``reason`` says why); ``plain_milliseconds``: the call timed
+    without a graph. ``kv_gbps``: the cache's bytes (``2 · B · H_kv · N_k · d`` elements) over the time, in
+    10⁹ bytes per second, the same bytes for every method.
     """
 
     method: str
@@ -195,31 +155,15 @@ class DecodeRow:
     first_call_s: float | None
     reason: str
     config: str
-    gpu: str
-    driver: str
-    cuda: str
-    torch_version: str
-    triton_version: str
 
 
-@dataclasses.dataclass(frozen=True)
+@_row
 class SummaryRow:
-    """Ours against the best SDPA backend for one configuration and mode (:func:`speedup_summary`).
+    """Ours against the fastest SDPA backend (``best_sdpa``) for one configuration and mode (:func:`speedup_summary`).
 
-    Attributes:
-        kind: ``"attention"`` (:class:`GpuRow`) or ``"decode"`` (:class:`DecodeRow`).
-        dtype, head_dim, heads, kv_heads, causal, n_q, n_k, mode: the configuration (``n_q == n_k == N``
-            for attention; ``kv_heads < heads`` for grouped-query rows).
-        ours_ms: our time, or None when ours did not run.
-        best_sdpa: the fastest SDPA backend that ran, or ``""``.
-        best_sdpa_ms: its time, or None.
-        ratio: ``best_sdpa_ms / ours_ms``: ours in units of SDPA's best speed (> 1: ours faster).
-        target: the goal for this ratio (forward 1.0, backward 0.8 at N ≥ 4096), or None.
-        meets_target: ``ratio >= target``, or None without a target or a ratio.
-        flex_ms: FlexAttention compiled's time, or None (decoding, or it did not run).
-        flex_ratio: ``flex_ms / ours_ms`` (> 1: ours faster), or None.
-        note: why there is no ratio.
-        gpu, driver, cuda, torch_version, triton_version: the :class:`MachineInfo`.
+    ``kind``: ``"attention"`` (``n_q == n_k == N``) or ``"decode"``. ``ratio``: ``best_sdpa_ms / ours_ms``,
+    ``flex_ratio``: ``flex_ms / ours_ms`` (> 1: ours faster). ``target``: the goal for ``ratio`` at N >= 4096
+    (forward 1.0, backward 0.8), else None, as is ``meets_target`` then. ``note``: why there is no ratio.
     """
 
     kind: str
@@ -240,34 +184,25 @@ class SummaryRow:
     flex_ms: float | None
     flex_ratio: float | None
     note: str
-    gpu: str
-    driver: str
-    cuda: str
-    torch_version: str
-    triton_version: str
 
 
 class CsvStream:
-    """A CSV with one dataclass's columns, each row flushed as it comes: a killed run leaves its data."""
+    """A CSV with the columns of the dataclass ``kind`` (the header even with no rows), each row flushed as it
+    comes (a killed run leaves its data) and kept in ``rows``; ``rows`` given are written at once."""
 
-    def __init__(self, path: pathlib.Path, kind: type):
-        self.path = path
+    def __init__(self, path: pathlib.Path, kind: type, rows: Sequence[object] = ()):
+        self.rows = []
         self._handle = open(path, "w", newline="")
         self._writer = csv.DictWriter(self._handle, fieldnames=[f.name for f in dataclasses.fields(kind)])
         self._writer.writeheader()
         self._handle.flush()
+        for row in rows:
+            self.write(row)
 
     def write(self, row: object) -> None:
         self._writer.writerow(dataclasses.asdict(row))
         self._handle.flush()
+        self.rows.append(row)
 
     def close(self) -> None:
         self._handle.close()
-
-
-def write_table(path: pathlib.Path, kind: type, rows: Sequence[object]) -> None:
-    """Write ``rows`` (instances of the dataclass ``kind``) to ``path``: the header even when there are none."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=[f.name for f in dataclasses.fields(kind)])
-        writer.writeheader()
-        writer.writerows(dataclasses.asdict(row) for row in rows)

@@ -14,17 +14,10 @@ from attn_course import _validate
 from benchmarks.flash_gpu.attention import gpu_rows
 from benchmarks.flash_gpu.decode import decode_rows
 from benchmarks.flash_gpu.kernels_used import count_compilations, describe_compilations
-from benchmarks.flash_gpu.measuring import (
-    TIME_BUDGET_SPENT,
-    Clock,
-    Terminated,
-    check_device,
-    past,
-    sigterm_stops,
-)
+from benchmarks.flash_gpu.measuring import TIME_BUDGET_SPENT, Clock, Terminated, check_device, past, sigterm_stops
 from benchmarks.flash_gpu.plan import DRY_RUN, FLEX, GPU_SIZES, WARM_UP_SECONDS, check_profile, plan_phases
 from benchmarks.flash_gpu.report import plot_gpu_rows, speedup_summary, summary_table, target_verdicts
-from benchmarks.flash_gpu.rows import CsvStream, DecodeRow, GpuRow, SummaryRow, machine_facts, machine_info, write_table
+from benchmarks.flash_gpu.rows import CsvStream, DecodeRow, GpuRow, SummaryRow, machine_facts, machine_info
 from benchmarks.flash_gpu.warm_up import warm_triton_cache, warm_up_jobs
 
 __all__ = ["GpuBenchmarkResult", "run_gpu_benchmark"]
@@ -32,16 +25,8 @@ __all__ = ["GpuBenchmarkResult", "run_gpu_benchmark"]
 
 @dataclasses.dataclass
 class GpuBenchmarkResult:
-    """What :func:`run_gpu_benchmark` measured and wrote.
-
-    Attributes:
-        rows, decode, summary: the :class:`GpuRow`, :class:`DecodeRow` and :class:`SummaryRow` lists.
-        files: name → path of every file written (``"rows"``, ``"decode"``, ``"summary"``, ``"machine"``,
-            ``"plot"``, ``"decode_plot"``; plots only where matplotlib is installed).
-        seconds: the run's wall-clock time.
-        stopped: ``""`` when everything planned was attempted, ``"max_minutes"`` when the time budget
-            left measurements out, ``"SIGTERM"`` when the run was terminated.
-    """
+    """What :func:`run_gpu_benchmark` measured and wrote (``files``: name → path), in how many seconds, and
+    why it ``stopped``: ``""`` (everything planned was attempted), ``"max_minutes"`` or ``"SIGTERM"``."""
 
     rows: list
     decode: list
@@ -52,40 +37,27 @@ class GpuBenchmarkResult:
 
 
 def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", lengths: Sequence[int] | None = None,
-                      dry_run: bool = False, max_minutes: float | None = None, decode: bool = True,
-                      warm_up: bool = True,
+                      dry_run: bool = False, max_minutes: float | None = None, warm_up: bool = True,
                       progress: Callable[[str], None] | None = print) -> GpuBenchmarkResult:
     """The whole GPU benchmark, most important measurements first, each row written as measured.
 
-    Writes into ``out``: ``flash-gpu.csv`` (:class:`GpuRow`), ``flash-gpu-decode.csv``
-    (:class:`DecodeRow`), ``flash-gpu-summary.csv`` (:class:`SummaryRow`, rewritten after each
-    phase), ``machine.json`` (the machine, the plan, the timer and how the run ended) and the
-    plots ``flash-gpu.png`` and ``flash-gpu-decode.png`` (if matplotlib is installed). After
-    ``max_minutes`` no new measurement starts (the one under way finishes: allow a minute
-    more); SIGTERM, as from ``timeout``, stops the run the same way and the summary and
-    plots are still written.
-
-    The kernel compilations the plan triggers (:func:`~benchmarks.flash_gpu.kernels_used.count_compilations`)
-    are printed first and recorded in ``machine.json`` (``"compilations"``); ``python -m
-    benchmarks.flash_gpu --count-compilations essential`` prints them without running anything.
-    Ours are compiled first in parallel (:func:`warm_triton_cache`); FlexAttention compiles in its
-    first call of each shape (``first_call_s``, not in the timing). The budget cuts whatever does
-    not fit, least important last.
+    Writes into ``out``: ``flash-gpu.csv`` (:class:`GpuRow`), ``flash-gpu-decode.csv`` (:class:`DecodeRow`),
+    ``flash-gpu-summary.csv`` (:class:`SummaryRow`, rewritten after each phase), ``machine.json`` (the
+    machine, the plan, the kernel compilations it triggers, the timer and how the run ended) and, where
+    matplotlib is installed, ``flash-gpu.png`` and ``flash-gpu-decode.png``. After ``max_minutes`` no new
+    measurement starts (the one under way finishes); SIGTERM stops the run the same way; the summary and
+    plots are written either way. Ours are first compiled in parallel processes (:func:`warm_triton_cache`),
+    FlexAttention's shapes just before its first phase.
 
     Args:
         out: the folder for the files (created if missing).
-        profile: ``"essential"`` (the first-contact check's rows, issue 32) or ``"long"`` (the
-            whole sweep); see :func:`~benchmarks.flash_gpu.plan.plan_phases`.
-        lengths: sequence lengths N for the attention rows (default: the profile's; the dry run's
-            are tiny).
-        dry_run: run on the CPU at tiny sizes (:data:`~benchmarks.flash_gpu.plan.DRY_RUN`): the kernels in Triton's
-            interpreter, float16 and float32, a wall-clock timer.
+        profile: ``"essential"`` or ``"long"`` (:func:`~benchmarks.flash_gpu.plan.plan_phases`).
+        lengths: the attention rows' N (default: the profile's).
+        dry_run: on the CPU at tiny sizes (:data:`~benchmarks.flash_gpu.plan.DRY_RUN`), the kernels in
+            Triton's interpreter, float16 and float32, a wall-clock timer.
         max_minutes: the time budget, > 0; None: no limit.
-        decode: also run :func:`decode_rows`.
-        warm_up: first compile our kernels into Triton's on-disk cache in parallel processes, one
-            per (dtype, d, causal, group size) and per dtype for decoding, and FlexAttention's shapes
-            into Inductor's just before its first phase (each at most 120 s, inside the budget;
-            a failure there is reported in ``machine.json``, not raised).
+        warm_up: compile first, each warm-up at most 120 s inside the budget (failures are reported in
+            ``machine.json``, not raised).
         progress: called with each line of progress text (None: silent).
 
     Returns:
@@ -101,9 +73,7 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
     if lengths is not None:
         lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1, nonempty=True)
     check_profile(where, profile)
-    dry_run = _validate.boolean(where, "dry_run", dry_run)
-    decode = _validate.boolean(where, "decode", decode)
-    warm_up = _validate.boolean(where, "warm_up", warm_up)
+    dry_run, warm_up = _validate.boolean(where, "dry_run", dry_run), _validate.boolean(where, "warm_up", warm_up)
     if max_minutes is not None:
         max_minutes = _validate.positive_finite(where, "max_minutes", max_minutes)
     if progress is not None and not callable(progress):
@@ -119,14 +89,12 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
              "summary": out / "flash-gpu-summary.csv", "machine": out / "machine.json"}
     streams = {"rows": CsvStream(files["rows"], GpuRow), "decode": CsvStream(files["decode"], DecodeRow)}
     # The compilations are counted for a GPU even on the dry run: what a GPU check's time estimate needs.
-    plan, gpu_plan = ([phase for phase in plan_phases(chosen, lengths, profile) if decode or phase[0] != "decode"]
-                      for chosen in (sizes, GPU_SIZES))
-    if device.type == "cuda":
-        compilations = count_compilations(gpu_plan, GPU_SIZES, tma=torch.cuda.get_device_capability()[0] == 9,
-                                          multiprocessors=torch.cuda.get_device_properties(0).multi_processor_count)
-    else:
-        compilations = count_compilations(gpu_plan, GPU_SIZES)
-    rows, decode_found, summary = [], [], []
+    plan, gpu_plan = plan_phases(sizes, lengths, profile), plan_phases(GPU_SIZES, lengths, profile)
+    this_gpu = {} if device.type != "cuda" else dict(
+        tma=torch.cuda.get_device_capability()[0] == 9,
+        multiprocessors=torch.cuda.get_device_properties(0).multi_processor_count)
+    compilations = count_compilations(gpu_plan, GPU_SIZES, **this_gpu)
+    rows, decode_found, summary = streams["rows"].rows, streams["decode"].rows, []
     facts = {"machine": dataclasses.asdict(machine), **machine_facts(device), "dry_run": dry_run, "profile": profile,
              "compilations": compilations,
              "timer": Clock(device).name, "max_minutes": max_minutes, "started": started_at,
@@ -140,7 +108,7 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
     def write_summary(stopped: str) -> list[SummaryRow]:
         """Rewrite the summary and ``machine.json`` from the rows so far: a killed run keeps both."""
         summary = speedup_summary(rows, decode_found, long_from=sizes["long_from"])
-        write_table(files["summary"], SummaryRow, summary)         # the header alone when nothing ran yet
+        CsvStream(files["summary"], SummaryRow, summary).close()    # the header alone when nothing ran yet
         facts.update(stopped=stopped, seconds=round(time.monotonic() - started, 1),
                      measured=sum(r.status == "ok" for r in rows + decode_found),
                      skipped=sum(r.status != "ok" for r in rows + decode_found),
@@ -148,8 +116,7 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
         files["machine"].write_text(json.dumps(facts, indent=2, default=str) + "\n")
         return summary
 
-    def warm(jobs: list[dict], what: str) -> dict:
-        """Run warm-up jobs in parallel, within the budget left; report and return what happened."""
+    def warm(jobs: list[dict], what: str) -> dict:   # within the budget left
         limit = WARM_UP_SECONDS if deadline is None else max(1.0, min(WARM_UP_SECONDS, deadline - time.monotonic()))
         progress(f"## warming {what}: {len(jobs)} processes, at most {os.cpu_count()} at once (at most "
                  f"{limit:.0f} s)")
@@ -157,12 +124,6 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
         progress(f"warm-up: {report['seconds']} s, {len(report['failures'])} failed"
                  + "".join(f"\n  {failure}" for failure in report["failures"]))
         return report
-
-    def keep(found: list, stream: CsvStream) -> Callable[[object], None]:
-        def on_row(row):
-            stream.write(row)
-            found.append(row)
-        return on_row
 
     stopped = ""
     try:
@@ -183,11 +144,10 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
                 # Rows are kept as they come, not as a phase returns them: a phase cut short by SIGTERM
                 # still counts in the summary and machine.json with what it measured.
                 if kind == "attention":
-                    gpu_rows(**options, on_row=keep(rows, streams["rows"]), seed=index, **common)
+                    gpu_rows(**options, on_row=streams["rows"].write, seed=index, **common)
                 else:
                     shape = {k: v for k, v in sizes["decode"].items() if not k.endswith("kv_lengths")}
-                    decode_rows(**options, **shape, on_row=keep(decode_found, streams["decode"]), seed=index,
-                                **common)
+                    decode_rows(**options, **shape, on_row=streams["decode"].write, seed=index, **common)
                 write_summary("running")
             if any(r.reason == TIME_BUDGET_SPENT for r in rows + decode_found):
                 stopped = "max_minutes"
@@ -206,10 +166,10 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
         for line in target_verdicts(summary):
             progress(line)
     title = f"FlashAttention benchmark{' (CPU dry run)' if dry_run else ''}: {machine.title()}"
-    for name, found in (("plot", rows), ("decode_plot", decode_found)):
+    for name, found, path in (("plot", rows, out / "flash-gpu.png"),
+                              ("decode_plot", decode_found, out / "flash-gpu-decode.png")):
         if not found:
             continue
-        path = out / ("flash-gpu.png" if name == "plot" else "flash-gpu-decode.png")
         try:
             plot_gpu_rows(found, path, title=title)
         except ImportError:   # a bare GPU image may lack matplotlib; the CSVs hold the numbers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -19,10 +20,9 @@ __all__ = ["warm_triton_cache", "warm_up_job", "warm_up_jobs"]
 
 
 def warm_up_jobs(plan: list[tuple[str, dict]], sizes: dict, dry_run: bool) -> list[dict]:
-    """One job per kernel specialization the plan (:func:`~benchmarks.flash_gpu.plan.plan_phases`) needs:
-    (dtype, d, causal, group size) for attention, one per dtype for decoding, then one per shape for
-    FlexAttention compiled (Inductor's on-disk caches, like Triton's, serve the benchmark's process).
-    The dry run warms only the first, to run the code, not to save time."""
+    """One job per kernel specialization the plan needs: (dtype, d, causal, group size) for attention, a dtype
+    for decoding, then a shape for FlexAttention compiled (Inductor's on-disk caches, like Triton's, serve
+    the benchmark's process). The dry run warms only the first, to run the code, not to save time."""
     device = "cpu" if dry_run else "cuda"
     n = 64 if dry_run else 1024            # a multiple of 16, like every N measured: the same specialization
     jobs, decoding, flex = [], [], []
@@ -36,26 +36,22 @@ def warm_up_jobs(plan: list[tuple[str, dict]], sizes: dict, dry_run: bool) -> li
                                      batch=decode["batch"], device=device))
                 continue
             methods = options.get("methods", ("ours (Triton)", "flex compiled"))
-            for d in options["head_dims"]:
+            for d, causal in itertools.product(options["head_dims"], options["causal"]):
                 heads = options["model_dim"] // d
-                kv_heads = heads // options["group_size"]
-                for causal in options["causal"]:
-                    if "ours (Triton)" in methods:
-                        jobs.append(dict(kind="attention", dtype=dtype, head_dim=d, causal=causal, n=n, heads=heads,
-                                         kv_heads=kv_heads, device=device))
-                    if "flex compiled" not in methods:
-                        continue
-                    # FlexAttention compiles per shape (dynamic=False): each measured N is a job.
-                    flex += [dict(kind="flex", dtype=dtype, head_dim=d, causal=causal, n=length, heads=heads,
-                                  kv_heads=kv_heads, batch=max(1, options["tokens"] // length), device=device)
+                shape = dict(dtype=dtype, head_dim=d, causal=causal, heads=heads,
+                             kv_heads=heads // options["group_size"], device=device)
+                if "ours (Triton)" in methods:
+                    jobs.append(dict(kind="attention", **shape, n=n))
+                if "flex compiled" in methods:   # FlexAttention compiles per shape (dynamic=False): a job per N
+                    flex += [dict(kind="flex", **shape, n=length, batch=max(1, options["tokens"] // length))
                              for length in options["lengths"]]
     unique = list({json.dumps(job, sort_keys=True): job for job in jobs + decoding + flex}.values())
     return unique[:1] if dry_run else unique
 
 
 def warm_up_job(job: dict) -> None:
-    """Run one warm-up job (in its own process): the kernels compile, and the autotuner compiles
-    every candidate, into Triton's on-disk cache, where the benchmark's process finds them."""
+    """Run one warm-up job (in its own process): the kernels, every autotuning candidate included, compile
+    into Triton's on-disk cache, where the benchmark's process finds them."""
     dtype, device, d = getattr(torch, job["dtype"]), job["device"], job["head_dim"]
     if job["kind"] == "attention":
         q = torch.randn(1, job["heads"], job["n"], d, dtype=dtype, device=device, requires_grad=True)
@@ -83,9 +79,8 @@ def warm_up_job(job: dict) -> None:
 
 def warm_triton_cache(jobs: list[dict], *, timeout_s: float, interpret: bool,
                       parallel: int | None = None) -> dict:
-    """Run the warm-up jobs in parallel processes, at most ``parallel`` at once (default: one per
-    core; compiling is single-threaded and CPU-bound, and a GPU machine has cores to spare), in
-    the jobs' order. Failures are reported, never raised: it is only a warm-up."""
+    """Run the warm-up jobs in their order, in parallel processes, at most ``parallel`` at once (default: one
+    per core: compiling is single-threaded); failures are reported, never raised."""
     started = time.monotonic()
     parallel = parallel or os.cpu_count() or 1
     # The same environment as this process (Triton's cache key includes some TRITON_* variables),
