@@ -9,24 +9,22 @@ from collections.abc import Sequence
 from attn_course.measure.rows import check_rows
 from attn_course.measure.variants import VariantRow, check_name
 
-__all__ = ["Crossover", "crossover_from_rows", "first_from"]
+__all__ = ["Crossover", "crossover_from_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Crossover:
-    """Where causal linear attention overtakes causal softmax attention, from :func:`linear_crossover`.
+    """Where causal linear attention overtakes causal softmax attention (:func:`crossover_from_rows`).
 
     Attributes:
-        softmax, linear: the two variants compared (names from :data:`PREFILL_VARIANTS`).
-        lengths: the grid of N measured, ascending.
-        time_n: the smallest grid N from which linear attention is faster at every larger grid N;
-            None if it is slower at the largest.
-        time_n_interpolated: where the two time curves cross, interpolating ``log(t_linear /
-            t_softmax)`` linearly in ``log N`` between ``time_n`` and the grid N before it; None when
-            ``time_n`` is None or the grid's first N (the crossing is at or below the grid).
+        softmax, linear: the two variants compared; lengths: the grid of N measured, ascending.
+        time_n: the smallest grid N from which linear attention is faster at every larger grid N; None if it
+            is slower at the largest.
+        time_n_interpolated: where the time curves cross, ``log(t_linear / t_softmax)`` interpolated linearly
+            in ``log N`` between ``time_n`` and the grid N before it; None when ``time_n`` is None or the
+            grid's first N.
         memory_n, memory_n_interpolated: the same for peak memory (exact bytes, so not noisy).
-        seconds_ratio: ``t_linear / t_softmax`` at each grid N (below 1: linear is faster).
-        memory_ratio: ``peak_linear / peak_softmax`` at each grid N.
+        seconds_ratio, memory_ratio: ``t_linear / t_softmax`` and ``peak_linear / peak_softmax`` at each N.
     """
 
     softmax: str
@@ -58,23 +56,9 @@ class Crossover:
         return "\n".join(lines)
 
 
-
-def first_from(lengths: list[int], values: list[float]) -> tuple[int | None, float | None]:
-    """Smallest grid N from which every ratio is below 1, and the log-log interpolated crossing.
-
-    Args:
-        lengths: the grid of N, ascending.
-        values: a ratio (linear over softmax) at each N.
-
-    Returns:
-        ``(N, crossing)``: ``(None, None)`` if the last ratio is not below 1; ``(lengths[0], None)``
-        if every ratio is; else the grid N and where ``log ratio`` crosses 0, linear in ``log N``.
-
-    Example:
-        >>> n, crossing = first_from([100, 400], [2.0, 0.5])
-        >>> n, round(crossing)
-        (400, 200)
-    """
+def _first_below_one(lengths: list[int], values: list[float]) -> tuple[int | None, float | None]:
+    """``(N, crossing)``: the smallest grid N from which every ratio is below 1 and where ``log ratio`` crosses 0,
+    linear in ``log N``; ``(None, None)`` if the last ratio is not below 1, ``(lengths[0], None)`` if every is."""
     index = len(values)
     while index > 0 and values[index - 1] < 1:
         index -= 1
@@ -92,12 +76,12 @@ def crossover_from_rows(rows: Sequence[VariantRow], *, softmax: str = "softmax s
     """The :class:`Crossover` of ``linear`` against ``softmax`` in rows already measured.
 
     Args:
-        rows: from :func:`measure_variants`, holding both variants at two or more common N.
-        softmax: the softmax variant, ``"softmax sdpa"`` or ``"softmax self_attention"``.
+        rows: from :func:`~attn_course.measure.variants.measure_variants`, both variants at two or more common N.
+        softmax: ``"softmax sdpa"`` or ``"softmax self_attention"``.
         linear: ``"linear chunked"`` or ``"linear recurrent"``.
 
     Returns:
-        a :class:`Crossover` over the N where both were measured, ascending.
+        A :class:`Crossover` over the N where both were measured, ascending.
 
     Raises:
         TypeError: ``rows`` not a sequence of :class:`VariantRow`.
@@ -122,8 +106,8 @@ def crossover_from_rows(rows: Sequence[VariantRow], *, softmax: str = "softmax s
                          f"got {lengths}")
     seconds = [found[linear, n].seconds / found[softmax, n].seconds for n in lengths]
     memory = [found[linear, n].peak_bytes / found[softmax, n].peak_bytes for n in lengths]
-    time_n, time_between = first_from(lengths, seconds)
-    memory_n, memory_between = first_from(lengths, memory)
+    time_n, time_between = _first_below_one(lengths, seconds)
+    memory_n, memory_between = _first_below_one(lengths, memory)
     return Crossover(softmax=softmax, linear=linear, lengths=tuple(lengths), time_n=time_n,
                      time_n_interpolated=time_between, memory_n=memory_n, memory_n_interpolated=memory_between,
                      seconds_ratio=tuple(seconds), memory_ratio=tuple(memory))

@@ -1,11 +1,8 @@
-"""``python -m attn_course.measure kv-cache``: generation with and without a KV cache.
+"""Generation with and without a KV cache (chapter 04; ``python -m benchmarks kv-cache``).
 
-Without a cache, every new token re-runs the model over the whole sequence so far; with
-one, each step feeds only the newest token. The speed-up grows with the number of tokens,
-but far more slowly than the number of token positions the cache saves:
-:func:`decode_step_times` times single steps to show why (most of a step's time on a small
-model is a fixed cost per step, whatever the length), reporting the median of repeated
-timings, which one slow or one lucky call does not move.
+Without a cache every new token re-runs the model over the whole sequence so far; with one, each step feeds
+only the newest token. The speed-up grows far more slowly than the token positions the cache saves:
+:func:`decode_step_times` shows why (on a small model most of a step's time is a fixed cost per step).
 """
 
 from __future__ import annotations
@@ -23,31 +20,17 @@ from attn_course.core.kv_cache import KVCache
 from attn_course.measure.timing import best_time
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 
-__all__ = [
-    "KvCacheRow",
-    "positions_processed",
-    "kv_cache_speedup",
-    "DecodeStepRow",
-    "median_time",
-    "decode_step_times",
-]
+__all__ = ["DecodeStepRow", "KvCacheRow", "decode_step_times", "kv_cache_speedup", "median_time",
+           "positions_processed"]
 
 _NUM_HEADS = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class KvCacheRow:
-    """One row of :func:`kv_cache_speedup`: best times for one number of generated tokens.
-
-    Attributes:
-        new_tokens: how many tokens were generated after the prompt.
-        positions_without: token positions pushed through the model without a cache
-            (see :func:`positions_processed`).
-        positions_with: token positions pushed through the model with a cache.
-        seconds_without: best time without a cache, in seconds.
-        seconds_with: best time with a :class:`~attn_course.core.kv_cache.KVCache`, in seconds.
-        speedup: ``seconds_without / seconds_with``.
-    """
+    """One row of :func:`kv_cache_speedup`: for ``new_tokens`` generated after the prompt, the token positions
+    pushed through the model (:func:`positions_processed`) and the best seconds, without and with a cache, and
+    ``speedup = seconds_without / seconds_with``."""
 
     new_tokens: int
     positions_without: int
@@ -57,42 +40,41 @@ class KvCacheRow:
     speedup: float
 
 
-def _model_options(where: str, embed_dim: object, num_layers: object, repeats: object,
-                   seed: object) -> tuple[int, int, int, int]:
-    """The untrained model's width and depth, the timings to take and the seed, checked."""
+def _untrained_model(where: str, length: int, tokens: int, embed_dim: object, num_layers: object, repeats: object,
+                     seed: object) -> tuple[TinyLanguageModel, torch.Tensor, int, int]:
+    """The options checked; the untrained model (4 heads, 64 token ids, ``length`` positions) and ``[1, tokens]``
+    random ids, seeded without reseeding the caller's RNG; ``repeats`` and ``seed``."""
     embed_dim, num_layers, repeats = _validate.integers(where, minimum=1, embed_dim=embed_dim, num_layers=num_layers,
                                                         repeats=repeats)
     if embed_dim % _NUM_HEADS:
         raise ValueError(f"{where}: embed_dim must be a multiple of {_NUM_HEADS} (the heads), got {embed_dim}")
-    return embed_dim, num_layers, repeats, _validate.integer(where, "seed", seed, minimum=0)
+    seed = _validate.integer(where, "seed", seed, minimum=0)
+    config = LanguageModelConfig(vocab_size=64, max_length=length, embed_dim=embed_dim, num_heads=_NUM_HEADS,
+                                 num_layers=num_layers)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = TinyLanguageModel(config).eval()
+        ids = torch.randint(0, config.vocab_size, (1, tokens))
+    return model, ids, repeats, seed
 
 
 def positions_processed(prompt_length: int, new_tokens: int) -> tuple[int, int]:
-    """Token positions the model processes to generate ``new_tokens`` after a prompt, when the
-    whole text fits the model's context window.
+    """Token positions the model processes to generate ``T = new_tokens`` after a prompt of ``P`` tokens
+    (the whole text within the context window), ``(without_cache, with_cache)``.
 
-    Without a cache, the step that samples new token ``t`` (``t = 0 .. T-1``) runs the model
-    over all ``P + t`` tokens so far. With one, the first step runs over the prompt and each
-    later step over the one token sampled before it; the last sampled token is never fed.
-
-    Args:
-        prompt_length: ``P``, at least 1.
-        new_tokens: ``T``, at least 1.
-
-    Returns:
-        ``(without_cache, with_cache)``.
+    Without a cache, the step that samples new token ``t`` (``t = 0 .. T-1``) runs the model over all ``P + t``
+    tokens so far. With one, the first step runs over the prompt and each later step over the one token
+    sampled before it; the last sampled token is never fed.
 
     Raises:
-        TypeError: a size that is not an int.
-        ValueError: a size below 1.
+        TypeError, ValueError: a size that is not an int ``>= 1``.
 
     Example:
         >>> positions_processed(3, 4)       # without: 3 + 4 + 5 + 6; with: 3 + 1 + 1 + 1
         (18, 6)
     """
-    where = "positions_processed"
-    prompt_length = _validate.integer(where, "prompt_length", prompt_length, minimum=1)
-    new_tokens = _validate.integer(where, "new_tokens", new_tokens, minimum=1)
+    prompt_length, new_tokens = _validate.integers("positions_processed", minimum=1, prompt_length=prompt_length,
+                                                   new_tokens=new_tokens)
     without = sum(prompt_length + step for step in range(new_tokens))
     return without, prompt_length + new_tokens - 1
 
@@ -108,9 +90,8 @@ def kv_cache_speedup(
 ) -> list[KvCacheRow]:
     """Time generation with and without a :class:`~attn_course.core.kv_cache.KVCache`.
 
-    Uses an untrained :class:`~attn_course.models.tiny_language_model.TinyLanguageModel` (speed does not
-    depend on the weights) with 4 heads, samples from a generator seeded with ``seed``, and
-    checks that both ways produce the same tokens. The caller's global RNG is left as it was.
+    An untrained ``TinyLanguageModel`` (speed does not depend on the weights) with 4 heads samples from a
+    generator seeded with ``seed``; both ways must produce the same tokens. The caller's RNG is left as it was.
 
     Args:
         new_tokens: numbers of tokens to generate, one row each.
@@ -137,13 +118,8 @@ def kv_cache_speedup(
     where = "kv_cache_speedup"
     counts = _validate.integer_sequence(where, "new_tokens", new_tokens, minimum=1, nonempty=True)
     prompt_length = _validate.integer(where, "prompt_length", prompt_length, minimum=1)
-    embed_dim, num_layers, repeats, seed = _model_options(where, embed_dim, num_layers, repeats, seed)
-    config = LanguageModelConfig(vocab_size=64, max_length=prompt_length + max(counts), embed_dim=embed_dim,
-                                 num_heads=_NUM_HEADS, num_layers=num_layers)
-    with torch.random.fork_rng(devices=[]):   # seed the weights without reseeding the caller's RNG
-        torch.manual_seed(seed)
-        model = TinyLanguageModel(config).eval()
-        prompt = torch.randint(0, config.vocab_size, (1, prompt_length))
+    model, prompt, repeats, seed = _untrained_model(where, prompt_length + max(counts), prompt_length, embed_dim,
+                                                    num_layers, repeats, seed)
     rows = []
     for count in counts:
         best, outputs = {}, {}
@@ -164,17 +140,10 @@ def kv_cache_speedup(
 
 @dataclasses.dataclass(frozen=True)
 class DecodeStepRow:
-    """One row of :func:`decode_step_times`: the cost of one generation step at one length.
-
-    Attributes:
-        length: tokens the step attends to, the new one included.
-        seconds_cached: median time of one step with a cache: the newest token alone, attending
-            to ``length - 1`` cached keys and values and its own.
-        seconds_uncached: median time of one step without a cache: a pass over all ``length`` tokens.
-        torch_calls: calls from Python into PyTorch during the cached step (functions, tensor
-            methods, and attribute reads such as ``.shape``), counted with a
-            ``torch.overrides.TorchFunctionMode``.
-    """
+    """One row of :func:`decode_step_times`: one generation step attending to ``length`` tokens (the new one
+    included), its median seconds with a cache (the newest token alone, over ``length - 1`` cached keys and its
+    own) and without (a pass over all ``length``), and ``torch_calls``, the calls from Python into PyTorch
+    during the cached step (functions, tensor methods, attribute reads such as ``.shape``)."""
 
     length: int
     seconds_cached: float
@@ -183,7 +152,7 @@ class DecodeStepRow:
 
 
 class _CountCalls(TorchFunctionMode):
-    """Counts every call into PyTorch that Python makes while the mode is active."""
+    """Counts every call into PyTorch Python makes while the mode is active."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -196,19 +165,9 @@ class _CountCalls(TorchFunctionMode):
 
 def median_time(fn: Callable[..., object], repeats: int, *,
                 setup: Callable[[], object] | None = None) -> float:
-    """The median time of one call of ``fn``, in seconds, over ``repeats`` calls timed one by one.
-
-    Each call is timed by :func:`~attn_course.measure.timing.best_time` on its own (``fn()``,
-    or ``fn(setup())`` with ``setup`` untimed before every call). The median, not the minimum:
-    a plot of several lengths then shows the typical step, not the luckiest one.
-
-    Args:
-        fn: the call to time.
-        repeats: calls to time, at least 1.
-        setup: called before every timed call, untimed; its result is ``fn``'s argument.
-
-    Returns:
-        The median of the ``repeats`` times, in seconds.
+    """The median time of one call of ``fn``, in seconds, over ``repeats`` calls each timed by
+    :func:`~attn_course.measure.timing.best_time` (``fn()``, or ``fn(setup())`` with ``setup`` untimed). The
+    median, not the minimum: a plot of several lengths then shows the typical step, not the luckiest one.
 
     Raises:
         TypeError: ``fn`` or ``setup`` not callable, ``repeats`` not an int.
@@ -237,18 +196,15 @@ def decode_step_times(
 ) -> list[DecodeStepRow]:
     """Time one generation step, with and without a cache, at several context lengths.
 
-    Uses the untrained model of :func:`kv_cache_speedup` (4 heads, vocabulary of 64, one CPU
-    thread as in :meth:`~attn_course.models.tiny_language_model.TinyLanguageModel.generate`). Before each
-    timed cached step, the cache is filled with ``length - 1`` tokens (not timed). The caller's
-    global RNG is left as it was.
+    The untrained model of :func:`kv_cache_speedup`, one CPU thread as in ``TinyLanguageModel.generate``.
+    Before each timed cached step the cache is filled with ``length - 1`` tokens, untimed. The caller's RNG is
+    left as it was.
 
     Args:
-        lengths: context lengths, the new token included, one row each (at least 2: a cached
-            step needs one cached token).
-        embed_dim: model width, a multiple of 4 (the number of heads).
-        num_layers: decoder blocks.
+        lengths: context lengths, the new token included, one row each (at least 2: a cached step needs one
+            cached token).
+        embed_dim, num_layers, seed: as :func:`kv_cache_speedup`.
         repeats: report the median of this many timings of each step (:func:`median_time`).
-        seed: seeds the weights and tokens; ``>= 0``.
 
     Returns:
         One :class:`DecodeStepRow` per entry of ``lengths``, in order.
@@ -266,20 +222,15 @@ def decode_step_times(
     """
     where = "decode_step_times"
     lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=2, nonempty=True)
-    embed_dim, num_layers, repeats, seed = _model_options(where, embed_dim, num_layers, repeats, seed)
-    config = LanguageModelConfig(vocab_size=64, max_length=max(lengths), embed_dim=embed_dim,
-                                 num_heads=_NUM_HEADS, num_layers=num_layers)
-    with torch.random.fork_rng(devices=[]):   # seed the weights without reseeding the caller's RNG
-        torch.manual_seed(seed)
-        model = TinyLanguageModel(config).eval()
-        text = torch.randint(0, config.vocab_size, (1, max(lengths)))
+    model, text, repeats, seed = _untrained_model(where, max(lengths), max(lengths), embed_dim, num_layers, repeats,
+                                                  seed)
     rows = []
     with torch.no_grad(), one_thread():
         for length in lengths:
             ids = text[:, :length]                                              # [1, N]
 
             def filled_caches(ids: torch.Tensor = ids) -> list[KVCache]:
-                caches = [KVCache(max_length=config.max_length) for _ in model.blocks]
+                caches = [KVCache(max_length=max(lengths)) for _ in model.blocks]
                 model(ids[:, :-1], kv_caches=caches)                            # the cached tokens
                 return caches
 

@@ -1,11 +1,8 @@
-"""Measure the peak memory a computation allocates, on any device, CPU included.
+"""The peak memory a computation allocates, on any device, and the memory free now.
 
-PyTorch reports allocator statistics only for CUDA, so this module counts tensor
-storages itself: every storage an operation creates is added when it appears and
-subtracted when it is freed. The count is exact for the tensors PyTorch allocates and
-the same on every run, which is what the chapters need to show an ``N²`` curve.
-:func:`available_memory_bytes` says what is free now, so that a benchmark skips a size
-that would swap (measuring the disk, not attention) or run out of GPU memory.
+PyTorch reports allocator statistics only for CUDA, so :func:`peak_memory` counts tensor storages itself: each
+one an operation creates is added when it appears and subtracted when it is freed. The count is exact and the
+same on every run, which is what the chapters need to show an ``N²`` curve.
 """
 
 from __future__ import annotations
@@ -60,17 +57,10 @@ class _StorageCounter(TorchDispatchMode):
 
 
 def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """Run ``fn(*args, **kwargs)`` and return its result and the peak bytes it allocated.
+    """Run ``fn(*args, **kwargs)`` and return ``(result, peak_bytes)``, the peak bytes it allocated.
 
-    Only memory allocated during the call counts: the inputs do not, and whatever the
-    result holds does (it is alive at the end).
-
-    Args:
-        fn: any callable that computes with torch tensors.
-        *args, **kwargs: passed to ``fn``.
-
-    Returns:
-        ``(result, peak_bytes)``.
+    Only memory allocated during the call counts: the inputs do not, and whatever the result holds does (it
+    is alive at the end).
 
     Raises:
         TypeError: ``fn`` is not callable.
@@ -89,13 +79,9 @@ def peak_memory(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any,
 
 
 def available_memory_bytes(device: str | torch.device = "cpu") -> int:
-    """Bytes free now: the machine's free RAM for ``"cpu"``, the GPU's free memory for ``"cuda"``.
-
-    Args:
-        device: ``"cpu"`` or a CUDA device.
-
-    Returns:
-        Free bytes; on a system that does not report free RAM (not Linux), 8 GiB.
+    """Bytes free now on ``device``: the machine's free RAM for ``"cpu"`` (8 GiB where it is not reported: not
+    Linux), the GPU's free memory for a CUDA device; a benchmark skips a size that would swap (measuring the
+    disk, not attention) or run out of GPU memory.
 
     Raises:
         TypeError: ``device`` not a str or ``torch.device``.

@@ -1,4 +1,4 @@
-"""Benchmark rows: one dataclass instance per measurement, checked by the printers and written as CSV."""
+"""Benchmark rows (one dataclass instance per measurement): checked, written as CSV, plotted against N."""
 
 from __future__ import annotations
 
@@ -14,21 +14,11 @@ __all__ = ["check_rows", "pyplot_for", "save_time_and_memory", "write_csv"]
 
 
 def check_rows(where: str, rows: object, kinds: tuple[type, ...] | None = None) -> list:
-    """Require a non-empty sequence of rows, all instances of one dataclass (one of ``kinds`` if given).
-
-    Printers, plots and the CSV writer call this so that their errors name themselves.
-
-    Args:
-        where: the calling function's name, for the message.
-        rows: what the caller was given.
-        kinds: the row dataclasses accepted; None accepts any one dataclass.
-
-    Returns:
-        ``rows`` as a list.
+    """``rows`` as a list: a non-empty sequence of instances of one dataclass (one of ``kinds`` if given), or the
+    error naming ``where``.
 
     Raises:
-        TypeError: not a sequence, a row that is not an accepted dataclass instance, or
-            rows of different types.
+        TypeError: not a sequence, a row that is not an accepted dataclass instance, or rows of different types.
         ValueError: no rows.
 
     Example:
@@ -55,16 +45,8 @@ def check_rows(where: str, rows: object, kinds: tuple[type, ...] | None = None) 
 
 
 def write_csv(rows: Sequence[object], path: str | os.PathLike) -> pathlib.Path:
-    """Write benchmark rows (instances of one dataclass) to a CSV file, one column per field.
-
-    The header is the dataclass's field names, in their declared order.
-
-    Args:
-        rows: a non-empty sequence of instances of one dataclass.
-        path: the file to write; missing parent folders are created.
-
-    Returns:
-        ``path`` as a :class:`pathlib.Path`.
+    """Write rows (instances of one dataclass) to the CSV file ``path`` (parent folders created), one column per
+    field in declared order; return ``path`` as a :class:`pathlib.Path`.
 
     Raises:
         TypeError: ``rows`` not a sequence of one dataclass's instances, or ``path`` not a path.
@@ -84,11 +66,9 @@ def write_csv(rows: Sequence[object], path: str | os.PathLike) -> pathlib.Path:
 
 
 def pyplot_for(where: str, path: object, title: object):
-    """Check a plot's ``path`` and ``title``; return the path and ``matplotlib.pyplot`` drawing
-    off screen (the Agg backend, unless one was chosen already).
-
-    The plotting functions of :mod:`attn_course.measure` call this, so that matplotlib is
-    imported only when a figure is asked for: a bare GPU image may lack it, and the CSVs suffice.
+    """Check a plot's ``path`` and ``title``; return the path and ``matplotlib.pyplot`` drawing off screen (Agg,
+    unless a backend was chosen). matplotlib is imported only when a figure is asked for: a bare GPU image may
+    lack it, and the CSVs suffice.
 
     Raises:
         TypeError: ``path`` not a str or path, ``title`` not a str.
@@ -105,13 +85,12 @@ def pyplot_for(where: str, path: object, title: object):
     return path, plt
 
 
-def save_time_and_memory(series: dict[str, list[tuple[int, float, float | None]]], path: pathlib.Path, plt, *,
+def save_time_and_memory(where: str, series: dict[str, list[tuple[int, float, float | None]]], path: object, *,
                          title: str, panels: tuple[str, str] = ("time", "peak memory")) -> None:
-    """Save two log-log panels against N, seconds and peak MiB, a line per series (a memory of None is not drawn).
-
-    ``series`` maps a label to its points ``(N, seconds, peak MiB)``; ``path`` and ``plt`` are what
-    :func:`pyplot_for` returned.
-    """
+    """Save a PNG of two log-log panels against N, seconds and peak MiB, a line per series: ``series`` maps a label
+    to its points ``(N, seconds, peak MiB)`` (a memory of None is not drawn). ``path`` and ``title`` are checked
+    as :func:`pyplot_for` does."""
+    path, plt = pyplot_for(where, path, title)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for index, (label, points) in enumerate(series.items()):
         style = dict(marker="o", label=label, color=f"C{index}")        # one colour per series in both panels

@@ -1,17 +1,5 @@
-"""The course's one timer: library timers on the CPU and on a GPU, and the machine they ran on.
-
-* CPU: :func:`best_time`, the minimum over single calls timed by :class:`timeit.Timer`, the
-  timer :class:`torch.utils.benchmark.Timer` wraps (its ``repeat(n, number=1)``, with a setup
-  run untimed before every call), and, while a time budget is left, more samples from
-  :meth:`torch.utils.benchmark.Timer.blocked_autorange` (a warm-up, then blocks of calls long
-  enough that the clock's overhead does not count).
-* GPU: :func:`gpu_milliseconds`, ``triton.testing.do_bench`` (CUDA events, the L2 cache
-  flushed between calls), as Triton's own tutorials benchmark kernels.
-* :func:`timed`: one call and its wall-clock seconds, for what runs once (a first call that
-  compiles, a whole run).
-
-Nothing here asserts a speed: the benchmarks report times, the tests check rows and formulas.
-"""
+"""The course's one timer: library timers on the CPU (:mod:`timeit`, ``torch.utils.benchmark``) and on a GPU
+(``triton.testing.do_bench``), and the machine they ran on. Nothing here asserts a speed."""
 
 from __future__ import annotations
 
@@ -49,18 +37,17 @@ def best_time(fn: Callable[..., object], repeats: int = 1, *, setup: Callable[[]
               budget_s: float = 0.0) -> float:
     """The shortest time of one call of ``fn``, in seconds, from at least ``repeats`` timed calls.
 
-    The minimum, not the mean: noise from other processes only ever adds time. ``repeats``
-    single calls are timed first (:meth:`timeit.Timer.repeat` with ``number=1``); if they took
-    less than ``budget_s`` in all, :meth:`torch.utils.benchmark.Timer.blocked_autorange` samples
-    for the rest of the budget (fast functions get many samples, at little cost). With
-    ``setup``, every timed call gets a fresh ``setup()`` result, made untimed, and the budget
-    is spent on more single calls.
+    The minimum, not the mean: noise from other processes only ever adds time. ``repeats`` single calls are
+    timed first (:meth:`timeit.Timer.repeat`, ``number=1``); if they took less than ``budget_s``,
+    :meth:`torch.utils.benchmark.Timer.blocked_autorange` (a warm-up, then blocks long enough that the clock's
+    overhead does not count) samples for the rest of the budget. With ``setup``, the budget goes to more
+    single calls.
 
     Args:
         fn: called as ``fn()``, or ``fn(setup())`` when ``setup`` is given.
         repeats: single calls to time, at least 1 (exactly this many when ``budget_s`` is 0).
-        setup: called before every timed call, untimed; its result is ``fn``'s argument (for a
-            step that changes what it runs on, such as a cache it appends to).
+        setup: called untimed before every timed call; its result is ``fn``'s argument (for a step that
+            changes what it runs on, such as a cache it appends to).
         budget_s: seconds, ``>= 0``, within which more calls are timed.
 
     Returns:
@@ -95,10 +82,8 @@ def best_time(fn: Callable[..., object], repeats: int = 1, *, setup: Callable[[]
 
 
 def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    """Call ``fn(*args, **kwargs)`` once and return its result and the wall-clock seconds it took.
-
-    For what is run once: a first call (where Triton compiles), a whole run. Not a benchmark
-    of ``fn``: use :func:`best_time` for that.
+    """Call ``fn(*args, **kwargs)`` once; return its result and the wall-clock seconds it took (for what runs
+    once: a first call where Triton compiles, a whole run; :func:`best_time` benchmarks).
 
     Raises:
         TypeError: ``fn`` is not callable.
@@ -123,14 +108,9 @@ def _do_bench() -> tuple[Callable[..., Any], dict[str, Any]]:
 
 
 def gpu_milliseconds(fn: Callable[[], object]) -> float:
-    """Milliseconds of one call of ``fn()`` on a CUDA GPU, from ``triton.testing.do_bench``.
-
-    :data:`DO_BENCH_OPTIONS` (a short warm-up and timing window, the median), passing only the
-    options this Triton's ``do_bench`` takes. Needs a CUDA GPU: Triton's interpreter has no
-    driver to time with ("0 active drivers").
-
-    Args:
-        fn: the GPU work, called with no arguments (many times).
+    """Milliseconds of one call of ``fn()`` on a CUDA GPU: ``triton.testing.do_bench`` (CUDA events, the L2 cache
+    flushed between calls, as Triton's tutorials time kernels) with :data:`DO_BENCH_OPTIONS` (the options this
+    Triton takes). Needs a CUDA GPU: Triton's interpreter has no driver to time with ("0 active drivers").
 
     Returns:
         The median time of one call, in milliseconds.
@@ -153,11 +133,7 @@ def gpu_timer_name() -> str:
 
 
 def machine_description() -> str:
-    """The processor or GPU, torch and Triton versions, for benchmark headers and plots.
-
-    Returns:
-        e.g. ``"x86_64 CPU, 2 threads; torch 2.13.0; Triton 3.5.0"``.
-    """
+    """The processor or GPU, torch and Triton versions, e.g. ``"x86_64 CPU, 2 threads; torch 2.13.0; Triton 3.5.0"``."""
     try:
         import triton
 

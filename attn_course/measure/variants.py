@@ -1,40 +1,23 @@
-"""Causal attention variants, time and memory against N (``python -m benchmarks variants``).
+"""Causal attention variants on a CPU, time and memory against N (``python -m benchmarks variants``), for ``q``,
+``k``, ``v`` ``[B, H, N, d]`` float32:
 
-What each variant costs on a CPU, for ``q``, ``k``, ``v`` ``[B, H, N, d]`` float32, causal:
+* ``softmax sdpa``: PyTorch's SDPA, on a CPU a fused FlashAttention-style kernel: ``O(N² d)`` time, only the
+  output allocated;
+* ``softmax self_attention``: the course's, with a causal mask: the ``N × N`` weights materialised;
+* ``sliding window mask``: the same with a sliding-window mask, which hides pairs but saves no compute (all
+  ``N²`` scores are computed, then thrown away); the window pays off when decoding, where a ``RollingKVCache``
+  keeps memory fixed at ``W``;
+* ``flex eager``: FlexAttention with a causal ``mask_mod``, not compiled (the unfused fallback, which
+  materialises the scores); its peak memory is None: ``peak_memory``'s dispatch mode cannot enter
+  FlexAttention's higher-order operator;
+* ``linear chunked`` (chunks of ``C``: ``O(N (C d + d²))`` time, memory linear in ``N``) and ``linear
+  recurrent`` (the same ``O(N d²)`` arithmetic in ``N`` small Python steps: 0.17 s against 0.014 s at
+  N = 2048, B=1, H=4, d=64, one thread).
 
-* ``softmax sdpa``: PyTorch's ``scaled_dot_product_attention(is_causal=True)``. On a CPU it runs a
-  fused FlashAttention-style kernel: ``O(N² d)`` time, but only the output (``O(N d)``) allocated.
-* ``softmax self_attention``: the course's :func:`~attn_course.core.attention.self_attention` with a
-  :func:`~attn_course.core.masks.causal_mask`: the ``N × N`` weights materialised, ``O(N²)`` memory.
-* ``sliding window mask``: ``self_attention`` with a
-  :func:`~attn_course.variants.masks.sliding_window_mask`, as the course implements the window. A mask
-  hides pairs but saves no compute: every one of the ``N²`` scores is still computed (and then
-  thrown away), so time and memory are those of full causal attention. The window pays off when
-  decoding, where a :class:`~attn_course.variants.sliding_window.RollingKVCache` keeps memory fixed at
-  ``W`` (the ``decode`` rows below).
-* ``flex eager``: :func:`~attn_course.variants.flex_attention.flex_attend` with a causal ``mask_mod``,
-  without ``torch.compile``: PyTorch's unfused fallback, which materialises the scores. Its peak
-  memory is not measured (``None``): :func:`~attn_course.measure.memory.peak_memory` counts storages
-  with a dispatch mode, and FlexAttention's higher-order operator refuses to run under one.
-* ``linear chunked``: :func:`~attn_course.variants.linear_attention.linear_attention` (causal, chunks of
-  ``C``): ``O(N (C d + d²))`` time, memory linear in ``N``.
-* ``linear recurrent``: :func:`~attn_course.variants.linear_attention.linear_attention_recurrent`, one token
-  per Python step: the same ``O(N d²)`` arithmetic, but ``N`` small steps, so on a CPU it is far
-  slower than the chunked form (one measurement: 0.17 s against 0.014 s at N = 2048, B=1, H=4, d=64,
-  one thread).
-
-Decoding one token after ``N - 1`` (mode ``decode``): a full :class:`~attn_course.core.kv_cache.KVCache`
-(its step reads all ``N`` keys, its memory grows with ``N``), a ``RollingKVCache`` of window ``W``
-(reads at most ``W`` keys, memory fixed), and linear attention's recurrent step (a ``d × d`` state
-per head, fixed). Each row's ``state_bytes`` is what the variant must keep to generate the next
-token; :func:`~attn_course.variants.kv_cache_size.cache_bytes_rows` gives it per token for MHA, GQA,
-MQA, MLA, the window and linear attention for one stated configuration.
-
-Every timed output is compared with a reference before it is timed (``max_difference``: masked SDPA
-for the softmax variants, :func:`~attn_course.variants.linear_attention.linear_attention_parallel` for
-linear attention), so the benchmark never times a wrong computation.
-:func:`~attn_course.measure.crossover.crossover_from_rows` finds the N from which linear attention is
-faster (and smaller) than softmax attention.
+Decoding one token after ``N - 1`` (mode ``decode``): a full ``KVCache`` (reads all ``N`` keys, grows with
+``N``), a ``RollingKVCache`` of window ``W`` and linear attention's recurrent step (a ``d × d`` state per
+head), with the bytes each keeps to generate the next token. Every output is compared with a reference
+before it is timed, so the benchmark never times a wrong computation.
 """
 
 from __future__ import annotations
@@ -54,7 +37,7 @@ from attn_course.core.attention import self_attention
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import causal_mask
 from attn_course.measure.memory import available_memory_bytes, peak_memory
-from attn_course.measure.rows import check_rows, pyplot_for, save_time_and_memory
+from attn_course.measure.rows import check_rows, save_time_and_memory
 from attn_course.measure.timing import best_time
 from attn_course.variants.flex_attention import causal, flex_attend
 from attn_course.variants.linear_attention import (
@@ -81,15 +64,14 @@ class VariantRow:
     """One (variant, N) measurement of :func:`measure_variants`.
 
     Attributes:
-        variant: one of :data:`PREFILL_VARIANTS` or :data:`DECODE_VARIANTS`.
-        mode: ``"prefill"`` (all ``N`` queries at once) or ``"decode"`` (one new token after ``N - 1``).
+        variant, mode: one of :data:`PREFILL_VARIANTS` (``"prefill"``: all ``N`` queries at once) or of
+            :data:`DECODE_VARIANTS` (``"decode"``: one new token after ``N - 1``).
         n: sequence length N (for ``decode``, the keys the new token may see, itself included).
         seconds: best wall-clock time of one call (one step for ``decode``).
-        peak_bytes: bytes allocated during the call (inputs excluded), exact
-            (:func:`~attn_course.measure.memory.peak_memory`); None for ``flex eager`` (not measurable).
-        state_bytes: bytes the variant keeps to generate the next token after these N: the keys and
-            values (``2·B·H·N·d·4``), the rolling window (``2·B·H·(W-1)·d·4``) or linear
-            attention's state ``(S, z)`` (``B·H·(d·d + d)·4``).
+        peak_bytes: bytes allocated during the call (inputs excluded), exact; None for ``flex eager``.
+        state_bytes: bytes kept to generate the next token after these N: the keys and values
+            (``2·B·H·N·d·4``), the rolling window (``2·B·H·(W-1)·d·4``) or linear attention's state ``(S, z)``
+            (``B·H·(d·d + d)·4``).
         max_difference: largest absolute difference of the output from the reference.
     """
 
@@ -110,7 +92,6 @@ def check_name(where: str, name: str, value: object, allowed: Sequence[str]) -> 
     if value not in allowed:
         raise ValueError(f"{where}: {name} must be one of {list(allowed)}, got {value!r}")
     return value
-
 
 
 MATERIALISING = ("softmax self_attention", "sliding window mask", "flex eager")   # N × N buffers
@@ -138,7 +119,6 @@ def prefill_functions(n: int, window: int, chunk_size: int) -> dict[str, Callabl
     }
 
 
-
 def _linear_step(state: torch.Tensor, normaliser: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """One decoding step of causal linear attention, updating ``(S, z)`` in place.
@@ -154,11 +134,8 @@ def _linear_step(state: torch.Tensor, normaliser: torch.Tensor, q: torch.Tensor,
 
 def _decode_rows(variants: list[str], q, k, v, n: int, window: int, repeats: int,
                  budget_s: float = 0.0) -> list[VariantRow]:
-    """Rows for decoding token ``n - 1`` after ``n - 1`` cached ones; the caches are filled untimed.
-
-    ``q``, ``k``, ``v`` ``[B, H, N, d]``: the whole sequence; each row's output is compared with
-    the reference computed from it (``max_difference``), the caller decides what is too far.
-    """
+    """Rows for decoding token ``n - 1`` after ``n - 1`` cached ones (``q``, ``k``, ``v`` ``[B, H, N, d]``: the
+    whole sequence), the caches filled untimed; the caller decides what ``max_difference`` is too far."""
     rows = []
     last = slice(n - 1, n)
     new_q, new_k, new_v = q[:, :, last], k[:, :, last], v[:, :, last]                     # [B, H, 1, d]
@@ -218,20 +195,16 @@ def measure_variants(
 ) -> list[VariantRow]:
     """Time and peak memory of causal attention variants against N, each output checked first.
 
-    For each N, random ``q``, ``k``, ``v`` ``[B, H, N, d]`` float32 (from a generator seeded with
-    ``seed``; the global RNG is not touched) go through every variant under ``torch.no_grad()``:
-    one call under :func:`~attn_course.measure.memory.peak_memory` (its output compared with the
-    reference), then the best of at least ``repeats`` timed calls, more while they took under
-    ``budget_s`` in all (:func:`~attn_course.measure.timing.best_time`): fast variants get many
-    samples, whose minimum resists a busy machine's noise. The variants that materialise
-    ``N × N`` buffers (``softmax self_attention``, ``sliding window mask``, ``flex eager``) are
-    skipped at an N whose three ``B·H·N²`` float32 buffers would not fit comfortably in the
-    memory free now.
+    For each N, random ``q``, ``k``, ``v`` (from a generator seeded with ``seed``; the global RNG is not
+    touched) go through every variant under ``torch.no_grad()``: one call under ``peak_memory`` (its output
+    compared with the reference), then the best of at least ``repeats`` timed calls, more while they took
+    under ``budget_s`` (:func:`~attn_course.measure.timing.best_time`): fast variants get many samples, whose
+    minimum resists a busy machine's noise. Variants that materialise ``N × N`` buffers are skipped where three
+    ``B·H·N²`` float32 buffers would not fit comfortably in the memory free now.
 
-    One CPU thread by default: on a shared 2-core machine, two threads made the many small
-    operations of the chunked and recurrent forms up to 10× slower at random (a thread waiting
-    for a busy core), which moved the crossover by 4× from run to run; on one thread the ratios
-    were smooth and repeatable. Pass ``threads=None`` to keep torch's setting.
+    One CPU thread by default: on a shared 2-core machine two threads made the many small operations of the
+    chunked and recurrent forms up to 10× slower at random, which moved the crossover by 4× from run to run;
+    on one thread the ratios were smooth and repeatable.
 
     Args:
         lengths: sequence lengths N, one group of rows each.
@@ -319,24 +292,12 @@ def measure_variants(
 
 
 def plot_variants(rows: Sequence[VariantRow], path: str | os.PathLike, *, title: str) -> None:
-    """Save a PNG of :func:`measure_variants`'s prefill rows: time and peak memory against N, log-log.
-
-    Args:
-        rows: a non-empty sequence of :class:`VariantRow` (decode rows are left out of the plot).
-        path: the PNG file to write.
-        title: the figure's title, e.g. :func:`~attn_course.measure.timing.machine_description`.
-
-    Raises:
-        TypeError: ``rows`` not a sequence of :class:`VariantRow`, ``path`` not a path, ``title`` not a str.
-        ValueError: no rows.
-        ImportError: matplotlib is not installed.
-    """
-    where = "plot_variants"
-    rows = check_rows(where, rows, (VariantRow,))
-    path, plt = pyplot_for(where, path, title)
+    """Save a PNG of :func:`measure_variants`'s prefill rows, time and peak memory against N, log-log (errors as
+    :func:`~attn_course.measure.flash.plot_rows`'s, for :class:`VariantRow`)."""
+    rows = check_rows("plot_variants", rows, (VariantRow,))
     prefill = [r for r in rows if r.mode == "prefill"]
     series = {variant: [(r.n, r.seconds, r.peak_bytes and r.peak_bytes / 2**20)
                         for r in prefill if r.variant == variant]
               for variant in dict.fromkeys(r.variant for r in prefill)}
-    save_time_and_memory(series, path, plt, title=title,
+    save_time_and_memory("plot_variants", series, path, title=title,
                          panels=("time (causal)", "peak memory (flex eager: not measurable)"))

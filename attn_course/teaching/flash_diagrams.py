@@ -1,17 +1,6 @@
-"""Pictures of how the Triton kernels divide the work: tiles, grouped-query heads, flash-decoding.
-
-* :func:`tile_kinds` classifies each (query tile, key tile) pair of the forward kernel's key loop
-  as ``"unmasked"``, ``"masked"`` or ``"skipped"`` (:func:`tile_counts` counts them);
-  :func:`forward_key_stages` reimplements the kernel's own stage boundaries (``unmasked_end``,
-  ``key_end``), and :func:`tile_schedule` draws the classification.
-* :func:`grouped_query_heads` draws which query heads share which key/value head.
-* :func:`decode_splits` cuts the key axis into splits as the flash-decoding kernel does, and
-  :func:`flash_decoding` draws the splits, their partial results and the merge.
-
-Nothing here runs a kernel: these are pure functions of the sizes, and figures drawn from them.
-The colours are from the Okabe-Ito palette, which stays distinct under the common kinds of colour
-blindness; masked tiles are also hatched, so the picture reads in grey as well.
-"""
+"""Chapter 07's pictures of how the Triton kernels divide the work: the tile schedule, grouped-query heads,
+flash-decoding. The schedule itself is :mod:`attn_course.flash.schedule`'s; nothing here runs a kernel. The
+colours are Okabe-Ito's, distinct under the common kinds of colour blindness; masked tiles are also hatched."""
 
 from __future__ import annotations
 
@@ -20,167 +9,25 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Polygon, Rectangle
 
 from attn_course import _validate
+from attn_course.flash.configs import DECODE_SPLIT_ALIGN
+from attn_course.flash.schedule import TILE_KINDS, decode_splits, tile_kinds
 
-__all__ = ["TILE_KINDS", "tile_kinds", "tile_counts", "forward_key_stages", "tile_schedule", "grouped_query_heads",
-           "decode_splits", "flash_decoding"]
+__all__ = ["TILE_COLOURS", "flash_decoding", "grouped_query_heads", "tile_schedule"]
 
 # Okabe-Ito: blue, orange, and a light grey for work that is not done.
-TILE_KINDS = {"unmasked": "#0072B2", "masked": "#E69F00", "skipped": "#DDDDDD"}
+TILE_COLOURS = dict(zip(TILE_KINDS, ("#0072B2", "#E69F00", "#DDDDDD")))
 _GROUP_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _check_tiles(where: str, n_q: object, n_k: object, block_m: object, block_n: object,
-                 causal: object) -> tuple[int, int, int, int, bool]:
-    n_q = _validate.integer(where, "n_q", n_q, minimum=1)
-    n_k = _validate.integer(where, "n_k", n_k, minimum=1)
-    block_m = _validate.integer(where, "block_m", block_m, minimum=1)
-    block_n = _validate.integer(where, "block_n", block_n, minimum=1)
-    causal = _validate.boolean(where, "causal", causal)
-    if causal and n_q > n_k:
-        raise ValueError(f"{where}: causal needs n_q <= n_k (the queries are the last n_q of the n_k "
-                         f"positions, bottom-right aligned), got n_q={n_q}, n_k={n_k}")
-    return n_q, n_k, block_m, block_n, causal
-
-
-def tile_kinds(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: bool) -> list[list[str]]:
-    """What the forward kernel's key loop does with each (query tile, key tile) pair.
-
-    Query tile ``t`` holds rows ``t·block_m ..`` (the real ones: below ``n_q``); key tile ``s`` holds
-    keys ``s·block_n .. (s+1)·block_n - 1``, the last ones past ``n_k`` when ``n_k`` is not a
-    multiple of ``block_n``. Query ``i`` sees key ``j`` iff ``j < n_k`` and, when causal,
-    ``j <= i + (n_k - n_q)`` (bottom-right aligned: the queries are the last ``n_q`` positions,
-    as after a KV cache). A pair is
-
-    * ``"skipped"`` if no real row sees any key of the tile;
-    * ``"unmasked"`` if every real row sees every key of the tile and none is past ``n_k``;
-    * ``"masked"`` otherwise: the diagonal band, and the partial last key tile.
-
-    Query rows past ``n_q`` (in the last query tile) need no mask in the key loop: they are loaded
-    as zeros and never stored. Because visibility only grows with the row and shrinks with the key,
-    the first real row and the last real row of a tile, against its first and last key, decide it.
-
-    Args:
-        n_q, n_k: numbers of queries ``N_q`` and keys ``N_k`` (``n_q <= n_k`` when causal).
-        block_m, block_n: tile sizes, ``BLOCK_M`` query rows and ``BLOCK_N`` keys.
-        causal: whether query ``i`` sees only keys up to ``i + n_k - n_q``.
-
-    Returns:
-        ``kinds[t][s]``: ``cdiv(n_q, block_m)`` lists of ``cdiv(n_k, block_n)`` strings, each
-        ``"unmasked"``, ``"masked"`` or ``"skipped"``.
-
-    Raises:
-        TypeError: a size that is not an int, or ``causal`` not a bool.
-        ValueError: a size below 1, or ``causal`` with ``n_q > n_k``.
-
-    Example:
-        >>> for row in tile_kinds(300, 300, 128, 64, causal=True):
-        ...     print(" ".join(kind[0] for kind in row))
-        m m s s s
-        u u m m s
-        u u u u m
-    """
-    n_q, n_k, block_m, block_n, causal = _check_tiles("tile_kinds", n_q, n_k, block_m, block_n, causal)
-    offset = n_k - n_q if causal else 0
-    kinds = []
-    for first_row in range(0, n_q, block_m):
-        last_row = min(first_row + block_m, n_q) - 1
-        row = []
-        for first_key in range(0, n_k, block_n):
-            last_key = first_key + block_n - 1                          # may lie past n_k
-            if causal and first_key > last_row + offset:
-                row.append("skipped")                                   # in every row's future
-            elif last_key < n_k and (not causal or last_key <= first_row + offset):
-                row.append("unmasked")                                  # every row sees every key
-            else:
-                row.append("masked")
-        kinds.append(row)
-    return kinds
-
-
-def tile_counts(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: bool) -> dict[str, int]:
-    """How many (query tile, key tile) pairs :func:`tile_kinds` finds of each kind.
-
-    Args:
-        n_q, n_k, block_m, block_n, causal: as in :func:`tile_kinds`.
-
-    Returns:
-        ``{"unmasked": ..., "masked": ..., "skipped": ...}``, summing to
-        ``cdiv(n_q, block_m) · cdiv(n_k, block_n)``.
-
-    Raises:
-        TypeError, ValueError: as :func:`tile_kinds`.
-
-    Example:
-        >>> tile_counts(300, 300, 128, 64, causal=True)
-        {'unmasked': 6, 'masked': 5, 'skipped': 4}
-    """
-    kinds = tile_kinds(n_q, n_k, block_m, block_n, causal=causal)
-    return {kind: sum(row.count(kind) for row in kinds) for kind in TILE_KINDS}
-
-
-def forward_key_stages(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: bool) -> list[tuple[int, int]]:
-    """The forward kernel's two stages for each query tile, as ``attention_forward_kernel`` computes them.
-
-    Stage 1 runs key tiles ``0 .. unmasked_end`` with no mask, stage 2 runs ``unmasked_end ..
-    key_end`` masked, and keys from ``key_end`` on are never loaded. Written out in Python from the
-    kernel's formulas (with ``offset = n_k - n_q`` when causal)::
-
-        full_tiles_end = (n_k // block_n) * block_n
-        unmasked_end = min(full_tiles_end, ((t * block_m + offset + 1) // block_n) * block_n)
-        key_end = min(n_k, (t + 1) * block_m + offset)
-
-    and, without causal, ``unmasked_end = full_tiles_end`` and ``key_end = n_k``. These boundaries
-    give exactly the classification of :func:`tile_kinds`: the unmasked stage holds the pairs that
-    every real row sees in full, the masked stage every pair that some row sees in part (no fully
-    visible tile is masked), and everything from ``key_end`` on is skipped. (The dK/dV kernel's
-    band, the same rule with the query tiles walked instead of the key tiles, is exact too.)
-
-    Args:
-        n_q, n_k, block_m, block_n, causal: as in :func:`tile_kinds`.
-
-    Returns:
-        One ``(unmasked_end, key_end)`` per query tile, both key positions.
-
-    Raises:
-        TypeError, ValueError: as :func:`tile_kinds`.
-
-    Example:
-        >>> forward_key_stages(300, 300, 128, 64, causal=True)
-        [(0, 128), (128, 256), (256, 300)]
-    """
-    n_q, n_k, block_m, block_n, causal = _check_tiles("forward_key_stages", n_q, n_k, block_m, block_n, causal)
-    offset = n_k - n_q
-    full_tiles_end = (n_k // block_n) * block_n
-    stages = []
-    for tile in range(_cdiv(n_q, block_m)):
-        if causal:
-            unmasked_end = min(full_tiles_end, ((tile * block_m + offset + 1) // block_n) * block_n)
-            key_end = min(n_k, (tile + 1) * block_m + offset)
-        else:
-            unmasked_end, key_end = full_tiles_end, n_k
-        stages.append((unmasked_end, key_end))
-    return stages
-
-
 def tile_schedule(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: bool) -> Figure:
-    """Draw the (query tile, key tile) grid of the forward kernel, each tile coloured by its kind.
+    """Draw the forward kernel's (query tile, key tile) grid, each tile coloured by its kind
+    (:func:`~attn_course.flash.schedule.tile_kinds`, whose arguments and errors these are).
 
-    Tiles are drawn at their full size, so the partial last tiles reach past ``n_q``/``n_k`` (the
-    dashed lines); the keys a row does not see are faded, so the diagonal shows through the
-    masked tiles. The legend counts the tiles of each kind (from :func:`tile_kinds`).
-
-    Args:
-        n_q, n_k, block_m, block_n, causal: as in :func:`tile_kinds`.
+    Tiles are drawn whole, so the partial last tiles reach past ``n_q``/``n_k`` (the dashed lines); keys a
+    row does not see are faded, so the diagonal shows through the masked tiles. The legend counts each kind.
 
     Returns:
         A ``Figure`` with one ``Axes``: keys across, queries down.
-
-    Raises:
-        TypeError, ValueError: as :func:`tile_kinds`.
 
     Example:
         >>> figure = tile_schedule(300, 300, 128, 64, causal=True)
@@ -193,7 +40,7 @@ def tile_schedule(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: boo
     figure, axis = plt.subplots(figsize=(1.6 + 4.4 * min(keys_drawn / rows_drawn, 2.0), 4.8), layout="constrained")
     for t, row in enumerate(kinds):
         for s, kind in enumerate(row):
-            axis.add_patch(Rectangle((s * block_n, t * block_m), block_n, block_m, facecolor=TILE_KINDS[kind],
+            axis.add_patch(Rectangle((s * block_n, t * block_m), block_n, block_m, facecolor=TILE_COLOURS[kind],
                                      hatch="//" if kind == "masked" else None, edgecolor="white", linewidth=2,
                                      label=f"tile {t},{s}: {kind}"))
     # Fade what no row sees: past the last key, and (causal) the future, above j = i + n_k - n_q.
@@ -211,11 +58,9 @@ def tile_schedule(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: boo
              ylabel=f"query position (tiles of {block_m}; dashed: N_q = {n_q})")
     axis.set_xticks(range(0, keys_drawn + 1, block_n))
     axis.set_yticks(range(0, rows_drawn + 1, block_m))
-    counts = tile_counts(n_q, n_k, block_m, block_n, causal=causal)
     handles = [Patch(facecolor=color, edgecolor="#777777", hatch="//" if kind == "masked" else None,
-                     label=f"{kind}: {counts[kind]}") for kind, color in TILE_KINDS.items()]
-    axis.legend(handles=handles,
-                loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8, frameon=False)
+                     label=f"{kind}: {sum(row.count(kind) for row in kinds)}") for kind, color in TILE_COLOURS.items()]
+    axis.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8, frameon=False)
     mode = "causal (bottom-right)" if causal else "not causal"
     axis.set_title(f"{mode}, N_q = {n_q}, N_k = {n_k}, {block_m} × {block_n} tiles", fontsize=10)
     return figure
@@ -224,18 +69,16 @@ def tile_schedule(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: boo
 def grouped_query_heads(num_heads: int, num_kv_heads: int) -> Figure:
     """Draw grouped-query attention: which of ``H`` query heads read which of ``H_kv`` K/V heads.
 
-    With ``G = H / H_kv``, query head ``h`` reads key/value head ``h // G`` in place (no copy);
-    each K/V head's dK/dV program loops over its ``G`` query heads and sums their gradients.
-    ``H_kv = H`` is ordinary multi-head attention, ``H_kv = 1`` multi-query attention.
+    With ``G = H / H_kv``, query head ``h`` reads key/value head ``h // G`` in place (no copy); each K/V
+    head's dK/dV program sums the gradients of its ``G`` query heads. ``H_kv = H`` is multi-head
+    attention, ``H_kv = 1`` multi-query attention.
 
     Args:
-        num_heads: ``H``, the query heads.
-        num_kv_heads: ``H_kv``, the key/value heads; must divide ``H``.
+        num_heads, num_kv_heads: ``H`` and ``H_kv`` (a divisor of ``H``).
 
     Returns:
-        A ``Figure`` with one ``Axes``: a box per query head (top), a box per K/V head (bottom,
-        with the query heads its dK/dV program sums over), and one line from each query head to
-        the K/V head it reads.
+        A ``Figure``: a box per query head (top), one per K/V head (bottom, with the query heads its
+        dK/dV program sums over), a line from each query head to the K/V head it reads.
 
     Raises:
         TypeError: a count that is not an int.
@@ -248,8 +91,7 @@ def grouped_query_heads(num_heads: int, num_kv_heads: int) -> Figure:
         >>> plt.close(figure)
     """
     where = "grouped_query_heads"
-    num_heads = _validate.integer(where, "num_heads", num_heads, minimum=1)
-    num_kv_heads = _validate.integer(where, "num_kv_heads", num_kv_heads, minimum=1)
+    num_heads, num_kv_heads = _validate.integers(where, minimum=1, num_heads=num_heads, num_kv_heads=num_kv_heads)
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"{where}: num_heads must be a multiple of num_kv_heads (each K/V head serves "
                          f"num_heads / num_kv_heads query heads), got num_heads={num_heads}, "
@@ -279,62 +121,24 @@ def grouped_query_heads(num_heads: int, num_kv_heads: int) -> Figure:
     return figure
 
 
-def decode_splits(n_k: int, num_splits: int, *, align: int = 128) -> list[tuple[int, int]]:
-    """Cut ``n_k`` keys into ``num_splits`` splits as the flash-decoding kernel does.
-
-    Splits are whole blocks of ``align`` keys (``DECODE_SPLIT_ALIGN`` in
-    :mod:`attn_course.flash.kernels`, 128): of the ``F = n_k // align`` full blocks, split ``s``
-    gets blocks ``s·F // S .. (s+1)·F // S``, and the last split also takes the keys after the
-    last full block. So sizes differ by at most one block, plus the tail in the last split, and no
-    split is empty as long as ``S <= max(F, 1)``.
-
-    Args:
-        n_k: ``N_k``, the keys in the cache.
-        num_splits: ``S``, from 1 to ``max(n_k // align, 1)``.
-        align: keys per block; every split but the last starts and ends on a multiple of it.
-
-    Returns:
-        ``S`` pairs ``(start, end)`` of key positions, covering ``0 .. n_k`` in order.
-
-    Raises:
-        TypeError: an argument that is not an int.
-        ValueError: an argument below 1, or more splits than blocks of ``align`` keys.
-
-    Example:
-        >>> decode_splits(1000, 4)
-        [(0, 128), (128, 384), (384, 640), (640, 1000)]
-    """
-    where = "decode_splits"
-    n_k = _validate.integer(where, "n_k", n_k, minimum=1)
-    num_splits = _validate.integer(where, "num_splits", num_splits, minimum=1)
-    align = _validate.integer(where, "align", align, minimum=1)
-    full_blocks = n_k // align
-    if num_splits > max(full_blocks, 1):
-        raise ValueError(f"{where}: num_splits must be at most max(n_k // align, 1) = {max(full_blocks, 1)} "
-                         f"(splits are whole blocks of {align} keys), got num_splits={num_splits}")
-    bounds = [s * full_blocks // num_splits * align for s in range(num_splits)] + [n_k]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def flash_decoding(n_k: int, num_splits: int, block_n: int, *, align: int = 128) -> Figure:
+def flash_decoding(n_k: int, num_splits: int, block_n: int, *, align: int = DECODE_SPLIT_ALIGN) -> Figure:
     """Draw flash-decoding: the keys cut into splits, one program per split, and the merge.
 
-    Each program streams its split's key tiles with the online softmax and writes a partial output
-    ``O_s`` with its log-sum-exp ``LSE_s``; a second step merges them with the log-sum-exp rule
-    ``LSE = log Σ_s exp(LSE_s)``, ``O = Σ_s exp(LSE_s - LSE) · O_s``. (The kernel runs one such
-    program per split and per (batch, key/value head), all the group's query heads in its rows.)
+    Each program streams its split's key tiles with the online softmax and writes a partial output ``O_s``
+    with its log-sum-exp ``LSE_s``; a second step merges them, ``LSE = log Σ_s exp(LSE_s)``,
+    ``O = Σ_s exp(LSE_s - LSE) · O_s``. (The kernel runs one such program per split and per (batch, K/V
+    head), all the group's query heads in its rows.)
 
     Args:
-        n_k, num_splits, align: as in :func:`decode_splits`.
+        n_k, num_splits, align: as :func:`~attn_course.flash.schedule.decode_splits`.
         block_n: keys per tile inside a split (drawn as faint lines); must divide ``align``.
 
     Returns:
-        A ``Figure`` with one ``Axes``: the key axis with its splits and tiles (top), a box per
-        program (middle), arrows into the merge (bottom).
+        A ``Figure``: the key axis with its splits and tiles (top), a box per program, arrows into the merge.
 
     Raises:
         TypeError: an argument that is not an int.
-        ValueError: as :func:`decode_splits`, or ``block_n`` not dividing ``align``.
+        ValueError: as ``decode_splits``, or ``block_n`` not dividing ``align``.
 
     Example:
         >>> figure = flash_decoding(1000, 4, 64)

@@ -1,33 +1,18 @@
-"""The head view: every attention head of a model in one interactive picture.
+"""The head view: every attention head of a model in one interactive picture (:func:`head_view`).
 
-:func:`head_view` takes a model's attention maps (our ``BertModel``'s ``attentions``, Hugging
-Face's with ``output_attentions=True``, the two-head model of chapter 03, one map of chapter 01)
-and its tokens, and shows
+The selected head is drawn as two columns of tokens, queries left and keys right, a line from each query to
+each key as thick and dark as its weight; hovering (or focusing, or clicking to pin) a query shows its row with
+the weights written, a key its column; an overview has one small map per head, a click draws it large.
 
-* a layer and a head selector, and the selected head drawn as two columns of tokens, queries on
-  the left and keys on the right, with a line from each query to each key whose thickness and
-  darkness follow the weight;
-* hovering (or focusing, or clicking to pin) a query: only its row of lines, with the weight
-  written next to every key; hovering a key: its column, the same way;
-* an overview of every head, one small map per head (rows: layers, columns: heads); a click on
-  one draws it large.
-
-It is an `anywidget <https://anywidget.dev>`_ widget whose JavaScript and CSS lie in this package
-(``attn_course/teaching/js/head_view.js``, ``head_view.css``): the browser receives them from the kernel,
-with the weights, and fetches nothing, from a CDN or anywhere else. Where no widget manager runs
-(a static website built from the notebooks, a notebook exported to HTML, a viewer without a
-kernel), the output's ``text/html`` carries the same script, the weights and a stand-in for the
-widget model, so the view is just as interactive there: see :meth:`HeadView.static_html`. (A
-notebook that JupyterLab does not trust, one opened before any of its cells ran here, shows a
-sentence saying so instead: JupyterLab removes scripts from such outputs.)
-
-Front ends: JupyterLab 4 (tested by tests/course/test_browser.py) and Notebook 7 (7.6.5, checked by
-hand) draw it from the kernel with nothing fetched. VS Code and Google Colab are among the front
-ends anywidget's README names; on Colab, ``google.colab.output.enable_custom_widget_manager()``
-(which anywidget calls there) loads the widget manager's code from the web, by Colab's design.
-
-The traits ``layer``, ``head`` and ``token`` (the pinned query, ``-1`` for none) are synced both
-ways: a notebook can set ``view.layer = 0`` and read what the page selected.
+An `anywidget <https://anywidget.dev>`_ widget whose JavaScript and CSS lie in this package (``js/``): the
+browser receives them from the kernel with the weights and fetches nothing. Where no widget manager runs (a
+static website, a notebook exported to HTML), the output's ``text/html`` carries the same script, the weights
+and a stand-in for the widget model (:meth:`HeadView.static_html`), just as interactive. (JupyterLab removes
+scripts from a notebook it does not trust; a sentence says so instead.) Front ends: JupyterLab 4 (tested by
+tests/course/test_browser.py) and Notebook 7 (7.6.5, checked by hand) draw it with nothing fetched; anywidget
+names VS Code and Colab too, where ``google.colab.output.enable_custom_widget_manager()`` (which anywidget calls)
+loads the widget manager from the web, by Colab's design. The traits ``layer``, ``head`` and ``token`` (the
+pinned query, ``-1`` for none) are synced both ways.
 """
 
 from __future__ import annotations
@@ -187,42 +172,29 @@ class HeadView(anywidget.AnyWidget):
         return data, metadata
 
 
-def head_view(
-    attentions: object,
-    tokens: Sequence[str],
-    *,
-    key_tokens: Sequence[str] | None = None,
-    layer: int = 0,
-    head: int = 0,
-    sequence: int = 0,
-    title: str = "",
-) -> HeadView:
+def head_view(attentions: object, tokens: Sequence[str], *, key_tokens: Sequence[str] | None = None, layer: int = 0,
+              head: int = 0, sequence: int = 0, title: str = "") -> HeadView:
     """Show every attention head of a model, and one head's weights token by token.
 
     Args:
-        attentions: the attention weights, as one of
-            * a sequence with one ``[B, H, N_q, N_k]`` (or ``[H, N_q, N_k]``) tensor per layer:
-              ``BertModel``'s ``attentions``, Hugging Face's with ``output_attentions=True``
-              (the model's output itself is accepted too);
-            * one tensor ``[L, H, N_q, N_k]``, ``[H, N_q, N_k]`` (one layer) or ``[N_q, N_k]``
-              (one head).
-        tokens: the ``N_q`` query tokens.
-        key_tokens: the ``N_k`` key tokens, for cross-attention; default ``tokens``.
+        attentions: a sequence of one ``[B, H, N_q, N_k]`` (or ``[H, N_q, N_k]``) tensor per layer
+            (``BertModel``'s ``attentions``, Hugging Face's with ``output_attentions=True``, or the model's
+            output itself), or one tensor ``[L, H, N_q, N_k]``, ``[H, N_q, N_k]`` or ``[N_q, N_k]``;
+            ``N_q, N_k <= 128`` and at most 2,000,000 weights in all (slice longer inputs).
+        tokens, key_tokens: the ``N_q`` query tokens; the ``N_k`` key tokens for cross-attention (default
+            ``tokens``).
         layer, head: the head drawn large at first.
         sequence: which sequence of a batch (the ``B`` dimension) to show.
         title: a line shown above the view.
 
-    Shapes:
-        ``N_q, N_k <= 128`` and at most 2,000,000 weights in all; slice longer inputs.
-
     Returns:
-        A :class:`HeadView`; display it as the last line of a cell. Its ``layer``, ``head`` and
-        ``token`` follow the page, and :meth:`HeadView.weight` gives the weight the page shows.
+        A :class:`HeadView`; display it as the last line of a cell. Its ``layer``, ``head`` and ``token``
+        follow the page, and :meth:`HeadView.weight` gives the weight the page shows.
 
     Raises:
         TypeError: attentions not tensors (or not floating), tokens not strings.
-        ValueError: a shape that is none of the above, weights outside [0, 1] or not finite,
-            labels that do not match the maps, or a layer, head or sequence out of range.
+        ValueError: a shape that is none of the above, weights outside [0, 1] or not finite, labels that do
+            not match the maps, or a layer, head or sequence out of range.
 
     Example:
         >>> from attn_course.models.bert import load_pretrained
@@ -244,8 +216,7 @@ def head_view(
     if max(num_queries, num_keys) > MAX_TOKENS or maps.numel() > MAX_WEIGHTS:
         raise ValueError(f"{where}: at most {MAX_TOKENS} tokens and {MAX_WEIGHTS:,} weights, got "
                          f"{num_queries} x {num_keys} tokens and {maps.numel():,} weights; slice the maps first")
-    layer = _validate.integer(where, "layer", layer, minimum=0)
-    head = _validate.integer(where, "head", head, minimum=0)
+    layer, head = _validate.integers(where, minimum=0, layer=layer, head=head)
     if layer >= num_layers or head >= num_heads:
         raise ValueError(f"{where}: layer must be in [0, {num_layers}) and head in [0, {num_heads}), "
                          f"got layer {layer}, head {head}")

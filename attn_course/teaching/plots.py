@@ -15,25 +15,14 @@ from attn_course import _validate
 __all__ = ["heatmap", "attention_heatmap", "weight_bars", "figure_png"]
 
 
-def heatmap(
-    values: torch.Tensor,
-    row_labels: Sequence[str],
-    column_labels: Sequence[str] | None = None,
-    *,
-    ax: Axes | None = None,
-    title: str | None = None,
-    annotate: bool | None = None,
-    xlabel: str = "",
-    ylabel: str = "",
-    cmap: str = "Blues",
-    vmin: float = 0.0,
-    vmax: float | None = None,
-) -> Axes:
+def heatmap(values: torch.Tensor, row_labels: Sequence[str], column_labels: Sequence[str] | None = None, *,
+            ax: Axes | None = None, title: str | None = None, annotate: bool | None = None, xlabel: str = "",
+            ylabel: str = "", cmap: str = "Blues", vmin: float = 0.0, vmax: float | None = None) -> Axes:
     """Draw a labelled matrix, each value written in its cell: the picture behind every map in the course.
 
     Args:
         values: ``[R, C]``.
-        row_labels: ``R`` labels; column_labels: ``C`` labels, defaulting to ``row_labels``.
+        row_labels, column_labels: ``R`` and ``C`` labels (``column_labels`` defaults to ``row_labels``).
         ax: where to draw; a new figure when omitted.
         title, xlabel, ylabel: texts of the axes.
         annotate: write each value in its cell; defaults to True up to 12 × 12.
@@ -56,10 +45,14 @@ def heatmap(
     column_labels = row_labels if column_labels is None else column_labels
     _validate.labels(where, "row_labels", row_labels, values.shape[0])
     _validate.labels(where, "column_labels", column_labels, values.shape[1])
+    if vmax is not None and vmax <= vmin:
+        raise ValueError(f"{where}: vmax must be above vmin={vmin}, got {float(vmax)}")
+    return _heatmap(values, row_labels, column_labels, ax, title, annotate, xlabel, ylabel, cmap, vmin, vmax)
+
+
+def _heatmap(values, row_labels, column_labels, ax, title, annotate, xlabel, ylabel, cmap, vmin, vmax) -> Axes:
     values = values.detach().float().cpu()
     vmax = max(float(values.max()), vmin + 1e-9) if vmax is None else float(vmax)
-    if vmax <= vmin:
-        raise ValueError(f"{where}: vmax must be above vmin={vmin}, got {vmax}")
     if ax is None:
         _, ax = plt.subplots(figsize=(1.0 + 0.55 * len(column_labels), 0.8 + 0.5 * len(row_labels)))
     image = ax.imshow(values.numpy(), cmap=cmap, vmin=vmin, vmax=vmax)
@@ -84,70 +77,40 @@ def heatmap(
     return ax
 
 
-def attention_heatmap(
-    attention_weights: torch.Tensor,
-    query_tokens: Sequence[str],
-    key_tokens: Sequence[str] | None = None,
-    *,
-    ax: Axes | None = None,
-    title: str | None = None,
-    annotate: bool | None = None,
-) -> Axes:
-    """Draw an attention map: one row per query, one column per key (a :func:`heatmap`).
-
-    Args:
-        attention_weights: ``[N_q, N_k]``.
-        query_tokens: ``N_q`` row labels.
-        key_tokens: ``N_k`` column labels; defaults to ``query_tokens``.
-        ax: where to draw; a new figure when omitted.
-        title: optional title.
-        annotate: write each weight in its cell; defaults to True up to 12 × 12.
-
-    Returns:
-        The ``Axes`` drawn on.
-
-    Raises:
-        TypeError: weights not a floating tensor.
-        ValueError: weights not 2-D, or label counts that do not match.
+def attention_heatmap(attention_weights: torch.Tensor, query_tokens: Sequence[str],
+                      key_tokens: Sequence[str] | None = None, *, ax: Axes | None = None, title: str | None = None,
+                      annotate: bool | None = None) -> Axes:
+    """Draw an attention map ``[N_q, N_k]``: one row per query token, one column per key token (``key_tokens``
+    defaults to ``query_tokens``); a :func:`heatmap` otherwise, whose other arguments, result and errors these are.
     """
     where = "attention_heatmap"
     weights = _validate.matrix(where, "attention_weights", attention_weights)
     key_tokens = query_tokens if key_tokens is None else key_tokens
     _validate.labels(where, "query_tokens", query_tokens, weights.shape[0])
     _validate.labels(where, "key_tokens", key_tokens, weights.shape[1])
-    return heatmap(weights, query_tokens, key_tokens, ax=ax, title=title, annotate=annotate,
-                   xlabel="key (attended to)", ylabel="query (attending)")
+    return _heatmap(weights, query_tokens, key_tokens, ax, title, annotate, "key (attended to)", "query (attending)",
+                    "Blues", 0.0, None)
 
 
-def weight_bars(
-    weights: torch.Tensor,
-    tokens: Sequence[str],
-    *,
-    ax: Axes | None = None,
-    highlight: int | None = None,
-    highlight_label: str | None = None,
-    title: str | None = None,
-) -> Axes:
+def weight_bars(weights: torch.Tensor, tokens: Sequence[str], *, ax: Axes | None = None, highlight: int | None = None,
+                highlight_label: str | None = None, title: str | None = None) -> Axes:
     """Bar chart of one query's attention weights over the tokens.
 
     Args:
-        weights: ``[N_k]``.
-        tokens: ``N_k`` labels.
+        weights: ``[N_k]``; tokens: ``N_k`` labels.
         ax: where to draw; a new figure when omitted.
-        highlight: index ``0 <= highlight < N_k`` of a bar to draw in a different colour
-            (e.g. the query itself).
-        highlight_label: what the highlighted bar is (e.g. ``'the query, "bank"'``), shown in
-            a legend; needs ``highlight``. Without it no legend is drawn.
+        highlight: index of a bar to draw in another colour (e.g. the query itself).
+        highlight_label: what the highlighted bar is (e.g. ``'the query, "bank"'``), shown in a legend (none
+            without it); needs ``highlight``.
         title: optional title.
 
     Returns:
         The ``Axes`` drawn on.
 
     Raises:
-        TypeError: weights not a floating tensor, ``highlight`` not an int, or
-            ``highlight_label`` not a string.
-        ValueError: weights not 1-D, a label count that does not match, ``highlight`` out of
-            range, or ``highlight_label`` without ``highlight``.
+        TypeError: weights not a floating tensor, ``highlight`` not an int, ``highlight_label`` not a string.
+        ValueError: weights not 1-D, a label count that does not match, ``highlight`` out of range, or
+            ``highlight_label`` without ``highlight``.
 
     Example:
         >>> ax = weight_bars(torch.tensor([0.2, 0.8]), ["bank", "river"], highlight=0,
@@ -158,9 +121,7 @@ def weight_bars(
     where = "weight_bars"
     weights = _validate.floating_tensor(where, "weights", weights)
     if weights.dim() != 1:
-        raise ValueError(
-            f"{where}: weights must be 1-D [N_k], got shape {_validate.shape_str(weights)}"
-        )
+        raise ValueError(f"{where}: weights must be 1-D [N_k], got shape {_validate.shape_str(weights)}")
     _validate.labels(where, "tokens", tokens, weights.shape[0])
     if highlight is not None:
         highlight = _validate.integer(where, "highlight", highlight, minimum=0)

@@ -1,17 +1,8 @@
-"""Interactive widgets for the chapters, built on ipywidgets 8.
+"""Interactive widgets for the chapters (ipywidgets 8): the scaling walkthrough and the query explorer.
 
-Every callback updates widget state (values, HTML readouts, a PNG chart), never
-``print``s into an ``Output``; so the widgets work the same in JupyterLab, in a saved
-notebook, and under plain pytest, where a test can set ``scale_slider.value`` and read
-``weights``.
-
-* :func:`scaling_walkthrough`: pick a query token of "The bank of the river was
-  muddy." and drag the temperature τ (what the scores are divided by; √d_k in the
-  formula) to see the softmax sharpen or flatten.
-* :func:`query_explorer`: pick a query token of any sentence and see where its
-  attention goes, for any attention map (the toy one, or a real BERT head).
-
-The head view, every head of a model at once, is :mod:`attn_course.teaching.head_view`'s.
+Every callback updates widget state (values, HTML readouts, a PNG chart), never ``print``s into an ``Output``;
+so the widgets work the same in JupyterLab, in a saved notebook, and under plain pytest, where a test can set
+``scale_slider.value`` and read ``weights``.
 """
 
 from __future__ import annotations
@@ -37,12 +28,6 @@ SCALING_HINT = (
     "whose gradients vanish); a higher τ smooths them out (towards uniform, where the "
     "query can no longer focus)."
 )
-
-
-def entropy(weights: torch.Tensor) -> float:
-    """Entropy in nats of a probability vector (0·log 0 counts as 0)."""
-    weights = weights.detach().to(torch.float64)
-    return float(-(weights * weights.clamp_min(1e-300).log()).sum())
 
 
 def _token_options(tokens: Sequence[str]) -> list[tuple[str, int]]:
@@ -76,10 +61,14 @@ def _bar_chart_png(tokens: Sequence[str], weights: torch.Tensor, highlight: int,
     return figure_png(figure, dpi=80)
 
 
-class _ChartAsPicture:
-    """Widgets that end in a chart also offer it as ``image/png``: a static picture of the widget
-    as it stands, for pages without a widget manager (the course's website, an exported
+class _QueryChart:
+    """A widget with a query selector that ends in a chart, which it also offers as ``image/png``: a static
+    picture of the widget as it stands, for pages without a widget manager (the course's website, an exported
     notebook). JupyterLab and the other front ends still draw the live widget."""
+
+    @property
+    def query_index(self) -> int:
+        return self.query_selector.value
 
     def _repr_mimebundle_(self, **kwargs):
         data = super()._repr_mimebundle_(**kwargs)
@@ -88,22 +77,18 @@ class _ChartAsPicture:
         return data
 
 
-class ScalingWalkthrough(_ChartAsPicture, widgets.VBox):
-    """The scaling walkthrough: query selector, temperature slider, softmax weights.
+class ScalingWalkthrough(_QueryChart, widgets.VBox):
+    """The widget of :func:`scaling_walkthrough`.
 
     Attributes:
         query_selector: ``ToggleButtons``; its value is the query's index.
-        scale_slider: ``FloatLogSlider`` for the temperature τ (the divisor of the raw
-            scores, √d_k in the formula), from 0.25 to 64.
-        readout: ``HTML`` with the largest weight and the entropy.
-        weights_table: ``HTML`` with every weight.
-        chart: ``Image`` with the bar chart (PNG).
+        scale_slider: ``FloatLogSlider`` for the temperature τ, from 0.25 to 64.
+        readout, weights_table, chart: ``HTML`` with the largest weight and the entropy, ``HTML`` with every
+            weight, ``Image`` with the bar chart (PNG).
         raw_scores: ``[N, N]`` unscaled scores ``q · k`` of the sentence.
     """
 
-    def __init__(
-        self, sentence: ToySentence | None = None, *, query: str = "bank", sqrt_d_k: float = 8.0
-    ) -> None:
+    def __init__(self, sentence: ToySentence | None = None, *, query: str = "bank", sqrt_d_k: float = 8.0) -> None:
         where = "scaling_walkthrough"
         if sentence is not None and not isinstance(sentence, ToySentence):
             raise TypeError(f"{where}: sentence must be a ToySentence, got {type(sentence).__name__}")
@@ -116,25 +101,18 @@ class ScalingWalkthrough(_ChartAsPicture, widgets.VBox):
         self.raw_scores = self.sentence.queries @ self.sentence.keys.T          # [N, N]
         self.natural_sqrt_d_k = math.sqrt(self.sentence.d_k)
 
-        self.query_selector = widgets.ToggleButtons(
-            options=_token_options(self.sentence.tokens),
-            value=self.sentence.index(query),
-            description="Query token:",
-            style={"button_width": "auto"},
-        )
-        self.scale_slider = widgets.FloatLogSlider(
-            value=sqrt_d_k, base=2, min=-2, max=6, step=0.25,
-            description="τ", readout_format=".3g", continuous_update=True,
-            layout=widgets.Layout(width="480px"),
-        )
+        self.query_selector = widgets.ToggleButtons(options=_token_options(self.sentence.tokens),
+                                                    value=self.sentence.index(query), description="Query token:",
+                                                    style={"button_width": "auto"})
+        self.scale_slider = widgets.FloatLogSlider(value=sqrt_d_k, base=2, min=-2, max=6, step=0.25, description="τ",
+                                                   readout_format=".3g", continuous_update=True,
+                                                   layout=widgets.Layout(width="480px"))
         self.hint = widgets.HTML(f"<i>{SCALING_HINT}</i>")
         self.readout = widgets.HTML()
         self.weights_table = widgets.HTML()
         self.chart = widgets.Image(format="png")
-        super().__init__([
-            self.query_selector, self.scale_slider, self.hint,
-            self.readout, self.weights_table, self.chart,
-        ])
+        super().__init__([self.query_selector, self.scale_slider, self.hint, self.readout, self.weights_table,
+                          self.chart])
         self.add_class("scaling-walkthrough")
         self.query_selector.observe(self._update, names="value")
         self.scale_slider.observe(self._update, names="value")
@@ -143,10 +121,6 @@ class ScalingWalkthrough(_ChartAsPicture, widgets.VBox):
     def __repr__(self) -> str:
         token = self.sentence.tokens[self.query_index]
         return f"ScalingWalkthrough(query={token!r}, sqrt_d_k={self.sqrt_d_k:.3g})"
-
-    @property
-    def query_index(self) -> int:
-        return self.query_selector.value
 
     @property
     def sqrt_d_k(self) -> float:
@@ -160,6 +134,8 @@ class ScalingWalkthrough(_ChartAsPicture, widgets.VBox):
     def _update(self, change: object = None) -> None:
         tokens, weights = self.sentence.tokens, self.weights
         top = int(weights.argmax())
+        exact = weights.detach().to(torch.float64)
+        entropy = float(-(exact * exact.clamp_min(1e-300).log()).sum())           # nats; 0·log 0 counts as 0
         uniform_entropy = math.log(len(tokens))
         ratio = self.sqrt_d_k / self.natural_sqrt_d_k
         natural = f"√d_k = √{self.sentence.d_k} = {self.natural_sqrt_d_k:.3g}"
@@ -176,35 +152,21 @@ class ScalingWalkthrough(_ChartAsPicture, widgets.VBox):
             f'<b>"{html.escape(tokens[self.query_index])}"</b> attends most to '
             f'<b>"{html.escape(tokens[top])}"</b>: weight <span class="largest-weight">'
             f"{float(weights[top]):.3f}</span>. Entropy "
-            f'<span class="entropy">{entropy(weights):.3f}</span> nats '
+            f'<span class="entropy">{entropy:.3f}</span> nats '
             f"(one-hot 0, uniform {uniform_entropy:.3f}).<br>{effect}"
         )
         self.weights_table.value = _weights_table(tokens, weights)
-        self.chart.value = _bar_chart_png(
-            tokens, weights, self.query_index,
-            f'softmax(q·k / {self.sqrt_d_k:.3g}) for the query "{tokens[self.query_index]}"',
-        )
+        title = f'softmax(q·k / {self.sqrt_d_k:.3g}) for the query "{tokens[self.query_index]}"'
+        self.chart.value = _bar_chart_png(tokens, weights, self.query_index, title)
 
 
-class QueryExplorer(_ChartAsPicture, widgets.VBox):
-    """Pick a query token and see its row of an attention map.
+class QueryExplorer(_QueryChart, widgets.VBox):
+    """The widget of :func:`query_explorer`: ``query_selector`` (``ToggleButtons``, its value the query's index),
+    ``sentence_view`` (``HTML``, the key tokens shaded by weight), ``chart`` (``Image``, PNG) and the
+    ``[N_q, N_k]`` ``attention_weights`` shown."""
 
-    Attributes:
-        query_selector: ``ToggleButtons``; its value is the query's index.
-        sentence_view: ``HTML``: the key tokens shaded by weight.
-        chart: ``Image`` with the bar chart (PNG).
-        attention_weights: the ``[N_q, N_k]`` map shown.
-    """
-
-    def __init__(
-        self,
-        tokens: Sequence[str],
-        attention_weights: torch.Tensor,
-        *,
-        key_tokens: Sequence[str] | None = None,
-        query: int | str = 0,
-        title: str = "attention",
-    ) -> None:
+    def __init__(self, tokens: Sequence[str], attention_weights: torch.Tensor, *,
+                 key_tokens: Sequence[str] | None = None, query: int | str = 0, title: str = "attention") -> None:
         where = "query_explorer"
         weights = _validate.matrix(where, "attention_weights", attention_weights)
         key_tokens = tokens if key_tokens is None else key_tokens
@@ -224,10 +186,8 @@ class QueryExplorer(_ChartAsPicture, widgets.VBox):
         self.tokens, self.key_tokens = list(tokens), list(key_tokens)
         self.attention_weights = weights.detach().float().cpu()
         self.title = title
-        self.query_selector = widgets.ToggleButtons(
-            options=_token_options(self.tokens), value=query, description="Query token:",
-            style={"button_width": "auto"},
-        )
+        self.query_selector = widgets.ToggleButtons(options=_token_options(self.tokens), value=query,
+                                                    description="Query token:", style={"button_width": "auto"})
         self.sentence_view = widgets.HTML()
         self.chart = widgets.Image(format="png")
         super().__init__([self.query_selector, self.sentence_view, self.chart])
@@ -237,10 +197,6 @@ class QueryExplorer(_ChartAsPicture, widgets.VBox):
 
     def __repr__(self) -> str:
         return f"QueryExplorer(query={self.tokens[self.query_index]!r}, title={self.title!r})"
-
-    @property
-    def query_index(self) -> int:
-        return self.query_selector.value
 
     @property
     def weights(self) -> torch.Tensor:
@@ -257,16 +213,14 @@ class QueryExplorer(_ChartAsPicture, widgets.VBox):
             + _weights_table(self.key_tokens, weights)
         )
         highlight = self.query_index if self.key_tokens == self.tokens else None
-        self.chart.value = _bar_chart_png(
-            self.key_tokens, weights, highlight,
-            f'{self.title}: query "{self.tokens[self.query_index]}"',
-        )
+        self.chart.value = _bar_chart_png(self.key_tokens, weights, highlight,
+                                          f'{self.title}: query "{self.tokens[self.query_index]}"')
 
 
-def scaling_walkthrough(
-    sentence: ToySentence | None = None, *, query: str = "bank", sqrt_d_k: float = 8.0
-) -> ScalingWalkthrough:
-    """The interactive scaling-factor walkthrough over "The bank of the river was muddy.".
+def scaling_walkthrough(sentence: ToySentence | None = None, *, query: str = "bank",
+                        sqrt_d_k: float = 8.0) -> ScalingWalkthrough:
+    """The interactive scaling walkthrough: pick a query token of "The bank of the river was muddy." and drag the
+    temperature τ (what the scores are divided by; √d_k in the formula) to see the softmax sharpen or flatten.
 
     Args:
         sentence: the toy sentence (default :func:`~attn_course.data.toy_sentence.bank_sentence`).
@@ -282,15 +236,9 @@ def scaling_walkthrough(
     return ScalingWalkthrough(sentence, query=query, sqrt_d_k=sqrt_d_k)
 
 
-def query_explorer(
-    tokens: Sequence[str],
-    attention_weights: torch.Tensor,
-    *,
-    key_tokens: Sequence[str] | None = None,
-    query: int | str = 0,
-    title: str = "attention",
-) -> QueryExplorer:
-    """Explore an attention map one query token at a time.
+def query_explorer(tokens: Sequence[str], attention_weights: torch.Tensor, *, key_tokens: Sequence[str] | None = None,
+                   query: int | str = 0, title: str = "attention") -> QueryExplorer:
+    """Explore an attention map (the toy one, a real BERT head) one query token at a time: where its attention goes.
 
     Args:
         tokens: the ``N_q`` query tokens.

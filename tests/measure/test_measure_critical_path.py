@@ -109,13 +109,6 @@ def test_results_attributed_to_the_wrong_layout_fail_the_comparison():
     assert scores_by_hand("contiguous", 4, N) != scores_by_hand("striped", 4, N)
 
 
-def test_critical_path_formula_by_hand():
-    assert [distributed.critical_path_formula(48, 4, layout) for layout in LAYOUTS] == [4 * 12 ** 2, 9 * 6 ** 2,
-                                                                                       4 * 12 ** 2]
-    assert distributed.critical_path_formula(8, 1, "zigzag") == 3 * 4 ** 2       # one rank: 3 of its 4 tiles
-    assert distributed.critical_path_formula(30, 3, "striped") == 3 * 10 ** 2    # N divisible by P is enough
-
-
 @pytest.mark.parametrize(
     "call, error, fragment",
     [
@@ -131,10 +124,6 @@ def test_critical_path_formula_by_hand():
         (lambda: distributed.measure_critical_path((2,), repeats=0), ValueError, "repeats must be >= 1, got 0"),
         (lambda: distributed.measure_critical_path((2,), n=8.0), TypeError, "n must be an int"),
         (lambda: distributed.measure_critical_path((2,), timeout=-1), ValueError, "timeout"),
-        (lambda: distributed.critical_path_formula(10, 4, "contiguous"), ValueError,
-         r"^critical_path_formula: the sequence length N=10 must be divisible by 4 for the contiguous layout"),
-        (lambda: distributed.critical_path_formula(8, 2, "Zigzag"), ValueError, "layout must be one of"),
-        (lambda: distributed.critical_path_formula(8, True, "zigzag"), TypeError, "world_size must be an int"),
     ],
 )
 def test_bad_arguments_are_rejected_naming_the_argument(call, error, fragment):

@@ -1,13 +1,5 @@
-"""What a balanced layout buys a synchronous ring: its critical path, measured step by step.
-
-At every step each rank computes on the K/V block it holds, then waits for the next: the ring moves at
-the pace of each step's slowest rank. Counted in score elements per (batch, head), a diagonal tile whole
-(it is computed whole, then masked), the critical path is the sum over the steps of the most any rank
-computes. For causal attention (:func:`critical_path_formula`) it is ``N²/P`` contiguous (at step ``s``
-the ranks ``r >= s`` compute a full block), ``(2P + 1) · (N/2P)²`` zig-zag (three tiles at step 0, two
-after): ``4P / (2P + 1)`` times shorter, 16/9 ≈ 1.78 at ``P = 4``, not the 4 of the slowest rank's pairs
-over the fastest's; and ``N²/P`` striped, as contiguous here: each step one masked tile, computed whole.
-"""
+"""What a balanced layout buys a synchronous ring: its critical path, measured step by step on ``P`` processes
+and compared with :func:`~attn_course.distributed.schedule.critical_path_formula`."""
 
 from __future__ import annotations
 
@@ -16,10 +8,10 @@ from collections.abc import Sequence
 
 from attn_course import _validate
 from attn_course.distributed.layout import LAYOUTS, check_divisible, check_layout
-from attn_course.measure.distributed.formulas import LAYOUT, positive_ints
+from attn_course.distributed.schedule import LAYOUT, critical_path_formula
 from attn_course.measure.distributed.ranks import Task, collect
 
-__all__ = ["CriticalPathRow", "critical_path_formula", "measure_critical_path"]
+__all__ = ["CriticalPathRow", "measure_critical_path"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +19,12 @@ class CriticalPathRow:
     """One layout's causal ring-attention forward on ``P`` ranks, step by step (:func:`measure_critical_path`).
 
     Attributes:
-        layout: one of :data:`~attn_course.distributed.layout.LAYOUTS`.
-        world_size, n: ``P`` and ``N``.
+        layout, world_size, n: one of :data:`~attn_course.distributed.layout.LAYOUTS`, ``P`` and ``N``.
         scores_by_rank: ``[P ranks][P steps]``, the score elements each rank computed at each step,
             per (batch, head), a masked tile counted whole.
         step_max_scores: ``[P steps]``, the largest over the ranks at each step: the one the ring waits for.
         critical_path: their sum.
-        formula: :func:`critical_path_formula` for this layout, ``N`` and ``P``.
+        formula: ``critical_path_formula`` for this layout, ``N`` and ``P``.
         speedup_over_contiguous: the contiguous row's ``critical_path`` (same ``P`` and ``N``) over this
             one's; None when contiguous was not measured.
         step_max_seconds: ``[P steps]``, the largest over the ranks of each rank's best compute time at that
@@ -49,34 +40,6 @@ class CriticalPathRow:
     formula: int
     speedup_over_contiguous: float | None
     step_max_seconds: tuple[float, ...]
-
-
-def critical_path_formula(n: int, world_size: int, layout: str) -> int:
-    """The critical path of a causal ring-attention forward, in score elements per (batch, head).
-
-    The sum over the ``P`` steps of the most scores any rank computes at that step, diagonal
-    tiles counted whole: ``P · (N/P)²`` (contiguous, striped) or ``(2P + 1) · (N/2P)²`` (zig-zag).
-
-    Args:
-        n, world_size, layout: ``N`` (divisible by ``P``, by ``2P`` for zig-zag), ``P`` and the layout.
-
-    Returns:
-        The critical path's score elements.
-
-    Raises:
-        TypeError, ValueError: sizes that are not ints ``>= 1`` or do not divide, an unknown layout.
-
-    Example:
-        >>> [critical_path_formula(48, 4, layout) for layout in ("contiguous", "zigzag", "striped")]
-        [576, 324, 576]
-    """
-    where = "critical_path_formula"
-    n = _validate.integer(where, "n", n, minimum=1)
-    world_size = _validate.integer(where, "world_size", world_size, minimum=1)
-    check_divisible(where, n, world_size, check_layout(where, layout))
-    if layout == "zigzag":
-        return (2 * world_size + 1) * (n // (2 * world_size)) ** 2         # 3 tiles at step 0, then 2 a step
-    return world_size * (n // world_size) ** 2                               # one (N/P)² tile a step
 
 
 def _slowest(per_rank: Sequence[Sequence[float]]) -> list:
@@ -130,14 +93,14 @@ def measure_critical_path(world_sizes: Sequence[int] = (2, 3, 4), *, n: int = 48
             # [('contiguous', (144, 144, 144, 144)), ('zigzag', (108, 72, 72, 72)), ('striped', (144, 144, 144, 144))]
     """
     where = "measure_critical_path"
-    world_sizes = positive_ints(where, "world_sizes", world_sizes)
+    world_sizes = _validate.integer_sequence(where, "world_sizes", world_sizes, minimum=1, nonempty=True)
     n = _validate.integer(where, "n", n, minimum=1)
     layouts = [check_layout(where, layout, f"layouts[{index}]")
                for index, layout in enumerate(_validate.labels(where, "layouts", layouts))]
     if not layouts or len(set(layouts)) != len(layouts):
         raise ValueError(f"{where}: layouts must name each layout once, and at least one, got {layouts}")
-    batch, heads, head_dim, repeats = (_validate.integer(where, name, value, minimum=1) for name, value in (
-        ("batch", batch), ("heads", heads), ("head_dim", head_dim), ("repeats", repeats)))
+    batch, heads, head_dim, repeats = _validate.integers(where, minimum=1, batch=batch, heads=heads,
+                                                          head_dim=head_dim, repeats=repeats)
     timeout = _validate.positive_finite(where, "timeout", timeout)
     for world_size, layout in ((p, layout) for p in world_sizes for layout in layouts):
         check_divisible(where, n, world_size, layout)

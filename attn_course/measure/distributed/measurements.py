@@ -1,4 +1,5 @@
-"""The three measurements: bytes sent per rank, peak memory per rank, and time, against ``P``."""
+"""Ring attention against Ulysses on ``P`` processes: bytes sent per rank against
+:func:`~attn_course.distributed.schedule.formula_bytes`, peak memory per rank, and time as ratios to ``P = 1``."""
 
 from __future__ import annotations
 
@@ -12,15 +13,8 @@ import torch
 from attn_course import _validate
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
-from attn_course.distributed.layout import unshard
-from attn_course.measure.distributed.formulas import (
-    LAYOUT,
-    METHODS,
-    check_methods,
-    check_shape,
-    formula_bytes,
-    positive_ints,
-)
+from attn_course.distributed.layout import check_divisible, unshard
+from attn_course.distributed.schedule import LAYOUT, METHODS, formula_bytes
 from attn_course.measure.distributed.ranks import Task, collect, inputs
 
 __all__ = ["MemoryRow", "TimeRow", "TrafficRow", "measure_distributed", "measure_rank_memory", "measure_time",
@@ -32,14 +26,13 @@ class TrafficRow:
     """Bytes one rank sends for one attention layer (:func:`measure_traffic`).
 
     Attributes:
-        method, scaling: one of :data:`METHODS`; the sweep, ``"N fixed"`` or ``"N ∝ P"`` (``N / P`` fixed).
-        world_size, n, n_local, batch, heads, head_dim: ``P``, ``N``, ``N / P``, ``B``, ``H``, ``d`` (float32).
-        kv_heads: ``H_kv``, the K/V heads (``H`` without grouped-query attention).
-        forward_bytes, forward_formula: counted at the communication helpers
-            (:func:`~attn_course.measure.distributed.taps.count_traffic`, the largest over the ranks), and
-            :func:`formula_bytes`.
+        method, scaling: one of ``METHODS``; the sweep, ``"N fixed"`` or ``"N ∝ P"`` (``N / P`` fixed).
+        world_size, n, n_local, batch, heads, head_dim, kv_heads: ``P``, ``N``, ``N / P``, ``B``, ``H``, ``d``
+            (float32), ``H_kv`` (``H`` without grouped-query attention).
+        forward_bytes, forward_formula: counted at the communication helpers (``count_traffic``, the largest
+            over the ranks), and ``formula_bytes``.
         wire_forward_bytes: the same bytes read off the tensors handed to ``torch.distributed``
-            (:func:`~attn_course.distributed.wiretap.tap_process_group`, the largest), knowing no algorithm.
+            (``tap_process_group``, the largest), knowing no algorithm.
         total_bytes, total_formula, wire_total_bytes: the same for forward + backward.
         matches: on every rank the two counts and the formula agree exactly, forward and total, and no
             other collective moved data.
@@ -64,27 +57,21 @@ class TrafficRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class _RankRow:
-    """One method's measurement on ``P`` ranks (``world_size``) for a sequence of ``N`` tokens (``n``)."""
-
-    method: str
-    world_size: int
-    n: int
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryRow(_RankRow):
+class MemoryRow:
     """Peak bytes one rank allocates in a forward pass (:func:`measure_rank_memory`).
 
     Attributes:
-        method, world_size, n, n_local: one of :data:`METHODS`, ``P``, ``N`` and ``N / P``.
-        peak_bytes: the largest over the ranks, exact (:func:`~attn_course.measure.memory.peak_memory`;
-            the rank's input shards are not counted, its output is).
+        method, world_size, n, n_local: one of ``METHODS``, ``P``, ``N`` and ``N / P``.
+        peak_bytes: the largest over the ranks, exact (``peak_memory``: the rank's input shards are not
+            counted, its output is).
         shard_bytes: one ``[B, H, N/P, d]`` float32 shard, for scale.
         scores_bytes: the score matrix the method holds at once in this implementation:
             ``B·H·(N/P)²·4`` per block for ring, ``B·(H/P)·N²·4`` for Ulysses.
     """
 
+    method: str
+    world_size: int
+    n: int
     n_local: int
     peak_bytes: int
     shard_bytes: int
@@ -92,11 +79,11 @@ class MemoryRow(_RankRow):
 
 
 @dataclasses.dataclass(frozen=True)
-class TimeRow(_RankRow):
+class TimeRow:
     """Best wall-clock time of a forward pass (:func:`measure_time`).
 
     Attributes:
-        method, world_size, n: one of :data:`METHODS`, ``P`` and ``N``.
+        method, world_size, n: one of ``METHODS``, ``P`` and ``N``.
         seconds: best of the repeats, on the slowest rank (ranks start together after a barrier).
         median_seconds, min_seconds, max_seconds: over the repeats, each repeat's time being that of
             its slowest rank: the spread to read ``seconds`` against.
@@ -105,6 +92,9 @@ class TimeRow(_RankRow):
         max_difference: largest ``|output - self_attention|`` over the gathered output.
     """
 
+    method: str
+    world_size: int
+    n: int
     seconds: float
     median_seconds: float
     min_seconds: float
@@ -116,26 +106,43 @@ class TimeRow(_RankRow):
 
 def _common(where, world_sizes, batch, heads, head_dim, methods, causal) -> tuple:
     """The arguments every measurement shares, checked: ``(world_sizes, batch, heads, head_dim, methods, causal)``."""
-    world_sizes = positive_ints(where, "world_sizes", world_sizes)
-    batch, heads, head_dim = (_validate.integer(where, name, value, minimum=1)
-                              for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)))
-    return (world_sizes, batch, heads, head_dim, check_methods(where, methods),
-            _validate.boolean(where, "causal", causal))
+    world_sizes = _validate.integer_sequence(where, "world_sizes", world_sizes, minimum=1, nonempty=True)
+    batch, heads, head_dim = _validate.integers(where, minimum=1, batch=batch, heads=heads, head_dim=head_dim)
+    methods = _validate.labels(where, "methods", methods)
+    if not methods:
+        raise ValueError(f"{where}: methods must not be empty")
+    for index, method in enumerate(methods):
+        if method not in METHODS:
+            raise ValueError(f"{where}: methods[{index}] must be one of {list(METHODS)}, got {method!r}")
+    return world_sizes, batch, heads, head_dim, methods, _validate.boolean(where, "causal", causal)
+
+
+def _check_shape(where: str, methods: list[str], world_size: int, n: int, heads: int,
+                 kv_heads: int | None = None) -> None:
+    """Refuse, by name, a (P, N, H, H_kv) a method cannot run: N not divisible by P (2P zig-zag), H_kv
+    not a divisor of H, H_kv (H without grouped-query attention) not divisible by P (Ulysses)."""
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"{where}: H={heads} must be divisible by H_kv={kv_heads} (grouped-query attention)")
+    for method in methods:
+        check_divisible(where, n, world_size, LAYOUT[method])
+        if method == "ulysses" and (heads if kv_heads is None else kv_heads) % world_size:
+            what = f"H={heads}" if kv_heads is None else f"H_kv={kv_heads}"
+            raise ValueError(f"{where}: {what} must be divisible by P={world_size} for ulysses (whole heads per "
+                             f"rank)")
 
 
 def _traffic_tasks(where, world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal,
                    kv_heads=None) -> list[Task]:
     world_sizes, batch, heads, head_dim, methods, causal = _common(where, world_sizes, batch, heads, head_dim,
                                                                    methods, causal)
-    n = _validate.integer(where, "n", n, minimum=1)
-    n_per_rank = _validate.integer(where, "n_per_rank", n_per_rank, minimum=1)
+    n, n_per_rank = _validate.integers(where, minimum=1, n=n, n_per_rank=n_per_rank)
     if kv_heads is not None:
         kv_heads = _validate.integer(where, "kv_heads", kv_heads, minimum=1)
     tasks = []
     for scaling in ("N fixed", "N ∝ P"):
         for p in world_sizes:
             length = n if scaling == "N fixed" else n_per_rank * p
-            check_shape(where, methods, p, length, heads, kv_heads)
+            _check_shape(where, methods, p, length, heads, kv_heads)
             tasks += [Task("traffic", m, p, length, batch, heads, head_dim, causal, scaling=scaling,
                            kv_heads=kv_heads) for m in methods]
     return tasks
@@ -165,27 +172,23 @@ def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_p
                     timeout: float = 300.0, kv_heads: int | None = None) -> list[TrafficRow]:
     """Bytes each rank sends for one attention layer, forward and forward + backward, against the formulas.
 
-    Two sweeps over ``world_sizes``: ``N = n`` fixed, and ``N = n_per_rank · P`` (``N / P``
-    fixed, the paper's "N and P increased proportionally").
+    Two sweeps over ``world_sizes``: ``N = n`` fixed, and ``N = n_per_rank · P`` (``N / P`` fixed, the paper's
+    "N and P increased proportionally").
 
     Args:
         world_sizes, n, n_per_rank: the ``P`` to run; ``N`` of the first sweep, ``N / P`` of the second.
         batch, heads, head_dim: ``B``, ``H`` (divisible by every ``P`` for Ulysses), ``d``.
-        methods, causal, timeout: names from :data:`METHODS`; causal attention (the bytes do not depend
-            on it); seconds for each launch.
-        kv_heads: ``H_kv`` for grouped-query attention (a divisor of ``H``; divisible by every ``P``
-            for Ulysses); None for ``H``.
+        methods, causal, timeout: names from ``METHODS``; causal attention (the bytes do not depend on it);
+            seconds for each launch.
+        kv_heads: ``H_kv`` for grouped-query attention (a divisor of ``H``; divisible by every ``P`` for
+            Ulysses); None for ``H``.
 
     Returns:
         One :class:`TrafficRow` per (sweep, ``P``, method), in that order.
 
     Raises:
-        TypeError, ValueError: sizes that are not positive ints, an unknown method, or a (``P``,
-            ``N``, ``H``) a method cannot run (named).
-
-    Example (it starts processes: not a doctest)::
-
-            all(row.matches for row in measure_traffic((2,), n=8, n_per_rank=4, heads=2, head_dim=4))   # True
+        TypeError, ValueError: sizes that are not positive ints, an unknown method, or a (``P``, ``N``, ``H``)
+            a method cannot run (named).
     """
     timeout = _validate.positive_finite("measure_traffic", "timeout", timeout)
     tasks = _traffic_tasks("measure_traffic", world_sizes, n, n_per_rank, batch, heads, head_dim, methods, causal,
@@ -196,11 +199,11 @@ def measure_traffic(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 256, n_p
 def _memory_tasks(where, world_sizes, lengths, batch, heads, head_dim, methods, causal) -> list[Task]:
     world_sizes, batch, heads, head_dim, methods, causal = _common(where, world_sizes, batch, heads, head_dim,
                                                                    methods, causal)
-    lengths = positive_ints(where, "lengths", lengths)
+    lengths = _validate.integer_sequence(where, "lengths", lengths, minimum=1, nonempty=True)
     tasks = []
     for p in world_sizes:
         for length in lengths:
-            check_shape(where, methods, p, length, heads)
+            _check_shape(where, methods, p, length, heads)
             tasks += [Task("memory", m, p, length, batch, heads, head_dim, causal) for m in methods]
     return tasks
 
@@ -230,10 +233,6 @@ def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequenc
 
     Raises:
         TypeError, ValueError: as :func:`measure_traffic`.
-
-    Example (it starts processes: not a doctest)::
-
-            rows = measure_rank_memory((1, 2), (16, 32), heads=2, head_dim=4)
     """
     tasks = _memory_tasks("measure_rank_memory", world_sizes, lengths, batch, heads, head_dim, methods, causal)
     timeout = _validate.positive_finite("measure_rank_memory", "timeout", timeout)
@@ -243,10 +242,9 @@ def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequenc
 def _time_tasks(where, world_sizes, n, batch, heads, head_dim, methods, causal, repeats) -> list[Task]:
     world_sizes, batch, heads, head_dim, methods, causal = _common(where, world_sizes, batch, heads, head_dim,
                                                                    methods, causal)
-    n = _validate.integer(where, "n", n, minimum=1)
-    repeats = _validate.integer(where, "repeats", repeats, minimum=1)
+    n, repeats = _validate.integers(where, minimum=1, n=n, repeats=repeats)
     for p in world_sizes:
-        check_shape(where, methods, p, n, heads)
+        _check_shape(where, methods, p, n, heads)
     return [Task("time", m, p, n, batch, heads, head_dim, causal, repeats=repeats)
             for p in world_sizes for m in methods]
 
@@ -291,10 +289,6 @@ def measure_time(world_sizes: Sequence[int] = (1, 2, 4), *, n: int = 1024, batch
 
     Raises:
         TypeError, ValueError: as :func:`measure_traffic`, or ``repeats`` below 1.
-
-    Example (it starts processes: not a doctest)::
-
-            rows = measure_time((1, 2), n=32, heads=2, head_dim=4, repeats=1)
     """
     tasks = _time_tasks("measure_time", world_sizes, n, batch, heads, head_dim, methods, causal, repeats)
     timeout = _validate.positive_finite("measure_time", "timeout", timeout)

@@ -12,9 +12,9 @@ from attn_course import _validate
 from attn_course.distributed.launch import launch
 from attn_course.distributed.layout import shard
 from attn_course.distributed.ring import ring_attention
+from attn_course.distributed.schedule import LAYOUT
 from attn_course.distributed.ulysses import ulysses_attention
 from attn_course.distributed.wiretap import tap_process_group
-from attn_course.measure.distributed.formulas import LAYOUT
 from attn_course.measure.distributed.taps import count_ring_work, count_traffic
 from attn_course.measure.memory import peak_memory
 from attn_course.measure.timing import best_time

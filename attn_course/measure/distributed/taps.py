@@ -1,12 +1,10 @@
 """Taps that count what the distributed algorithms do, from outside: nothing in their loops calls a counter.
 
-For a ``with`` block each tap wraps functions that the algorithms look up by module attribute when they
-call them, and restores them after (taps nest: an inner one wraps the outer one's wrapper).
-:func:`count_traffic` wraps the communication helpers and adds up the bytes of the tensors handed to
-them (:func:`~attn_course.distributed.wiretap.tap_process_group` counts them again, at
-``torch.distributed``); :func:`count_ring_work` wraps ring attention's forward and backward steps
-(:func:`~attn_course.distributed.ring.attend_to_block`, :func:`~attn_course.distributed.ring.block_gradients`)
-and reads the chunk pairs each step is given, their score elements, and each forward step's seconds.
+For a ``with`` block each tap wraps functions the algorithms look up by module attribute, and restores them
+after (taps nest). :func:`count_traffic` wraps the communication helpers
+(:func:`~attn_course.distributed.wiretap.tap_process_group` counts the same bytes at ``torch.distributed``);
+:func:`count_ring_work` wraps ring attention's forward and backward steps (``attend_to_block``,
+``block_gradients``) and reads the chunk pairs each is given.
 """
 
 from __future__ import annotations
@@ -23,10 +21,6 @@ import torch.distributed as dist
 from attn_course.distributed import communication, ring
 
 __all__ = ["RingWork", "Traffic", "count_ring_work", "count_traffic"]
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 @dataclasses.dataclass
@@ -54,14 +48,14 @@ def count_traffic() -> Iterator[Traffic]:
     def passing(original):
         def pass_around_ring(tensors, **options):
             if dist.get_world_size(options.get("group")) > 1:              # a ring of one sends nothing
-                traffic.bytes_sent += sum(_nbytes(t) for t in tensors)
+                traffic.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
             return original(tensors, **options)
         return pass_around_ring
 
     def exchanging(original):
         def all_to_all(x, *, group=None, **options):
             world_size = dist.get_world_size(group)
-            traffic.bytes_sent += _nbytes(x) // world_size * (world_size - 1)    # a rank keeps its own part
+            traffic.bytes_sent += x.numel() * x.element_size() // world_size * (world_size - 1)   # keeps its part
             return original(x, group=group, **options)
         return all_to_all
 

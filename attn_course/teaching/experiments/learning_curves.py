@@ -10,52 +10,36 @@ from attn_course.models.training import TrainingHistory, train_language_model
 __all__ = ["position_learning_curves"]
 
 
-def position_learning_curves(
-    positions: tuple[str, ...] = ("learned", "rope"),
-    text: str | None = None,
-    *,
-    train_length: int = 32,
-    embed_dim: int = 32,
-    num_heads: int = 4,
-    num_layers: int = 2,
-    steps: int = 300,
-    batch_size: int = 16,
-    learning_rate: float = 3e-3,
-    eval_every: int = 25,
-    validation_fraction: float = 0.1,
-    seed: int = 0,
-) -> dict[str, TrainingHistory]:
-    """Train one position model (``PositionLanguageModel``) per scheme, alike; record their held-out loss.
+def position_learning_curves(positions: tuple[str, ...] = ("learned", "rope"), text: str | None = None, *,
+                             train_length: int = 32, embed_dim: int = 32, num_heads: int = 4, num_layers: int = 2,
+                             steps: int = 300, batch_size: int = 16, learning_rate: float = 3e-3, eval_every: int = 25,
+                             validation_fraction: float = 0.1, seed: int = 0) -> dict[str, TrainingHistory]:
+    """Train one ``PositionLanguageModel`` per scheme, alike, and record their held-out loss.
 
-    Every model is trained by chapter 04's :func:`~attn_course.models.training.train_language_model`
-    with the same arguments: the same seed (so the same batches, in the same order), the same
-    steps and learning rate, and the same held-out tail of ``text`` (the last
-    ``validation_fraction``, cut at a blank line), scored every ``eval_every`` steps and before the
-    first. Nothing stops early. A ``"learned"`` model gets exactly ``train_length`` position
-    embeddings, so all of them are trained.
+    Every model is trained by chapter 04's :func:`~attn_course.models.training.train_language_model` with the
+    same arguments: the same seed (the same batches, in the same order), steps and learning rate, and the same
+    held-out tail of ``text`` (the last ``validation_fraction``, cut at a blank line), scored every
+    ``eval_every`` steps and before the first. Nothing stops early. A ``"learned"`` model gets exactly
+    ``train_length`` position embeddings, so all of them are trained.
 
     Args:
-        positions: distinct names from :data:`~attn_course.models.position_model.POSITION_SCHEMES`,
-            e.g. ``("learned", "rope")``.
-        text: the text (default: chapter 04's :func:`~attn_course.data.rhymes.load_rhymes`).
+        positions: distinct names from :data:`~attn_course.models.position_model.POSITION_SCHEMES`.
+        text: the text (default: chapter 04's rhymes, :func:`~attn_course.data.rhymes.load_rhymes`).
         train_length: ``N``, the characters per training and held-out window.
         embed_dim, num_heads, num_layers: the model's sizes (``PositionConfig``'s).
-        steps: optimisation steps of each model.
-        batch_size: windows per step.
-        learning_rate: peak learning rate (cosine-decayed over ``steps``).
-        eval_every: steps between two held-out scorings.
-        validation_fraction: share of ``text`` held out, in ``(0, 1)``.
+        steps, batch_size, learning_rate: optimisation steps, windows per step, peak (cosine-decayed) rate.
+        eval_every, validation_fraction: steps between two held-out scorings; share of ``text`` held out, in
+            ``(0, 1)``.
         seed: seeds the weights and the batches.
 
     Returns:
-        ``{position: TrainingHistory}`` in the order of ``positions``; each history's
-        ``validation_steps`` and ``validation_losses`` (mean cross-entropy, nats per character)
-        are the curve.
+        ``{position: TrainingHistory}`` in the order of ``positions``; each history's ``validation_steps`` and
+        ``validation_losses`` (nats per character) are the curve.
 
     Raises:
-        TypeError, ValueError: ``positions`` not a non-empty tuple or list of distinct scheme
-            names, a ``validation_fraction`` outside ``(0, 1)``, or any argument that
-            :func:`~attn_course.models.training.train_language_model` or ``PositionConfig`` refuses.
+        TypeError, ValueError: ``positions`` not a non-empty tuple or list of distinct scheme names, a
+            ``validation_fraction`` outside ``(0, 1)``, or any argument that ``train_language_model`` or
+            ``PositionConfig`` refuses.
 
     Example:
         >>> curves = position_learning_curves(("learned", "rope"), steps=2, eval_every=1)

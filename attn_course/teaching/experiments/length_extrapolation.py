@@ -1,33 +1,16 @@
-"""Train short, test long: which position schemes survive inputs longer than training's?
+"""Train short, test long (chapter 09): which position schemes survive inputs longer than training's?
 
-Press, Smith and Lewis (2021), "Train Short, Test Long: Attention with Linear Biases Enables
-Input Length Extrapolation" (arXiv 2108.12409), train language models on windows of ``L``
-tokens and score them on longer ones. Their Figure 1 (WikiText-103, ``L`` = 512 and 1024):
-as the validation input grows past ``L``, the perplexity of the sinusoidal, rotary and T5-bias
-models gets worse, while that of ALiBi (their §3: no position embedding, a per-head penalty
-``m_h · (i - j)`` on the scores) does not. Their default evaluation is *nonoverlapping*: the
-text is cut into independent windows of the evaluation length, each scored on its own.
+Press, Smith and Lewis (2021), "Train Short, Test Long" (arXiv 2108.12409), train on windows of ``L`` tokens and
+score longer ones, each text cut into independent windows of the evaluation length (*nonoverlapping*). In their
+Figure 1 (WikiText-103, ``L`` = 512 and 1024) the sinusoidal, rotary and T5-bias models get worse past ``L``;
+ALiBi (no position embedding, a per-head penalty ``m_h · (i - j)`` on the scores) does not.
 
-This module repeats the experiment at toy scale, on the course's nursery rhymes, in seconds of
-CPU. One small causal character model takes one of four position schemes:
-
-- ``"learned"``: an absolute embedding per position, added to the tokens (chapter 04's). The
-  table is allocated for the longest evaluation length, but training only ever reads its first
-  ``L`` rows: the others keep their random initial values (shrunk a little by AdamW's weight
-  decay), which is exactly why learned positions cannot extrapolate.
-- ``"rope"``: queries and keys rotated by their positions (chapter 05,
-  ``MultiHeadAttention(rope=RotaryEmbedding(d))``); no position is added to the tokens.
-- ``"alibi"``: no position anywhere but the bias ``m_h · (j - i)`` on every score, slopes from
-  :func:`~attn_course.positions.alibi.alibi_slopes`.
-- ``"none"``: no position information at all (the causal mask alone), the baseline.
-
-:func:`length_extrapolation_experiment` trains each at ``L`` on ``nursery_rhymes.txt`` and
-scores it with :func:`held_out_loss` on ``more_nursery_rhymes.txt`` (different rhymes) at 1×,
-2×, 4× and 8× ``L``, every length on the same characters.
-
-What the toy models show (the defaults: ``L`` = 32, ``E`` = 32, 4 heads, 2 layers, 200 steps of
-16 windows, ``positions=POSITION_SCHEMES``; held-out loss in nats per character, the same 6400
-characters at every length; torch 2.13 on a CPU, one thread)::
+Here at toy scale, in seconds of CPU: one small causal character model per scheme of
+:data:`~attn_course.models.position_model.POSITION_SCHEMES` (``"learned"``: its table's rows past ``L`` are
+never trained, which is why it cannot extrapolate; ``"rope"``; ``"alibi"``; ``"none"``, the causal mask alone),
+trained at ``L`` on ``nursery_rhymes.txt`` and scored on ``more_nursery_rhymes.txt`` at 1×, 2×, 4× and 8× ``L``,
+every length on the same characters. With the defaults (``L`` = 32, ``E`` = 32, 4 heads, 2 layers, 200 steps;
+nats per character, torch 2.13, one CPU thread)::
 
     position      N=32     N=64    N=128    N=256
     learned      2.447    2.537    2.621    2.653
@@ -35,13 +18,8 @@ characters at every length; torch 2.13 on a CPU, one thread)::
     alibi        2.334    2.328    2.328    2.327
     none         2.419    2.436    2.451    2.465
 
-At ``L`` RoPE is best, ALiBi close behind. Beyond ``L`` the learned model gets worse (its
-untrained rows are noise added to the tokens; the damage is diluted because every window's
-first ``L`` positions are still trained ones) and RoPE gets worse fastest: query-key offsets
-beyond ``L - 1`` never occur in training, so the model meets rotations it never learned to
-read. ALiBi stays flat and even improves a little, as in the paper's Figure 1; the model with
-no positions degrades slowly. The models are tiny and briefly trained, so read the table as a
-direction, not as the paper's numbers.
+RoPE is best at ``L`` and gets worse fastest beyond it (offsets past ``L - 1`` never occur in training); ALiBi
+stays flat, as in the paper. Tiny, briefly trained models: read the table as a direction.
 """
 
 from __future__ import annotations
@@ -65,15 +43,8 @@ __all__ = ["encode_known", "held_out_loss", "ExtrapolationResult", "length_extra
 
 
 def encode_known(tokenizer: CharTokenizer, text: str) -> tuple[torch.Tensor, int]:
-    """Encode ``text``, dropping the characters ``tokenizer`` has no id for.
-
-    Args:
-        tokenizer: a :class:`~attn_course.data.tokenizers.CharTokenizer`.
-        text: any text.
-
-    Returns:
-        ``(ids [N], dropped)``: the ids of the known characters, in order, and how many
-        characters were dropped.
+    """Encode ``text`` with a :class:`~attn_course.data.tokenizers.CharTokenizer`, dropping the characters it has
+    no id for; return ``(ids [N], dropped)``, the known characters' ids in order and how many were dropped.
 
     Raises:
         TypeError: ``tokenizer`` not a CharTokenizer, or ``text`` not a str.
@@ -96,11 +67,9 @@ def encode_known(tokenizer: CharTokenizer, text: str) -> tuple[torch.Tensor, int
 def held_out_loss(model: nn.Module, tokens: torch.Tensor, length: int) -> float:
     """Mean next-token cross-entropy over non-overlapping windows of ``length`` inputs.
 
-    The paper's nonoverlapping evaluation: window ``w`` reads ``tokens[w·length : (w+1)·length]``
-    and predicts each following token, so every token after the first is a target exactly once
-    (as long as a whole window fits); the first token of each window is predicted without
-    context, the last with ``length - 1`` tokens of it. A tail too short for a whole window is
-    left out.
+    The paper's nonoverlapping evaluation: window ``w`` reads ``tokens[w·length : (w+1)·length]`` and predicts
+    each following token, so every token after the first is a target once; the first of each window is
+    predicted without context. A tail too short for a whole window is left out.
 
     Args:
         model: maps ``[B, N]`` ids to ``[B, N, V]`` logits (run in eval mode, without gradients).
@@ -111,8 +80,8 @@ def held_out_loss(model: nn.Module, tokens: torch.Tensor, length: int) -> float:
         The mean loss in nats per character, a float.
 
     Raises:
-        TypeError, ValueError: ``model`` not a module, ``tokens`` not a 1-D integer tensor
-            longer than ``length``, or ``length`` not an int ``>= 1``.
+        TypeError, ValueError: ``model`` not a module, ``tokens`` not a 1-D integer tensor longer than
+            ``length``, or ``length`` not an int ``>= 1``.
 
     Example:
         >>> class Uniform(nn.Module):                       # each of 4 characters equally likely
@@ -138,14 +107,13 @@ class ExtrapolationResult:
     """What :func:`length_extrapolation_experiment` measured.
 
     Attributes:
-        rows: one dict per (scheme, length): ``{"position", "length", "factor", "loss"}``,
-            ``loss`` in nats per character, rounded to 3 decimals.
+        rows: one dict per (scheme, length): ``{"position", "length", "factor", "loss"}``, ``loss`` in nats
+            per character, rounded to 3 decimals.
         train_length: ``L``.
-        scored_characters: how many characters every length scored (the same ones).
-        dropped_characters: held-out characters missing from the training vocabulary, dropped.
-        models: the trained model of each scheme, in eval mode, so that it can be studied further
-            (chapter 09 streams the RoPE one through a cache with attention sinks).
-        tokenizer: the character tokenizer all of them share (the training text's characters).
+        scored_characters, dropped_characters: the characters every length scored (the same ones), and the
+            held-out characters missing from the training vocabulary, dropped.
+        models, tokenizer: each scheme's trained model, in eval mode (chapter 09 streams the RoPE one through
+            a cache with attention sinks), and the character tokenizer they share.
     """
 
     rows: list[dict]
@@ -164,39 +132,30 @@ class ExtrapolationResult:
         return list(wide.values())
 
 
-def length_extrapolation_experiment(
-    positions: Sequence[str] = ("learned", "rope", "alibi"),
-    *,
-    train_length: int = 32,
-    factors: Sequence[int] = (1, 2, 4, 8),
-    steps: int = 200,
-    seed: int = 0,
-    **model_sizes: int,
-) -> ExtrapolationResult:
-    """Train each position scheme on windows of ``L``, score it at ``factor · L`` for each factor.
+def length_extrapolation_experiment(positions: Sequence[str] = ("learned", "rope", "alibi"), *, train_length: int = 32,
+                                    factors: Sequence[int] = (1, 2, 4, 8), steps: int = 200, seed: int = 0,
+                                    **model_sizes: int) -> ExtrapolationResult:
+    """Train each position scheme on windows of ``L`` (the rhymes), score it at ``factor · L`` for each factor.
 
-    Training text: :func:`~attn_course.data.rhymes.load_rhymes`; held-out text:
-    :func:`load_more_rhymes`, its characters outside the training vocabulary dropped (counted
-    in the result). Every evaluation length scores the same characters: the held-out ids are cut
-    to ``1 + k · max(factors) · L``, the most whole windows of the longest length.
+    The held-out text is :func:`load_more_rhymes`, its characters outside the training vocabulary dropped.
+    Every evaluation length scores the same characters: the held-out ids are cut to ``1 + k · max(factors) ·
+    L``, the most whole windows of the longest length.
 
     Args:
-        positions: the schemes to compare, from :data:`POSITION_SCHEMES`. Each costs about
-            5 s of CPU with the defaults; ``"none"`` is left out of the default to keep the
-            whole experiment near 15 s.
-        train_length: ``L``.
-        factors: evaluation lengths as multiples of ``L``, positive ints.
+        positions: schemes from :data:`POSITION_SCHEMES`, each about 5 s of CPU with the defaults (``"none"``
+            is left out of the default to keep the whole near 15 s).
+        train_length, factors: ``L``; evaluation lengths as multiples of ``L``, positive ints.
         steps: training steps per scheme.
         seed: the same for every scheme, so they start from the same batches.
-        **model_sizes: ``embed_dim``, ``num_heads``, ``num_layers``, ``batch_size`` or
-            ``learning_rate``, passed to :func:`train_position_model`.
+        **model_sizes: ``embed_dim``, ``num_heads``, ``num_layers``, ``batch_size`` or ``learning_rate``, passed
+            to :func:`train_position_model`.
 
     Returns:
         An :class:`ExtrapolationResult`; the same arguments give the same losses.
 
     Raises:
-        TypeError, ValueError: an unknown scheme, ``train_length`` < 1, factors that are not
-            positive ints (or none at all), or a held-out text shorter than one longest window.
+        TypeError, ValueError: an unknown scheme, ``train_length`` < 1, factors that are not positive ints (or
+            none), or a held-out text shorter than one longest window.
 
     Example:
         >>> result = length_extrapolation_experiment(("alibi",), train_length=8, factors=(1, 2), steps=2)
@@ -235,18 +194,8 @@ def length_extrapolation_experiment(
 
 
 def plot_length_extrapolation(result: ExtrapolationResult, ax=None):
-    """Held-out loss against evaluation length, one line per position scheme, log₂ x axis.
-
-    Args:
-        result: from :func:`length_extrapolation_experiment`.
-        ax: a matplotlib Axes to draw on (default: a new figure's).
-
-    Returns:
-        The Axes.
-
-    Raises:
-        TypeError: ``result`` not an ExtrapolationResult.
-    """
+    """Draw held-out loss against evaluation length, a line per scheme, log₂ x axis, on ``ax`` (default: a new
+    figure's); return the Axes. Raises TypeError where ``result`` is not an :class:`ExtrapolationResult`."""
     if not isinstance(result, ExtrapolationResult):
         raise TypeError(f"plot_length_extrapolation: result must be an ExtrapolationResult, "
                         f"got {type(result).__name__}")

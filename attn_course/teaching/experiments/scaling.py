@@ -1,17 +1,7 @@
-"""Why divide by √d_k: the experiments behind chapter 02, as small functions.
-
-* :func:`dot_product_spread`: the dot product of two random vectors with unit-variance
-  entries has variance ``d_k``, so unscaled scores grow with the head size; dividing
-  by √d_k brings the variance back to 1.
-* :func:`attention_gradients`: the chain rule through ``softmax(q kᵀ / τ)``, from a loss
-  on the weights back to the raw scores, the queries and ``W_Q``.
-* :func:`scaling_experiment`: random queries and keys for head sizes ``d_k``, with and
-  without the ``1/√d_k``: how peaked the weights are and how much gradient reaches the
-  raw scores and ``W_Q``, query by query.
-* :func:`softmax_saturation`: one row of fixed scores at temperatures ``τ``: as ``τ``
-  shrinks the softmax approaches one-hot and its Jacobian goes to 0; as ``τ`` grows the
-  weights flatten and the gradient with respect to the raw scores shrinks as ``1/τ``.
-"""
+"""Why divide by √d_k: the experiments behind chapter 02. Unscaled scores have variance ``d_k``
+(:func:`dot_product_spread`); they saturate the softmax, whose Jacobian then goes to 0, and the division by
+``τ`` scales every gradient below it by ``1/τ`` (:func:`softmax_saturation`, :func:`attention_gradients`,
+:func:`scaling_experiment`)."""
 
 from __future__ import annotations
 
@@ -22,28 +12,15 @@ import torch
 
 from attn_course import _validate
 
-__all__ = [
-    "dot_product_spread",
-    "softmax_jacobian",
-    "attention_gradients",
-    "scaling_experiment",
-    "softmax_saturation",
-]
+__all__ = ["attention_gradients", "dot_product_spread", "scaling_experiment", "softmax_jacobian", "softmax_saturation"]
 
 
-def dot_product_spread(
-    d_k_values: Sequence[int], *, n_pairs: int = 20_000, seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """Measure the variance of ``q · k`` for random ``q, k`` with N(0, 1) entries.
-
-    Args:
-        d_k_values: head sizes to try.
-        n_pairs: random (q, k) pairs per head size.
-        seed: seed of the random generator, for repeatable numbers.
+def dot_product_spread(d_k_values: Sequence[int], *, n_pairs: int = 20_000, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Measure the variance of ``q · k`` for ``n_pairs`` random ``q, k`` with N(0, 1) entries, per head size.
 
     Returns:
-        ``{"d_k": [D], "raw_variance": [D], "scaled_variance": [D]}`` (float64), where
-        scaled means divided by √d_k. Theory says ``d_k`` and ``1``.
+        ``{"d_k": [D], "raw_variance": [D], "scaled_variance": [D]}`` (float64), scaled meaning divided by
+        √d_k. Theory says ``d_k`` and ``1``.
 
     Raises:
         TypeError, ValueError: sizes or counts that are not positive ints.
@@ -73,27 +50,19 @@ def dot_product_spread(
 
 
 def softmax_jacobian(weights: torch.Tensor) -> torch.Tensor:
-    """Jacobian of the softmax at output ``weights``: ``diag(p) - p pᵀ``.
-
-    Args:
-        weights: ``[..., N]``, a softmax output (rows summing to 1).
-
-    Returns:
-        ``[..., N, N]``: entry ``(i, j)`` is ``∂p_i / ∂s_j``.
-    """
+    """Jacobian of the softmax at output ``weights`` ``[..., N]``: ``diag(p) - p pᵀ``, ``[..., N, N]``, entry
+    ``(i, j)`` being ``∂p_i / ∂s_j``."""
     weights = _validate.floating_tensor("softmax_jacobian", "weights", weights, min_dim=1)
     return torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
 
 
-def attention_gradients(
-    x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, upstream: torch.Tensor, *, temperature: float
-) -> dict[str, torch.Tensor]:
+def attention_gradients(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, upstream: torch.Tensor, *,
+                        temperature: float) -> dict[str, torch.Tensor]:
     """Backpropagate ``L = Σ a ⊙ upstream`` through ``a = softmax(x W_Q (x W_K)ᵀ / τ)`` by hand.
 
-    The raw scores are ``s = q kᵀ`` with ``q = x W_Q`` and ``k = x W_K``; the softmax sees
-    ``s / τ``. Row by row, ``∂L/∂(s/τ) = J · upstream`` with the softmax Jacobian
-    ``J = diag(a) - a aᵀ``, so ``∂L/∂s = (1/τ) J · upstream``: the division by ``τ`` in the
-    forward pass multiplies every gradient below it by ``1/τ``.
+    The raw scores are ``s = q kᵀ`` with ``q = x W_Q``, ``k = x W_K``. Row by row, ``∂L/∂(s/τ) = J · upstream``
+    with ``J = diag(a) - a aᵀ``, so ``∂L/∂s = (1/τ) J · upstream``: the division by ``τ`` in the forward pass
+    multiplies every gradient below it by ``1/τ``.
 
     Args:
         x: ``[..., N, E]`` token vectors (``...``: any batch dimensions, the same for all).
@@ -102,16 +71,14 @@ def attention_gradients(
         temperature: ``τ > 0``, what the scores are divided by (``√d_k`` in the formula).
 
     Returns:
-        ``{"weights": a [..., N, N], "scores": ∂L/∂s [..., N, N], "queries": ∂L/∂q
-        [..., N, d_k], "w_q": ∂L/∂W_Q [..., E, d_k], "w_q_per_query": [..., N]}``. Query
-        ``i`` only touches row ``i`` of the loss; its share of ``∂L/∂W_Q`` is the outer
-        product ``x_iᵀ ∂L/∂q_i``, whose norm ``‖x_i‖ ‖∂L/∂q_i‖`` is ``w_q_per_query[i]``.
+        ``{"weights": a [..., N, N], "scores": ∂L/∂s [..., N, N], "queries": ∂L/∂q [..., N, d_k],
+        "w_q": ∂L/∂W_Q [..., E, d_k], "w_q_per_query": [..., N]}``. Query ``i`` only touches row ``i`` of the
+        loss; its share of ``∂L/∂W_Q`` is ``x_iᵀ ∂L/∂q_i``, whose norm ``‖x_i‖ ‖∂L/∂q_i‖`` is
+        ``w_q_per_query[i]``.
 
     Raises:
-        TypeError: a non-floating tensor, tensors of different dtypes, or a temperature
-            that is not a number.
-        ValueError: shapes that do not fit together, or a temperature that is not
-            positive and finite.
+        TypeError: a non-floating tensor, tensors of different dtypes, a temperature that is not a number.
+        ValueError: shapes that do not fit together, a temperature that is not positive and finite.
 
     Example:
         >>> x, w = torch.eye(2), torch.eye(2)
@@ -149,40 +116,21 @@ def attention_gradients(
     }
 
 
-def scaling_experiment(
-    d_k_values: Sequence[int],
-    *,
-    n_tokens: int = 16,
-    width: int = 64,
-    n_trials: int = 32,
-    seed: int = 0,
-) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
+def scaling_experiment(d_k_values: Sequence[int], *, n_tokens: int = 16, width: int = 64, n_trials: int = 32,
+                       seed: int = 0) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
     """What dividing by √d_k does to the weights and to learning, for random heads of size ``d_k``.
 
-    Each trial draws ``n_tokens`` token vectors ``x [N, E]`` with N(0, 1) entries (as after
-    a LayerNorm), projections ``W_Q, W_K [E, d_k]`` with N(0, 1/E) entries (so the entries
-    of ``q`` and ``k`` have variance 1), and an upstream gradient ``∂L/∂a [N, N]`` with
-    N(0, 1) entries, then runs :func:`attention_gradients` twice on the same draws: at
-    ``τ = 1`` (unscaled) and at ``τ = √d_k`` (scaled). All in float64.
-
-    Args:
-        d_k_values: head sizes to try.
-        n_tokens: ``N``, tokens (and so queries and keys) per trial.
-        width: ``E``, the width of the token vectors.
-        n_trials: independent draws per head size.
-        seed: seed of the random generator.
+    Each of ``n_trials`` draws ``N = n_tokens`` token vectors ``x [N, E]`` (``E = width``) with N(0, 1) entries
+    (as after a LayerNorm), ``W_Q, W_K [E, d_k]`` with N(0, 1/E) entries (so ``q`` and ``k`` have unit
+    variance) and an upstream gradient ``∂L/∂a [N, N]`` with N(0, 1) entries, then runs
+    :func:`attention_gradients` at ``τ = 1`` (unscaled) and ``τ = √d_k`` (scaled). All in float64.
 
     Returns:
-        ``{"d_k": [D], "unscaled": {...}, "scaled": {...}}``, each inner dict holding
-        ``[D]`` float64 tensors over the ``N · n_trials`` queries of each head size:
-
-        * ``max_weight``: the mean of each query's largest weight;
-        * ``score_gradient``: the median over queries of ``‖∂L/∂s_i‖`` (raw scores);
-        * ``w_q_gradient``: the median over queries of their share ``‖x_i‖ ‖∂L/∂q_i‖`` of
-          ``∂L/∂W_Q``;
-        * ``w_q_gradient_total``: the mean over trials of ``‖∂L/∂W_Q‖`` (all queries);
-        * ``starved``: the fraction of queries whose share of ``∂L/∂W_Q`` is below
-          1/100 of the median share in the scaled run at the same ``d_k``.
+        ``{"d_k": [D], "unscaled": {...}, "scaled": {...}}``, each inner dict of ``[D]`` tensors over the
+        ``N · n_trials`` queries of each head size: ``max_weight`` (mean of each query's largest weight),
+        ``score_gradient`` (median of ``‖∂L/∂s_i‖``), ``w_q_gradient`` (median of the share ``‖x_i‖ ‖∂L/∂q_i‖``
+        of ``∂L/∂W_Q``), ``w_q_gradient_total`` (mean over trials of ``‖∂L/∂W_Q‖``), ``starved`` (the fraction
+        of queries whose share is below 1/100 of the median share in the scaled run at the same ``d_k``).
 
     Raises:
         TypeError, ValueError: sizes or counts that are not positive ints.
@@ -224,25 +172,18 @@ def scaling_experiment(
     return result
 
 
-def softmax_saturation(
-    scores: torch.Tensor, temperatures: Sequence[float]
-) -> dict[str, torch.Tensor]:
-    """How peaked ``softmax(scores / τ)`` is, and how much gradient gets through, for each ``τ``.
-
-    Args:
-        scores: ``[N]`` raw scores of one query.
-        temperatures: the values of ``τ`` to try (what the scores are divided by).
+def softmax_saturation(scores: torch.Tensor, temperatures: Sequence[float]) -> dict[str, torch.Tensor]:
+    """How peaked ``softmax(scores / τ)`` is for one query's ``[N]`` raw scores, and how much gradient gets
+    through, for each ``τ``: as ``τ`` shrinks the softmax approaches one-hot and its Jacobian goes to 0.
 
     Returns:
-        ``{"temperature", "max_weight", "entropy", "jacobian_scaled", "jacobian_raw"}``,
-        each ``[T]`` (float64). ``jacobian_scaled`` is the Frobenius norm of the softmax
-        Jacobian with respect to its input ``scores / τ``; ``jacobian_raw`` is the norm of
-        ``∂a/∂scores``, the same Jacobian times ``1/τ``: what reaches the raw scores, and
-        through them ``W_Q`` and ``W_K``. Near 0 means almost no gradient gets through.
+        ``{"temperature", "max_weight", "entropy", "jacobian_scaled", "jacobian_raw"}``, each ``[T]``
+        (float64): the Frobenius norm of the softmax Jacobian with respect to ``scores / τ``, and of
+        ``∂a/∂scores``, the same times ``1/τ`` (what reaches the raw scores, and through them ``W_Q`` and
+        ``W_K``).
 
     Raises:
-        TypeError, ValueError: scores not a 1-D floating tensor, or a temperature that is
-        not a positive finite number.
+        TypeError, ValueError: scores not a 1-D floating tensor, or a temperature that is not positive and finite.
 
     Example:
         >>> sweep = softmax_saturation(torch.tensor([0.0, 4.0]), [1.0, 4.0])
@@ -252,9 +193,7 @@ def softmax_saturation(
     where = "softmax_saturation"
     scores = _validate.floating_tensor(where, "scores", scores)
     if scores.dim() != 1 or scores.numel() == 0:
-        raise ValueError(
-            f"{where}: scores must be 1-D [N] with N >= 1, got shape {_validate.shape_str(scores)}"
-        )
+        raise ValueError(f"{where}: scores must be 1-D [N] with N >= 1, got shape {_validate.shape_str(scores)}")
     temperatures = _validate.sequence(where, "temperatures", temperatures, of="numbers")
     values = [_validate.positive_finite(where, f"temperatures[{i}]", t) for i, t in enumerate(temperatures)]
     scores = scores.detach().to(torch.float64)

@@ -1,15 +1,10 @@
 """Chapter 09's attention-sink measurement: stream held-out text through caches that forget.
 
-StreamingLLM (Xiao et al. 2023, arXiv 2309.17453) explains attention sinks by where the first
-token sits in training: every training sequence has one, visible to every later token, so a model
-learns to park the attention it does not need there, and evicting it from the cache breaks the
-model. Chapter 09 puts that to the test on its small RoPE character models: one trained on random
-crops (nothing fixed at position 0) and one trained with a fixed first token before every crop
-(:func:`~attn_course.models.position_model.train_position_model` with
-``first_token=True``). :func:`sink_streaming_losses` streams the same held-out characters through
-either, one token at a time, with the caches of
-:mod:`~attn_course.variants.attention_sinks`; :func:`first_token_windows` cuts the windows on which
-the chapter measures how much attention the first key receives.
+StreamingLLM (Xiao et al. 2023, arXiv 2309.17453) explains attention sinks by where the first token sits in
+training: every training sequence has one, visible to every later token, so a model learns to park the attention
+it does not need there, and evicting it breaks the model. Chapter 09 tests that on two small RoPE character
+models, one trained on random crops and one with a fixed first token before every crop
+(``train_position_model(..., first_token=True)``).
 """
 
 from __future__ import annotations
@@ -39,12 +34,10 @@ def sink_streaming_losses(model: PositionLanguageModel, ids: torch.Tensor,
                           make_cache: Callable[[], KVCache]) -> torch.Tensor:
     """Losses of ``ids[1:]``, each character predicted from what the caches hold when it comes.
 
-    The text is fed one token at a time (:func:`~attn_course.variants.streaming.streaming_losses`)
-    with a fresh ``make_cache()`` per block. A model trained with a first token
-    (``model.config.first_token``) is given that token before ``ids``, as in training, and its
-    prediction made at the fixed token itself (a guess of ``ids[0]`` from nothing, which training
-    never scored) is left out; a model trained without one streams ``ids`` as they are. Either way
-    the losses are those of the same characters, ``ids[1:]``.
+    The text is fed one token at a time (:func:`~attn_course.variants.streaming.streaming_losses`) with a fresh
+    ``make_cache()`` per block. A model trained with a first token is given it before ``ids``, as in training,
+    and its prediction at the fixed token itself (a guess of ``ids[0]`` from nothing, never scored in training)
+    is left out; either way the losses are those of the same characters.
 
     Args:
         model: a :class:`~attn_course.models.position_model.PositionLanguageModel`.
@@ -55,9 +48,8 @@ def sink_streaming_losses(model: PositionLanguageModel, ids: torch.Tensor,
         ``[N - 1]`` float32: ``-log p(ids[t])`` for ``t = 1 .. N - 1``.
 
     Raises:
-        TypeError, ValueError: ``model`` not a PositionLanguageModel, ``ids`` not a 1-D integer
-            tensor of at least 2 ids, ``make_cache`` not callable or not returning empty caches;
-            otherwise as :func:`~attn_course.variants.streaming.streaming_losses`.
+        TypeError, ValueError: ``model`` not a PositionLanguageModel, ``ids`` not a 1-D integer tensor of at
+            least 2 ids, ``make_cache`` not callable; otherwise as ``streaming_losses``.
 
     Example:
         >>> from attn_course.models.position_model import PositionConfig
@@ -79,24 +71,14 @@ def sink_streaming_losses(model: PositionLanguageModel, ids: torch.Tensor,
 
 
 def first_token_windows(model: PositionLanguageModel, ids: torch.Tensor, count: int, length: int) -> torch.Tensor:
-    """``count`` windows of ``length`` positions as ``model`` was trained on them, cut in turn from ``ids``.
-
-    For a model trained without a first token, window ``w`` is ``ids[w·length : (w+1)·length]``; for
-    one trained with it, the fixed token followed by the next ``length - 1`` characters, so that
-    position 0 holds what it held in every training window.
-
-    Args:
-        model: a :class:`~attn_course.models.position_model.PositionLanguageModel`.
-        ids: ``[T]`` character ids (no first token), long enough for ``count`` windows.
-        count: the number of windows, ``>= 1``.
-        length: positions per window, ``>= 2``.
-
-    Returns:
-        ``[count, length]`` int64 ids.
+    """``[count, length]`` windows as ``model`` was trained on them, cut in turn from the ``[T]`` character
+    ``ids``: ``ids[w·length : (w+1)·length]``, or for a model trained with a first token, that token followed by
+    the next ``length - 1`` characters, so that position 0 holds what it held in every training window (on
+    these the chapter measures how much attention the first key receives).
 
     Raises:
-        TypeError, ValueError: ``model`` not a PositionLanguageModel, ``ids`` not a 1-D integer
-            tensor or too short, ``count`` or ``length`` not an int of at least 1 or 2.
+        TypeError, ValueError: ``model`` not a PositionLanguageModel, ``ids`` not a 1-D integer tensor or too
+            short, ``count`` below 1 or ``length`` below 2.
 
     Example:
         >>> from attn_course.models.position_model import PositionConfig

@@ -1,29 +1,18 @@
-"""A tiny task on which two attention heads learn two different relations, in seconds on a CPU.
+"""Chapter 03's tiny task on which two attention heads learn two different relations, in seconds on a CPU.
 
-Sequences of random tokens ``x_0 … x_{N-1}`` from a vocabulary of ``V``. At every position
-``i ≥ 1`` the model must name two tokens:
+Sequences of random tokens ``x_0 … x_{N-1}``; at every position ``i ≥ 1`` the model must name the previous
+token ``x_{i-1}`` (a relative position: one step back) and the first token ``x_0`` (an absolute position). One
+causal attention layer with two heads and no residual path: everything the readout knows comes through
+attention. After training one head looks one step back, the other at the first token. Positions use a fixed
+code of rotating (cos, sin) pairs (:func:`~attn_course.models.two_relations.rotating_position_code`), in which
+one step back is the same rotation at every position, so a head learns it once for all positions (with learned
+per-position vectors the heads occasionally swap roles at some positions). The task, the model and its
+training live in :mod:`attn_course.models.two_relations`; this module measures the heads.
 
-    the previous token  x_{i-1}     (a relative position: one step back)
-    the first token     x_0         (an absolute position: the start)
-
-The model has a single causal attention layer with two heads and no residual path, so
-everything the readout knows must come through attention. After training, one head looks
-one step back and the other at the first token: one lookup per head.
-
-Positions use a fixed code of rotating (cos, sin) pairs, like the original Transformer's sinusoids
-but with evenly spread frequencies (:func:`~attn_course.models.two_relations.rotating_position_code`),
-rather than one learned vector per position: moving one step back turns every pair of the code by the
-same angle, at every position, so a head learns "one step back" once for all positions.
-With learned per-position vectors the heads occasionally swap roles at some positions.
-Chapter 05 (RoPE) builds on the same rotation idea. The task, the model and its training live in
-:mod:`attn_course.models.two_relations`; this module measures the heads.
-
-How reliable is it? With the default settings, seeds 0 to 29 give two specialised heads (each
-above 0.9 on its relation) in 29 runs out of 30; seed 8 ends with one head blending both
-relations. A single head (``num_heads=1``) blends in every run we tried (seeds 0 to 5): about
-two thirds of its weight on the first token and a quarter to a third on the previous one.
-:func:`compare_head_counts` trains several seeds with one and with two heads and reports, for
-each run, when its loss first fell below a threshold, its final loss and where its heads look.
+How reliable is it? With the defaults, seeds 0 to 29 give two specialised heads (each above 0.9 on its
+relation) in 29 runs of 30; seed 8 ends with one head blending both relations. A single head (``num_heads=1``)
+blends in every run we tried (seeds 0 to 5): about two thirds of its weight on the first token and a quarter to
+a third on the previous one.
 """
 
 from __future__ import annotations
@@ -49,16 +38,14 @@ class RelationScores(NamedTuple):
 def head_relation_scores(attention_weights: torch.Tensor) -> RelationScores:
     """Per head, the average weight a query puts on the previous token and on the first token.
 
-    Only queries at positions ``i >= 2`` count: at position 1 the previous token *is* the
-    first one, and position 0 has no previous token.
+    Only queries at positions ``i >= 2`` count: at position 1 the previous token *is* the first one, and
+    position 0 has no previous token.
 
     Args:
-        attention_weights: ``[B, H, N, N]`` with ``N >= 3``, e.g. the second output of
-            :class:`~attn_course.models.two_relations.TwoRelationModel`.
+        attention_weights: ``[B, H, N, N]`` with ``N >= 3``, e.g. the second output of ``TwoRelationModel``.
 
     Returns:
-        ``RelationScores(previous [H], first [H])``, each entry in ``[0, 1]`` for weights whose
-        rows sum to 1.
+        ``RelationScores(previous [H], first [H])``.
 
     Raises:
         TypeError: not a floating tensor.
@@ -72,10 +59,8 @@ def head_relation_scores(attention_weights: torch.Tensor) -> RelationScores:
     where = "head_relation_scores"
     weights = _validate.floating_tensor(where, "attention_weights", attention_weights)
     if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2] or weights.shape[-1] < 3:
-        raise ValueError(
-            f"{where}: attention_weights must be [B, H, N, N] with N >= 3, "
-            f"got shape {_validate.shape_str(weights)}"
-        )
+        raise ValueError(f"{where}: attention_weights must be [B, H, N, N] with N >= 3, "
+                         f"got shape {_validate.shape_str(weights)}")
     queries = torch.arange(2, weights.shape[-1], device=weights.device)   # [N - 2]
     previous = weights[:, :, queries, queries - 1].mean(dim=(0, 2))       # [H]
     first = weights[:, :, queries, 0].mean(dim=(0, 2))                    # [H]
@@ -83,14 +68,7 @@ def head_relation_scores(attention_weights: torch.Tensor) -> RelationScores:
 
 
 def steps_to_reach(losses: torch.Tensor, threshold: float) -> int | None:
-    """The first step whose loss is below ``threshold``, or None if no step's is.
-
-    Args:
-        losses: ``[steps]``, one loss per training step (e.g. from :func:`train_two_relation_model`).
-        threshold: a positive loss level.
-
-    Returns:
-        The index of the first entry ``< threshold``, or None.
+    """The first step of ``losses`` ``[steps]`` (one loss per training step) below a positive ``threshold``, or None.
 
     Raises:
         TypeError: ``losses`` not a floating tensor, or ``threshold`` not a number.
@@ -112,18 +90,10 @@ def steps_to_reach(losses: torch.Tensor, threshold: float) -> int | None:
 
 
 class HeadCountRun(NamedTuple):
-    """One training run of :func:`compare_head_counts`.
-
-    Attributes:
-        seed: the run's seed.
-        num_heads: ``H`` of its model.
-        losses: ``[steps]``, the training loss of every step.
-        steps_to_threshold: the first step whose loss fell below the threshold (None: never).
-        final_loss: the mean loss of the last ``final_window`` steps (one step's loss is noisy:
-            each step draws a new batch).
-        previous, first: ``[H]``, each head's average weight on the previous and on the first
-            token over fresh sequences (:func:`head_relation_scores`).
-    """
+    """One training run of :func:`compare_head_counts`: its ``seed`` and ``num_heads``, the ``[steps]`` training
+    ``losses``, the first step below the threshold (None: never), ``final_loss`` (the mean of the last
+    ``final_window`` steps: one step's loss is noisy, each draws a new batch), and ``previous``, ``first``
+    ``[H]``, each head's average weight on those tokens over fresh sequences (:func:`head_relation_scores`)."""
 
     seed: int
     num_heads: int
@@ -134,38 +104,29 @@ class HeadCountRun(NamedTuple):
     first: torch.Tensor
 
 
-def compare_head_counts(
-    seeds: Sequence[int],
-    head_counts: Sequence[int] = (1, 2),
-    *,
-    steps: int = 100,
-    threshold: float = 0.1,
-    final_window: int = 10,
-    probe_sequences: int = 512,
-    probe_seed: int = 1,
-) -> list[HeadCountRun]:
+def compare_head_counts(seeds: Sequence[int], head_counts: Sequence[int] = (1, 2), *, steps: int = 100,
+                        threshold: float = 0.1, final_window: int = 10, probe_sequences: int = 512,
+                        probe_seed: int = 1) -> list[HeadCountRun]:
     """Train the two-relation model once per seed and head count, and summarise each run.
 
-    Every run is :func:`train_two_relation_model` with the default sizes except ``num_heads``,
-    so the runs of one seed share their batches and differ only in the model. The caller's
-    random state is left as it was, and the same arguments give the same numbers.
+    Every run is :func:`train_two_relation_model` with the default sizes except ``num_heads``, so the runs of
+    one seed share their batches and differ only in the model. The same arguments give the same numbers; the
+    caller's random state is left as it was.
 
     Args:
         seeds: the seeds to run (each >= 0).
         head_counts: the values of ``H`` to compare (each must divide the width, 32).
-        steps: training steps per run.
-        threshold: the loss level whose first crossing is reported.
+        steps, threshold: training steps per run; the loss level whose first crossing is reported.
         final_window: how many of the last steps ``final_loss`` averages (1 <= it <= steps).
-        probe_sequences: how many fresh sequences measure where the heads look.
-        probe_seed: the seed of those sequences.
+        probe_sequences, probe_seed: how many fresh sequences, from which seed, measure where the heads look.
 
     Returns:
         One :class:`HeadCountRun` per (seed, head count), seeds in the outer loop.
 
     Raises:
         TypeError: sequences that are not sequences of ints, or arguments of the wrong type.
-        ValueError: empty sequences, a negative seed, a head count that does not divide the
-            width, ``final_window`` outside ``[1, steps]``, or other values out of range.
+        ValueError: empty sequences, a negative seed, a head count that does not divide the width,
+            ``final_window`` outside ``[1, steps]``, or other values out of range.
 
     Example:
         >>> runs = compare_head_counts([0], steps=40)
@@ -179,10 +140,10 @@ def compare_head_counts(
         raise ValueError(f"{where}: seeds and head_counts must not be empty")
     steps = _validate.integer(where, "steps", steps, minimum=1)
     threshold = _validate.positive_finite(where, "threshold", threshold)
-    final_window = _validate.integer(where, "final_window", final_window, minimum=1)
+    final_window, probe_sequences = _validate.integers(where, minimum=1, final_window=final_window,
+                                                       probe_sequences=probe_sequences)
     if final_window > steps:
         raise ValueError(f"{where}: final_window must be at most steps={steps}, got {final_window}")
-    probe_sequences = _validate.integer(where, "probe_sequences", probe_sequences, minimum=1)
     probe_seed = _validate.integer(where, "probe_seed", probe_seed, minimum=0)
     configs = {}
     for heads in head_counts:
