@@ -1,16 +1,11 @@
 """One chapter's autograder, and what its tests need besides the submission's answers.
 
-An :class:`Assignment` is what ``make assignments`` built for a chapter (``dist/autograder/``):
-the otter test files of its questions (public and hidden) and the solution notebook. From the
-solution notebook it learns, once, three things:
-
-- the **answers**: the names the exercise cells define (``def stable_softmax``...), which the
-  tests will find as proxies of the submission's own (:mod:`attn_course_grading.proxies`);
-- the chapter's **imports**, run by the grader, so that ``torch``, the checks and the course's
-  functions the tests use are the grader's own, never the submission's;
-- the **context**: the few teaching cells that build what the tests read besides those (chapter
-  08's tests read the BERT ``model`` and ``tokenizer``), found by following the names back
-  through the cells, built once per chapter (:meth:`Assignment.shipped_context`).
+An :class:`Assignment` is what ``make assignments`` built for a chapter: the otter test files of its
+questions and the solution notebook, from which it learns the **answers** (the names the exercise
+cells define, which the tests find as proxies of the submission's own), the chapter's **imports**
+(run by the grader, so that ``torch`` and the checks are the grader's own) and the **context**: the
+teaching cells that build what the tests read besides (chapter 08's BERT ``model``), found by
+following names back through the cells and built once per chapter.
 """
 
 from __future__ import annotations
@@ -50,11 +45,8 @@ def bound_names(tree: ast.AST) -> set[str]:
 
 def top_level_bound(tree: ast.Module) -> set[str]:
     """Names a cell leaves defined in the notebook: what its top-level statements bind."""
-    names = set()
-    for node in tree.body:
-        names |= bound_names(ast.Module(body=[node], type_ignores=[])) if not isinstance(
-            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else {node.name}
-    return names
+    return set().union(*({node.name} if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                         else bound_names(node) for node in tree.body))
 
 
 def read_names(tree: ast.AST) -> set[str]:
@@ -66,8 +58,7 @@ class Assignment:
     """One chapter's autograder: its tests, answers, imports and context.
 
     Args:
-        autograder: ``dist/autograder/NN_name.zip``; the solution notebook ``NN_name.ipynb``
-            must lie next to it (``make assignments`` writes both).
+        autograder: ``dist/autograder/NN_name.zip``, with the solution ``NN_name.ipynb`` beside it.
 
     Raises:
         FileNotFoundError: either file is missing.
@@ -107,8 +98,7 @@ class Assignment:
                                   for node in imports for alias in node.names if getattr(node, "level", 0) == 0)
 
     def __getstate__(self) -> dict:
-        # What a grading process receives: the tests, answers and cells; never the built context
-        # (it comes as shipped_context()) nor the lock.
+        # A grading process receives the tests, answers and cells; the context comes as shipped_context().
         state = dict(self.__dict__, _environment=None, _shipped=None)
         del state["_lock"]
         return state
@@ -126,12 +116,8 @@ class Assignment:
 
     def test_parameters(self) -> set[str]:
         """Every name a test reads: otter passes each test function's parameters by name."""
-        names = set()
-        for source in self.tests.values():
-            for node in ast.parse(source).body:
-                if isinstance(node, ast.FunctionDef) and node.decorator_list:
-                    names |= {arg.arg for arg in node.args.args}
-        return names
+        return {arg.arg for source in self.tests.values() for node in ast.parse(source).body
+                if isinstance(node, ast.FunctionDef) and node.decorator_list for arg in node.args.args}
 
     @staticmethod
     def _context_cells(cells: list[str], trees: list[ast.Module], needed: set[str]) -> list[str]:
@@ -146,12 +132,8 @@ class Assignment:
         return chosen[::-1]
 
     def environment(self) -> dict:
-        """A fresh namespace of the chapter's imports and context (built once, then copied).
-
-        Each submission gets its own deep copy of the context's values (a model, a batch), so
-        that nothing a test or a submission's call changes in them reaches the next submission;
-        modules, functions and classes are shared.
-        """
+        """A fresh namespace of the chapter's imports and context, built once: each call gets its
+        own deep copy of the values (a model, a batch), sharing only modules, functions and classes."""
         with self._lock:
             if self._environment is None:
                 namespace: dict = {"__name__": f"__{self.name}_grader__"}
@@ -163,9 +145,8 @@ class Assignment:
                             code = TransformerManager().transform_cell(source)
                             exec(compile(code, f"<{self.name} context cell {index}>", "exec"), namespace)
                 finally:
-                    # A context cell may set what is global to this process (chapter 01's first cell
-                    # sets torch's print options): every chapter's tests run with torch's defaults,
-                    # so that one chapter's settings never reach another's tests or diagnoses.
+                    # A context cell may set torch's global state (chapter 01's print options): every
+                    # chapter's tests run with torch's defaults.
                     torch.set_printoptions(profile="default")
                     torch.set_default_dtype(dtype)
                     torch.set_grad_enabled(grad)
@@ -173,12 +154,8 @@ class Assignment:
             return {name: _own_copy(value) for name, value in self._environment.items()}
 
     def shipped_context(self) -> bytes:
-        """The chapter's context as the grading processes receive it: built once, in a process
-        of its own (the teaching cells' prints and settings stay there), and pickled; empty when
-        some value cannot be pickled (each grading process then builds the context itself).
-
-        Chapter 08's context trains a small model (about 30 s): built once per chapter, it costs
-        each submission only its unpickling.
+        """The context pickled, built once in a process of its own (chapter 08's trains a model for
+        30 s); empty when a value cannot be pickled (each grading process then builds it).
 
         Raises:
             RuntimeError: the process building it ended without sending it.
@@ -203,9 +180,8 @@ class Assignment:
             return self._shipped
 
     def environment_from(self, shipped: bytes) -> dict:
-        """The namespace the tests run in, from :meth:`shipped_context` (modules imported again
-        by name, every other value unpickled: this process's own copy); or, when ``shipped`` is
-        empty, :meth:`environment`.
+        """The namespace the tests run in, from :meth:`shipped_context` (modules imported by name,
+        the rest unpickled), or :meth:`environment` when ``shipped`` is empty.
 
         Raises:
             TypeError: ``shipped`` is not bytes.

@@ -1,11 +1,10 @@
 """Finding the submissions in a folder of student folders, without trusting anything in it.
 
-A submission folder comes from students (a git clone, a GitHub Classroom export, an unpacked
-archive), so everything in it may be hostile: a student folder or a notebook may be a symbolic
-link, a notebook a device or a FIFO, a folder's name may hold bytes that are not UTF-8, a newline,
-terminal escapes or a spreadsheet formula. :func:`find_submissions` follows no link and opens
-nothing: it returns ``{student: {chapter: notebook}}`` and every folder or notebook refused, with
-the reason (:class:`Collection`); :mod:`~attn_course_grading.reading` then reads each notebook.
+A submission folder comes from students (a git clone, a GitHub Classroom export, an archive): a
+student folder or a notebook may be a symbolic link, a notebook a device or a FIFO, a folder's name
+may hold bytes that are not UTF-8, a newline, terminal escapes or a spreadsheet formula.
+:func:`find_submissions` follows no link and opens nothing; :mod:`~attn_course_grading.reading`
+then reads each notebook.
 """
 
 from __future__ import annotations
@@ -24,10 +23,8 @@ MAX_SKIPPED_LINES = 10
 def student_name_problem(name: str) -> str | None:
     """Why ``name`` (a folder name, as ``os.fsdecode`` gives it) cannot name a student; None if it can.
 
-    A name must be printable UTF-8 text (letters, digits, punctuation, spaces; no control
-    character, no bidirectional override, no byte that is not UTF-8), since it goes into
-    grades.csv, into file names under the grades folder, and onto the console. It may not be
-    ``grades.csv``, whose place it would take.
+    A name goes into grades.csv, file names under the grades folder and the console: it must be
+    printable UTF-8 (no control character, no bidirectional override), and not ``grades.csv``.
     """
     try:
         name.encode("utf-8")
@@ -43,14 +40,8 @@ def student_name_problem(name: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Refusal:
-    """A student folder, or one notebook in it, that is not graded.
-
-    Attributes:
-        folder: the folder's name as ``os.fsdecode`` gives it (it may not be printable: show it
-            with :func:`display`, as :attr:`student` does).
-        chapter: the chapter of the refused notebook; None when the whole folder is refused.
-        reason: why, in words for the instructor and the student.
-    """
+    """A student folder (``chapter`` None), or one notebook in it, that is not graded, and why.
+    ``folder`` is the name as ``os.fsdecode`` gives it, maybe not printable: :attr:`student` shows it."""
 
     folder: str
     chapter: str | None
@@ -64,15 +55,9 @@ class Refusal:
 
 @dataclasses.dataclass
 class Collection:
-    """What :func:`find_submissions` found.
-
-    Attributes:
-        notebooks: ``{student: {chapter: path}}``, each path a regular file, not a symbolic link,
-            in the student's own folder (also not a link), within the size cap.
-        refused: every student folder and notebook that is not graded, with the reason.
-        skipped: lines saying what was passed over (files that are not chapters, hidden folders),
-            escaped, at most :data:`MAX_SKIPPED_LINES` per folder.
-    """
+    """What :func:`find_submissions` found: ``notebooks`` ``{student: {chapter: path}}`` (each a
+    regular file within the size cap, no link on the way), every :class:`Refusal`, and the escaped
+    ``skipped`` lines (at most :data:`MAX_SKIPPED_LINES` per folder)."""
 
     notebooks: dict[str, dict[str, pathlib.Path]] = dataclasses.field(default_factory=dict)
     refused: list[Refusal] = dataclasses.field(default_factory=list)
@@ -88,12 +73,10 @@ def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
 def find_submissions(submissions: os.PathLike | str, chapters: set[str]) -> Collection:
     """The notebooks to grade under ``submissions``, one folder per student, and what is refused.
 
-    Nothing found is followed or opened: each name is checked (:func:`student_name_problem`),
-    each folder and notebook ``lstat``-ed. Refused, with the reason: a student folder that is a
-    symbolic link (it would grade another student's work twice) or whose name is not printable
-    UTF-8; a chapter's notebook that is a link, not a regular file, or too large
-    (:func:`~attn_course_grading.reading.file_problem`). Skipped: hidden folders (``.git``), files
-    that are not folders, and files that are not named after a chapter.
+    Each name is checked, each folder and notebook ``lstat``-ed. Refused: a student folder that is a
+    symbolic link (it would grade another student's work twice) or badly named; a chapter's notebook
+    that is a link, not a regular file, or too large. Skipped: hidden folders (``.git``), files that
+    are not folders, files that are not named after a chapter.
 
     Args:
         submissions: a folder of student folders (it may itself be a link: it is the instructor's).

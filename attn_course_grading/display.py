@@ -14,17 +14,14 @@ _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def display(text: object, limit: int | None = None) -> str:
     """``text`` as a string safe to print: every control character escaped, nothing else changed.
 
-    A terminal obeys escapes (ESC: move the cursor, rewrite a line, set the title; CR: go back
-    over the line; BEL), a newline forges a line for whoever reads line by line, and a
-    bidirectional override shows text in another order than it is. Each of them is written as
-    Python writes it in a string literal (``\\x1b``, ``\\n``, ``\\u202e``); a name read from the
-    file system with bytes that are not UTF-8 (``os.fsdecode``'s ``\\udcXX``) shows those bytes
-    (``\\xff``). A backslash is left as it is, so that escaping twice changes nothing
-    (``display(display(text)) == display(text)``): text that spells an escape reads like one,
-    but none reaches the terminal.
+    A terminal obeys escapes (ESC, CR, BEL), a newline forges a line for whoever reads line by line,
+    a bidirectional override shows text in another order. Each is written as in a Python string
+    literal (``\\x1b``, ``\\n``, ``\\u202e``); a byte that was not UTF-8 (``os.fsdecode``'s
+    ``\\udcXX``) as that byte (``\\xff``). A backslash is left as it is, so escaping twice
+    changes nothing: text that spells an escape reads like one, but none reaches the terminal.
 
     Args:
-        text: a string, or anything (``str()`` of it; an object whose ``str`` fails shows its type).
+        text: a string, or anything (``str()`` of it, or its type if that fails).
         limit: at most this many characters of ``text`` are shown, then ``… (N more characters)``.
 
     Raises:

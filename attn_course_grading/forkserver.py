@@ -12,8 +12,7 @@ import multiprocessing
 import signal
 import threading
 
-#: Modules the fork server imports once, so that each grading process starts with them loaded
-#: (every :class:`~attn_course_grading.assignment.Assignment` adds the modules its chapter imports).
+#: Modules each grading process starts with (each :class:`~.assignment.Assignment` adds its chapter's imports).
 PRELOAD = {"torch", "nbformat", "IPython.core.inputtransformer2", "otter.test_files.exception_test",
            "attn_course_grading.assignment", "attn_course_grading.grader"}
 _CONTEXT: list = []
@@ -31,8 +30,7 @@ def context():
 
 
 def die_with_parent() -> None:
-    """Be killed when the fork server ends (it ends with the grader): no grading process, and so
-    no sandbox, outlives the grader (the sandbox is killed when its grading process dies)."""
+    """Be killed when the fork server (and so the grader) ends: no grading process, nor its sandbox, outlives it."""
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)

@@ -1,15 +1,13 @@
 """Grade one submission of one chapter: its notebook in a sandbox, the tests in a grading process.
 
 :func:`grade` starts a grading process for the submission alone (from the
-:mod:`~attn_course_grading.forkserver`), which runs the submission
-(:class:`~attn_course_grading.remote.Submission`) and otter's own test-file runner on an
-environment of the chapter's imports and context (:class:`~attn_course_grading.assignment.Assignment`)
-and the answers as proxies (:mod:`~attn_course_grading.proxies`), so scores and feedback read
-exactly as ``otter run`` gives them, but no test runs in the student's process and nothing but
-data comes out of it. What an answer returns, and what the checks make of it, stays in that
-grading process, under its own memory limit and time: a class graded at once (``make grade
---jobs N``) shares nothing but the machine. A program that calls :func:`grade` must keep its main
-code under ``if __name__ == "__main__":`` (``tools/grade.py``'s does): the fork server imports it.
+:mod:`~attn_course_grading.forkserver`), which runs the notebook
+(:class:`~attn_course_grading.remote.Submission`) and otter's own test runner on the chapter's
+imports and context (:class:`~attn_course_grading.assignment.Assignment`) and the answers as proxies
+(:mod:`~attn_course_grading.proxies`): scores and feedback read as ``otter run`` gives them, but no
+test runs in the student's process, and what the checks make of an answer stays in that grading
+process, under its own memory limit and time. A program that calls :func:`grade` keeps its main code
+under ``if __name__ == "__main__":`` (the fork server imports it).
 """
 
 from __future__ import annotations
@@ -45,12 +43,11 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
           sandboxed: bool = True) -> dict:
     """Grade one notebook: run it and every test, in a grading process of its own.
 
-    The notebook is read here (:func:`~attn_course_grading.reading.read_code_cells`); the grading
-    process gets a memory limit of its own (its address space when it starts, plus
-    ``limits.memory_bytes``). Its phases are timed from here: the notebook gets ``limits.seconds``;
-    the tests, once it has run, ``limits.seconds + limits.call_seconds`` in all (the answers' calls
-    together ``limits.seconds``, the checks' own work one call's time more). Past its time it is
-    killed with its sandbox; the questions not graded score 0, and ``run["stopped"]`` says why.
+    The grading process's memory limit is its address space at start plus ``limits.memory_bytes``.
+    Its phases are timed from here: the notebook gets ``limits.seconds``, then the tests
+    ``limits.seconds + limits.call_seconds`` (the answers' calls together ``limits.seconds``, the
+    checks' own work one call more). Past its time it is killed with its sandbox; the questions not
+    graded score 0, and ``run["stopped"]`` says why.
 
     Args:
         assignment: the chapter's :class:`Assignment`.
@@ -59,16 +56,13 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
         sandboxed: False for trusted submissions only (``make grade TRUSTED=1``).
 
     Returns:
-        ``{"questions": [{"name", "score", "max_score", "output"}...], "run": {...}}``: per
-        question what ``otter run`` reports, and how the run went (seconds, the cells that
-        failed, why it stopped if it did, the notebook's peak memory and processes, the grading
-        process's peak memory, how much the notebook printed and the start of it). Plain data
-        (JSON-safe).
+        ``{"questions": [{"name", "score", "max_score", "output"}...], "run": {...}}``, plain data:
+        per question what ``otter run`` reports; how the run went (seconds, failed cells, why it
+        stopped, peak memory and processes, what the notebook printed).
 
     Raises:
         TypeError: ``assignment`` is not an :class:`Assignment`, or ``limits`` not a ``Limits``.
-        RuntimeError: the grader itself failed (not the submission): the grading process's
-            traceback.
+        RuntimeError: the grader itself failed (not the submission), with its traceback.
     """
     if not isinstance(assignment, Assignment):
         raise TypeError(f"grade: assignment must be an Assignment, got {type(assignment).__name__}")
@@ -113,12 +107,8 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
 
 
 def refused_result(points: dict[str, float], reason: str) -> dict:
-    """The result of a notebook that was refused unrun: 0 for each question, with ``reason``.
-
-    Args:
-        points: ``{question: its points}`` (:attr:`Assignment.points
-            <attn_course_grading.assignment.Assignment>`, the chapter's).
-        reason: why it was refused (``"it is a symbolic link; …"``).
+    """The result of a notebook refused unrun: 0 for each question of ``points`` (``{question:
+    its points}``), with ``reason``.
 
     Raises:
         TypeError: ``reason`` is not a str.
@@ -133,11 +123,8 @@ def refused_result(points: dict[str, float], reason: str) -> dict:
 
 
 def _read_messages(receiving, child, limits: sandbox.Limits) -> tuple[list[dict], dict, str | None, str | None]:
-    """Read a grading process's messages until it ends or runs past its phase's time.
-
-    Returns:
-        ``(questions graded, run, why it stopped or None, the grader's own traceback or None)``.
-    """
+    """Read a grading process's messages until it ends or runs past its phase's time: ``(questions
+    graded, run, why it stopped or None, the grader's own traceback or None)``."""
     questions: list[dict] = []
     run: dict = {}
     stopped = failure = None
@@ -183,9 +170,6 @@ def _read_messages(receiving, child, limits: sandbox.Limits) -> tuple[list[dict]
     return questions, run, stopped, failure
 
 
-# --- the grading process ------------------------------------------------------------------------
-
-
 def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], limits: sandbox.Limits,
                     sandboxed: bool, sending) -> None:
     """One submission's grading, in a process of its own (started by :func:`grade`).
@@ -202,8 +186,7 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
         with sending_lock:
             sending.send_bytes(json.dumps([kind, value]).encode())
 
-    # Whatever the tests print is dropped here (kept, a check printing a huge answer would fill
-    # this process's memory); nothing reaches the class's terminal, at Python's level or C's.
+    # What the tests print is dropped (a check printing a huge answer), at Python's level and C's.
     sys.stdout = open(os.devnull, "w")   # this process's standard output until it ends
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -212,9 +195,8 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
     running: list[Submission] = []
 
     def end_with_the_grader() -> None:
-        # The grader's end of the pipe closes when the grader ends, however it ends (killed too):
-        # this process's end then reports an error. The fork server it was started from does not
-        # end before it does, so this is what ends it, and its sandbox, at once.
+        # The pipe reports an error when the grader ends, however it ends (the fork server does not
+        # end before this process): this ends it, and its sandbox, at once.
         watch = select.poll()
         watch.register(sending.fileno(), select.POLLERR | select.POLLHUP)
         while not watch.poll():
@@ -226,9 +208,8 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
     threading.Thread(target=end_with_the_grader, daemon=True).start()
     try:
         environment = assignment.environment_from(shipped)
-        # The checks may use as much memory as one process of the notebook, on top of the grader's
-        # own code and the chapter's context (soft limit only: the sandbox, started from here, sets
-        # its own). Over it, an allocation fails in this process: its test fails, nothing else.
+        # The checks may use as much memory as one process of the notebook on top of the grader and
+        # the context (soft limit: the sandbox sets its own); past it, an allocation fails a test.
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (proc.address_space_bytes() + limits.memory_bytes, hard))
         send("started", None)
@@ -238,8 +219,7 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
         seconds = limits.seconds + limits.call_seconds
 
         def stop_late() -> None:
-            # The tests' time is up, wherever they are (a check working on a huge answer, a call):
-            # this thread runs while the main one is busy in torch, which releases the GIL.
+            # The tests' time is up, wherever they are (this thread runs while torch holds no GIL).
             send("stopped", f"the grader's tests of it ran past {seconds:g} s in all")
             submission.close()
             os._exit(3)
@@ -257,8 +237,7 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
         submission.close()
         send("done", dict(_run_of(submission), done=True))
     except MemoryError:
-        # Past this process's memory limit outside any one test (a reply decoded, otter's own
-        # bookkeeping): the submission's doing, so it is stopped, not the grader failed.
+        # Past the memory limit outside any one test (a reply decoded): the submission's doing.
         send("stopped", f"the grader's checks of it used more than their {limits.memory_bytes / 2**30:g} GiB "
                         "of memory")
     except BaseException:  # noqa: BLE001 - the grader's own fault, reported with its traceback

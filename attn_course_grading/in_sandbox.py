@@ -2,26 +2,17 @@
 
     python -m attn_course_grading.in_sandbox [--user UID:GID] [--processes N] [--cell-seconds S]
 
-Started by :class:`attn_course_grading.remote.Submission` inside the sandbox (or, for trusted
-submissions, without one). It speaks :mod:`attn_course_grading.wire` messages, each an 8-byte
-length and a blob, on its standard input and output:
+Started by :class:`~attn_course_grading.remote.Submission`. It reads and writes
+:mod:`~attn_course_grading.wire` messages (an 8-byte length, then the blob) on its standard input and
+output: it reads ``{"cells": [...], "answers": [...]}``, runs the cells in one IPython namespace as a
+kernel would (a cell that fails or runs past ``--cell-seconds`` is stopped, the next one runs), sends
+the setup reply, then answers each call or read until its input ends (the replies' shapes:
+:mod:`~attn_course_grading.replies`).
 
-1. the grader sends ``{"cells": [...], "answers": [...]}``: the notebook's code cells and the
-   names of its exercise answers;
-2. this program runs the cells one after the other in one IPython namespace, as a kernel would
-   (a cell that fails or runs past ``--cell-seconds`` is stopped and the next one runs), and sends
-   ``{"events": [...], "kinds": {name: "function" | "kernel" | "value" | "missing"}}``;
-3. then, until its input ends, it answers ``{"call": name, "args": [...], ...}`` with
-   ``{"value": ...}`` or ``{"error": {"type": ..., "message": ...}}``, and ``{"get": name}``
-   with the value of a name.
-
-Everything here runs in the student's process, so nothing here is trusted: the student's code
-can change any of it. The grader treats every reply as data from the student, checks its shape
-(:mod:`attn_course_grading.replies`), keeps a deadline on every request it writes and every
-reply it reads, and scores in its own process. What this program can still guarantee is the
-sandbox's own limits, which it sets before the first cell runs and which no later code can raise.
-It also leaves the student's code no easy handle on itself (see the cell timer's handler, the
-request loop's names, the reading of a request's length), though the grader does not rely on that.
+All of this runs in the student's process, so none of it is trusted: the grader checks every reply,
+keeps a deadline on every request and reply, and scores in its own process. This program guarantees
+only the sandbox's own limits, set before the first cell runs; it leaves the student's code no easy
+handle on itself (the cell timer's handler, the request loop's names), but nothing relies on that.
 """
 
 from __future__ import annotations
@@ -42,33 +33,23 @@ from attn_course_grading import replies, wire
 #: Cells that belong to otter's self-checks, not to the student's work: the grader does the checking.
 OTTER_CELL = re.compile(r"(# Initialize Otter\n)?import otter\ngrader = otter\.Notebook\([^\n]*\)"
                         r"|grader\.(check|check_all|export)\([^\n]*\)")
-
-
-#: The exit status that says a cell reached the process limit (``os.fork`` failed with EAGAIN).
-#: The grader's watch of the process count samples ten times a second and may miss a fork bomb
-#: that reaches the limit and collapses between two looks; this program stops at once instead.
+#: The exit status that says a cell reached the process limit (``os.fork`` failed with EAGAIN): the
+#: grader's watch, ten looks a second, may miss a fork bomb that collapses between two looks.
 PROCESS_LIMIT_EXIT = 75
 
 
 def read_message(stream) -> object:
-    """The next message on ``stream`` (a binary file): an 8-byte length, then the blob.
-
-    Raises:
-        EOFError: the grader closed the stream.
-        ValueError: the message is not a :mod:`~attn_course_grading.wire` message.
-    """
+    """The next message on ``stream`` (EOFError when the grader closed it)."""
     header = stream.read(8)
     if len(header) < 8:
         raise EOFError
-    # int.from_bytes, not struct.unpack: a method of a built-in type, which a cell cannot replace
-    # the way it can replace the struct module's attribute (and stall here, between the header
-    # and the body, with the grader's request half written).
+    # int.from_bytes, not struct.unpack: a cell cannot replace a built-in type's method as it can
+    # the struct module's attribute (and stall here, with the grader's request half written).
     return wire.decode(stream.read(int.from_bytes(header, "little")), objects=True)
 
 
 def write_message(fd: int, value: object) -> None:
-    """Send ``value`` on ``fd``: an 8-byte length, then the blob (a value that is not data is sent
-    as the TypeError the grader reports)."""
+    """Send ``value`` on ``fd`` (a value that is not data as the TypeError the grader reports)."""
     try:
         blob = wire.encode(value)
     except wire.NotData as error:
@@ -82,9 +63,8 @@ MAIN_PROCESS = os.getpid()
 
 
 def leave_if_forked() -> None:
-    """A process the student forked that came back here exits: only one process speaks to the
-    grader. The main process collects its children that have ended (each would count against the
-    process limit until it is collected)."""
+    """A process the student forked that came back here exits (one process speaks to the grader);
+    the main one collects its ended children, which count against the process limit until then."""
     if os.getpid() != MAIN_PROCESS:
         os._exit(0)
     try:
@@ -92,14 +72,6 @@ def leave_if_forked() -> None:
             pass
     except ChildProcessError:
         pass
-
-
-def drop_privileges(user: str) -> None:
-    """Become ``UID:GID`` (when started as root): a user the kernel limits in processes."""
-    uid, gid = (int(part) for part in user.split(":"))
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
 
 
 def kind_of(value: object) -> str:
@@ -113,17 +85,13 @@ def kind_of(value: object) -> str:
 
 
 def run_cells(cells: list[str], cell_seconds: float) -> tuple[dict, list[dict]]:
-    """Run each cell in one IPython namespace; return the namespace and what went wrong where.
+    """Run each cell in one IPython namespace: ``(namespace, events)``, the events
+    ``{"cell": index, "error": text}`` bounded as :func:`~attn_course_grading.replies.setup_reply` requires.
 
     A cell past ``cell_seconds`` is interrupted by SIGALRM, whose handler is the built-in
-    :func:`signal.default_int_handler` (a KeyboardInterrupt in the cell). A built-in has no
-    ``__globals__``: a cell that asks ``signal.getsignal`` for the handler gets no way into this
-    module. A KeyboardInterrupt once the timer has run out is the timeout.
-
-    Returns:
-        ``(namespace, events)``: the events ``{"cell": index, "error": text}`` are at most
-        :data:`~attn_course_grading.replies.MAX_EVENTS`, each text safe and bounded
-        (:func:`~attn_course_grading.replies.safe_text`), as the grader requires.
+    :func:`signal.default_int_handler`: a built-in has no ``__globals__``, so a cell that asks
+    ``signal.getsignal`` for it gets no way into this module. A KeyboardInterrupt once the timer has
+    run out is the timeout.
     """
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -152,20 +120,13 @@ def run_cells(cells: list[str], cell_seconds: float) -> tuple[dict, list[dict]]:
             if isinstance(error, KeyboardInterrupt) and remaining == 0.0:
                 text = timed_out
             else:
-                # The type's name is the student's to choose, as long as they like: cut like the message.
-                text = f"{_type_name(error)}: {_message(error, 300)}"
+                text = f"{replies.safe_name(type(error).__name__)}: {_message(error, 300)}"
             if len(events) < replies.MAX_EVENTS - 1:
                 events.append({"cell": index, "error": replies.safe_text(text, replies.MAX_TEXT_CHARS)})
             elif len(events) == replies.MAX_EVENTS - 1:
                 events.append({"cell": index, "error": "this cell and every later one that failed (not listed)"})
         sys.stdout.flush()
     return shell.user_ns, events
-
-
-def _type_name(error: BaseException) -> str:
-    """An exception's type name as the grader accepts it: an identifier of bounded length."""
-    name = type(error).__name__
-    return replies.safe_name(name) if type(name) is str else "Error"
 
 
 def _message(error: BaseException, limit: int) -> str:
@@ -200,14 +161,13 @@ def answer(namespace: dict, request: dict) -> dict:
             return {"value": None, "after": [], "forbidden": _forbidden(seen)}
         if isinstance(error, wire.NotData):
             return {"error": {"type": "TypeError", "message": f"it returned {error}"}}
-        return {"error": {"type": _type_name(error), "message": _message(error, replies.MAX_TEXT_CHARS)}}
+        return {"error": {"type": replies.safe_name(type(error).__name__),
+                          "message": _message(error, replies.MAX_TEXT_CHARS)}}
     if request.get("index") is not None:
-        # A kernel writes its outputs through pointers, which no version counter sees: send back
-        # every tensor it was given.
+        # A kernel writes through pointers, which no version counter sees: every tensor goes back.
         after = [arg if isinstance(arg, torch.Tensor) else None for arg in args]
     else:
-        # Only caches: the grader copies back nothing else of an ordinary call (a tensor changed
-        # in place stays changed here only), so nothing else is sent.
+        # Only caches: the grader copies back nothing else of an ordinary call.
         after = [_changed(arg, version) for arg, version in zip(args, before)]
     return {"value": value, "after": after, "forbidden": _forbidden(seen)}
 
@@ -242,20 +202,21 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=64, help="most processes and threads at once")
     parser.add_argument("--cell-seconds", type=float, default=300.0, help="time limit of one cell")
     args = parser.parse_args()
-    if args.user:
-        drop_privileges(args.user)
+    if args.user:                      # started as root: become a user the kernel limits in processes
+        uid, gid = (int(part) for part in args.user.split(":"))
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
     # Counted per user namespace (one per sandbox, Linux >= 5.14): a fork bomb stops here.
     resource.setrlimit(resource.RLIMIT_NPROC, (args.processes, args.processes))
 
-    # The messages keep standard input and output; the student's prints go to standard error,
-    # which the grader reads and cuts short.
+    # The messages keep standard input and output; the student's prints go to standard error.
     requests = os.fdopen(os.dup(0), "rb")
     reply_fd = os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)
 
-    # What the loop below calls, bound here before any cell runs: a cell that replaces this
-    # module's globals (read_message...) changes nothing the loop uses.
+    # Bound before any cell runs: a cell that replaces this module's globals changes nothing here.
     read, write, respond, leave, kind = read_message, write_message, answer, leave_if_forked, kind_of
     setup = read(requests)
     namespace, events = run_cells(setup["cells"], args.cell_seconds)

@@ -58,8 +58,7 @@ def proportional_bytes(pids: list[int]) -> int:
 
 def address_space_bytes() -> int:
     """This process's address space (``VmSize`` of ``/proc/self/status``), what RLIMIT_AS counts."""
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
+    for line in _text("/proc/self/status").splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
     raise OSError("address_space_bytes: /proc/self/status has no VmSize")

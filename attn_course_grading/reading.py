@@ -13,23 +13,20 @@ import os
 import pathlib
 import stat
 
-#: A larger notebook is not read. The course's executed chapters are under 1 MB (at most 0.93 MB,
-#: chapter 05); a student's may carry more outputs (plots, printed tensors), so 16 times the
-#: largest. Parsing 16 MiB of the most expensive JSON there is (``[{},{},...]``) takes about
-#: 0.3 s and 420 MB; :data:`MAX_JSON_ITEMS` bounds that further.
+#: A larger notebook is not read: 16 times the largest executed chapter (0.93 MB, chapter 05), for
+#: a student's extra outputs. 16 MiB of the costliest JSON (``[{},{},...]``) takes 0.3 s and 420 MB
+#: to parse; :data:`MAX_JSON_ITEMS` bounds that further.
 MAX_NOTEBOOK_BYTES = 16 * 2**20
-#: At most this many JSON items (counted, before parsing, as the ``, : [ {`` in the file, which
-#: also counts those inside strings, so a little too many): at this cap the most expensive JSON
-#: measured (a million short strings, 13 MiB) takes 0.1 s and 70 MB to parse. The course's
-#: chapters hold at most 32,000 (chapter 08).
+#: At most this many JSON items (the ``, : [ {`` in the file, counted before parsing, those in
+#: strings too): at this cap the costliest JSON measured (a million short strings) takes 0.1 s and
+#: 70 MB to parse. The chapters hold at most 32,000 (chapter 08).
 MAX_JSON_ITEMS = 1_000_000
 #: At most this many cells: the course's chapters have at most 128.
 MAX_CELLS = 2000
 #: At most this many characters in one cell's source: the course's longest cell has 3,155.
 MAX_CELL_CHARACTERS = 256 * 2**10
-#: How the notebook is opened: never through a symbolic link (``O_NOFOLLOW``), never waiting for a
-#: writer (``O_NONBLOCK``: a FIFO opens at once, and is then refused as not a regular file), never
-#: becoming the grader's terminal (``O_NOCTTY``).
+#: Never through a symbolic link, never waiting for a writer (a FIFO opens at once, then is refused
+#: as not a regular file), never becoming the grader's terminal.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CLEAR_OUTPUTS = "clear its outputs (Edit > Clear Outputs of All Cells), save, and hand it in again"
@@ -58,20 +55,15 @@ def _kind(mode: int) -> str:
 def read_bytes(path: os.PathLike | str, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
     """The bytes of a regular file that is not a symbolic link, in a folder that is not one either.
 
-    Args:
-        path: the file.
-        limit: the most bytes read; a longer file is refused.
-
     Raises:
         TypeError: ``limit`` is not a non-negative int.
-        ValueError: the file or its folder is a symbolic link, the file is not a regular file (a
-            FIFO, a device, a folder), it cannot be opened, or it is longer than ``limit``.
+        ValueError: the file or its folder is a symbolic link, the file is not a regular file, it
+            cannot be opened, or it is longer than ``limit`` bytes.
     """
     path = pathlib.Path(path)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise TypeError(f"read_bytes: limit must be a non-negative int, got {limit!r}")
     try:
-        # The folder too: a student folder that is a link would lead anywhere.
         folder = os.open(path.parent, _FOLDER_FLAGS)
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -113,11 +105,8 @@ def read_bytes(path: os.PathLike | str, limit: int = MAX_NOTEBOOK_BYTES) -> byte
 
 
 def parse_code_cells(data: bytes) -> list[str]:
-    """The sources of a notebook's code cells, from its bytes, within the caps.
-
-    Only what grading needs is read: the notebook must be JSON in notebook format 4 (what
-    JupyterLab and Notebook save), and of each cell its type and source. The JSON's size is
-    checked before it is parsed (:data:`MAX_JSON_ITEMS`), the cells before their sources are read.
+    """The sources of a notebook's code cells, from its bytes: JSON in notebook format 4, each cap
+    checked before the next step costs more.
 
     Raises:
         TypeError: ``data`` is not bytes.
@@ -127,8 +116,7 @@ def parse_code_cells(data: bytes) -> list[str]:
         raise TypeError(f"parse_code_cells: data must be bytes, got {type(data).__name__}")
     if len(data) > MAX_NOTEBOOK_BYTES:
         raise ValueError(f"it is {len(data):,} bytes, more than the {MAX_NOTEBOOK_BYTES:,} graded; {_CLEAR_OUTPUTS}")
-    # bytes.count runs at memory speed: the whole file is counted in milliseconds, before
-    # json.loads builds an object per item.
+    # bytes.count runs at memory speed, before json.loads builds an object per item.
     items = sum(data.count(character) for character in (b",", b":", b"[", b"{"))
     if items > MAX_JSON_ITEMS:
         raise ValueError(f"it holds about {items:,} JSON items, more than the {MAX_JSON_ITEMS:,} graded; "
@@ -171,8 +159,7 @@ def parse_code_cells(data: bytes) -> list[str]:
                              "graded in one cell")
         if cell.get("cell_type") == "code":
             try:
-                # A lone surrogate ("\ud800" in the JSON) is no character: the code could not be
-                # compiled or sent, and would break every file it reached.
+                # A lone surrogate ("\ud800" in the JSON) could not be compiled, sent or written.
                 source.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValueError(f"its cell {number} holds text that is not Unicode (a lone surrogate)") from None
@@ -181,14 +168,8 @@ def parse_code_cells(data: bytes) -> list[str]:
 
 
 def read_code_cells(path: os.PathLike | str) -> list[str]:
-    """The sources of the code cells of the notebook at ``path``, read without trusting it
+    """The sources of the code cells of the notebook at ``path``, in order, empty ones included
     (:func:`read_bytes`, then :func:`parse_code_cells`).
-
-    Args:
-        path: the student's ``.ipynb``.
-
-    Returns:
-        The code cells' sources, in order, empty ones included.
 
     Raises:
         TypeError: ``path`` is not a path.

@@ -1,16 +1,12 @@
 """A submission running in its sandbox, which the grader sends calls and reads replies from.
 
-:class:`Submission` starts :mod:`attn_course_grading.in_sandbox` (in the sandbox of
-:mod:`attn_course_grading.sandbox`, or, trusted, without one), has it run the notebook, and keeps
-it running while the checks call its answers (through :mod:`attn_course_grading.proxies`): each
-request and reply a :mod:`attn_course_grading.wire` message.
-
-Nothing a reply says is trusted: a malformed (:mod:`attn_course_grading.replies`), oversized or
-late reply stops the submission, and so does a request it does not read in time (the grader's
-writes have the same deadlines as its reads: a submission that stops reading cannot block the
-grader). Every later call raises :class:`SubmissionStopped` (the question's tests fail, as they
-would if the notebook had crashed). A watch stops it, too, when its processes together pass their
-memory or fill their process limit.
+:class:`Submission` starts :mod:`~attn_course_grading.in_sandbox` (in the sandbox, or, trusted,
+without one), has it run the notebook, and keeps it running while the checks call its answers
+(:mod:`~attn_course_grading.proxies`). Nothing a reply says is trusted: a malformed
+(:mod:`~attn_course_grading.replies`), oversized or late reply stops the submission, and so does a
+request it does not read in time (writes have the same deadlines as reads, so a submission that
+stops reading cannot block the grader), or processes that together pass their memory or fill their
+process limit. Every later call raises :class:`SubmissionStopped`, as if the notebook had crashed.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ import time
 
 from attn_course_grading import in_sandbox, proc, replies, sandbox, wire
 
-#: Exceptions from the student's code that come back as themselves; any other comes back as a
-#: :class:`SubmissionError` subclass of the same name.
+#: The student's exceptions that come back as themselves; any other as a :class:`SubmissionError` of its name.
 BUILTIN_ERRORS = {name: getattr(builtins, name) for name in (
     "ArithmeticError", "AssertionError", "AttributeError", "IndexError", "KeyError", "LookupError", "MemoryError",
     "NameError", "NotImplementedError", "OverflowError", "RecursionError", "RuntimeError", "TypeError",
@@ -47,25 +42,19 @@ class Submission:
     """One notebook, run in a sandbox, whose answers the grader can call until :meth:`close`.
 
     Args:
-        cells: the notebook's code cells, in order.
-        answers: the names of its exercise answers (functions, or a Triton kernel).
+        cells, answers: the notebook's code cells, in order, and the names of its exercise answers.
         limits: :class:`~attn_course_grading.sandbox.Limits`.
-        sandboxed: False runs the notebook without a sandbox (trusted code only): same protocol,
-            same limits on time, memory and output, but with the network and the files the
-            grader's user can reach.
+        sandboxed: False (trusted code only) runs it without a sandbox, under the same limits.
 
     Attributes:
-        events: what went wrong where while the notebook ran, as its process reported it
-            (checked and made safe: :func:`~attn_course_grading.replies.setup_reply`).
-        kinds: ``{answer: "function" | "kernel" | "value" | "missing"}``; empty when the
-            notebook was stopped before it reported them.
+        events: the cells that failed and why (:func:`~attn_course_grading.replies.setup_reply`).
+        kinds: ``{answer: "function" | "kernel" | "value" | "missing"}``; empty if stopped before.
         stopped: why the process stopped early, or None.
         output: the start of what the notebook printed.
 
     Raises:
-        TypeError: an argument of the wrong type (named in the message). Nothing a submission
-            does makes the constructor raise (a bad setup reply sets ``stopped``); whatever else
-            makes it raise, the process it started is killed first.
+        TypeError: an argument of the wrong type. Nothing a submission does makes the constructor
+            raise (a bad setup reply sets ``stopped``); if it raises, its process is killed first.
     """
 
     def __init__(self, cells: list[str], answers: list[str], limits: sandbox.Limits, *, sandboxed: bool = True):
@@ -100,18 +89,14 @@ class Submission:
         except BaseException:
             self._release_user()
             raise
-        # From here on a process is running: whatever goes wrong, it is killed before the
-        # exception leaves (a caller whose `with` or `try` starts after this constructor would
-        # otherwise leave it running, forking, until the grader exits).
+        # From here on a process is running: whatever goes wrong, it is killed before the exception
+        # leaves (the caller's `with` has not started yet).
         try:
-            # Requests are written without blocking, under a deadline (_send): a submission that
-            # stops reading its input must not block the grader.
             self._requests = self._process.stdin.fileno()
             os.set_blocking(self._requests, False)
             self._drain = threading.Thread(target=self._keep_output, daemon=True)
             self._drain.start()
-            self._watch = threading.Thread(target=self._watch_limits, daemon=True)
-            self._watch.start()
+            threading.Thread(target=self._watch_limits, daemon=True).start()
             deadline = self.started + limits.seconds
             late = f"stopped after {limits.seconds:g} s, the time limit of the whole notebook"
             if self._send(wire.encode({"cells": list(cells), "answers": self.answers}), deadline, late):
@@ -135,14 +120,13 @@ class Submission:
         """Send one call (``{"call": name, "args": [...], ...}``) or read (``{"get": name}``).
 
         Returns:
-            The checked reply (:func:`attn_course_grading.replies.call_reply`): ``{"value",
-            "after", "forbidden"}``.
+            The checked reply (:func:`~attn_course_grading.replies.call_reply`).
 
         Raises:
             TypeError: ``message`` is not a call or a read, or holds what cannot be sent.
             SubmissionStopped: the process had stopped, or stops now (late, gone, malformed reply).
-            the student's exception: its type (:data:`BUILTIN_ERRORS`, else a
-                :class:`SubmissionError` of its name) and message.
+            the student's exception: of its type (:data:`BUILTIN_ERRORS`, else a
+                :class:`SubmissionError` of its name), with its message.
         """
         if not isinstance(message, dict) or not (type(message.get("call")) is str or type(message.get("get")) is str):
             raise TypeError("Submission.request: message must be a dict with a 'call' or 'get' name")
@@ -200,11 +184,9 @@ class Submission:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    # --- the wire ---------------------------------------------------------------------------
-
     def _send(self, blob: bytes, deadline: float, late: str) -> bool:
-        """Write one request (an encoded message) by ``deadline``; False after stopping the process
-        (gone, or not reading: ``late`` says why, after "it stopped reading the grader's requests")."""
+        """Write one request by ``deadline`` on the non-blocking pipe; False after stopping the
+        process (gone, or not reading: ``late`` says why)."""
         if self.stopped:
             return False
         pending = [memoryview(len(blob).to_bytes(8, "little")), memoryview(blob)]
@@ -214,9 +196,8 @@ class Submission:
             try:
                 written = os.write(self._requests, pending[0][:1 << 16])
             except BlockingIOError:
-                # The pipe is full: wait until it drains, for no longer than the deadline. (Write
-                # first, poll only then: a pipe reports itself writable only with a buffer slot
-                # free, though a small write may still fit in a slot's page.)
+                # The pipe is full: wait until it drains, up to the deadline. (Write first, poll only
+                # then: a pipe reports itself writable only with a slot free, though a write may fit.)
                 left = deadline - time.monotonic()
                 if left <= 0 or not poll.poll(max(1, int(left * 1000))):
                     if time.monotonic() >= deadline:
@@ -267,17 +248,14 @@ class Submission:
 
     def _stop(self, reason: str) -> None:
         if self.stopped is None:
-            # The reason may quote the reply (an exception's text): kept safe and short, since it
-            # goes into the student's results file.
+            # The reason may quote the reply: kept safe and short for the results file.
             self.stopped = replies.safe_text(str(reason), replies.MAX_TEXT_CHARS)
         self._kill()
         return None
 
     def _kill(self) -> None:
-        """SIGKILL to the whole process group. In the sandbox, bubblewrap's death ends its process
-        namespace, and every process in it; trusted, this ends what the notebook started too."""
-        # Under the lock, and only while the process is not yet collected: once collected, its
-        # number may be given to another process, whose group must never be killed.
+        """SIGKILL to the whole process group (in the sandbox, bubblewrap's death ends its process
+        namespace). Only while the process is not yet collected: its number may then be reused."""
         with self._kill_lock:
             if self._process.poll() is None:
                 try:
@@ -297,35 +275,29 @@ class Submission:
             return f"its process was killed by signal {names.get(-code, -code)}"
         return f"its process exited with code {code}"
 
-    def _watch_limits(self, every: float = 0.1) -> None:
-        """Kill the sandbox when all its processes together hold more than ``memory_bytes``, or
-        when it reaches its limit of processes (checked 10 times a second: one check reads /proc,
-        about 2–4 ms).
-
-        RLIMIT_AS holds each process, but a notebook that forks many could still add up to more
-        than the machine has: without cgroups, this watch is the limit on the sum (it may be passed
-        for a moment). A fork bomb's processes would take the CPU from every notebook graded beside it.
-        """
+    def _watch_limits(self) -> None:
+        """Kill the sandbox when its processes together hold more than ``memory_bytes`` (RLIMIT_AS
+        holds each one; without cgroups this is the limit on their sum, passed for a moment at most)
+        or fill its process limit (a fork bomb takes the CPU from every notebook graded beside it).
+        Checked 10 times a second: one check reads /proc in 2-4 ms."""
         while self._process.poll() is None:
             pids = proc.process_tree(self._process.pid)
             tasks = proc.task_count(pids)
             self.peak_tasks = max(self.peak_tasks, tasks)
-            # A bomb's processes come and go as each fails to fork and exits: stopped when they fill
-            # most of the limit (90%), which no chapter comes near, not only at the limit itself.
+            # A bomb's processes come and go as each fails to fork: stopped at 90% of the limit.
             if tasks >= 0.9 * self.limits.processes:
                 self._stop(f"it reached its limit of {self.limits.processes} processes and threads")
                 return
             resident = proc.resident_bytes(pids)
             if resident > self.limits.memory_bytes:
-                # Resident memory counts the pages forked processes share once per process; the
-                # proportional share (PSS) counts each page once: slower to read, so read only now.
+                # RSS counts pages that forked processes share once each; PSS (slower) once in all.
                 resident = proc.proportional_bytes(pids)
             self.peak_memory_bytes = max(self.peak_memory_bytes, resident)
             if resident > self.limits.memory_bytes:
                 self._stop(f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB "
                            "of memory, the limit")
                 return
-            time.sleep(every)
+            time.sleep(0.1)
 
     def _keep_output(self) -> None:
         """Read everything the notebook prints; keep the first ``output_bytes``."""

@@ -1,9 +1,7 @@
 """What a submission may send back: the shape of every reply, checked before the grader reads it.
 
-A reply comes from the student's process (:mod:`attn_course_grading.in_sandbox`), whose code the
-student can replace, so :mod:`attn_course_grading.wire` guarantees only that it is data. This
-module says which data: each reply has one shape, and everything in it is bounded. Two replies
-exist:
+A reply comes from the student's process, whose code the student can replace, so
+:mod:`~attn_course_grading.wire` guarantees only that it is data. This module says which data:
 
 - the **setup** reply, once, after the notebook ran (:func:`setup_reply`)::
 
@@ -15,13 +13,10 @@ exist:
       {"value": data, "after": [data or None, ...], "forbidden": [[called, rule], ...]}
       {"error": {"type": identifier, "message": str}}
 
-A reply of any other shape (a key missing or extra, a list too long, a number where a string
-belongs, a ``str`` or ``int`` subclass, a tensor in the events) is *malformed*:
-:class:`MalformedReply`, and the grader stops that notebook with the reason. What the student's
-code may legitimately put in a string (an exception's message, a returned string) is kept but
-made safe instead: valid UTF-8 (a lone surrogate becomes its ``\\udXXX`` escape, which any JSON
-writer accepts) and cut to a bounded length, so that no reply can crash the grades' files or
-blow up their size.
+Any other shape (a key missing or extra, a list too long, a ``str`` or ``int`` subclass, a tensor
+in the events) is :class:`MalformedReply`, and the grader stops that notebook. A string the student's
+code may legitimately send (an exception's message) is kept but made valid UTF-8 and cut short, so
+that no reply can break the grades' files or blow up their size.
 """
 
 from __future__ import annotations
@@ -30,9 +25,6 @@ from collections.abc import Collection
 
 import numpy as np
 import torch
-
-__all__ = ["MalformedReply", "safe_text", "safe_name", "setup_reply", "call_reply", "KINDS", "MAX_EVENTS",
-           "MAX_TEXT_CHARS", "MAX_TYPE_CHARS", "MAX_FORBIDDEN", "MAX_CALLED_CHARS", "MAX_VALUE_TEXT_CHARS"]
 
 #: What a name a notebook was asked for can be.
 KINDS = ("function", "kernel", "value", "missing")
@@ -56,20 +48,12 @@ class MalformedReply(ValueError):
 
 
 def safe_text(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters and made valid UTF-8.
-
-    A lone surrogate (``"\\ud800"``, which Python strings may hold but UTF-8 cannot) becomes its
-    backslash escape, so that the text can be written to any file, JSON or CSV.
-
-    Args:
-        text: a ``str`` (subclasses are refused: their methods are the student's).
-        limit: the most characters kept (>= 1); a cut text ends with ``…``.
-
-    Returns:
-        A plain ``str`` of at most ``limit`` characters that encodes to UTF-8.
+    """``text`` cut to at most ``limit`` characters (a cut text ends with ``…``) and made valid
+    UTF-8: a lone surrogate (``"\\ud800"``, which UTF-8 cannot hold) becomes its backslash escape.
 
     Raises:
-        TypeError: ``text`` is not a plain ``str``, or ``limit`` not an int.
+        TypeError: ``text`` is not a plain ``str`` (a subclass's methods are the student's), or
+            ``limit`` not an int.
         ValueError: ``limit`` is below 1.
 
     Example:
@@ -84,25 +68,21 @@ def safe_text(text: str, limit: int) -> str:
         raise TypeError(f"safe_text: limit must be an int, got {type(limit).__name__}")
     if limit < 1:
         raise ValueError(f"safe_text: limit must be >= 1, got {limit}")
-    # Cut first (a reply's string may be hundreds of megabytes), escape, cut again (an escape is
-    # six characters where the surrogate was one).
+    # Cut first (a reply's string may be hundreds of megabytes), escape, cut again (an escape is longer).
     text = text[:limit + 1].encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def safe_name(name: str) -> str:
     """An exception type's name as it may cross: ``name`` cut to :data:`MAX_TYPE_CHARS`
-    characters if it is an identifier (a prefix of one is one), else ``"Error"``.
-
-    Raises:
-        TypeError: ``name`` is not a plain ``str``.
+    characters if it is a plain ``str`` and an identifier (a prefix of one is one), else ``"Error"``.
 
     Example:
         >>> safe_name("NotMine"), safe_name("not a name"), len(safe_name("E" * 10**6))
         ('NotMine', 'Error', 100)
     """
     if type(name) is not str:
-        raise TypeError(f"safe_name: name must be a str, got {type(name).__name__}")
+        return "Error"
     name = name[:MAX_TYPE_CHARS]
     return name if name.isidentifier() else "Error"
 
@@ -112,12 +92,11 @@ def setup_reply(reply: object, answers: Collection[str], cells: int) -> tuple[li
 
     Args:
         reply: the decoded reply.
-        answers: the names the grader asked for (every one must have a kind, and nothing else).
+        answers: the names the grader asked for (each must have a kind, and nothing else).
         cells: how many cells the notebook has (an event names one of them).
 
     Returns:
-        ``(events, kinds)``: ``[{"cell": int, "error": str}, ...]`` with each error made safe
-        (:func:`safe_text`, :data:`MAX_TEXT_CHARS`), and ``{answer: kind}``.
+        ``(events, kinds)``, each error made safe (:func:`safe_text`, :data:`MAX_TEXT_CHARS`).
 
     Raises:
         MalformedReply: ``reply`` is not of that shape (named in the message).
@@ -163,15 +142,12 @@ def call_reply(reply: object, *, arguments: int, rules: Collection[str] = ()) ->
         reply: the decoded reply.
         arguments: how many positional arguments the call was given (``after`` has at most one
             entry for each; 0 for a read of a value).
-        rules: the names of the forbidden-call rules the call was watched under; the reply may
-            report only those.
+        rules: the names of the forbidden-call rules the call was watched under (the only ones
+            the reply may report).
 
     Returns:
-        ``{"value": ..., "after": [...], "forbidden": [[called, rule], ...]}`` with every string
-        in the value made safe (:data:`MAX_VALUE_TEXT_CHARS`), or ``{"error": {"type": name,
-        "message": text}}`` with a type name that is an identifier of at most
-        :data:`MAX_TYPE_CHARS` characters (``"Error"`` when the student's is not one) and a safe
-        message (:data:`MAX_TEXT_CHARS`).
+        The reply, its strings made safe (:data:`MAX_VALUE_TEXT_CHARS`; an error's message
+        :data:`MAX_TEXT_CHARS`, its type :func:`safe_name`).
 
     Raises:
         MalformedReply: ``reply`` is not of either shape (named in the message).
@@ -215,8 +191,6 @@ def call_reply(reply: object, *, arguments: int, rules: Collection[str] = ()) ->
             "forbidden": seen}
 
 
-# --- the pieces ---------------------------------------------------------------------------------
-
 def _keys(value: object, keys: set[str], where: str) -> None:
     if type(value) is not dict:
         raise MalformedReply(f"{where} is a {_kind(value)}, not a dict")
@@ -232,8 +206,7 @@ def _text(value: object, limit: int, where: str) -> str:
 
 
 def _safe_value(value: object, where: str, depth: int) -> object:
-    """``value`` (data, as :mod:`~attn_course_grading.wire` decodes it) with every string made
-    safe; anything that is not plain data of the wire's types is malformed."""
+    """``value`` with every string made safe; anything but plain data of the wire's types is malformed."""
     if depth > _MAX_DEPTH:
         raise MalformedReply(f"{where} is nested more than {_MAX_DEPTH} levels deep")
     kind = type(value)

@@ -1,11 +1,9 @@
 """Writing what grading found, so that nothing a submission put in its results can break it.
 
-A result holds text the student controls (an error message, a stop reason quoting it, what the
-notebook printed) and values the grader decoded from it (a tensor in a cell's event). Written as
-they are, a lone surrogate (``"\\ud800"``) stops a UTF-8 write, a tensor stops ``json.dumps``,
-a string of 290 MB fills the disk and the grader's memory, a formula in a student's name runs
-in the instructor's spreadsheet, and an escape sequence rewrites the console. So the feedback
-files (:func:`feedback_json`), grades.csv (:func:`write_grades`) and the console
+A result holds text the student controls and values decoded from it. Written as they are, a lone
+surrogate stops a UTF-8 write, a tensor stops ``json.dumps``, a string of 290 MB fills the disk, a
+formula in a student's name runs in the instructor's spreadsheet, and an escape sequence rewrites the
+console: the feedback files (:func:`feedback_json`), grades.csv (:func:`write_grades`) and the console
 (:func:`console_line`) are written so that none of these can happen.
 """
 
@@ -24,8 +22,7 @@ from attn_course_grading.display import display
 #: A feedback file is at most this many bytes: the longest of the course's own (a whole chapter
 #: with every test failing) is a few tens of KB.
 MAX_FEEDBACK_BYTES = 2**20
-#: How strings, lists and nesting are cut, tried in turn until the file fits: (characters per
-#: string, items per list or dict, depth).
+#: How strings, lists and nesting are cut, in turn until the file fits: (characters, items, depth).
 CUTS = ((8000, 1000, 20), (1000, 100, 10), (100, 10, 5))
 #: Cells of grades.csv that start with one of these are neutralised with a leading ``'``: a
 #: spreadsheet would read them as a formula (OWASP, "CSV Injection").
@@ -37,15 +34,11 @@ class _TooLarge(Exception):
 
 
 class _Bounded:
-    """Converts a value to JSON data, cutting strings, lists and depth; remembers whether it cut.
-
-    It counts the characters it keeps as it goes, and stops (:class:`_TooLarge`) as soon as they
-    pass ``budget``: a result of 290 MB is never converted, let alone written, whole.
-    """
+    """Converts a value to JSON data, cutting strings, lists and depth (``cut`` says if it did);
+    stops (:class:`_TooLarge`) as soon as what it kept passes ``budget``, never converting 290 MB whole."""
 
     def __init__(self, characters: int, items: int, depth: int, budget: int | None = None):
-        self.characters, self.items, self.depth, self.cut = characters, items, depth, False
-        self.budget = budget
+        self.characters, self.items, self.depth, self.budget, self.cut = characters, items, depth, budget, False
 
     def spend(self, size: int) -> None:
         if self.budget is not None:
@@ -99,16 +92,11 @@ class _Bounded:
 
 
 def feedback_json(result: object) -> str:
-    """``result`` as JSON text that can always be written: ASCII, at most :data:`MAX_FEEDBACK_BYTES`.
+    """``result`` (anything) as JSON text that can always be written: ASCII, at most :data:`MAX_FEEDBACK_BYTES`.
 
-    Every string is kept whole when the file fits; otherwise strings, lists and nesting are cut
-    (:data:`CUTS`, each cut saying how much it left out) and a top-level ``"cut"`` says so. No
-    value stops it: what is not JSON (a tensor, bytes, NaN, a huge integer) becomes a short
-    string; a lone surrogate is written as its ``\\ud800`` escape. As a last resort only the
-    scores are kept.
-
-    Args:
-        result: what :func:`attn_course_grading.grader.grade` returns, or anything.
+    Strings are kept whole when the file fits; otherwise strings, lists and nesting are cut
+    (:data:`CUTS`, saying so); as a last resort only the scores are kept. What is not JSON (a
+    tensor, bytes, NaN, a huge integer) becomes a short string.
     """
     for characters, items, depth in ((MAX_FEEDBACK_BYTES, 10**9, 100),) + CUTS:
         bounded = _Bounded(characters, items, depth, budget=MAX_FEEDBACK_BYTES)
@@ -167,12 +155,8 @@ def console_line(student: str, chapter: str, result: dict) -> str:
 
 
 def csv_cell(value: object) -> object:
-    """A value as grades.csv holds it: a number as it is; anything else escaped and neutralised.
-
-    Text is escaped (:func:`~attn_course_grading.display.display`: no newline can forge a row) and
-    cut to 1000 characters; text that starts with ``= + - @``, a tab or a carriage return gets a
-    leading ``'``, so that a spreadsheet shows it rather than running it as a formula.
-    """
+    """A value as grades.csv holds it: a number as it is; anything else escaped (no newline can forge
+    a row), cut to 1000 characters, and given a leading ``'`` if it starts with :data:`FORMULA_STARTS`."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
     text = display("" if value is None else value, 1000)
@@ -181,13 +165,8 @@ def csv_cell(value: object) -> object:
 
 @dataclasses.dataclass
 class Row:
-    """One student's line of grades.csv.
-
-    Attributes:
-        student: the name (escaped and neutralised when written).
-        scores: ``{"CHAPTER:question": score}``.
-        notes: what the instructor should know (a refused notebook, a grader failure).
-    """
+    """One student's line of grades.csv: ``scores`` ``{"CHAPTER:question": score}``, and ``notes``
+    for the instructor (a refused notebook, a grader failure)."""
 
     student: str
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -197,9 +176,8 @@ class Row:
 def write_grades(path: os.PathLike | str, rows: list[Row], possible: dict[str, float]) -> None:
     """Write grades.csv: a row per student, a column per ``chapter:question``, ``total``, ``possible``, ``notes``.
 
-    The file is written whole or not at all (a temporary file, then renamed), in UTF-8; a row
-    that cannot be written becomes the student's name and a note saying so, and the others
-    are written.
+    The file is written whole or not at all (a temporary file, then renamed); a row that cannot be
+    written becomes the student's name and a note saying so.
 
     Args:
         path: the CSV file.

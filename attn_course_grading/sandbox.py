@@ -1,19 +1,10 @@
 """The sandbox one submission runs in: bubblewrap's command line, and the limits it runs under.
 
-A submission sees, read-only, only what running a chapter needs: the system's programs and
-libraries (``/usr``), the Python installation, the course's ``.venv`` and the ``attn_course``
-package. It gets a private, size-limited ``/scratch`` (its working folder and home), ``/tmp`` and
-``/dev/shm``, a network namespace of its own with no network in it, its own process numbers (it
-sees no other process), and no view of the instructor's home, other submissions, the hidden tests or the grades.
-A read-only mount does not stop a program from connecting to a unix socket or writing to a FIFO
-it can see, so every socket and FIFO in the folders it sees is hidden under ``/dev/null``
-(:func:`special_files`).
-When its grading ends, the grader kills the sandbox, and with it every process it started.
-
-Limits (:class:`Limits`): wall time (the grader kills the sandbox), CPU seconds and memory
-(address space) per process (``setrlimit`` before bubblewrap starts), processes (set by the
-program inside, :mod:`attn_course_grading.in_sandbox`, per sandbox), files up to the scratch
-size, and output (the grader keeps the first ``output_bytes``).
+A submission sees, read-only, only what running a chapter needs (``/usr``, the Python installation,
+the course's ``.venv`` and package), a private, size-limited ``/scratch`` (its working folder and
+home), ``/tmp`` and ``/dev/shm``, no network, and its own process numbers. Every socket and FIFO in
+the folders it sees is hidden (:func:`special_files`). The grader kills the sandbox, and every process
+in it, when its grading ends.
 """
 
 from __future__ import annotations
@@ -30,8 +21,8 @@ import subprocess
 import sys
 import threading
 
-#: Whom a sandbox runs as when the grader runs as root: an unprivileged user of its own (no
-#: account needed), so that the kernel counts its processes apart from every other sandbox's.
+#: Whom a sandbox runs as when the grader runs as root: a user of its own (no account needed), so
+#: that the kernel counts its processes apart from every other sandbox's.
 SANDBOX_UIDS = range(61000, 61256)
 SANDBOX_GID = 65534                # nogroup
 #: The system's folders at the root besides /usr (links into it on a merged /usr).
@@ -43,19 +34,18 @@ INSTALL_HINT = ("Install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblew
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What one submission may use.
+    """What one submission may use (INSTRUCTORS.md's table).
 
     Args:
-        seconds: wall time to run the whole notebook; the sandbox is killed after it.
-        cell_seconds: wall time of one cell; the cell is stopped and the next one runs.
-        call_seconds: wall time of one call of an exercise function by a check (and all the calls
-            together get ``seconds``).
-        memory_bytes: address space of each process (RLIMIT_AS), and memory of all the
-            notebook's processes together (resident; the grader watches it and kills the sandbox).
-        processes: processes and threads at once, in the sandbox (RLIMIT_NPROC); a notebook
-            that fills 90% of it is stopped as a fork bomb (chapter 10, the most, peaks near 23).
+        seconds: wall time of the whole notebook (then the sandbox is killed), and of all the
+            checks' calls of its answers together.
+        cell_seconds: wall time of one cell (then it is stopped and the next one runs).
+        call_seconds: wall time of one call of an answer by a check.
+        memory_bytes: address space of each process (RLIMIT_AS), and memory of all the notebook's
+            processes together (watched by the grader).
+        processes: processes and threads at once (RLIMIT_NPROC); 90% of it is a fork bomb.
         scratch_bytes: size of ``/scratch``, ``/tmp`` and ``/dev/shm`` each.
-        output_bytes: how much of what the notebook prints is kept in its result.
+        output_bytes: how much of what the notebook prints is kept.
         threads: threads PyTorch may use (OMP_NUM_THREADS).
     """
 
@@ -123,11 +113,9 @@ def readable_roots() -> list[pathlib.Path]:
 def special_files(root: os.PathLike | str) -> list[str]:
     """Every unix socket and FIFO under ``root``, not following links (an unreadable folder is passed over).
 
-    ``connect()`` to a socket file and ``open()`` of a FIFO for writing work through a read-only
-    bind mount (neither writes to the file system), so a sandbox that saw the socket of a program
-    of the instructor's (a Jupyter kernel's, an agent's) could talk to it. Walking the tree costs
-    about 0.4 s for this course's ``.venv`` and 2.5 s for ``/usr`` on a busy 2-core machine
-    (``os.scandir``'s file types, no ``stat`` but for the few that are neither file, folder nor link).
+    ``connect()`` to a socket and ``open()`` of a FIFO work through a read-only bind mount, so a
+    sandbox that saw the socket of an instructor's program (a Jupyter kernel's, an agent's) could
+    talk to it. The walk takes 0.4 s for the ``.venv``, 2.5 s for ``/usr`` on a busy 2-core machine.
     """
     found, folders = [], [os.fspath(root)]
     while folders:
@@ -150,13 +138,12 @@ def special_files(root: os.PathLike | str) -> list[str]:
 
 @functools.cache
 def _installed_special_files(root: pathlib.Path) -> tuple[str, ...]:
-    # Installed software (/usr, the Python installation, the .venv) changes only when something is
-    # installed: walked once per grading process, when the first sandbox starts.
+    # Installed software changes only when something is installed: walked once per grading process.
     return tuple(special_files(root))
 
 
 def _installed() -> set[pathlib.Path]:
-    """The folders :func:`sandbox_command` walks once per process for sockets, not once per sandbox."""
+    """The folders walked once per process for sockets, not once per sandbox."""
     return {pathlib.Path("/") / top for top in ("usr", *_SYSTEM_TOPS)} | _python_folders()
 
 
@@ -180,9 +167,8 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
         if (pathlib.Path("/etc") / name).exists():
             options += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
             mounted.append(pathlib.Path("/etc") / name)
-    # Private, writable by the sandbox's user (who may not be root); /dev/shm holds multiprocessing's
-    # semaphores and torch's shared tensors (chapter 10's processes). Mounted before the folders
-    # below, which may lie inside /tmp (a checkout cloned there) and must stay visible on top.
+    # Private, writable by the sandbox's user; /dev/shm holds chapter 10's semaphores and shared
+    # tensors. Mounted before the folders below, which may lie inside /tmp and must stay on top.
     for private in ("/scratch", "/tmp", "/dev/shm"):
         options += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", private]
     roots = readable_roots()
@@ -195,8 +181,8 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
     for root in roots:
         options += ["--ro-bind", str(root), str(root)]
     mounted += roots
-    # Sockets and FIFOs hidden: the course's own folders (small, and in a checkout where the
-    # instructor works) are walked for each sandbox, in milliseconds; installed software once.
+    # Sockets and FIFOs hidden: the course's own folders (where the instructor works) walked for
+    # each sandbox, in milliseconds; installed software once.
     installed = _installed()
     for folder in mounted:
         if folder.is_dir() and not folder.is_symlink():
@@ -205,9 +191,8 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
                 options += ["--ro-bind", "/dev/null", path]
     options += ["--chdir", "/scratch"]
     if os.geteuid() == 0:
-        # bubblewrap run by root starts the command as root without capabilities; the command drops
-        # to a user of its own first (in_sandbox --user, SandboxUser), for which the kernel enforces
-        # RLIMIT_NPROC.
+        # Run by root, bubblewrap starts the command as root without capabilities; it drops to a
+        # user of its own (in_sandbox --user), for which the kernel enforces RLIMIT_NPROC.
         options += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     return options + ["--"] + command
 
@@ -220,18 +205,14 @@ def environment(limits: Limits) -> dict[str, str]:
         "LANG": "C.UTF-8", "TMPDIR": "/tmp", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/scratch/.matplotlib",
         "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
         "TRITON_CACHE_DIR": "/scratch/.triton", "CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1",
-        # No GPU is visible, so a kernel can run only in Triton's interpreter: chosen before any cell
-        # imports Triton, whether or not the notebook calls attn_course.flash.use_interpreter_without_gpu().
+        # No GPU is visible: Triton's interpreter, chosen before any cell imports Triton.
         "TRITON_INTERPRET": "1",
     }
 
 
 class SandboxUser:
-    """A user id from :data:`SANDBOX_UIDS` that no other running sandbox holds (root only).
-
-    Without a user of its own, a fork bomb in one sandbox would use up the processes of every
-    sandbox running as the same user at the same time.
-    """
+    """A user id from :data:`SANDBOX_UIDS` that no other running sandbox holds (root only): else a
+    fork bomb in one sandbox would use up the processes of every sandbox of the same user."""
 
     _free = list(SANDBOX_UIDS)
     _lock = threading.Lock()

@@ -1,16 +1,11 @@
 """What crosses between a sandboxed submission and the grader: data, never code.
 
-A submission's notebook runs in its own process (:mod:`attn_course_grading.in_sandbox`); the
-grader calls its exercise functions from outside (:mod:`attn_course_grading.proxies`). Every
-message between the two is one safetensors blob: the tensors as raw bytes, and the structure
-around them (numbers, strings, lists, tuples, dicts, dtypes) as JSON in the blob's metadata.
-Nothing is unpickled, so a message can describe a value but never run code when it is read.
-
-Two course objects may also travel *to* a submission, because the chapter-04 exercise is called
-with them: a :class:`~attn_course.models.tiny_language_model.TinyLanguageModel` (its config and weights) and
-a :class:`~attn_course.core.kv_cache.KVCache` (its keys and values). They are rebuilt on the other
-side from those data. The grader never accepts them back (``objects=False``): what a submission
-returns must be plain data.
+Every message is one safetensors blob: the tensors as raw bytes, the structure around them as JSON
+in its metadata. Nothing is unpickled, so reading a message can run no code. Two course objects may
+also travel *to* a submission, since chapter 04's exercise is called with them (a
+:class:`~attn_course.models.tiny_language_model.TinyLanguageModel` and a
+:class:`~attn_course.core.kv_cache.KVCache`), rebuilt from their data; the grader never accepts them
+back (``objects=False``).
 
     structure := null | true | false | number | string            (JSON as it is)
                | {"tensor": i} | {"leaf": i}                       (the i-th tensor of the blob;
@@ -42,9 +37,8 @@ import torch
 MAX_MESSAGE_BYTES = 256 * 2**20
 #: Nesting deeper than this is refused, so that a reply cannot exhaust the reader's stack.
 MAX_DEPTH = 32
-#: The largest structure (the JSON around the tensors) a message may hold. Tensors travel as raw
-#: bytes, so an exercise's message needs a few kilobytes here; 16 MiB of JSON can already become
-#: more than a gigabyte of Python objects in the reader, which is why it is bounded apart.
+#: The largest structure (the JSON around the tensors) a message may hold: an exercise's needs a few
+#: kilobytes, and 16 MiB of JSON can already become more than a gigabyte of Python objects.
 MAX_STRUCTURE_BYTES = 16 * 2**20
 #: The devices a message may name (a device tag is data, never a way to reach a device's code).
 _DEVICE = re.compile(r"(cpu|cuda|meta)(:[0-9]{1,3})?")
@@ -60,16 +54,12 @@ class NotData(TypeError):
 
 
 def encode(value: object, *, objects: bool = False) -> bytes:
-    """Turn ``value`` into one message: a safetensors blob whose metadata holds the structure.
+    """Turn ``value`` into one message.
 
     Args:
-        value: nested lists, tuples, dicts (string keys) of tensors, NumPy arrays, numbers,
+        value: nested lists, tuples, dicts (str or int keys) of tensors, NumPy arrays, numbers,
             strings, bools, None, ``...``, dtypes and devices.
-        objects: also allow the course objects an exercise is called with (``KVCache``,
-            ``TinyLanguageModel``). Only the grader sends these.
-
-    Returns:
-        The message's bytes.
+        objects: also allow ``KVCache`` and ``TinyLanguageModel`` (only the grader sends these).
 
     Raises:
         NotData: ``value`` holds something else (named in the message).
@@ -85,16 +75,13 @@ def decode(blob: bytes, *, objects: bool = False) -> object:
 
     Args:
         blob: one message.
-        objects: rebuild the course objects (``KVCache``, ``TinyLanguageModel``); otherwise a
-            message holding one is refused. The grader decodes what a submission sends with
-            ``objects=False``.
+        objects: rebuild ``KVCache`` and ``TinyLanguageModel``; otherwise a message holding one is
+            refused (the grader reads a submission's replies so).
 
     Raises:
         TypeError: ``blob`` is not bytes.
-        ValueError: ``blob`` is not a message, or too large, deep or malformed, or it holds a
-            tensor of a dtype that does not cross, or names a device that does not exist. Every
-            problem with the bytes is this one exception: whoever reads a message from a
-            submission needs to catch only it.
+        ValueError: every problem with the bytes (not a message; too large, deep or malformed; a
+            dtype that does not cross, a device that does not exist), so a reader catches only it.
     """
     if not isinstance(blob, (bytes, bytearray)):
         raise TypeError(f"decode: blob must be bytes, got {type(blob).__name__}")
@@ -222,8 +209,7 @@ def _tensor(tensors: dict, index: object) -> torch.Tensor:
         raise ValueError(f"decode: a message names tensor {str(index)[:40]!r}, which it does not hold")
     tensor = tensors[f"t{index}"]
     if tensor.dtype not in _DTYPES.values():
-        # safetensors reads more dtypes than cross (float8, uint16...): what the encoder would
-        # refuse, the decoder refuses too, so that a check never meets a dtype it was not written for.
+        # safetensors reads more dtypes (float8, uint16...): refused as the encoder refuses them.
         raise ValueError(f"decode: a tensor of dtype {tensor.dtype}; only {', '.join(_DTYPES)} cross")
     return tensor
 
@@ -244,24 +230,19 @@ def _object(tag: str, body: dict, tensors: dict) -> object:
 
 def update_in_place(original: object, after: object, *, tensors: bool = False) -> None:
     """Make ``original`` (an argument the grader passed) what the submission's call left it as,
-    where the call is one that is meant to change its arguments.
-
-    Two kinds of call change an argument on purpose: a Triton kernel writes its outputs into the
-    tensors it is given, and a decoding step appends to its caches (chapter 04). Any other change
-    stays in the sandbox (:class:`~attn_course_grading.proxies.RemoteFunction`).
+    where changing it is the call's job: a Triton kernel's outputs, a decoding step's caches (chapter
+    04). Any other change stays in the sandbox (:class:`~attn_course_grading.proxies.RemoteFunction`).
 
     Args:
-        original: the grader's argument: a tensor, a
-            :class:`~attn_course.core.kv_cache.KVCache`, or a list or tuple of them. Anything
-            else is left as it is.
-        after: what the submission sent back for it: a tensor, :func:`cache_state`'s dict, a
-            list of those (None for an item left unchanged), or None.
-        tensors: copy tensors too (a kernel launch's outputs). False (every other call) leaves
-            every tensor as the caller made it and updates only caches.
+        original: a tensor, a :class:`~attn_course.core.kv_cache.KVCache`, or a list or tuple of
+            them; anything else is left as it is.
+        after: what the submission sent back for it: a tensor, :func:`cache_state`'s dict, a list
+            of those (None for an item left unchanged), or None.
+        tensors: copy tensors too (a kernel launch); otherwise only caches are updated.
 
     Raises:
-        ValueError: ``after`` does not fit ``original`` (another type, shape, length or dtype),
-            or changes a cache other than by appending to it.
+        ValueError: ``after`` does not fit ``original`` (another type, shape or length), or changes
+            a cache other than by appending to it.
     """
     from attn_course.core.kv_cache import KVCache
 

@@ -10,14 +10,10 @@ For each ``notebooks/NN_name.ipynb`` this runs ``otter assign`` and writes
     dist/autograder/NN_name.zip      what ``otter run`` / ``otter grade`` grade with
     dist/autograder/NN_name.ipynb    the solution notebook
 
-The student notebooks are byte-for-byte reproducible: otter gives new cells random ids,
-which are replaced here by ids derived from the chapter name and the cell's position.
-
-The chapters write each test as a plain cell (``check_softmax(stable_softmax)``), which reads
-well in the chapter. Before otter sees it, every test cell becomes an otter *exception-based*
-test (a function and its call, see :func:`exception_test`), so that a failing check shows
-the student one line of the test and the check's own diagnosis, not a 30-line doctest
-traceback through the package's files.
+The student notebooks are reproducible byte for byte (otter's random cell ids are replaced). Each
+test cell (``check_softmax(stable_softmax)``) becomes an otter *exception-based* test first
+(:func:`exception_test`), so that a failing check shows the student one line of the test and the
+check's diagnosis, not a 30-line doctest traceback.
 """
 
 from __future__ import annotations
@@ -79,11 +75,9 @@ def free_names(tree: ast.AST) -> list[str]:
 def exception_test(source: str, name: str) -> str:
     """One chapter test cell as an otter exception-based test: ``def name(...): ...`` and its call.
 
-    otter passes each parameter from the notebook's variables by name, so the parameters are
-    the names the cell reads (the student's function, ``torch``, the check). A final
-    expression that is not a check call (``torch.allclose(...)``, the doctest style) becomes an
-    ``assert``; a check call stays as it is, since a check raises its own diagnosis.
-    A leading ``# HIDDEN`` line is kept.
+    The parameters are the names the cell reads (otter passes the notebook's variables by name). A
+    final expression that is not a check call (``torch.allclose(...)``) becomes an ``assert``; a
+    check raises its own diagnosis. A leading ``# HIDDEN`` line is kept.
     """
     hidden, _, body = source.partition("\n") if source.startswith("# HIDDEN") else ("", "", source)
     tree = ast.parse(body)
@@ -133,9 +127,7 @@ def assign(master: pathlib.Path, out: pathlib.Path, *, run_tests: bool) -> None:
         command = otter_command() + ["assign", master.name, str(result)]
         if not run_tests:
             command.append("--no-run-tests")
-        completed = subprocess.run(
-            command, cwd=source, env=lab_environment(), capture_output=True, text=True
-        )
+        completed = subprocess.run(command, cwd=source, env=lab_environment(), capture_output=True, text=True)
         if completed.returncode != 0:
             sys.stderr.write(completed.stdout + completed.stderr)
             raise SystemExit(f"otter assign failed for {master.name}")
@@ -161,8 +153,7 @@ def main() -> int:
     chapters = [c.resolve() for c in args.chapters] or sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
     if args.jobs < 1:
         raise SystemExit(f"assign: --jobs must be at least 1, got {args.jobs}")
-    # Each chapter is its own `otter assign` process; threads only wait for them. The lines are
-    # printed in chapter order whatever finishes first.
+    # Each chapter is its own `otter assign` process; threads only wait for them, in chapter order.
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         done = pool.map(lambda master: assign(master, args.out.resolve(), run_tests=not args.no_run_tests), chapters)
         for master, _ in zip(chapters, done):

@@ -2,23 +2,16 @@
 
     .venv/bin/python tools/collect_submissions.py HOMES [--out submissions] [--chapters 02_formula,...]
 
-HOMES holds one folder per user, as a JupyterHub on one machine keeps them (``/home``), or as a
-folder export from any hub (Zero to JupyterHub: each user's volume copied out): the notebooks
-that the hand-out link cloned are in ``HOMES/USER/attn-course/CHAPTER.ipynb`` (``--inside`` names
-another folder, ``--inside ''`` the home itself). Each becomes ``OUT/USER/CHAPTER.ipynb``, then
-``make grade SUBMISSIONS=OUT`` grades them.
+HOMES holds one folder per user (a hub's ``/home``, or a folder export): the hand-out link cloned
+the notebooks into ``HOMES/USER/attn-course/CHAPTER.ipynb`` (``--inside`` names another folder,
+``--inside ''`` the home itself). Each becomes ``OUT/USER/CHAPTER.ipynb`` for ``make grade``.
 
-Nothing in a home is trusted: the reading is attn_course_grading.reading's (no symbolic link
-followed, folders included; only regular files; its size and JSON caps), and a notebook is
-collected only if it is a notebook (JSON, format 4, within the caps) and written from the bytes
-that were checked. What cannot be collected is reported per user and chapter, with the reason,
-on the console and in ``OUT/collection.txt``: a missing chapter (or a home the link was never
-opened in), a notebook that is not valid JSON, a symbolic link (saying whether it points outside
-the user's home), a FIFO or a device, a file too large. A refused notebook is not written, and
-the command exits with status 1, so that the instructor reads why before grading.
-
-OUT must not exist, be empty, or be an earlier collection (it holds collection.txt): then it is
-replaced whole, so a notebook collected last week never stands in for one refused today.
+Nothing in a home is trusted: it is read as the grader reads (:mod:`attn_course_grading.reading`: no
+link followed, only regular files, the size and JSON caps), and written from the bytes checked. What
+cannot be collected is reported per user and chapter, with the reason, on the console and in
+``OUT/collection.txt``, and the command then exits with status 1. OUT must not exist, be empty, or be
+an earlier collection: it is replaced whole, so last week's notebook never stands in for one refused
+today (INSTRUCTORS.md, section 6.3).
 """
 
 from __future__ import annotations
@@ -31,12 +24,10 @@ import shutil
 import stat
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:                  # run as a script: the grader's package is in the checkout
-    sys.path.insert(0, str(ROOT))
+from attn_course_grading import collect, reading
+from attn_course_grading.display import display
 
-from attn_course_grading import collect, reading  # noqa: E402
-from attn_course_grading.display import display  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: Where the hand-out link clones the notebooks in each home (tools/handout.py's TARGET).
 INSIDE = "attn-course"
@@ -46,13 +37,12 @@ REPORT = "collection.txt"
 
 @dataclasses.dataclass
 class Collected:
-    """What :func:`collect_homes` found: ``collected[user]`` the chapters written, ``missing[user]``
-    those not there, ``refused`` (user, chapter or None for the whole home, reason)."""
+    """What :func:`collect_homes` found: per user the chapters ``collected`` and ``missing``; each
+    refusal ``(user, chapter or None for the whole home, reason)``; homes ``never_pulled``."""
 
     collected: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     missing: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     refused: list[tuple[str, str | None, str]] = dataclasses.field(default_factory=list)
-    #: users whose home has no hand-out folder at all (the link was never opened)
     never_pulled: set[str] = dataclasses.field(default_factory=set)
 
     def lines(self) -> list[str]:
@@ -77,21 +67,20 @@ def _link_problem(path: pathlib.Path, home: pathlib.Path, what: str) -> str:
     """Why the symbolic link ``path`` is not followed, saying whether it points inside ``home``."""
     target = os.readlink(path)
     resolved = pathlib.Path(os.path.normpath(path.parent / target))
-    inside = resolved == home or home in resolved.parents
-    where = f"inside {home.name}/" if inside else f"outside {home.name}/"
-    return f"{what} is a symbolic link (to {display(target, 200)}, {where}); not followed"
+    where = "inside" if resolved == home or home in resolved.parents else "outside"
+    return f"{what} is a symbolic link (to {display(target, 200)}, {where} {home.name}/); not followed"
 
 
 def _read_notebook(path: pathlib.Path, home: pathlib.Path) -> bytes:
-    """The bytes of the notebook at ``path``, checked; ValueError (its reason) if refused."""
+    """The bytes of the notebook at ``path``, checked; ValueError (the reason) if refused."""
     try:
         status = path.lstat()
     except FileNotFoundError:
         raise FileNotFoundError(path) from None
     if stat.S_ISLNK(status.st_mode):
         raise ValueError(_link_problem(path, home, "it"))
-    data = reading.read_bytes(path)               # no link followed, regular files only, size cap
-    reading.parse_code_cells(data)                # JSON, notebook format 4, the cells' caps
+    data = reading.read_bytes(path)
+    reading.parse_code_cells(data)
     return data
 
 

@@ -3,27 +3,13 @@
     .venv/bin/python tools/grade.py SUBMISSIONS [--autograders dist/autograder] [--out grades]
                                                 [--jobs N] [--trusted] [--seconds S] ...
 
-SUBMISSIONS holds one folder per student, each with that student's notebooks under the
-chapter's file name::
-
-    SUBMISSIONS/ada/01_intuition.ipynb
-    SUBMISSIONS/ada/02_formula.ipynb
-    SUBMISSIONS/grace/01_intuition.ipynb
-
-Each notebook runs in its own bubblewrap sandbox (no network, a read-only view of the course's
-environment, a private scratch folder, limits on time, memory, processes and output); the tests
-run outside it, in a grading process per notebook, calling the notebook's answers as data in,
-data out (:mod:`attn_course_grading`, INSTRUCTORS.md). Without bubblewrap this refuses to grade, unless
-``--trusted`` (``make grade TRUSTED=1``) says the submissions are trusted. Results:
-
-    grades/grades.csv                 a row per student, a column per chapter:question, then
-                                      total, possible and notes (what was refused, and why)
-    grades/STUDENT/CHAPTER.json       per question its score and feedback (what otter gives), and
-                                      how the run went: seconds, cells that failed, why it stopped
-
-Nothing in a submission is trusted: what is refused (a link, a FIFO, a file too large, a name that
-is not printable) says why on the console and in grades.csv's notes, and scores 0; each notebook's
-results are written on their own, so grades.csv is always written (INSTRUCTORS.md, section 2).
+SUBMISSIONS holds one folder per student with their notebooks under the chapters' file names
+(``SUBMISSIONS/ada/01_intuition.ipynb``). Each notebook runs in its own bubblewrap sandbox, the tests
+outside it (:mod:`attn_course_grading`); without bubblewrap this refuses to grade unless ``--trusted``
+(``make grade TRUSTED=1``). It writes ``grades/grades.csv`` (a row per student, a column per
+chapter:question, then total, possible and notes) and ``grades/STUDENT/CHAPTER.json`` (each
+question's score and feedback, and how the run went). What is refused says why on the console and in
+the notes, and scores 0; grades.csv is always written (INSTRUCTORS.md, section 2).
 """
 
 from __future__ import annotations
@@ -47,8 +33,7 @@ _PRINTING = threading.Lock()
 
 
 def say(line: str, stream=None) -> None:
-    """Print one line, escaped (a newline in it cannot make two, an escape cannot move the cursor),
-    whole even when the jobs print at once."""
+    """Print one line, escaped (a newline cannot make two, an escape cannot move the cursor), whole."""
     with _PRINTING:
         print(display(line), file=stream or sys.stdout, flush=True)
 
@@ -102,8 +87,7 @@ def main() -> int:
     limits = sandbox.Limits(seconds=args.seconds, cell_seconds=args.cell_seconds, call_seconds=args.call_seconds,
                             memory_bytes=int(args.memory_gib * 2**30), processes=args.processes,
                             threads=max(1, (os.cpu_count() or 1) // args.jobs))
-    # (student, chapter, notebook, why it is refused): a notebook refused when collected is graded
-    # as refused, 0 for each question with the reason as its feedback.
+    # (student, chapter, notebook, why it is refused): a refused notebook scores 0, the reason its feedback.
     jobs = [(student, chapter, notebook, None) for student, notebooks in found.notebooks.items()
             for chapter, notebook in notebooks.items()]
     jobs += [(refusal.folder, refusal.chapter, None, refusal.reason) for refusal in found.refused if refusal.chapter]
@@ -144,8 +128,7 @@ def main() -> int:
             for line in traceback.format_exc().splitlines():
                 say(line, sys.stderr)
             return None
-        # Each notebook's results are written on their own: whatever is in them, a failure here is
-        # this student's note, and the class is still graded.
+        # Whatever is in a notebook's results, a failure here is this student's note, not the class's.
         try:
             questions = report.scores(result)
         except Exception as error:  # noqa: BLE001

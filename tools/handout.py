@@ -4,16 +4,11 @@
     .venv/bin/python tools/handout.py link --hub https://hub.example.org \\
         --repo https://github.com/you/attn-course-student [--open 02_formula.ipynb]
 
-Students get ``dist/student/`` (what ``make assignments`` builds: no solution, no hidden test),
-never the master notebooks: ``publish`` commits the student notebooks into a git repository of
-their own (a folder, created if missing, that the instructor pushes wherever the hub can clone
-from), and ``link`` prints the nbgitpuller link that clones it into each student's home, under
-``attn-course/``, and opens a chapter in JupyterLab. Clicking the link again later (after a typo
-is fixed and published again) merges the new commit into the student's copy with nbgitpuller's
-rules: the student's own changes win where both touched the same lines, files the student
-deleted come back, nothing the student wrote is overwritten (tests/hub/test_handout.py).
-
-``make handout HANDOUT_REPO=DIR`` and ``make handout-link HUB_URL=... HANDOUT_URL=...`` run these.
+Students get ``dist/student/``, never the master notebooks: ``publish`` commits the student
+notebooks into a git repository of their own, which the instructor pushes where the hub can clone
+from; ``link`` prints the nbgitpuller link that clones it into each student's ``~/attn-course/`` and
+opens a chapter. Clicked again after a new publish, it merges by nbgitpuller's rules: the student's
+changes win, nothing the student wrote is overwritten (INSTRUCTORS.md, section 6.2).
 """
 
 from __future__ import annotations
@@ -43,15 +38,12 @@ def _git(repo: pathlib.Path, *arguments: str) -> str:
 
 def publish(student: os.PathLike | str, repo: os.PathLike | str, branch: str = BRANCH,
             message: str = "Student notebooks") -> str | None:
-    """Commit the student notebooks of ``student`` into the git repository ``repo``, on ``branch``.
-
-    ``repo`` ends up holding exactly the ``*.ipynb`` of ``student`` (a notebook that is no longer
-    handed out is removed), committed; anything else in it (a README) is left alone.
+    """Commit the student notebooks of ``student`` (``dist/student``) into the git repository
+    ``repo``, on ``branch``: ``repo``'s ``*.ipynb`` become exactly those; anything else is left alone.
 
     Args:
-        student: the student notebooks, ``dist/student`` (``make assignments``).
-        repo: a git work tree on ``branch``, or a folder that does not exist yet (then created with
-            ``git init``).
+        student: the student notebooks.
+        repo: a git work tree on ``branch``, or a folder that does not exist yet (``git init``-ed).
         branch: the branch students pull.
         message: the commit message.
 
@@ -114,9 +106,8 @@ def link(hub: str, repo: str, branch: str = BRANCH, chapter: str | None = None, 
     Args:
         hub: the hub's public URL, ``https://hub.example.org`` (a path prefix is kept).
         repo: where the hub clones the hand-out from: a git URL, or a path on the hub's machine.
-        branch: the branch :func:`publish` committed to.
-        chapter: the notebook to open, ``02_formula.ipynb``; None opens the folder.
-        target: the folder in each home.
+        branch, chapter, target: the branch :func:`publish` committed to, the notebook to open
+            (``02_formula.ipynb``), the folder in each home.
 
     Raises:
         ValueError: ``hub`` is not an http(s) URL, ``chapter`` or ``target`` is not a plain name.

@@ -3,9 +3,8 @@
     .venv/bin/python tools/lab.py                          # what `make lab` runs: notebooks/
     .venv/bin/python tools/lab.py --root DIR --no-browser --port=8899
 
-The one place for JupyterLab's flags and environment: `make lab` and the browser tests
-(tests/course/test_browser.py) start the server through this script, and tools/assign.py runs otter's
-kernels in its environment. Any option after ``--root`` goes to JupyterLab.
+The one place for JupyterLab's flags and environment (`make lab`, the browser tests, otter's kernels
+in tools/assign.py). Any other option goes to JupyterLab.
 """
 
 from __future__ import annotations
@@ -25,19 +24,10 @@ OFFLINE_FLAGS = [
 ]
 
 
-def lab_command(root_dir: pathlib.Path | str, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """The command line that serves ``root_dir`` with this Python's JupyterLab."""
-    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root_dir}", *OFFLINE_FLAGS]
-    if hasattr(os, "getuid") and os.getuid() == 0:
-        command.append("--allow-root")  # containers and CI machines often run as root
-    return command + list(extra)
-
-
-def lab_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """``base`` (default: this process's environment) with this environment's Jupyter data
-    first, so its kernel "python3" and its JupyterLab settings win over any user-level ones,
-    and the Hugging Face hub kept offline."""
-    environment = dict(os.environ if base is None else base)
+def lab_environment() -> dict[str, str]:
+    """This process's environment with this environment's Jupyter data first, so that its kernel
+    "python3" and its JupyterLab settings win over any user-level ones, and the Hugging Face hub offline."""
+    environment = dict(os.environ)
     own = str(pathlib.Path(sys.prefix) / "share" / "jupyter")
     others = [path for path in environment.get("JUPYTER_PATH", "").split(os.pathsep) if path and path != own]
     environment["JUPYTER_PATH"] = os.pathsep.join([own, *others])
@@ -51,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=pathlib.Path, default=ROOT / "notebooks",
                         help="folder to serve (default: the chapters in notebooks/)")
     args, extra = parser.parse_known_args(argv)
-    command = lab_command(args.root.resolve(), extra)
+    command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={args.root.resolve()}", *OFFLINE_FLAGS]
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        command.append("--allow-root")  # containers and CI machines often run as root
+    command += extra
     # Replace this process: Ctrl+C and signals reach JupyterLab itself.
     os.execve(command[0], command, lab_environment())
     return 1  # not reached

@@ -3,10 +3,8 @@
     .venv/bin/python tools/run_notebooks.py                 # every chapter
     .venv/bin/python tools/run_notebooks.py notebooks/02_formula.ipynb
 
-Run it (or `make execute`) whenever code a notebook uses changes: the committed
-outputs are what nbval compares against in `make test`. Each chapter's run time is recorded in
-notebooks/run_times.json, and README's table and the chapters' headers are rewritten from it
-(tools/run_times.py). Time a chapter on an otherwise idle machine: the numbers are published.
+Run it (or `make execute`) whenever code a notebook uses changes: nbval compares against the committed
+outputs. Each chapter's run time is recorded and published (tools/run_times.py): time on an idle machine.
 """
 
 from __future__ import annotations
@@ -29,14 +27,8 @@ KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "langua
 def execute(path: pathlib.Path, timeout: int) -> float:
     notebook = nbformat.read(path, as_version=4)
     notebook.metadata["kernelspec"] = KERNELSPEC
-    client = NotebookClient(
-        notebook,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-        record_timing=False,
-        store_widget_state=True,
-    )
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}}, store_widget_state=True)
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start

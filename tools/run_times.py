@@ -3,12 +3,10 @@
     .venv/bin/python tools/run_times.py           # rewrite README.md and the chapters' headers
     .venv/bin/python tools/run_times.py --check   # exit 1 if any of them disagrees with the file
 
-`tools/run_notebooks.py` (`make execute`) times each chapter it re-executes, top to bottom in a
-fresh kernel, and records the seconds in `notebooks/run_times.json`; then it calls this module,
-which rewrites the three places a reader meets the number: the "CPU run time" column of README's
-chapter table (which is also the website's front page, `tools/site.py`), the "**Run time**" line
-in the first cell of each chapter, and the README's "in about … for the whole course". Nobody
-types these numbers: a test (`--check`) fails when one of them was edited by hand.
+`tools/run_notebooks.py` (`make execute`) records each chapter's seconds in `notebooks/run_times.json`
+and calls this module, which rewrites where a reader meets them: README's chapter table (also the
+website's front page), its "in about … for the whole course", and each chapter's "**Run time**" line.
+Nobody types these numbers: `--check` fails when one was edited by hand.
 """
 
 from __future__ import annotations
@@ -35,11 +33,8 @@ WHOLE_COURSE = re.compile(r"in about [^,.;]+? for the whole course")
 
 
 def describe(seconds: float) -> str:
-    """A run time as a reader wants it: "about 25 s", "about 1 min 50 s".
-
-    Under a minute to the nearest 5 s, above it to the nearest 10 s: the run-to-run spread on a
-    loaded 2-core machine is about that, so more digits would claim a precision nobody can see.
-    """
+    """A run time as a reader wants it: "about 25 s", "about 1 min 50 s", to the nearest 5 s under a
+    minute and 10 s above it (about the run-to-run spread on a loaded 2-core machine)."""
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds > 0:
         raise ValueError(f"seconds must be a positive number, got {seconds!r}")
     if seconds < 57.5:
@@ -63,11 +58,6 @@ def record(chapter: str, seconds: float) -> None:
     times["chapters"][chapter] = round(float(seconds), 1)
     times["chapters"] = dict(sorted(times["chapters"].items()))
     TIMES.write_text(json.dumps(times, indent=1) + "\n", encoding="utf-8")
-
-
-def header_line(seconds: float, cpus: int) -> str:
-    return (f"**Run time**: {describe(seconds)} on a {cpus}-core CPU, top to bottom in a fresh kernel "
-            f"(measured by `make execute`).")
 
 
 def render_readme(text: str, times: dict) -> str:
@@ -103,7 +93,8 @@ def stale_files(write: bool) -> list[str]:
         first = notebook.cells[0]
         if not HEADER_LINE.search(first.source):
             raise SystemExit(f"{path.name}'s first cell has no '**Run time**:' line to rewrite")
-        line = header_line(times["chapters"][path.stem], times["cpus"])
+        line = (f"**Run time**: {describe(times['chapters'][path.stem])} on a {times['cpus']}-core CPU, "
+                "top to bottom in a fresh kernel (measured by `make execute`).")
         source = HEADER_LINE.sub(lambda _, line=line: line, first.source)
         if source != first.source:
             stale.append(path.name)

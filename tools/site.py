@@ -4,17 +4,12 @@
     .venv/bin/python tools/site.py --out /tmp/site  # anywhere else
     python -m http.server -d build/site             # preview at http://127.0.0.1:8000
 
-Nothing is executed: the pages show the outputs saved in ``notebooks/``. The site is what a
-student may read, so each chapter is first copied as a student sees it
-(``tools/student_chapter.py``: no otter cell, no test, solutions replaced by ``...``, no saved
-widget state) into a source folder (``build/site-work/src`` by default).
-
-Beside the chapters the source folder gets a front page, made from README.md's title, intro
-and chapter map ("## Chapters"), and one page per package module that a chapter links to
-(``../attn_course/core/attention.py``) or shows with ``show_source``, the file's code highlighted.
-Every relative link is checked on the way: one that would not resolve on the site stops the
-build with the chapter and the link named. Sphinx (myst-nb, ``site/conf.py``) then renders the
-folder; the HTML is copied to ``--out``, replacing a site built there before.
+Nothing is executed: the pages show the outputs saved in ``notebooks/``, each chapter as a student
+sees it (``tools/student_chapter.py``), copied into a source folder (``build/site-work/src``) with a
+front page made from README.md (its title, intro and "## Chapters" map) and a page of highlighted
+code for each package module a chapter links to or shows with ``show_source``. A relative link that
+would not resolve on the site stops the build, naming the chapter and the link. Sphinx (myst-nb,
+``site/conf.py``) renders the folder; the HTML replaces the site built in ``--out`` before.
 """
 
 from __future__ import annotations
@@ -54,17 +49,11 @@ class SiteError(Exception):
     """The site cannot be built as asked; the message says why (``main`` prints it, exit 1)."""
 
 
-# --- links, and the pages they need ---------------------------------------------------------
-
-
 @dataclass
 class Pages:
-    """What the site's pages link to, gathered while the chapters are copied.
-
-    ``modules`` maps each package file that gets a page (``attn_course/core/attention.py``) to the
-    chapters (``notebooks/02_formula.ipynb``) that link to it or show its code.
-    ``files`` are other files (an image beside a chapter) copied into the site as they are.
-    """
+    """What the site's pages link to: ``modules`` maps each package file that gets a page
+    (``attn_course/core/attention.py``) to the chapters that link to it or show its code; ``files``
+    are other files (an image beside a chapter) copied as they are."""
 
     chapters: set[str]
     modules: dict[str, set[str]] = field(default_factory=dict)
@@ -77,15 +66,12 @@ class Pages:
 
 
 def site_target(target: str, document: str, pages: Pages) -> str:
-    """Where a relative link of ``document`` (a path from the repository root) points on the site.
-
-    Links to a chapter stay as they are (myst-nb resolves them to its page), links to a package
-    file are turned to its source page (``attention.py`` -> ``attention.py.md``), a file beside
-    the chapters is copied. Anything else in the checkout has no page: that is an error, so that
-    the site never holds a link that 404s.
+    """Where a relative link of ``document`` (a path from the repository root) points on the site:
+    a chapter's as it is (myst-nb resolves it), a package file's to its source page, a file beside
+    the chapters copied.
 
     Raises:
-        SiteError: for a link to a file the site has no page for, or to a path outside the checkout.
+        SiteError: for a link to a file the site has no page for (it would 404), or outside the checkout.
     """
     if not target or target.startswith("#") or SCHEME.match(target) or target.startswith("//"):
         return target                               # an anchor on the same page, or another site
@@ -134,8 +120,8 @@ def module_file(dotted: str) -> str | None:
 
 
 def shown_modules(notebook: nbformat.NotebookNode) -> set[str]:
-    """Package files whose code the chapter shows with ``show_source`` (its Markdown output starts
-    with the object's dotted name in backticks, see attn_course/teaching/source.py)."""
+    """Package files whose code the chapter shows with ``show_source`` (whose Markdown output starts
+    with the object's dotted name in backticks)."""
     files = set()
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
@@ -145,16 +131,9 @@ def shown_modules(notebook: nbformat.NotebookNode) -> set[str]:
     return files
 
 
-# --- the pages beside the chapters ----------------------------------------------------------
-
-
 def readme_sections(readme: str) -> tuple[str, str, str]:
     """README.md's title, its intro (everything before the first ``##``) and its "## Chapters"
-    section (the chapter map), each as Markdown.
-
-    Raises:
-        SiteError: when README.md has no ``# `` title or no "## Chapters" section.
-    """
+    section (the chapter map), each as Markdown; SiteError when either heading is missing."""
     title = re.search(r"^# (.+)$", readme, flags=re.MULTILINE)
     chapters = re.search(r"^## Chapters\n(.*?)(?=^## |\Z)", readme, flags=re.MULTILINE | re.DOTALL)
     if title is None or chapters is None:
@@ -185,8 +164,8 @@ def front_page(readme: str, chapters: list[str], pages: Pages) -> str:
              "This site shows every chapter as it was last run, with its outputs. The exercises appear "
              "without their solutions; to do them, run the course in JupyterLab (`make lab`).", "",
              "## Chapters", "", rewrite_links(chapter_map, "README.md", pages), ""]
-    linked = [chapter for chapter in chapters if f"({chapter})" in chapter_map or f"({chapter}#" in chapter_map]
-    missing = sorted(set(chapters) - set(linked))
+    missing = sorted(chapter for chapter in chapters
+                     if f"({chapter})" not in chapter_map and f"({chapter}#" not in chapter_map)
     if missing:
         raise SiteError(f"README.md's chapter map does not link {', '.join(missing)}: the front page would miss it")
     if pages.modules:
@@ -201,16 +180,10 @@ def front_page(readme: str, chapters: list[str], pages: Pages) -> str:
 
 
 def source_page(module: str, shown_in: dict[str, str]) -> str:
-    """The page of one package file: its path as title, the chapters that use it, its code.
-
-    Args:
-        module: the file, from the repository root (``attn_course/core/attention.py``).
-        shown_in: each chapter that links to or shows it (``notebooks/02_formula.ipynb``) and that
-            chapter's title.
-    """
+    """The page of one package file (``attn_course/core/attention.py``): its path as title, the
+    chapters that use it (``shown_in``, ``{chapter: its title}``), its code."""
     chapters = ", ".join(f"[{title}](/{chapter})" for chapter, title in sorted(shown_in.items()))
-    # full-width: the book theme lets it run into the right margin, where a code page has no contents
-    # list, so that the package's 120-character lines need less scrolling.
+    # full-width: into the right margin (a code page has no contents list), for 120-character lines.
     return (f"# {module}\n\nLinked or shown in: {chapters}.\n\n"
             f"```{{literalinclude}} {posixpath.basename(module)}\n:language: python\n:linenos:\n"
             ":class: full-width\n```\n")
@@ -261,16 +234,9 @@ def write_sources(src: pathlib.Path) -> list[str]:
     return names
 
 
-# --- building ---------------------------------------------------------------------------------
-
-
 def check_out(out: pathlib.Path) -> None:
-    """Refuse an output folder whose replacement would lose anything but an earlier site.
-
-    Raises:
-        SiteError: when ``out`` is a file, holds (or is) the checkout's own sources, or is a
-            folder with files in it that is not a site this tool built (no ``.buildinfo``).
-    """
+    """Refuse (SiteError) an output folder whose replacement would lose anything but an earlier site:
+    a file, the checkout or its sources, a folder with files but no ``.buildinfo``."""
     if out.exists() and not out.is_dir():
         raise SiteError(f"--out {out} is a file, not a folder")
     if ROOT.is_relative_to(out):
@@ -284,11 +250,9 @@ def check_out(out: pathlib.Path) -> None:
 
 
 def build(out: pathlib.Path, work: pathlib.Path, *, quiet: bool = True) -> None:
-    """Build the site into ``out`` (replacing an earlier site there), working in ``work``.
-
-    ``work`` keeps the student chapters (``src``), Sphinx's doctrees and its HTML between runs,
-    so a second build re-renders only what changed. Sphinx runs with warnings as errors: a link
-    that does not resolve, a missing image or a broken toctree stops the build.
+    """Build the site into ``out`` (replacing an earlier site there), working in ``work``, which
+    keeps the sources and Sphinx's cache so that a second build re-renders only what changed.
+    Sphinx's warnings are errors (a link that does not resolve, a missing image, a broken toctree).
 
     Raises:
         SiteError: for an unusable ``out``, a chapter the site cannot show, or a failed Sphinx run.
@@ -310,7 +274,7 @@ def build(out: pathlib.Path, work: pathlib.Path, *, quiet: bool = True) -> None:
     shutil.copytree(work / "html", out)
 
 
-def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT,
@@ -322,11 +286,6 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     arguments = parser.parse_args(argv)
     if arguments.work is None:
         arguments.work = arguments.out.parent / (arguments.out.name + "-work")
-    return arguments
-
-
-def main(argv: list[str] | None = None) -> int:
-    arguments = parse_arguments(argv)
     started = time.monotonic()
     try:
         build(arguments.out, arguments.work, quiet=not arguments.verbose)

@@ -1,16 +1,9 @@
-"""A chapter as a student may read it: what ``otter assign`` hands out, with its saved outputs.
+"""A chapter as a student may read it (``tools/site.py``): what ``otter assign`` hands out, with its outputs.
 
-``tools/site.py`` publishes the chapters this way:
-
-- otter's raw cells (``# ASSIGNMENT CONFIG``, ``# BEGIN QUESTION`` ... ``# END QUESTION``) go,
-  and so do the test cells between ``# BEGIN TESTS`` and ``# END TESTS``, public and hidden;
-- solution code becomes what ``otter assign`` gives the student (otter's own
-  ``replace_solutions``, so the site and ``make assignments`` agree), its outputs cleared;
-  Markdown inside a solution block (a written answer) goes, as otter removes it;
-- the notebook's saved ipywidgets state goes: the site has no widget manager, and myst-nb
-  would otherwise load one from a CDN. A widget output keeps its static fallback
-  (``text/html``, an image), which ``site/conf.py`` ranks above the widget view; one with no
-  fallback but its ``text/plain`` repr becomes a short note (a progress bar is dropped).
+otter's raw cells and the test cells (public and hidden) go; solution code becomes what ``otter
+assign`` gives the student (otter's own ``replace_solutions``), its outputs cleared, and a written
+answer in a solution block goes; the saved ipywidgets state goes (the site has no widget manager, and
+myst-nb would load one from a CDN), each widget output reduced to what a static page can show.
 """
 
 from __future__ import annotations
@@ -31,11 +24,8 @@ PROGRESS_BAR = re.compile(r"\d+%\|.*\|\s*\d+/\d+")
 
 def otter_block(cell: nbformat.NotebookNode) -> tuple[str, str] | None:
     """``("begin"|"end", "question"|"solution"|"tests"|"prompt")`` for one of otter's block
-    boundary cells, ``("config", "")`` for its assignment config; ``None`` for any other cell.
-
-    Otter's own functions decide (``otter.assign.blocks``): the same raw cells, fenced ```otter
-    Markdown cells included, that ``otter assign`` acts on.
-    """
+    boundary cells, ``("config", "")`` for its assignment config; ``None`` for any other cell, as
+    ``otter assign`` itself decides (``otter.assign.blocks``)."""
     from otter.assign.blocks import BlockType, is_assignment_config_cell, is_block_boundary_cell
 
     if cell.cell_type == "code" or not cell.source.strip():
@@ -64,13 +54,8 @@ def has_solution_marker(source: str) -> bool:
 
 
 def widget_note(output: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
-    """A widget output as a static page can show it.
-
-    An output with a static fallback (``text/html``, an image, ...) is kept as it is: site/conf.py
-    ranks the fallback first. One with only the widget view and its ``text/plain`` repr
-    (``QueryExplorer(query='bank', ...)``) becomes a note saying where the widget works; a
-    progress bar, whose repr is the bar at 0%, is dropped (``None``).
-    """
+    """A widget output as a static page can show it: kept if it has a static fallback (site/conf.py
+    ranks it first); else a note saying where the widget works, or ``None`` for a progress bar."""
     data = output.get("data", {})
     if WIDGET_VIEW not in data or any(mime in data for mime in STATIC_MIME_TYPES):
         return output
@@ -85,15 +70,11 @@ def widget_note(output: nbformat.NotebookNode) -> nbformat.NotebookNode | None:
 
 
 def student_notebook(notebook: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
-    """A copy of a chapter as a student may read it (see the module docstring).
+    """A copy of a chapter (executed, with otter's cells) as a student may read it (the module's docstring).
 
     Args:
         notebook: the executed chapter, with otter's assignment cells.
         name: the chapter's name, for error messages.
-
-    Returns:
-        A new notebook: no otter cells, no test cells, solutions replaced by ``...`` (their
-        outputs cleared), no saved widget state, widget outputs reduced to what a page can show.
 
     Raises:
         ValueError: when otter's blocks do not nest (a ``# BEGIN TESTS`` never ended, an end
