@@ -14,11 +14,8 @@ from attn_course.models.hugging_face.latent_attention import from_hugging_face_w
 from attn_course.positions.rope import RotaryEmbedding
 from attn_course.positions.rope_scaling import LinearScaling
 from attn_course.variants.kv_cache_size import CacheSize, cache_size_from_config, mha_cache_elements, mla_cache_elements
-from attn_course.variants.latent_attention import (
-    LatentCache,
-    MLAConfig,
-    MultiHeadLatentAttention,
-)
+from attn_course.variants.latent_attention import MLAConfig, MultiHeadLatentAttention
+from attn_course.variants.latent_cache import LatentCache
 
 transformers = pytest.importorskip("transformers")
 from transformers import DeepseekV2Config  # noqa: E402
