@@ -1,4 +1,4 @@
-"""Checks for chapter 08's exercises: BERT's 80/10/10 corruption and what the model sees of it, the
+"""Check chapter 08's exercises: BERT's 80/10/10 corruption and what the model sees of it, the
 masked-language-model loss, the parking head."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, name_mistake, watched
 from attn_course.checks.forbidden import RANDOM, Forbidden
 from attn_course.models.bert.masking import IGNORE_INDEX
 
@@ -65,21 +65,12 @@ MLM_LOSS_RULES = (
 
 
 def check_mlm_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
-    """Check ``fn(logits [B, N, V], labels [B, N]) -> scalar``: the MLM loss on chosen positions only.
-
-    The reference is the mean, over every position whose label is not -100, of
-    ``-log softmax(logits)[label]``. A wrong answer is compared with what the usual mistakes give
-    (every position averaged, the wrong denominator, a sum, a mean of per-sequence means, raw scores
-    instead of log-probabilities), and the one it matches is named.
-
-    Args:
-        loss_fn: the student's function.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(logits [B, N, V], labels [B, N]) -> scalar``: the mean, over the positions whose label is not
+    -100, of ``-log softmax(logits)[label]``.
 
     Raises:
-        CheckFailed: naming the mistake, or the expected and the returned value.
+        CheckFailed: naming the mistake (every position averaged, the wrong denominator, a sum, a mean of
+            per-sequence means, raw scores instead of log-probabilities), or the expected and the returned value.
 
     Example (a wrong answer, and what it is told):
         >>> import torch.nn.functional as F
@@ -92,7 +83,7 @@ def check_mlm_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     generator = torch.Generator().manual_seed(7)
     for _ in range(2):
         logits, labels = _inputs(generator)
-        got = _as_number(call_answer("check_mlm_loss", loss_fn, logits.clone(), labels.clone(),
+        got = _as_number(call_answer("check_mlm_loss", loss_fn, logits, labels,
                                      described="logits [3, 8, 11] and labels [3, 8] (1, 3 and 5 chosen positions)"))
         log_p = logits.log_softmax(-1)                                                 # [B, N, V]
         chosen = labels != IGNORE_INDEX                                                # [B, N]
@@ -109,16 +100,12 @@ def check_mlm_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
             (MEAN_OF_MEANS, ((per_position * chosen).sum(-1) / chosen.sum(-1)).mean().item()),
             (NO_LOG_SOFTMAX, raw[chosen].mean().item()),
         ]
-        for message, value in mistakes:
-            if abs(got - value) <= 1e-5 * max(1.0, abs(value)):
-                raise CheckFailed(message)
+        name_mistake(got, mistakes, lambda got, value: abs(got - value) <= 1e-5 * max(1.0, abs(value)))
         raise CheckFailed(f"Your loss is {got:.4f} where the mean cross-entropy over the chosen positions is "
                           f"{expected:.4f}. Hint: -log softmax(logits)[label], averaged over the positions whose "
                           f"label is not -100.")
     return True
 
-
-# --- exercise 3: the head that gives one key the most attention ------------------------------------------
 
 MAX_OVER_QUERIES = ("Your head is the one where a single query gives the key the most. The exercise asks for the "
                     "attention on the key averaged over all queries: take the column attentions[layer][0, head, :, "
@@ -154,17 +141,12 @@ HEAD_RULES = (
 
 
 def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object]) -> bool:
-    """Check ``fn(attentions, key) -> (layer, head)``: the head giving ``key`` most attention (query mean).
-
-    ``attentions`` is a tuple of ``L`` maps ``[1, H, N, N]`` built so that each usual mistake (the
-    largest single weight, the first query only, the key's row instead of its column, the flat
-    index unflattened with ``L`` instead of ``H``) picks a different head.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(attentions, key) -> (layer, head)``: the head giving ``key`` most attention (query mean), on
+    ``L`` maps ``[1, H, N, N]`` in which each usual mistake picks a different head.
 
     Raises:
-        CheckFailed: naming the mistake, or the head expected.
+        CheckFailed: naming the mistake (the largest single weight, the first query only, the key's row
+            instead of its column, the flat index unflattened with ``L``), or the head expected.
 
     Example (a wrong answer, and what it is told):
         >>> from attn_course.models.bert.analysis import strongest_head
@@ -175,7 +157,7 @@ def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object
     """
     head_fn = watched("check_head_most_on", head_fn, HEAD_RULES)
     maps, key = _maps(), 4
-    result = call_answer("check_head_most_on", head_fn, tuple(m.clone() for m in maps), key,
+    result = call_answer("check_head_most_on", head_fn, maps, key,
                          described="3 layers of [1, 4, 6, 6] maps and key=4")
     if isinstance(result, torch.Tensor):
         result = result.tolist()
@@ -198,14 +180,10 @@ def check_head_most_on(head_fn: Callable[[tuple[torch.Tensor, ...], int], object
         (ROW_NOT_COLUMN, divmod(int(stacked[:, :, key, :].mean(-1).argmax()), stacked.shape[1])),
         (WRONG_UNFLATTEN, divmod(flat, stacked.shape[0])),
     ]
-    for message, wrong in mistakes:
-        if got == wrong:
-            raise CheckFailed(message)
+    name_mistake(got, mistakes)
     raise CheckFailed(f"Your (layer, head) is {got}, but the head whose attention on key {key}, averaged over the "
                       f"queries, is largest is {expected}.")
 
-
-# --- chapter 08, exercise 1: BERT's 80/10/10 corruption ------------------------------------------
 
 #: What chapter 08's corruption exercise may not call: the course's own corruption.
 CORRUPTION_RULES = (
@@ -245,16 +223,10 @@ def _corruption_inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def check_corruption(corrupt_fn: Callable[..., torch.Tensor]) -> bool:
     """Check ``fn(input_ids, chosen, mask_id, special_ids, vocab_size, seed) -> [B, N]``, the 80/10/10 rule.
 
-    Called on ``[200, 50]`` ids of a 40-token vocabulary (ids 0-4 special, 4 = ``[MASK]``) with about
-    half of the ordinary tokens chosen (some 4,500 positions), so that the shares can be measured:
-    every unchosen token must come back as it was, and of the chosen ones about 80% must be
-    ``[MASK]``, 10% a random ordinary token and 10% unchanged (each within 4 points). The same
-    seed must give the same result. (A seed, not a ``torch.Generator``: the grader sends an answer
-    only data.) The answer is given copies of the ids and of ``chosen``, in the notebook as under the
-    grader (which sends it only data): what it does to them in place is not seen, only what it returns.
-
-    Returns:
-        ``True`` when correct.
+    Called on ``[200, 50]`` ids of a 40-token vocabulary (ids 0-4 special, 4 = ``[MASK]``), about half of
+    the ordinary tokens chosen: every unchosen token must come back as it was, and of the chosen ones about
+    80% must be ``[MASK]``, 10% a random ordinary token and 10% unchanged (each within 4 points). The same
+    seed must give the same result.
 
     Raises:
         CheckFailed: naming a call of ``mask_tokens`` (:data:`CORRUPTION_RULES`), positions changed
@@ -304,8 +276,6 @@ def check_corruption(corrupt_fn: Callable[..., torch.Tensor]) -> bool:
     return True
 
 
-# --- chapter 08, exercise 2: the share of chosen tokens the model sees unchanged ---------------------
-
 #: What chapter 08's prediction may not do: sample the share instead of predicting it.
 SHARE_RULES = (
     Forbidden(RANDOM, "the statement asks for a formula: predict the share, do not sample it"),
@@ -323,15 +293,8 @@ NO_KEPT = ("Your share counts only the random draws that hit the original token,
 
 
 def check_unchanged_share(share_fn: Callable[[int], object]) -> bool:
-    """Check ``fn(n_ordinary) -> float``: the expected share of chosen tokens seen unchanged, ``0.1 + 0.1 / n``.
-
-    Under the 80/10/10 rule a chosen token reaches the model as it was when the rule keeps it (0.1)
-    or when its random replacement, drawn uniformly from the ``n`` ordinary tokens, is the token
-    itself (0.1 · 1/n). Tried at ``n`` = 51 (the stories' words), 4 and 1; ints, floats and 0-d
-    tensors are fine.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(n_ordinary) -> float``: the expected share of chosen tokens seen unchanged, ``0.1 + 0.1 / n``
+    (kept by the rule, or drawn back as the random replacement), at ``n`` = 51, 4 and 1.
 
     Raises:
         CheckFailed: naming random numbers drawn (:data:`SHARE_RULES`), the random coincidences left
@@ -354,9 +317,8 @@ def check_unchanged_share(share_fn: Callable[[int], object]) -> bool:
         expected = 0.1 + 0.1 / n
         if abs(got - expected) <= 1e-6:
             continue
-        for message, value in ((ONLY_KEPT, 0.1), (RANDOM_AS_KEPT, 0.2), (NO_KEPT, 0.1 / n)):
-            if abs(got - value) <= 1e-6:
-                raise CheckFailed(message)
+        name_mistake(got, ((ONLY_KEPT, 0.1), (RANDOM_AS_KEPT, 0.2), (NO_KEPT, 0.1 / n)),
+                     lambda got, value: abs(got - value) <= 1e-6)
         raise CheckFailed(f"For n_ordinary={n} your share is {got:.4f}; the expected share is {expected:.4f}. Hint: "
                           f"the tokens the rule keeps, plus the random replacements that draw the original back.")
     return True

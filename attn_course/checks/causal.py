@@ -1,10 +1,5 @@
-"""Check causal attention and cached decoding: no leak of the future, the diagonal kept, the
-queries aligned after the cached keys, positions that continue the cached text, a left-padded
-batch whose padding no query sees.
-
-Chapter 04's exercises: :func:`check_causal_mask`, :func:`check_positions_without_cache`,
-:func:`check_decode_logits` and :func:`check_cached_attention_step`.
-"""
+"""Check chapter 04's first two exercises: a causal mask for queries after cached keys, and the positions
+a decoder without a cache processes (exercises 3 and 4: :mod:`attn_course.checks.decoding`)."""
 
 from __future__ import annotations
 
@@ -13,66 +8,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from attn_course.checks.attention import attention_inputs
-from attn_course.checks.diagnosis import (
-    CheckFailed,
-    call_answer,
-    call_student,
-    check_shape,
-    diagnose,
-    same,
-    watched,
-)
+from attn_course.checks.decoding import TOP_LEFT
+from attn_course.checks.diagnosis import CheckFailed, call_answer, name_mistake, watched
 from attn_course.checks.forbidden import forbid
-from attn_course.core.attention import self_attention
 
-__all__ = [
-    "check_causal_attention",
-    "check_causal_mask",
-    "check_positions_without_cache",
-]
-
-from attn_course.checks.decoding import TOP_LEFT  # noqa: E402
-
-SEES_THE_FUTURE = ("Your attention leaks the future: query i can see keys after i (the upper triangle). "
-                   "Keep the lower triangle, diagonal included: causal_mask(n) or torch.tril.")
-NO_CAUSAL_MASK = ("Your attention is not causal: every query sees every key, so changing a later token "
-                  "changes earlier outputs. Mask the scores with causal_mask(n) before the softmax.")
-MISSES_ITSELF = ("Your causal mask also hides the diagonal: a token must be able to attend to itself "
-                 "(key j = query i). Use torch.tril (diagonal included), not a strict triangle.")
-
-
-def check_causal_attention(attention_fn: Callable) -> bool:
-    """Check ``fn(q, k, v) -> output`` that must attend causally (``N_q = N_k``).
-
-    Returns:
-        ``True`` when correct.
-
-    Raises:
-        CheckFailed: naming a leak of the future, a missing mask, a hidden diagonal, or the
-            first entry that differs.
-    """
-    q, k, v, _ = attention_inputs(batched=True)
-    k, v = k[..., :5, :], v[..., :5, :]                                  # N_q = N_k = 5
-    lower = torch.ones(5, 5, dtype=torch.bool).tril()
-    expected, _ = self_attention(q, k, v, lower)
-    got = call_student("check_causal_attention", attention_fn, q, k, v)
-    check_shape(got, expected, "Your output")
-    if not same(got, expected):
-        strict_lower = lower.tril(-1)
-        strict_lower[0, 0] = True                                       # the first row would be empty
-        mistakes = [
-            (SEES_THE_FUTURE, self_attention(q, k, v, lower.T)[0]),
-            (SEES_THE_FUTURE, self_attention(q, k, v, ~lower.tril(-1))[0]),
-            (NO_CAUSAL_MASK, self_attention(q, k, v)[0]),
-            (MISSES_ITSELF, self_attention(q, k, v, strict_lower)[0]),
-            (MISSES_ITSELF, self_attention(q, k, v, lower.tril(-1))[0]),
-        ]
-        diagnose(got, expected, mistakes, ("batch", "head", "query", "feature"), "Your output")
-    return True
-
-
-# --- chapter 04's exercises ---------------------------------------------------------------------
+__all__ = ["check_causal_mask", "check_positions_without_cache"]
 
 MASK_NOT_BOOL = ("Your mask has dtype {dtype}; return a boolean mask (torch.bool): a comparison such as "
                  "key_position <= query_position gives one, and masked_fill reads True and False, not 0 and 1.")
@@ -82,7 +22,6 @@ MASK_MISSES_ITSELF = ("Your mask hides the diagonal: query i may also attend to 
                       "(j = n_k - n_q + i). Use <=, not <.")
 MASK_INVERTED = ("Your mask is inverted: True must mean 'may attend' (the past and the query's own position), "
                  "False the future.")
-
 
 #: What chapter 04's mask exercise may not call: the masks the course already builds.
 CAUSAL_MASK_RULES = forbid(
@@ -96,14 +35,8 @@ CAUSAL_MASK_RULES = forbid(
 
 def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
                       sizes: Sequence[tuple[int, int]] = ((4, 4), (2, 5), (1, 6), (3, 7))) -> bool:
-    """Check ``fn(n_q, n_k) -> [n_q, n_k]`` boolean causal mask for the last ``n_q`` of ``n_k`` positions.
-
-    Args:
-        mask_fn: the student's function.
-        sizes: ``(n_q, n_k)`` pairs to try, each with ``1 <= n_q <= n_k``.
-
-    Returns:
-        ``True`` when every mask equals :func:`~attn_course.core.masks.causal_mask`.
+    """Check ``fn(n_q, n_k) -> [n_q, n_k]``, the boolean causal mask of the last ``n_q`` of ``n_k`` positions,
+    for each of ``sizes`` (``1 <= n_q <= n_k``), against :func:`~attn_course.core.masks.causal_mask`'s rule.
 
     Raises:
         CheckFailed: naming a non-boolean mask, a wrong shape, a top-left alignment, a hidden
@@ -130,10 +63,9 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
             raise CheckFailed(MASK_NOT_BOOL.format(dtype=got.dtype))
         if not torch.equal(pattern, expected):
             strict = key_position < query_position
-            for message, wrong in [(TOP_LEFT, torch.ones(n_q, n_k, dtype=torch.bool).tril()),
-                                   (MASK_MISSES_ITSELF, strict), (MASK_INVERTED, ~expected), (MASK_INVERTED, ~strict)]:
-                if torch.equal(pattern, wrong):
-                    raise CheckFailed(message)
+            name_mistake(pattern, [(TOP_LEFT, torch.ones(n_q, n_k, dtype=torch.bool).tril()),
+                                   (MASK_MISSES_ITSELF, strict), (MASK_INVERTED, ~expected), (MASK_INVERTED, ~strict)],
+                         torch.equal)
             i, j = (int(index) for index in (pattern != expected).nonzero()[0])
             raise CheckFailed(f"Your mask for n_q={n_q}, n_k={n_k} is wrong at query {i}, key {j}: expected "
                               f"{bool(expected[i, j])}, got {bool(pattern[i, j])}. Query {i} sits at position "
@@ -159,14 +91,8 @@ EVERY_STEP_FULL = ("You counted every step as long as the last one; the sequence
 
 def check_positions_without_cache(count_fn: Callable[[int, int], int],
                                   cases: Sequence[tuple[int, int]] = ((16, 100), (1, 1), (5, 3), (32, 256))) -> bool:
-    """Check ``fn(P, T) -> int``: token positions processed without a cache (``sum(P + t for t < T)``).
-
-    Args:
-        count_fn: the student's function.
-        cases: ``(P, T)`` pairs to try, each ``>= 1``.
-
-    Returns:
-        ``True`` when every count is right.
+    """Check ``fn(P, T) -> int``: token positions processed without a cache (``sum(P + t for t < T)``), for
+    each ``(P, T)`` of ``cases``.
 
     Raises:
         CheckFailed: naming a count that is not an int, one step too many, a forgotten
@@ -188,7 +114,7 @@ def check_positions_without_cache(count_fn: Callable[[int, int], int],
             raise CheckFailed(COUNT_NOT_INT.format(kind=type(got).__name__, detail=f" ({got!r})"))
         expected = sum(prompt + step for step in range(new))
         if got != expected:
-            mistakes = [
+            name_mistake(got, [
                 (ONE_STEP_TOO_MANY, sum(prompt + step + 1 for step in range(new))),
                 (FORGOT_THE_PROMPT, sum(step for step in range(new))),
                 (FORGOT_THE_PROMPT, sum(step + 1 for step in range(new))),
@@ -196,10 +122,7 @@ def check_positions_without_cache(count_fn: Callable[[int, int], int],
                 (WITH_A_CACHE, prompt + new - 1),
                 (EVERY_STEP_FULL, new * (prompt + new - 1)),
                 (EVERY_STEP_FULL, new * (prompt + new)),
-            ]
-            for message, wrong in mistakes:
-                if got == wrong and wrong != expected:
-                    raise CheckFailed(message)
+            ])
             raise CheckFailed(f"Your count for P={prompt}, T={new} is {got}; it should be {expected}. The step "
                               "for new token t (t = 0 .. T-1) runs over the P + t tokens so far.")
     return True

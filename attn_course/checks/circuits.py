@@ -1,22 +1,7 @@
-"""Checks for chapter 11's exercises (induction heads): scores read off attention patterns, and a
-prediction of which head's ablation hurts most.
-
-* :func:`check_induction_score`: ``fn(pattern [..., N, N], period) -> [...]``, the mean over
-  ``i ≥ period`` of ``pattern[..., i, i − period + 1]``; names the earlier copy itself (``i − period``),
-  the first copy's last position included (``i = period − 1``), a transposed pattern, a sum, a mean
-  over all ``N`` rows, and ``N // 2`` taken for the period.
-* :func:`check_previous_token_detector`: ``fn(pattern [..., N, N]) -> [...]``, the mean over ``i ≥ 1``
-  of ``pattern[..., i, i − 1]``; names the diagonal, the next token, position 0 counted, a wrap-around.
-* :func:`check_fixed_induction_scores`: ``fn(patterns [L, B, H, N, N], period) -> [L, H]``, the
-  classmate's score with its off-by-one fixed, averaged over the batch.
-* :func:`check_ablation_prediction`: ``fn(previous_token_scores [L, H], induction_scores [L, H]) ->
-  (layer, head)``, the head whose ablation raises the loss on the repeated half most, predicted from the
-  scores alone and compared with ablations the check measures (in :mod:`attn_course.checks.circuits_ablation`).
-
-The references are written out here, entry by entry, in float64 (not the package's
-:mod:`attn_course.circuits`, which the answers may not call). Patterns are drawn from a private
-generator: a check neither depends on nor changes the caller's random state.
-"""
+"""Check chapter 11's score exercises: induction and previous-token scores read off attention patterns, and
+the classmate's induction scores fixed (the ablation prediction: :mod:`attn_course.checks.circuits_ablation`).
+The references are written out here in float64, not :mod:`attn_course.circuits`, which the answers may not
+call; patterns come from a private generator."""
 
 from __future__ import annotations
 
@@ -25,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, diagnose, same, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, diagnose, watched
 from attn_course.checks.forbidden import forbid
 
 __all__ = ["check_induction_score", "check_previous_token_detector", "check_fixed_induction_scores", "stripe_mean"]
@@ -35,9 +20,6 @@ SCORE_RULES = forbid("the exercise is to read the score off the pattern yourself
                      "attn_course.circuits.scores.induction_score",
                      "attn_course.circuits.scores.previous_token_score",
                      "attn_course.circuits.scores.duplicate_token_score")
-
-# --- messages ------------------------------------------------------------------------------------
-
 EARLIER_COPY = ("Your score reads pattern[..., i, i − period]: the earlier copy of token i itself (a "
                 "duplicate-token head looks there). An induction head attends to the token *after* that copy, "
                 "the one that came next last time: key i − period + 1.")
@@ -76,21 +58,10 @@ BATCH_KEPT = ("Your scores have shape {got} = [L, B, H]: average over the batch 
               "head, [L, H] = {shape}.")
 
 
-# --- the references, entry by entry ----------------------------------------------------------------
-
 def stripe_mean(pattern: torch.Tensor, back: int, start: int, *, divisor: int | None = None,
                 transposed: bool = False) -> torch.Tensor:
-    """``Σ_{i ≥ start} pattern[..., i, i − back] / divisor`` in float64 (default divisor: the count).
-
-    Args:
-        pattern: ``[..., N, N]`` attention weights.
-        back: how far behind the query the key lies (0: itself, 1: the previous token).
-        start: the first query position counted; ``start ≥ back``.
-        divisor: what the sum is divided by; default ``N − start``.
-        transposed: read ``pattern[..., i − back, i]`` instead.
-
-    Returns:
-        ``[...]``, float64.
+    """``Σ_{i ≥ start} pattern[..., i, i − back] / divisor`` in float64 (default divisor: the count, ``N − start``),
+    or of ``pattern[..., i − back, i]`` when ``transposed``; ``pattern`` is ``[..., N, N]``, the result ``[...]``.
 
     Raises:
         ValueError: a pattern that is not square, or a start that reads before key 0.
@@ -114,7 +85,7 @@ def stripe_mean(pattern: torch.Tensor, back: int, start: int, *, divisor: int | 
 
 def _patterns(shape: tuple[int, ...], *, causal: bool, generator: torch.Generator,
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Random attention weights ``shape = [..., N, N]``: a softmax of random scores, rows summing to 1."""
+    """Random attention weights ``shape = [..., N, N]``, a softmax of random scores."""
     scores = 2.0 * torch.randn(shape, generator=generator, dtype=torch.float64)
     if causal:
         n = shape[-1]
@@ -146,8 +117,6 @@ def _run(where: str, fn: Callable, pattern: torch.Tensor, *args) -> object:
     return call_answer(where, fn, pattern, *args, described=described)
 
 
-# --- (a) the induction score ------------------------------------------------------------------------
-
 def _induction_mistakes(pattern: torch.Tensor, period: int) -> list[tuple[str, torch.Tensor]]:
     n = pattern.shape[-1]
     count = n - period
@@ -172,15 +141,9 @@ INDUCTION_CASES = (((2, 3, 12, 12), False, 5, torch.float32), ((4, 10, 10), True
 
 
 def check_induction_score(score_fn: Callable, *, seed: int = 0) -> bool:
-    """Check ``fn(pattern [..., N, N], period) -> [...]``: the induction score of every head.
-
-    The score is the mean over ``i = period … N − 1`` of ``pattern[..., i, i − period + 1]`` (token
-    ``i`` equals token ``i − period``; an induction head attends to the token after that copy).
-    Tried on patterns with two, one and no leading dims, causal and not, with periods that are and
-    are not half the length, and period 1. The answer may not call the course's scores.
-
-    Returns:
-        ``True`` when every case is right.
+    """Check ``fn(pattern [..., N, N], period) -> [...]``: the induction score of every head, the mean over
+    ``i = period … N − 1`` of ``pattern[..., i, i − period + 1]``. Tried on patterns with two, one and no
+    leading dims, causal and not, periods half the length and not, and period 1.
 
     Raises:
         CheckFailed: naming the earlier copy itself (``i − period``), ``i = period − 1`` included, one
@@ -200,12 +163,9 @@ def check_induction_score(score_fn: Callable, *, seed: int = 0) -> bool:
         pattern = _patterns(shape, causal=causal, generator=generator, dtype=dtype)
         expected = stripe_mean(pattern, period - 1, period)                  # [...]
         got = _scores(_run(where, score_fn, pattern, period), expected, shape[-1], shape[-1] - period)
-        if not same(got, expected):
-            diagnose(got, expected, _induction_mistakes(pattern, period), ("",) * expected.dim(), "Your score")
+        diagnose(got, expected, _induction_mistakes(pattern, period), ("",) * expected.dim(), "Your score")
     return True
 
-
-# --- (c) the previous-token detector -----------------------------------------------------------------
 
 def _previous_token_mistakes(pattern: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     n = pattern.shape[-1]
@@ -222,13 +182,8 @@ PREVIOUS_TOKEN_CASES = (((2, 3, 9, 9), False, torch.float32), ((5, 6, 6), True, 
 
 
 def check_previous_token_detector(score_fn: Callable, *, seed: int = 1) -> bool:
-    """Check ``fn(pattern [..., N, N]) -> [...]``: the previous-token score of every head.
-
-    The score is the mean over ``i = 1 … N − 1`` of ``pattern[..., i, i − 1]``. Tried on patterns
-    with two, one and no leading dims, causal and not. The answer may not call the course's scores.
-
-    Returns:
-        ``True`` when every case is right.
+    """Check ``fn(pattern [..., N, N]) -> [...]``: the previous-token score of every head, the mean over
+    ``i = 1 … N − 1`` of ``pattern[..., i, i − 1]``, on patterns with two, one and no leading dims.
 
     Raises:
         CheckFailed: naming the diagonal, the next token (a transposed pattern), two tokens back,
@@ -248,12 +203,9 @@ def check_previous_token_detector(score_fn: Callable, *, seed: int = 1) -> bool:
         pattern = _patterns(shape, causal=causal, generator=generator, dtype=dtype)
         expected = stripe_mean(pattern, 1, 1)                                # [...]
         got = _scores(_run(where, score_fn, pattern), expected, shape[-1], shape[-1] - 1)
-        if not same(got, expected):
-            diagnose(got, expected, _previous_token_mistakes(pattern), ("",) * expected.dim(), "Your score")
+        diagnose(got, expected, _previous_token_mistakes(pattern), ("",) * expected.dim(), "Your score")
     return True
 
-
-# --- (d) the classmate's induction scores, fixed -----------------------------------------------------
 
 def _fixed_mistakes(patterns: torch.Tensor, period: int) -> list[tuple[str, torch.Tensor]]:
     def over_batch(back, start, **options):
@@ -278,15 +230,8 @@ FIXED_CASES = (((2, 3, 4, 12, 12), 6), ((3, 2, 5, 10, 10), 4))
 
 
 def check_fixed_induction_scores(scores_fn: Callable, *, seed: int = 2) -> bool:
-    """Check ``fn(patterns [L, B, H, N, N], period) -> [L, H]``: every head's induction score, averaged
-    over a batch of sequences whose token ``i`` equals token ``i − period``.
-
-    Each ``[N, N]`` pattern's score is the mean over ``i = period … N − 1`` of
-    ``pattern[i, i − period + 1]``; the answer averages those over the batch. Tried on causal
-    patterns, the period half the length and not. The answer may not call the course's scores.
-
-    Returns:
-        ``True`` when every case is right.
+    """Check ``fn(patterns [L, B, H, N, N], period) -> [L, H]``: every head's induction score (the mean over
+    ``i = period … N − 1`` of ``pattern[i, i − period + 1]``) averaged over the batch, on causal patterns.
 
     Raises:
         CheckFailed: naming the classmate's ``i − period`` left as it was, the diagonal's first entry
@@ -313,6 +258,5 @@ def check_fixed_induction_scores(scores_fn: Callable, *, seed: int = 2) -> bool:
             if tuple(got.shape) == shape[:3]:
                 raise CheckFailed(BATCH_KEPT.format(**facts))
         got = _scores(got, expected, shape[-1], shape[-1] - period)
-        if not same(got, expected):
-            diagnose(got, expected, _fixed_mistakes(patterns, period), ("layer", "head"), "Your scores")
+        diagnose(got, expected, _fixed_mistakes(patterns, period), ("layer", "head"), "Your scores")
     return True

@@ -1,12 +1,9 @@
-"""Chapter 11's prediction exercise: which head's ablation hurts most, predicted from the heads' scores alone.
+"""Check chapter 11's prediction: which head's ablation hurts most, predicted from the heads' scores alone.
 
-The check measures what the answer predicts, on the package's cached model of seed 0 (the chapter's): the
-previous-token and induction scores of every head on a batch of repeated random tokens drawn here, and how
-much zeroing each head (:func:`~attn_course.circuits.ablation.ablate_head`) raises the loss on the repeated
-half. A model's heads have no order (any head of a layer could have taken any job, and permuting them
-changes nothing the model computes), so the model is shown to the answer with its heads shuffled within each
-layer, the scores and the measured losses shuffled alike: a prediction has to follow from the scores. (Other
-seeds can find another circuit, as chapter 11 shows, so the rule is asked of the model the chapter took apart.)
+The check measures, on the chapter's cached model (seed 0), every head's scores on repeated random tokens and
+how much zeroing it raises the loss on the repeated half. A model's heads have no order, so the model is shown
+to the answer with its heads shuffled within each layer, scores and losses alike: a prediction has to follow
+from the scores.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from attn_course.circuits.scores import induction_score, previous_token_score
 from attn_course.circuits.trained import load_trained, trained_seeds
 from attn_course.data.repeated_tokens import repeated_random_tokens
 
-__all__ = ["check_ablation_prediction", "ablation_effects", "ABLATION_RULES", "NEAR_WORST"]
+__all__ = ["check_ablation_prediction", "ablation_effects"]
 
 _PREDICT = "a prediction follows from the scores alone: run no model, ablate nothing, draw no random numbers"
 #: What the prediction may not do: measure what it predicts.
@@ -58,13 +55,9 @@ TOP_INDUCTION = (" You picked the head that copies best. How many heads of its l
 
 @functools.cache
 def ablation_effects(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(previous-token scores, induction scores, loss rises)``, each ``[L, H]``, of the cached model of ``seed``.
-
-    The scores (the course's, on the model's own patterns: they are the question, not the answer) are means
-    over 64 sequences of 20 random tokens repeated (drawn here, not the chapter's batch);
-    a loss rise is how much zeroing that head raises the loss of the repeated half's predictable tokens (nats).
-    Computed once per seed.
-    """
+    """``(previous-token scores, induction scores, loss rises)``, each ``[L, H]``, of the cached model of ``seed``:
+    the course's scores averaged over 64 sequences of 20 random tokens repeated, and how much zeroing each head
+    raises the loss of the repeated half (nats). Computed once per seed."""
     model = load_trained(seed)
     layers, heads, half = model.config.n_layers, model.config.n_heads, model.config.max_len // 2
     draws = torch.Generator().manual_seed(2024 + seed)
@@ -101,13 +94,9 @@ def check_ablation_prediction(predict_fn: Callable, *, seed: int = 0, shuffles: 
     """Check ``fn(previous_token_scores [L, H], induction_scores [L, H]) -> (layer, head)``: the head whose zero
     ablation raises the loss on the repeated half the most, predicted from the scores alone.
 
-    The cached model of each seed in ``models`` is shown ``shuffles`` times (its own order first, then
-    heads shuffled within each layer, by ``seed``); each time the answer is asked twice and must agree with
-    itself, and the head it names must cost at least :data:`NEAR_WORST` of what the worst head's ablation
-    costs. The answer may not run a model, ablate, patch, load the cache or draw random numbers.
-
-    Returns:
-        ``True`` when every prediction is right.
+    The cached model of each seed in ``models`` is shown ``shuffles`` times (its own order, then heads
+    shuffled within each layer by ``seed``), each asked twice; the head named must cost at least
+    :data:`NEAR_WORST` of the worst head's cost.
 
     Raises:
         TypeError: ``predict_fn`` not callable. FileNotFoundError: the cached models are missing.
@@ -137,7 +126,7 @@ def check_ablation_prediction(predict_fn: Callable, *, seed: int = 0, shuffles: 
             order = torch.stack([torch.arange(heads) if shuffle == 0 else torch.randperm(heads, generator=shuffler)
                                  for _ in range(layers)])                                          # [L, H]
             shown = [values.gather(1, order) for values in (previous, induction, rises)]   # h shows order[l, h]
-            replies = [_as_head(call_answer(where, predict_fn, shown[0].clone(), shown[1].clone(),
+            replies = [_as_head(call_answer(where, predict_fn, shown[0], shown[1],
                                             forbidden=ABLATION_RULES,
                                             described="previous-token and induction scores [L, H]"))
                        for _ in range(2)]

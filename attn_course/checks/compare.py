@@ -1,15 +1,9 @@
 """Comparing an answer with a reference, entry by entry, without being fooled by its form.
 
-``torch.allclose(answer, reference)`` broadcasts: an answer of shape ``[1]`` is compared with
-every entry of the reference, an empty answer compares nothing (and "all of nothing" is True), and
-an answer of shape ``[2**18, 1, 1, 1, 1]`` makes the comparison allocate ``2**18`` times the
-reference. A tensor subclass can answer ``True`` to anything it is asked. :func:`matches` first
-requires a plain tensor of the reference's device, shape and dtype (:func:`mismatch` says which
-of these is wrong, in a sentence), and only then compares values; it never broadcasts, and never
-allocates more than a tensor of the reference's size.
-
-The exercises' checks (:mod:`attn_course.checks.diagnosis`) and every chapter's hidden tests
-compare with these two functions.
+``torch.allclose`` broadcasts (an answer ``[1]`` against every entry, an empty one "all of nothing", a huge
+one allocating), and a tensor subclass can answer ``True`` to anything. :func:`matches` first requires a
+plain tensor of the reference's device, shape and dtype (:func:`mismatch` says which is wrong), and only
+then compares values. The checks and every chapter's hidden tests compare with these two.
 """
 
 from __future__ import annotations
@@ -60,11 +54,8 @@ def _dtype_text(dtypes: tuple[torch.dtype, ...]) -> str:
 
 def mismatch(answer: object, reference: torch.Tensor, *, name: str = "Your answer",
              dtype: torch.dtype | Sequence[torch.dtype] | None = None) -> str | None:
-    r"""Why ``answer`` cannot be compared with ``reference`` entry by entry, or ``None`` if it can.
-
-    The answer must be a plain ``torch.Tensor`` (a ``Parameter`` too, but no other subclass), on
-    the reference's device, strided, of the reference's shape and of an allowed dtype. Nothing
-    is computed on the answer's entries, so an answer of any size is judged for free.
+    r"""Why ``answer`` cannot be compared with ``reference`` entry by entry, or ``None`` if it can: it must be
+    a plain ``torch.Tensor`` (or ``Parameter``), strided, of the reference's device, shape and an allowed dtype.
 
     Args:
         answer: what the student's function returned (anything).
@@ -111,14 +102,10 @@ def matches(answer: object, reference: torch.Tensor, *, atol: float, rtol: float
             equal_nan: bool = False, dtype: torch.dtype | Sequence[torch.dtype] | None = None) -> bool:
     r"""``True`` when ``answer`` is a tensor like ``reference`` whose every entry is close to it.
 
-    Entry by entry, :math:`|\text{answer} - \text{reference}| \le \text{atol} + \text{rtol} \cdot
-    |\text{reference}|`, as ``torch.allclose``, but only after :func:`mismatch` finds the answer a
-    plain tensor of the reference's device and shape, and of an allowed dtype: it never
-    broadcasts, so an answer of another shape (an empty one, or ``[1]`` against ``[4]``) is
-    ``False``. The comparison runs in the reference's dtype (an answer of another allowed dtype
-    is converted first), so it allocates at most a few tensors of the reference's size. Integer
-    and boolean references are compared exactly. A NaN in the answer is ``False`` unless
-    ``equal_nan`` and the reference has NaN there.
+    :math:`|\text{answer} - \text{reference}| \le \text{atol} + \text{rtol} \cdot |\text{reference}|`, as
+    ``torch.allclose``, but only after :func:`mismatch` finds nothing: it never broadcasts. The comparison
+    runs in the reference's dtype; integer and boolean references are compared exactly; NaN is ``False``
+    unless ``equal_nan`` and the reference has NaN there.
 
     Args:
         answer: what the student's function returned (anything: a tuple, a float, is ``False``).

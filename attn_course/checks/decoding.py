@@ -9,14 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from attn_course._threads import one_thread
-from attn_course.checks.diagnosis import (
-    ATOL,
-    CheckFailed,
-    call_answer,
-    check_shape,
-    same,
-    watched,
-)
+from attn_course.checks.diagnosis import ATOL, CheckFailed, call_answer, check_shape, name_mistake, same, watched
 from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
 from attn_course.core.kv_cache import KVCache
@@ -29,7 +22,6 @@ __all__ = ["check_decode_logits", "check_cached_attention_step", "TOP_LEFT"]
 TOP_LEFT = ("Your mask is aligned to the top-left: query 0 sees only key 0, as torch.ones(n_q, n_k).tril() "
             "and scaled_dot_product_attention(is_causal=True) assume. Here the queries are the last n_q of n_k "
             "positions, so query i sits at position n_k - n_q + i and may see every key up to that one.")
-
 
 RESTARTS_AT_ZERO = ("Your positions restart at 0 with every call: the new tokens are embedded as if they opened "
                     "the text. They come after the len(caches[0]) tokens already cached, so their positions are "
@@ -70,20 +62,10 @@ DECODE_RULES = (
 
 
 def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[int] = (4, 1, 1, 2, 1)) -> bool:
-    """Check ``fn(model, new_ids, caches) -> logits``: a cached forward pass of a ``TinyLanguageModel``.
-
-    A sequence is fed in chunks (a prompt, then a token or two at a time) through the student's
-    function with fresh caches, one :class:`~attn_course.core.kv_cache.KVCache` per block; the
-    logits of all chunks together must equal one pass of the model over the whole sequence.
-
-    Args:
-        decode_fn: the student's function: ``new_ids [B, N_new]`` and the caches in,
-            ``[B, N_new, V]`` logits out (the caches are appended to on the way).
-        seed: seeds the model's weights and the ids.
-        chunks: sizes of the pieces fed one after the other; their sum is at most 11.
-
-    Returns:
-        ``True`` when every chunk's logits match.
+    """Check ``fn(model, new_ids [B, N_new], caches) -> logits [B, N_new, V]``: a cached forward pass of a
+    ``TinyLanguageModel`` (seeded by ``seed``). A sequence is fed in ``chunks`` (their sum at most 11) with
+    fresh caches, one :class:`~attn_course.core.kv_cache.KVCache` per block; the logits of all chunks
+    together must equal one pass of the model over the whole sequence.
 
     Raises:
         CheckFailed: naming positions that restart at 0, positions one too far, a function that
@@ -132,9 +114,8 @@ def check_decode_logits(decode_fn: Callable, *, seed: int = 0, chunks: Sequence[
     check_shape(got, expected, "Your logits")                                # a plain tensor, a floating dtype
     if same(got, expected):
         return True
-    for (message, _, _), pieces in zip(mistakes, theirs):
-        if len(pieces) == len(chunks) and same(got, torch.cat(pieces, dim=1)):
-            raise CheckFailed(message)
+    name_mistake(got, [(message, torch.cat(pieces, dim=1)) for (message, _, _), pieces in zip(mistakes, theirs)
+                       if len(pieces) == len(chunks)], same)
     if len(caches[0]) == 0:
         raise CheckFailed(IGNORES_THE_CACHE)
     bad = (~torch.isclose(got, expected, atol=ATOL, rtol=1e-4)).nonzero()[0]
@@ -229,23 +210,11 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, prompt_leng
     """Check ``fn(q, k, v, past_keys, past_values, lengths) -> (output, keys, values)``: one cached
     decoding step for a left-padded batch of sequences of different lengths.
 
-    ``q, k, v`` are ``[B, H, n, d]``, the new slots; ``past_keys``/``past_values``
-    ``[B, H, N_past, d]`` the slots before them (``N_past`` may be 0); ``lengths [B]`` how many of
-    the ``N_past + n`` slots of each sequence hold its tokens: the last ``lengths[b]``, the slots
-    before them being padding. First the prompts are fed (``N_past = 0``; the shorter prompts'
-    first slots are padding, filled with large random numbers), then ``chunks`` new tokens per
-    sequence at a time, each step given the keys and values the student's previous step
-    returned. Each token's output must equal causal attention over its own sequence's tokens
-    alone; a padded query slot's output must be zeros.
-
-    Args:
-        step_fn: the student's function.
-        seed: seeds the random queries, keys, values and padding.
-        prompt_lengths: the prompts' lengths (at least 1 each), one per sequence of the batch.
-        chunks: the new tokens per sequence of each later step.
-
-    Returns:
-        ``True`` when every step's output and keys and values are right.
+    ``q, k, v`` are the new slots ``[B, H, n, d]``, ``past_keys``/``past_values`` the ``N_past`` slots before
+    them, ``lengths [B]`` how many of each sequence's ``N_past + n`` slots (the last ones) hold its tokens.
+    First the prompts (``prompt_lengths``, padded on the left with large random numbers), then ``chunks``
+    new tokens per sequence, each step given the keys and values the previous step returned. Each token's
+    output must be causal attention over its own sequence alone; a padded query slot's, zeros.
 
     Raises:
         CheckFailed: naming a result that is not three tensors, a wrong shape, keys in the wrong
@@ -338,9 +307,8 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, prompt_leng
             cause=("a softmax over a row of -inf alone gives 0/0." if nan else
                    "a -1e9 fill makes such a row uniform, an average of the values it should not see.")))
     finite = torch.nan_to_num(got, nan=0.0)            # an empty row's NaN, from a softmax written by hand
-    for name, (message, _) in enumerate(variants):
-        if same(tokens_of(finite), tokens_of(torch.cat(outputs[name], dim=-2))):
-            raise CheckFailed(message)
+    name_mistake(tokens_of(finite), [(message, tokens_of(torch.cat(outputs[name], dim=-2)))
+                                     for name, (message, _) in enumerate(variants)], same)
     b, slot = (int(i) for i in (~torch.isclose(got, expected, atol=ATOL, rtol=1e-4)).any(-1).any(1).nonzero()[0])
     raise CheckFailed(f"Your outputs differ from causal attention over each sequence alone, first at sequence {b}, "
                       f"slot {slot} (prompts of {prompt_lengths} tokens left-padded to {prompt_slots} slots, then "

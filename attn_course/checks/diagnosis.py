@@ -1,12 +1,14 @@
 """What every exercise check shares: calling the student's function safely, and naming the mistake.
 
-:func:`diagnose` compares a wrong answer with the answers that known mistakes would give and
-raises :class:`CheckFailed` with the first one that matches, else with the first entry that
-differs. :func:`check_close` does the same for any tensor answer with a fixed hint.
+A check calls the answer with :func:`call_answer` (copies of its inputs, a crash or a forbidden call
+turned into a diagnosis), then :func:`diagnose` compares it with the reference: the first known
+mistake that reproduces it is named, else the first entry that differs.
 """
 
 from __future__ import annotations
 
+import numbers
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
@@ -15,12 +17,13 @@ from attn_course.checks.compare import FLOATING, INTEGER, matches, mismatch
 from attn_course.checks.forbidden import Forbidden, violation, watch_calls
 
 __all__ = [
-    "ATOL", "CheckFailed", "call_answer", "call_student", "watched", "same",
-    "first_difference", "check_shape", "diagnose", "check_close", "show_diagnosis_only", "call_raw",
-    "returned_tensors", "crash_message", "sentence_list", "same_kind", "fresh_arguments",
+    "ATOL", "NOTHING_YET", "CheckFailed", "call_answer", "call_student", "output_of", "watched", "same",
+    "first_difference", "check_shape", "name_mistake", "diagnose", "check_close", "show_diagnosis_only",
+    "returned_tensors", "number", "crash_message", "sentence_list", "same_kind", "fresh_arguments",
 ]
 
 ATOL = 1e-5
+NOTHING_YET = "Your function returns nothing yet: replace the `...` with your code."
 
 
 class CheckFailed(AssertionError):
@@ -30,13 +33,9 @@ class CheckFailed(AssertionError):
 def show_diagnosis_only(shell: object = None) -> bool:
     """In a notebook, show a failing check as its diagnosis alone, without the traceback.
 
-    Called by a chapter's exercise cell, after it imports the checks (importing them changes
-    nothing): from then on a :class:`CheckFailed` that reaches the notebook is displayed as
-    IPython's one-line error, ``CheckFailed: <what is wrong>``, after IPython's pointer to
-    ``%tb`` for the full traceback, which would only show the inside of the course's checks.
-    Every other exception keeps its full traceback. Outside IPython nothing changes. It uses
-    IPython's public API: ``InteractiveShell.set_custom_exc`` to catch :class:`CheckFailed`, and
-    ``showtraceback(exception_only=True)`` to display it.
+    A chapter's exercise cell calls it: from then on a :class:`CheckFailed` is displayed as IPython's
+    one-line error, ``CheckFailed: <what is wrong>`` (the traceback would only show the checks' insides);
+    every other exception keeps its traceback. It uses ``InteractiveShell.set_custom_exc``.
 
     Args:
         shell: an IPython ``InteractiveShell``; default the running one, if any.
@@ -63,14 +62,12 @@ def show_diagnosis_only(shell: object = None) -> bool:
 
 def call_answer(where: str, fn: Callable, *args, described: str | None = None,
                 forbidden: Sequence[Forbidden] = ()) -> object:
-    """Call the student's function and return whatever it returns, but never crash the check.
+    """Call the student's function with copies of ``args`` and return what it returns, never crashing the check.
 
-    A crash in the student's code becomes a :class:`CheckFailed` that names the exception and how
-    the function was called (``described``, or the shapes of the arguments); ``...`` or None
-    becomes "returns nothing yet". With ``forbidden`` (:class:`~attn_course.checks.forbidden.Forbidden`
-    rules), a call of what the exercise forbids fails the check, named, whatever the answer
-    returned. An answer that runs elsewhere (the grader's proxy of a submission's function,
-    which has ``call_watching``) is watched where it runs, under the same rules.
+    A crash becomes a :class:`CheckFailed` naming the exception and how the function was called
+    (``described``, or the shapes of the arguments); ``...`` or None becomes "returns nothing yet"; a
+    call of what ``forbidden`` forbids fails the check, named. An answer that runs elsewhere (the
+    grader's proxy, which has ``call_watching``) is watched where it runs, under the same rules.
 
     Example:
         >>> rules = [Forbidden("torch.softmax", "write it from exp and sum")]
@@ -107,7 +104,7 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
     if forbidden_call:
         raise CheckFailed(forbidden_call)
     if result is Ellipsis or result is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+        raise CheckFailed(NOTHING_YET)
     return result
 
 
@@ -122,10 +119,8 @@ class _Watched:
 
 
 def watched(where: str, fn: Callable, forbidden: Sequence[Forbidden]) -> Callable:
-    """``fn`` as a check calls it under an exercise's rules: every call goes through
-    :func:`call_answer` with ``forbidden``, so a forbidden call fails the check, named, at the
-    first call that makes it. Passed to :func:`call_answer` itself, it is called there, under
-    those rules and with the ``described`` of that call.
+    """``fn`` called under an exercise's rules: every call goes through :func:`call_answer` with
+    ``forbidden`` (passed to :func:`call_answer` itself, with that call's ``described``).
 
     Raises:
         TypeError: ``fn`` is not callable.
@@ -135,24 +130,25 @@ def watched(where: str, fn: Callable, forbidden: Sequence[Forbidden]) -> Callabl
     return _Watched(where, fn, forbidden)
 
 
-def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
-    """Call the student's function (:func:`call_answer`), unwrap ``(output, weights)``, insist on a tensor."""
-    result = call_answer(where, fn, *args)
+def output_of(result: object) -> torch.Tensor:
+    """What a function returned, ``(output, weights)`` unwrapped to the output, insisting on a tensor."""
     if isinstance(result, tuple):
         result = result[0]
     if result is Ellipsis or result is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+        raise CheckFailed(NOTHING_YET)
     if not isinstance(result, torch.Tensor):
-        raise CheckFailed(
-            f"Your function should return a torch.Tensor, but it returned {type(result).__name__}."
-        )
+        raise CheckFailed(f"Your function should return a torch.Tensor, but it returned {type(result).__name__}.")
     return result
 
 
+def call_student(where: str, fn: Callable, *args) -> torch.Tensor:
+    """Call the student's function (:func:`call_answer`) and return its :func:`output_of`."""
+    return output_of(call_answer(where, fn, *args))
+
+
 def same_kind(reference: torch.Tensor) -> tuple[torch.dtype, ...]:
-    """The dtypes a check accepts for an answer to ``reference``: any floating dtype for a floating
-    reference (a check's reference may be computed in another precision than the answer), any
-    integer dtype for an integer one, else the reference's own (bool, complex)."""
+    """The dtypes accepted for an answer to ``reference``: any floating one for a floating reference, any
+    integer one for an integer one, else the reference's own."""
     if reference.is_floating_point():
         return FLOATING
     if reference.dtype in INTEGER:
@@ -161,12 +157,8 @@ def same_kind(reference: torch.Tensor) -> tuple[torch.dtype, ...]:
 
 
 def fresh_arguments(args: Sequence) -> tuple:
-    """``args`` with every plain tensor, and every plain tensor in a list or tuple, replaced by a copy.
-
-    What the student's function does to its arguments in place (zero ``v``, fill the mask with
-    ``True``) then cannot reach the inputs the check computes its reference from. Other objects (a
-    model, a cache the answer must append to) are passed as they are.
-    """
+    """``args`` with every plain tensor, also in a list or tuple, copied: what the answer does to them in
+    place cannot reach the check's inputs. Other objects (a model, a cache) are passed as they are."""
     def fresh(value):
         if type(value) is torch.Tensor:
             return value.detach().clone().requires_grad_(value.requires_grad)
@@ -196,27 +188,45 @@ def first_difference(got: torch.Tensor, expected: torch.Tensor, axes: tuple[str,
 
 
 def check_shape(got: object, expected: torch.Tensor, what: str) -> None:
-    """Raise :class:`CheckFailed` unless ``got`` is a plain tensor of ``expected``'s shape and device
-    and of :func:`same_kind`'s dtypes; the message names what differs (both shapes, for a shape)."""
+    """Raise :class:`CheckFailed` unless ``got`` is a plain tensor of ``expected``'s shape and device and of
+    :func:`same_kind`'s dtypes; the message names what differs."""
     problem = mismatch(got, expected, name=what, dtype=same_kind(expected))
     if problem is not None:
         raise CheckFailed(problem)
 
 
-def diagnose(got: torch.Tensor, expected: torch.Tensor, mistakes: list[tuple[str, torch.Tensor]],
-              axes: tuple[str, ...], what: str) -> None:
-    """Raise with the first known mistake that reproduces ``got``, else the first difference."""
+def name_mistake(got: object, mistakes: Sequence[tuple[str, object]], close: Callable = operator.eq) -> None:
+    """Raise :class:`CheckFailed` with the message of the first ``(message, wrong answer)`` of ``mistakes``
+    that ``got`` is ``close`` to (default ``==``); return if none is."""
+    for message, wrong in mistakes:
+        if close(got, wrong):
+            raise CheckFailed(message)
+
+
+def diagnose(got: object, expected: torch.Tensor, mistakes: Sequence[tuple[str, torch.Tensor]],
+             axes: tuple[str, ...], what: str) -> None:
+    """Return when ``got`` is :func:`same` as ``expected``; else raise naming what is wrong.
+
+    Args:
+        got: the answer; its type, shape and dtype are judged first (:func:`check_shape`).
+        expected: the reference.
+        mistakes: ``(message, what that mistake gives)`` pairs; the first that matches is named (NaN in
+            the answer counting as 0).
+        axes: names of ``expected``'s dimensions, for the first entry that differs.
+        what: how to name the answer (``"Your output"``).
+
+    Raises:
+        CheckFailed: with the shape, the matching mistake, NaN, or the first entry that differs.
+    """
     check_shape(got, expected, what)             # before any arithmetic on the answer
+    if same(got, expected):
+        return
     # A mistake can also show up as NaN (e.g. a row with nothing to attend to): compare as 0.
-    finite_got = torch.nan_to_num(got, nan=0.0)
-    for hint, mistaken in mistakes:
-        if same(finite_got, mistaken):
-            raise CheckFailed(hint)
+    name_mistake(torch.nan_to_num(got, nan=0.0), mistakes, same)
     if torch.isnan(got).any() and not torch.isnan(expected).any():
         raise CheckFailed(f"{what} contains NaN where the reference has numbers. "
                           + first_difference(torch.nan_to_num(got, nan=float("inf")), expected, axes))
     raise CheckFailed(f"{what} differs from the reference. " + first_difference(got, expected, axes))
-
 
 
 def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer", hint: str = "",
@@ -230,16 +240,14 @@ def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer
         what: how to name the answer in the message.
         hint: a sentence that nudges towards the idea, shown when no known mistake matches.
         rtol, atol: tolerances as in ``torch.allclose``.
-        mistakes: ``(message, answer)`` pairs: what each known wrong version would give. The
-            first that matches ``got`` is reported instead of the generic hint, so a student who
-            fixed one bug and has another is told about the one that remains.
+        mistakes: ``(message, answer)`` pairs, what each known wrong version would give; the first that
+            matches is reported instead of the hint.
 
     Returns:
         ``True`` when close.
 
     Raises:
-        CheckFailed: with the matching mistake, the shape mismatch, or the first differing
-            entry followed by the hint.
+        CheckFailed: with the matching mistake, the shape mismatch, or the first differing entry and the hint.
 
     Example:
         >>> expected = torch.tensor([0.5, 0.5])
@@ -259,9 +267,8 @@ def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer
         got = got.reshape(expected.shape)       # a number is a number, whatever its brackets
     check_shape(got, expected, what)
     if not matches(got, expected, rtol=rtol, atol=atol, dtype=same_kind(expected)):
-        for message, wrong in mistakes:
-            if matches(got, wrong, rtol=rtol, atol=atol, dtype=same_kind(wrong)):
-                raise CheckFailed(message)
+        name_mistake(got, mistakes, lambda got, wrong: matches(got, wrong, rtol=rtol, atol=atol,
+                                                               dtype=same_kind(wrong)))
         axes = ("",) * expected.dim()
         message = f"{what} is not right. " + (
             first_difference(got, expected, axes) if expected.dim() else
@@ -271,25 +278,11 @@ def check_close(got: object, expected: torch.Tensor, *, what: str = "Your answer
     return True
 
 
-# --- reading what a student's function returned (the multi-head checks) -----------------------------
-
-
-def call_raw(where: str, fn: Callable, *args) -> object:
-    """Call the student's function with :func:`call_student`'s crash handling, keep the raw result."""
-    results = []
-
-    def keep(*inner):
-        results.append(fn(*inner))
-        return torch.zeros(())
-
-    call_student(where, keep, *args)
-    return results[0]
+# --- reading what a student's function returned -------------------------------------------------------
 
 
 def returned_tensors(result: object, count: int, names: str) -> tuple[torch.Tensor, ...]:
-    """Insist on a tuple of ``count`` tensors; say what came back otherwise."""
-    if result is Ellipsis or result is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    """Insist on a tuple of ``count`` tensors (``names``, comma-separated); say what came back otherwise."""
     if not isinstance(result, (tuple, list)) or len(result) != count:
         raise CheckFailed(f"Your function should return {count} tensors, ({names}), but it returned "
                           f"{type(result).__name__}" + (f" of length {len(result)}" if isinstance(result, (tuple, list))
@@ -298,6 +291,16 @@ def returned_tensors(result: object, count: int, names: str) -> tuple[torch.Tens
         if not isinstance(item, torch.Tensor):
             raise CheckFailed(f"Your {name} should be a torch.Tensor, but it is a {type(item).__name__}.")
     return tuple(result)
+
+
+def number(value: object, not_a_number: str) -> numbers.Real:
+    """``value`` as a plain number (a one-element tensor's too), else :class:`CheckFailed` with
+    ``not_a_number``, its ``{type}`` the type that came instead."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CheckFailed(not_a_number.format(type=type(value).__name__))
+    return value
 
 
 def crash_message(failed: CheckFailed) -> str | None:
@@ -309,6 +312,7 @@ def crash_message(failed: CheckFailed) -> str | None:
 
 
 def sentence_list(messages: list[str]) -> str:
+    """One message, or "N mistakes: (1) ... (2) ..."."""
     if len(messages) == 1:
         return messages[0]
     return f"{len(messages)} mistakes: " + " ".join(f"({i}) {m}" for i, m in enumerate(messages, start=1))

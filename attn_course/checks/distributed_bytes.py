@@ -1,20 +1,13 @@
-"""The check of chapter 10's exercise 2: the bytes one rank sends, by method, with grouped-query heads.
-
-Its reference formulas are written out here (it calls no course code), and it names the usual
-slips: the ring's K/V at ``H`` heads, ``P`` hops, keys only, whole-sequence blocks, the dK/dV sums at
-the input's element size or left out, Ulysses' all-to-alls at the wrong heads, a rank keeping nothing,
-bits for bytes. Chapter 10's other checks are in :mod:`~attn_course.checks.distributed`.
-"""
+"""Check chapter 10's exercise 2: the bytes one rank sends, by method, with grouped-query heads, against
+formulas written out here (it calls no course code)."""
 
 from __future__ import annotations
 
+import functools
 import math
-import numbers
 from collections.abc import Callable
 
-import torch
-
-from attn_course.checks.diagnosis import CheckFailed, call_answer, watched
+from attn_course.checks.diagnosis import NOTHING_YET, CheckFailed, call_answer, name_mistake, number, watched
 from attn_course.checks.forbidden import forbid
 
 __all__ = ["BITS", "check_bytes_sent_per_rank", "number_of_bytes"]
@@ -25,15 +18,9 @@ BITS = "You counted bits; there are 8 bits in a byte: use the bytes per element.
 def number_of_bytes(value: object, what: str) -> float:
     """``value`` as a plain number (a one-element tensor too), or the failure saying what came instead."""
     if value is Ellipsis or value is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise CheckFailed(f"{what} should be a number of bytes, got {type(value).__name__}.")
-    return value
+        raise CheckFailed(NOTHING_YET)
+    return number(value, f"{what} should be a number of bytes, got {{type}}.")
 
-
-# --- bytes a rank sends, with grouped-query attention, forward and training ------------------------------------
 
 RING_AT_H_HEADS = ("You counted the ring's K and V blocks at H heads. With grouped-query attention they have "
                    "H_kv heads, and only those travel: a block is B · H_kv · (N/P) · d numbers (for Llama 3, "
@@ -75,9 +62,8 @@ BYTES_CASES = [   # the first tells every mistake below from every other (and fr
 
 def _ring_bytes(p: int, kv: int, e: int, backward: bool, *, hops: int | None = None, sums: int | None = None,
                 sum_bytes: int | None = None, tensors: int = 2) -> int:
-    """The ring's bytes per rank for a K (or V) shard of ``kv`` numbers: ``tensors`` blocks passed ``hops``
-    (``P - 1``) times forward and again backward, and as many dK/dV sums ``sums`` (``P``) times at
-    ``sum_bytes`` (``max(e, 4)``) each."""
+    """The ring's bytes per rank for K/V shards of ``kv`` numbers: ``tensors`` blocks passed ``hops`` times
+    forward and again backward, and the dK/dV sums ``sums`` times at ``sum_bytes`` each."""
     hops = p - 1 if hops is None else hops
     forward = tensors * hops * kv * e
     if not backward:
@@ -89,9 +75,8 @@ def _ring_bytes(p: int, kv: int, e: int, backward: bool, *, hops: int | None = N
 
 def _ulysses_bytes(p: int, q: int, kv: int, e: int, backward: bool, *, kept: bool = False,
                    grad_bytes: int | None = None, without_output: bool = False) -> float:
-    """Ulysses' bytes per rank for shards of ``q`` (query, output) and ``kv`` (key, value) numbers: each
-    all-to-all sends the ``(P - 1) / P`` that belongs elsewhere (all of it with ``kept``), once
-    forward, once more backward (gradients at ``grad_bytes``, the input's ``e``)."""
+    """Ulysses' bytes per rank for shards of ``q`` (query, output) and ``kv`` (key, value) numbers: the
+    ``(P - 1) / P`` of each that belongs elsewhere (all with ``kept``), forward and backward at ``grad_bytes``."""
     numbers = (q if without_output else 2 * q) + 2 * kv
     share = numbers if kept else numbers * (p - 1) / p
     grad_bytes = e if grad_bytes is None else grad_bytes
@@ -102,7 +87,7 @@ def _ulysses_bytes(p: int, q: int, kv: int, e: int, backward: bool, *, kept: boo
 BYTES_RULES = forbid(
     "the exercise is to work out the bytes yourself",
     "attn_course.distributed.ulysses.ulysses_bytes",
-    "attn_course.measure.distributed.formulas.formula_bytes",
+    "attn_course.distributed.schedule.formula_bytes",
     "attn_course.measure.distributed.taps.count_traffic",
     "attn_course.measure.distributed.taps.Traffic",
 )
@@ -110,19 +95,12 @@ BYTES_RULES = forbid(
 
 def check_bytes_sent_per_rank(bytes_fn: Callable[..., float]) -> bool:
     """Check ``fn(method, batch, heads, kv_heads, n, head_dim, world_size, bytes_per_element, backward) ->
-    bytes``: what one rank sends for one attention layer, ``method`` ``"ring"`` or ``"ulysses"``, forward
-    only or (``backward=True``) forward and backward together.
+    bytes``: what one rank sends for one attention layer, ``"ring"`` or ``"ulysses"``, forward only or
+    (``backward=True``) forward and backward together.
 
-    With ``S_q = B·H·(N/P)·d``, ``S_kv = B·H_kv·(N/P)·d`` and ``e`` bytes per element, the references
-    written out here are: ring forward ``2(P - 1)·S_kv·e`` (K and V passed ``P - 1`` times), ring
-    forward + backward ``4(P - 1)·S_kv·e + 2P·S_kv·max(e, 4)`` (K and V again, and the dK, dV sums ``P``
-    times, kept in float32 for half-precision inputs); Ulysses forward ``(P - 1)/P·(2 S_q + 2 S_kv)·e``
-    (q and the output at ``H`` heads, k and v at ``H_kv``), twice that forward + backward.
-    ``tests/checks`` compares them with what
-    :func:`~attn_course.measure.distributed.taps.count_traffic` measures on real ranks.
-
-    Returns:
-        ``True`` when correct.
+    With ``S_q = B·H·(N/P)·d``, ``S_kv = B·H_kv·(N/P)·d`` and ``e`` bytes per element: ring forward
+    ``2(P - 1)·S_kv·e``, ring forward + backward ``4(P - 1)·S_kv·e + 2P·S_kv·max(e, 4)`` (the dK, dV sums
+    kept in float32); Ulysses forward ``(P - 1)/P·(2 S_q + 2 S_kv)·e``, twice that forward + backward.
 
     Raises:
         CheckFailed: naming the ring's K/V at ``H`` heads, ``P`` hops instead of ``P - 1``, keys without
@@ -174,9 +152,7 @@ def check_bytes_sent_per_rank(bytes_fn: Callable[..., float]) -> bool:
                                      (BACKWARD_FORGOTTEN, _ulysses_bytes(p, q, kv, e, False))]
                 if math.isclose(got, expected, rel_tol=1e-9):
                     continue
-                for message, wrong in [*mistakes, (BITS, 8 * expected)]:
-                    if math.isclose(got, wrong, rel_tol=1e-9):
-                        raise CheckFailed(message)
+                name_mistake(got, [*mistakes, (BITS, 8 * expected)], functools.partial(math.isclose, rel_tol=1e-9))
                 raise CheckFailed(BYTES_WRONG.format(method=method, case=described, expected=round(expected),
                                                      got=int(got) if float(got).is_integer() else got))
     return True

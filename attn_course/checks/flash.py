@@ -1,18 +1,6 @@
-"""Checks for chapter 06's exercises (FlashAttention in PyTorch), each naming the mistake it recognises.
-
-* :func:`check_merge_partial_attention`: merge two attentions over disjoint sets of keys from
-  their outputs and log-sum-exps.
-* :func:`check_streaming_attention`: the corrected online-softmax loop of the find-the-bug exercise.
-* :func:`check_attention_backward`: dQ, dK, dV from the output and the log-sum-exp, when the loss
-  depends on the log-sum-exp too.
-
-Chapter 06's fourth, the HBM traffic of the fused forward, is :mod:`attn_course.checks.flash_io`'s;
-chapter 07's are in :mod:`~attn_course.checks.flash_tiles`, :mod:`~attn_course.checks.flash_kernel` and
-:mod:`~attn_course.checks.flash_causal_kernel`.
-
-Each returns ``True`` or raises :class:`~attn_course.checks.diagnosis.CheckFailed`. The expected
-answers come from PyTorch (SDPA, ``torch.logsumexp``, autograd in float64).
-"""
+"""Check chapter 06's exercises (FlashAttention in PyTorch) against PyTorch (SDPA, ``torch.logsumexp``,
+autograd in float64): merging two partial attentions, the fixed online-softmax loop, the backward pass from
+the log-sum-exp (the fourth, HBM traffic: :mod:`attn_course.checks.flash_io`)."""
 
 from __future__ import annotations
 
@@ -22,21 +10,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, check_shape, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, check_shape, returned_tensors, watched
 from attn_course.checks.forbidden import Forbidden
 
 __all__ = ["check_merge_partial_attention", "check_streaming_attention", "check_attention_backward"]
-
-
-def _tensors(result: object, count: int, names: str) -> tuple[torch.Tensor, ...]:
-    if not isinstance(result, (tuple, list)) or len(result) != count:
-        raise CheckFailed(f"Your function should return {count} tensors, ({names}), but it returned "
-                          f"{type(result).__name__}"
-                          + (f" of length {len(result)}." if isinstance(result, (tuple, list)) else "."))
-    for name, value in zip(names.split(", "), result):
-        if not isinstance(value, torch.Tensor):
-            raise CheckFailed(f"Your {name} should be a torch.Tensor, but it is a {type(value).__name__}.")
-    return tuple(result)
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -52,15 +29,11 @@ MERGE_RULES = (
 )
 
 
-# --- 1. merging two partial attentions --------------------------------------------------------
-
 def check_merge_partial_attention(merge: Callable) -> bool:
     """Check ``merge(out_a, lse_a, out_b, lse_b) -> (out, lse)``.
 
-    ``out_a [B, H, N, d_v]`` and ``lse_a [B, H, N]`` are attention over one set of keys, ``b``
-    over another; the answer must equal attention over both (``F.scaled_dot_product_attention``)
-    and its log-sum-exp (``torch.logsumexp`` of all the scores). The last case has scores near
-    ±300, where ``exp(lse)`` overflows float32.
+    ``out_a [B, H, N, d_v]`` and ``lse_a [B, H, N]`` are attention over one set of keys, ``b`` over another;
+    the answer must be attention over both and its log-sum-exp. The last case's scores are near ±300.
 
     Raises:
         CheckFailed: naming the mistake (outputs averaged, weights not normalised, the merged
@@ -86,8 +59,8 @@ def check_merge_partial_attention(merge: Callable) -> bool:
         expected_out = F.scaled_dot_product_attention(q, k, v).float()
         expected_lse = torch.logsumexp(_scores(q, k), -1).float()
         described = "out_a, lse_a, out_b, lse_b of shapes [2, 3, 6, 8] and [2, 3, 6]"
-        got_out, got_lse = _tensors(call_answer("check_merge_partial_attention", merge, out_a, lse_a, out_b, lse_b,
-                                                described=described), 2, "out, lse")
+        result = call_answer("check_merge_partial_attention", merge, out_a, lse_a, out_b, lse_b, described=described)
+        got_out, got_lse = returned_tensors(result, 2, "out, lse")
         check_shape(got_out, expected_out, "Your merged out")      # before any arithmetic on the answer
         check_shape(got_lse, expected_lse, "Your merged lse")
         if logit_scale > 10 and not (torch.isfinite(got_out).all() and torch.isfinite(got_lse).all()):
@@ -112,8 +85,6 @@ def check_merge_partial_attention(merge: Callable) -> bool:
         ], hint="out = exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b, row by row.")
     return True
 
-
-# --- 3. the corrected streaming attention -----------------------------------------------------
 
 def _stream(q, k, v, block, *, rescale_acc=True, rescale_sum=True, update_max=True):
     """The online-softmax loop with one of its steps optionally left out (the mistakes)."""
@@ -165,10 +136,8 @@ STREAMING_RULES = (
 
 
 def check_streaming_attention(attention: Callable) -> bool:
-    """Check ``attention(q, k, v, block) -> [N_q, d_v]``, the online-softmax loop, against SDPA.
-
-    Cases put each row's largest score in a late block, use a last block that is only partly
-    filled, and one block that holds every key.
+    """Check ``attention(q, k, v, block) -> [N_q, d_v]``, the online-softmax loop, against SDPA, with the largest
+    scores in a late block, a last block only partly filled, and one block holding every key.
 
     Raises:
         CheckFailed: naming the mistake (accumulated output or running sum not rescaled, running
@@ -205,14 +174,11 @@ BACKWARD_RULES = (
 )
 
 
-# --- 5. the backward pass from the output and the log-sum-exp ---------------------------------
-
 def check_attention_backward(backward: Callable) -> bool:
     """Check ``backward(q, k, v, out, lse, grad_out, grad_lse) -> (dq, dk, dv)`` against autograd in float64.
 
-    ``q [N_q, d]``, ``k [N_k, d]``, ``v [N_k, d_v]``, scale ``1/√d``, no mask; ``out`` and ``lse``
-    come from the forward pass; the loss depends on both, ``grad_out`` is ``dO [N_q, d_v]`` and
-    ``grad_lse`` is ``dLSE [N_q]``. ``N_q != N_k`` in every case.
+    ``q [N_q, d]``, ``k [N_k, d]``, ``v [N_k, d_v]``, scale ``1/√d``, no mask; the loss depends on ``out`` and
+    ``lse`` (``grad_out`` is ``dO [N_q, d_v]``, ``grad_lse`` ``dLSE [N_q]``).
 
     Raises:
         CheckFailed: naming the mistake (``grad_lse`` ignored, added with the wrong sign or without
@@ -240,10 +206,10 @@ def check_attention_backward(backward: Callable) -> bool:
         torch.autograd.backward((out, lse), (grad_out, grad_lse))
         expected = [t.grad for t in leaves]
         out, lse = out.detach(), lse.detach()
-        got = _tensors(call_answer("check_attention_backward", backward, q, k, v, out, lse, grad_out, grad_lse,
-                                   described=f"q [{n_q}, {d}], k [{n_k}, {d}], v [{n_k}, {d_v}], out, lse, "
-                                             f"grad_out, grad_lse"),
-                       3, "dq, dk, dv")
+        described = f"q [{n_q}, {d}], k [{n_k}, {d}], v [{n_k}, {d_v}], out, lse, grad_out, grad_lse"
+        result = call_answer("check_attention_backward", backward, q, k, v, out, lse, grad_out, grad_lse,
+                             described=described)
+        got = returned_tensors(result, 3, "dq, dk, dv")
         scale = 1 / math.sqrt(d)
         s = q @ k.T * scale
         p, grad_p = torch.exp(s - lse[:, None]), grad_out @ v.T

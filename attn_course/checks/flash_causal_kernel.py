@@ -1,11 +1,5 @@
-"""Check for chapter 07's find-the-bug exercise: a causal one-program Triton kernel after a KV cache.
-
-The kernel has the frame of :mod:`attn_course.flash.small_kernel` (``tau`` unused): ``N_Q`` new
-queries against ``n_k`` keys, the queries being the *last* ``N_Q`` positions, so query ``i`` sees
-key ``j`` when ``j <= i + n_k - N_Q`` (bottom-right alignment, as :func:`~attn_course.causal_mask`
-builds it). :func:`check_causal_kernel` runs it and compares with attention under that mask,
-computed here in float64, and names the masks it recognises instead.
-"""
+"""Check chapter 07's find-the-bug exercise: a causal one-program Triton kernel after a KV cache, its ``N_Q``
+queries the *last* positions of ``n_k`` (query ``i`` sees key ``j <= i + n_k - N_Q``, bottom-right)."""
 
 from __future__ import annotations
 
@@ -64,11 +58,9 @@ def _mistakes(q, k, v, block):
 
 
 def check_causal_kernel(kernel: object) -> bool:
-    """Check a causal one-program Triton attention kernel whose queries come after a KV cache.
-
-    It runs 16 queries against 16 keys (no cache), 40 keys (the last tile partial) and 64 keys,
-    in tiles of 16, on the GPU or in Triton's interpreter, and compares the output with attention
-    under the bottom-right causal mask, in float64.
+    """Check a causal one-program Triton attention kernel whose queries come after a KV cache: 16 queries
+    against 16, 40 and 64 keys in tiles of 16, on the GPU or in Triton's interpreter, against attention
+    under the bottom-right causal mask in float64.
 
     Raises:
         CheckFailed: NaN or inf in the output (a row that sees no key), or the mask it matches

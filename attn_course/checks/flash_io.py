@@ -1,17 +1,13 @@
-"""Check for chapter 06's IO-model exercise: the fused forward kernel's HBM bytes, tile by tile.
-
-:func:`check_forward_hbm_bytes` compares the student's count with
-:func:`attn_course.flash.io_model.fused_forward_bytes` and, when they differ, with the counts that
-the usual mistakes give: K and V read once (as if L2 served every re-read), numbers counted
-instead of bytes, the output or the log-sum-exp not written, the last partial tile forgotten.
-"""
+"""Check chapter 06's IO-model exercise: the fused forward kernel's HBM bytes, against
+:func:`attn_course.flash.io_model.fused_forward_bytes` and the counts the usual mistakes give."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, name_mistake, watched
 from attn_course.checks.forbidden import Forbidden
 from attn_course.flash.io_model import fused_forward_bytes
 
@@ -53,10 +49,9 @@ def _mistakes(n, d, block_q, size):
 
 
 def check_forward_hbm_bytes(count: Callable) -> bool:
-    """Check ``count(n, d, block_q, bytes_per_number) -> bytes`` for the fused forward kernel, one head.
-
-    One program per tile of ``block_q`` queries reads its Q tile and all of K and V from HBM
-    (nothing cached), and writes its O tile and one float32 log-sum-exp per row.
+    """Check ``count(n, d, block_q, bytes_per_number) -> bytes`` for the fused forward kernel, one head: one
+    program per tile of ``block_q`` queries reads its Q tile and all of K and V from HBM (nothing cached),
+    and writes its O tile and one float32 log-sum-exp per row.
 
     Raises:
         CheckFailed: naming the mistake (K and V counted once, numbers for bytes, O or the LSE not
@@ -72,15 +67,11 @@ def check_forward_hbm_bytes(count: Callable) -> bool:
     for n, d, block_q, size in ((4096, 64, 128, 2), (1000, 128, 64, 2), (300, 64, 128, 4), (64, 32, 64, 2)):
         expected = fused_forward_bytes(n, d, block_q, bytes_per_number=size)
         got = call_answer("check_forward_hbm_bytes", count, n, d, block_q, size)
-        if got is None or got is Ellipsis:
-            raise CheckFailed("Your function returns nothing yet: replace the `...` with your count.")
         if isinstance(got, bool) or not isinstance(got, (int, float)):
             raise CheckFailed(f"Your function should return a number of bytes, but it returned {type(got).__name__}.")
         if math.isclose(got, expected, rel_tol=1e-9):
             continue
-        for message, wrong in _mistakes(n, d, block_q, size):
-            if wrong != expected and math.isclose(got, wrong, rel_tol=1e-9):
-                raise CheckFailed(message)
+        name_mistake(got, _mistakes(n, d, block_q, size), functools.partial(math.isclose, rel_tol=1e-9))
         raise CheckFailed(f"For N = {n}, d = {d}, block_q = {block_q}, bytes_per_number = {size} you said {got:,.0f} "
                           f"bytes, but the kernel moves {expected:,} bytes. List what each program reads and writes, "
                           "then multiply by the number of programs.")

@@ -1,9 +1,6 @@
-"""Check for chapter 07's Triton exercise: a kernel whose online softmax rescales only when it must.
-
-:func:`check_rescale_kernel` runs the student's kernel (see :mod:`attn_course.flash.small_kernel`)
-and compares its output with ``F.scaled_dot_product_attention`` and the maximum each row ended
-with against the rule of the exercise, simulated here in float64 (:func:`lazy_rescaling`).
-"""
+"""Check chapter 07's Triton exercise, a kernel (:mod:`attn_course.flash.small_kernel`'s frame) whose online
+softmax rescales only when it must: its output against SDPA, the maxima it ends with against the rule,
+simulated in float64 by :func:`lazy_rescaling`."""
 
 from __future__ import annotations
 
@@ -24,17 +21,9 @@ TAU = 8.0
 def lazy_rescaling(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int, tau: float, *,
                    rescale_acc: bool = True, rescale_sum: bool = True, natural_exp: bool = False,
                    p_from_tile_max: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exercise's loop in float64, with one of its steps optionally done wrong (the mistakes).
-
-    Args:
-        q: ``[N_q, d]``; k, v: ``[N_k, d]``.
-        block: keys per tile.
-        tau: the threshold (base 2); ``0`` raises the maximum whenever a tile's is larger.
-        rescale_acc, rescale_sum, natural_exp, p_from_tile_max: the mistakes (``exp`` for ``exp2``,
-            the weights measured against the tile's own maximum instead of the running one).
-
-    Returns:
-        ``(out [N_q, d_v], row_max [N_q])``, float64, the maxima in base 2.
+    """The exercise's loop over tiles of ``block`` keys in float64: ``(out [N_q, d_v], row_max [N_q])``, the
+    maxima in base 2, raised when a tile's exceeds them by more than ``tau`` (0: whenever larger). The
+    keywords do one step wrong (the mistakes; ``p_from_tile_max``: weights against the tile's own maximum).
 
     Example:
         >>> q, k, v = torch.randn(4, 8), torch.randn(20, 8), torch.randn(20, 8)
@@ -74,7 +63,7 @@ def _mistakes(q, k, v, block):
 
 
 def _cases(generator: torch.Generator):
-    """(q, k, v) whose key tiles raise each row's maximum by less than TAU in some tiles and by more in others."""
+    """(q, k, v) whose key tiles raise each row's maximum by less than TAU in some tiles, by more in others."""
     for n_q, n_k, d, growth in ((16, 64, 16, (1.0, 1.6, 4.0, 5.0)), (16, 16, 16, (1.0,)),
                                 (32, 70, 16, (1.0, 3.5, 1.2, 6.0, 6.5))):
         q, k, v = (torch.randn(n, d, generator=generator) for n in (n_q, n_k, n_k))
@@ -84,13 +73,9 @@ def _cases(generator: torch.Generator):
 
 
 def check_rescale_kernel(kernel: object) -> bool:
-    """Check a one-program Triton attention kernel with conditional rescaling (threshold 8, base 2).
-
-    The kernel runs on the GPU or in Triton's interpreter, for 16 queries against 64 keys in
-    tiles of 16 whose scores grow from tile to tile, against 16 keys (one tile), and 32 queries
-    against 70 keys (the last tile partial). Its output must match SDPA, and the maxima it ends
-    with must be those of the rule: raised only when a tile's maximum exceeds the running one by
-    more than 8.
+    """Check a one-program Triton attention kernel with conditional rescaling (threshold 8, base 2), on the GPU
+    or in Triton's interpreter: 16 queries against 64 keys in tiles of 16 whose scores grow, against 16 keys,
+    and 32 queries against 70 keys. Its output must match SDPA, its final maxima the rule's.
 
     Raises:
         CheckFailed: the kernel crashes or returns NaN (a step left out), or names the mistake

@@ -1,17 +1,9 @@
 """What an exercise's answer may not call, and the guard that sees it call it anyway.
 
-An exercise that asks for softmax "by hand" is not answered by ``torch.softmax``, nor one that
-asks for the gradient by hand by ``torch.autograd``. Each such rule is a :class:`Forbidden`:
-a name the student reads in the statement and a reason. :func:`watch_calls` runs the answer
-under a ``torch.overrides.TorchFunctionMode``, which sees every PyTorch function and tensor
-method called inside it, and a profile hook (``sys.setprofile``), which sees the course's own
-Python functions and the random numbers of Python's and NumPy's generators;
-:func:`~attn_course.checks.diagnosis.call_answer` (``forbidden=``) fails the check with
-:func:`violation`'s message, naming the first forbidden call and why the exercise forbids it.
-
-The rules are data (names, not function objects), so that the grader can send them into the
-sandbox where a submission's answer runs, and the verdict there is the one a student's check
-cell gives.
+Each rule is a :class:`Forbidden`: a name the student reads in the statement, and why. :func:`watch_calls`
+runs the answer under a ``TorchFunctionMode`` (every PyTorch function and tensor method) and a profile hook
+(the course's Python functions, Python's and NumPy's random generators). The rules are names, not function
+objects, so that the grader can send them into the sandbox where a submission runs.
 """
 
 from __future__ import annotations
@@ -60,10 +52,8 @@ class Forbidden:
     """One thing an answer may not call.
 
     Attributes:
-        name: a dotted name (``"torch.softmax"``, ``"attn_course.core.attention.self_attention"``),
-            or :data:`AUTOGRAD`, or :data:`RANDOM`. A PyTorch function stands for its other
-            spellings too (``torch.softmax`` for ``F.softmax`` and ``x.softmax``); a class stands
-            for every method it defines.
+        name: a dotted name, or :data:`AUTOGRAD`, or :data:`RANDOM`. A PyTorch function stands for its other
+            spellings too (``torch.softmax`` for ``F.softmax``); a class for every method it defines.
         why: why the exercise forbids it, in the words of its statement.
     """
 
@@ -78,7 +68,7 @@ class Forbidden:
 
 
 def forbid(why: str, *names: str) -> tuple[Forbidden, ...]:
-    """One :class:`Forbidden` per name, all for the same reason (an exercise's rules, usually).
+    """One :class:`Forbidden` per name, all for the same reason.
 
     Example:
         >>> [rule.name for rule in forbid("write it yourself", "torch.softmax", "torch.nn.functional.rms_norm")]
@@ -105,8 +95,8 @@ def _resolve(dotted: str) -> object | None:
 
 
 def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, dict, bool]:
-    """(torch functions -> rule, Python code objects -> (the name shown, rule), a core's code object -> its
-    public function's (a call from there is that call, seen already), whether random generators are watched)."""
+    """(torch functions -> rule, code objects -> (name shown, rule), a core's code -> its public function's
+    (a call from there is seen already), whether random generators are watched)."""
     torch_functions: dict[object, Forbidden] = {}
     python_code: dict[object, tuple[str, Forbidden]] = {}
     cores: dict[object, object] = {}
@@ -140,8 +130,8 @@ def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, dict, bool]:
 
 
 def _code_of(found: object) -> list[tuple[str, object]]:
-    """(the name a message shows, code object) of what a rule watches: a function, or every method
-    a class defines itself (a class stands for all it does, whatever method the answer reaches it by)."""
+    """(the name a message shows, code object) of what a rule watches: a function, or every method a class
+    defines itself."""
     if isinstance(found, type):
         members = [(name, getattr(member, "fget", member)) for name, member in vars(found).items()
                    if not isinstance(member, type)]

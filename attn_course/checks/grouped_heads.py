@@ -1,5 +1,5 @@
-"""Checks for the grouped-query exercises of chapter 03: attention where ``G`` query heads share
-one key/value head, and converting a multi-head checkpoint by mean-pooling its key/value heads."""
+"""Check chapter 03's grouped-query exercises: attention where ``G`` query heads share one key/value head,
+and converting a multi-head checkpoint by mean-pooling its key/value heads."""
 
 from __future__ import annotations
 
@@ -22,16 +22,12 @@ from attn_course.checks.forbidden import Forbidden
 
 __all__ = ["check_grouped_query_attention", "check_mean_pooled_kv_heads"]
 
-
 GQA_TILED = (
     "Query head h used key/value head h % H_kv: copying the key/value heads with .repeat tiles them "
     "(0, 1, 0, 1, ...). Consecutive query heads form a group: head h uses key/value head h // G, "
     "the order repeat_interleave(G, dim=1) gives."
 )
-
-
 GQA_FIRST_ONLY = "Every query head used key/value head 0; query head h must use key/value head h // G."
-
 
 GQA_FAILS_GROUPED = (
     "Your function works when H_kv = H, but with H = {heads} query heads and H_kv = {kv_heads} "
@@ -39,14 +35,10 @@ GQA_FAILS_GROUPED = (
     "heads: repeat it G times along the head axis (repeat_interleave), or view the queries as "
     "[B, H_kv, G, N, d]."
 )
-
-
 GQA_SCALES = {
     "none": "You forgot the scaling: divide the scores by √d (here √{d}) before the softmax.",
     "by_d": "You divide the scores by d = {d}; divide by its square root, √d.",
 }
-
-
 GQA_SOFTMAX_OVER_QUERIES = "Your softmax runs over the queries (dim=-2); use dim=-1, over the keys."
 
 
@@ -69,12 +61,9 @@ GROUPED_RULES = (
 def check_grouped_query_attention(attention_fn: Callable) -> bool:
     """Check ``fn(q [B, H, N, d], k [B, H_kv, N, d], v [B, H_kv, N, d]) -> [B, H, N, d]``.
 
-    Query head ``h`` must attend with key/value head ``h // G``, ``G = H / H_kv``; the reference
-    is ``F.scaled_dot_product_attention(..., enable_gqa=True)``. Tried with ``H_kv = H``
-    (ordinary multi-head), then ``H = 6, H_kv = 2`` (G = 3) and ``H = 4, H_kv = 1`` (multi-query).
-
-    Returns:
-        ``True`` when correct.
+    Query head ``h`` must attend with key/value head ``h // G``, ``G = H / H_kv``, as
+    ``F.scaled_dot_product_attention(..., enable_gqa=True)`` does. Tried with ``H_kv = H``, then
+    ``H = 6, H_kv = 2`` and ``H = 4, H_kv = 1`` (multi-query).
 
     Raises:
         CheckFailed: naming tiled key/value heads (``h % H_kv``), one key/value head for all,
@@ -99,7 +88,7 @@ def check_grouped_query_attention(attention_fn: Callable) -> bool:
         groups = heads // kv_heads
         facts = {"heads": heads, "kv_heads": kv_heads, "groups": groups, "d": d}
         try:
-            got = call_student(where, attention_fn, q.clone(), k.clone(), v.clone())
+            got = call_student(where, attention_fn, q, k, v)
         except CheckFailed as failed:
             if groups > 1 and crash_message(failed):
                 problem = crash_message(failed)
@@ -139,8 +128,6 @@ POOL_STRIDED = (
     "consecutive heads, g·G ... g·G + G - 1, the query heads that share key/value head g: view the rows "
     "as [H_kv, G, d, ...] and average over G."
 )
-
-
 POOL_FIRST_HEADS = ("You kept the first H_kv = {kv_heads} heads of the layer (rows 0 to {rows}) and dropped the "
                     "other {dropped}: the groups after the first lose everything they had learned. Each key/value "
                     "head stands for its whole group: average the G = {groups} heads of group g, heads g·G to "
@@ -149,10 +136,7 @@ POOL_FIRST_HEAD = (
     "You kept the first head of each group instead of averaging the group. Ainslie et al. (2023) tried "
     "that too and found mean-pooling works better: it keeps something of every head."
 )
-
-
 POOL_SUM = "You summed the G heads of each group; average them (divide by G = {groups})."
-
 
 POOL_FAILS_ON_BIAS = (
     "Your function works on a weight [H·d, E] but on a bias [H·d] it {problem}. Pool along the first "
@@ -164,18 +148,14 @@ def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
     """Check ``fn(w [H·d, ...], num_heads, num_kv_heads) -> [H_kv·d, ...]``: each key/value head of a
     grouped-query layer as the mean of its group's heads in a multi-head layer.
 
-    Group ``g`` is heads ``g·G … g·G + G - 1`` (``G = H / H_kv``), head ``h`` being rows
-    ``h·d … h·d + d - 1`` of ``w`` (``nn.Linear``'s ``[out, in]`` layout). Tried on weights
-    ``[H·d, E]`` for ``(H, H_kv) = (6, 2), (4, 4), (4, 1)``, and on a bias ``[H·d]``.
-
-    Returns:
-        ``True`` when correct.
+    Group ``g`` is heads ``g·G … g·G + G - 1`` (``G = H / H_kv``), head ``h`` rows ``h·d … h·d + d - 1`` of
+    ``w`` (``[out, in]``). Tried on weights ``[H·d, E]`` for ``(H, H_kv) = (6, 2), (4, 4), (4, 1)``, and
+    on a bias ``[H·d]``.
 
     Raises:
-        CheckFailed: naming strided groups, the first head of each group kept, the first H_kv
-            heads of the layer kept, a sum instead of a mean, an
-            average over the wrong axis, a function that fails on a 1-D bias, or the first entry
-            that differs.
+        CheckFailed: naming strided groups, the first head of each group kept, the first H_kv heads of
+            the layer kept, a sum instead of a mean, a function that fails on a 1-D bias, or the first
+            entry that differs.
 
     Example (a wrong answer, which keeps the first heads instead of averaging each group):
         >>> def first_heads(w, num_heads, num_kv_heads):
@@ -194,25 +174,20 @@ def check_mean_pooled_kv_heads(pool_fn: Callable) -> bool:
         by_head = w.unflatten(0, (kv_heads, groups, d))                     # [H_kv, G, d, ...]
         expected = by_head.mean(dim=1).flatten(0, 1)                        # [H_kv·d, ...]
         try:
-            got = call_student(where, pool_fn, w.clone(), heads, kv_heads)
+            got = call_student(where, pool_fn, w, heads, kv_heads)
         except CheckFailed as failed:
             if not rest and crash_message(failed):
                 raise CheckFailed(POOL_FAILS_ON_BIAS.format(problem=crash_message(failed))) from failed.__cause__
             raise
         what = f"Your pooled {'bias' if not rest else 'weight'} (H = {heads}, H_kv = {kv_heads})"
-        if got.shape != expected.shape:
-            if not rest:
-                raise CheckFailed(POOL_FAILS_ON_BIAS.format(
-                    problem=f"returns shape {list(got.shape)} instead of [H_kv·d] = {list(expected.shape)}"))
-            check_shape(got, expected, what)
-        if same(got, expected):
-            continue
-        mistakes = [
+        if got.shape != expected.shape and not rest:
+            raise CheckFailed(POOL_FAILS_ON_BIAS.format(
+                problem=f"returns shape {list(got.shape)} instead of [H_kv·d] = {list(expected.shape)}"))
+        diagnose(got, expected, [
             (POOL_STRIDED, w.unflatten(0, (groups, kv_heads, d)).mean(dim=0).flatten(0, 1)),
             (POOL_FIRST_HEAD, by_head[:, 0].flatten(0, 1)),
             (POOL_FIRST_HEADS.format(kv_heads=kv_heads, rows=kv_heads * d - 1, dropped=heads - kv_heads, groups=groups),
              w[: kv_heads * d]),
             (POOL_SUM.format(groups=groups), by_head.sum(dim=1).flatten(0, 1)),
-        ]
-        diagnose(got, expected, mistakes, ("row", "column")[: expected.dim()], what)
+        ], ("row", "column")[: expected.dim()], what)
     return True

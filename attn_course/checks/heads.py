@@ -1,5 +1,5 @@
-"""Checks for the multi-head exercises: splitting into heads (also from one fused projection) and
-multi-head attention from raw weights (grouped-query heads: :mod:`attn_course.checks.grouped_heads`)."""
+"""Check chapter 03's multi-head exercises: splitting one fused projection into heads, and multi-head
+attention from raw weights (grouped-query heads: :mod:`attn_course.checks.grouped_heads`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from attn_course.checks.diagnosis import (
     CheckFailed,
-    call_raw,
+    call_answer,
     call_student,
     check_shape,
     crash_message,
@@ -22,45 +22,7 @@ from attn_course.checks.diagnosis import (
 )
 from attn_course.checks.forbidden import Forbidden
 
-__all__ = ["check_split_heads", "check_split_fused_qkv", "check_multi_head_attention"]
-
-
-VIEW_WITHOUT_TRANSPOSE = (
-    "You reshaped [B, N, E] straight to [B, H, N, d] with view/reshape. That scrambles tokens and heads: "
-    "each 'head' now holds pieces of several tokens. Reshape to [B, N, H, d] first, then "
-    "transpose(1, 2) to get [B, H, N, d]."
-)
-NO_TRANSPOSE_SHAPE = (
-    "Your result has shape [B, N, H, d] = {shape}: you split the heads but did not move the head axis "
-    "in front of the tokens. Add .transpose(1, 2) to get [B, H, N, d]."
-)
-
-
-def check_split_heads(split_fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
-    """Check ``fn(x [B, N, E], num_heads) -> [B, H, N, E / H]``.
-
-    Returns:
-        ``True`` when correct.
-
-    Raises:
-        CheckFailed: naming a view without transpose, a missing transpose, or the first difference.
-    """
-    batch, tokens, heads, head_dim = 2, 5, 4, 3
-    x = torch.randn(batch, tokens, heads * head_dim)                     # [B, N, E]
-    expected = x.view(batch, tokens, heads, head_dim).transpose(1, 2)   # [B, H, N, d]
-    got = call_student("check_split_heads", split_fn, x.clone(), heads)
-    if got.shape == (batch, tokens, heads, head_dim):
-        raise CheckFailed(NO_TRANSPOSE_SHAPE.format(shape=list(got.shape)))
-    check_shape(got, expected, "Your split")
-    if not same(got, expected):
-        mistakes = [(VIEW_WITHOUT_TRANSPOSE, x.reshape(batch, heads, tokens, head_dim))]
-        diagnose(got, expected, mistakes, ("batch", "head", "token", "feature"), "Your split")
-    return True
-
-
-
-
-# --- splitting a fused projection into query, key and value heads ----------------------------------
+__all__ = ["check_split_fused_qkv", "check_multi_head_attention"]
 
 EQUAL_PARTS = (
     "Your split works when H_kv = H, but with H = {heads} query heads and H_kv = {kv_heads} key/value "
@@ -81,7 +43,6 @@ KEYS_VALUES_SWAPPED = (
     "Your keys and values are swapped: the fused projection is laid out [queries | keys | values]."
 )
 
-
 #: What chapter 03's fused-projection exercise may not call: it asks for the split itself.
 SPLIT_RULES = (Forbidden("attn_course.core.multihead.split_heads", "the exercise is to split the heads yourself"),)
 #: What chapter 03's find-the-bug exercise may not call: a multi-head layer that is already right.
@@ -98,13 +59,9 @@ MULTI_HEAD_RULES = (
 def check_split_fused_qkv(split_fn: Callable) -> bool:
     """Check ``fn(qkv [B, N, (H + 2·H_kv)·d], num_heads, num_kv_heads) -> (q, k, v)``.
 
-    ``q`` must be ``[B, H, N, d]``, ``k`` and ``v`` ``[B, H_kv, N, d]``, from the layout
-    ``[queries | keys | values]`` along the last axis, each part split into heads as
-    :func:`~attn_course.core.multihead.split_heads` does. Tried with ``H_kv = H`` first, then with
-    grouped-query (``H = 6, H_kv = 2``) and multi-query (``H = 4, H_kv = 1``) sizes.
-
-    Returns:
-        ``True`` when correct.
+    ``q`` must be ``[B, H, N, d]``, ``k`` and ``v`` ``[B, H_kv, N, d]``, from the layout ``[queries | keys |
+    values]``, each part split into heads as :func:`~attn_course.core.multihead.split_heads` does. Tried
+    with ``H_kv = H``, then grouped-query (``H = 6, H_kv = 2``) and multi-query (``H = 4, H_kv = 1``).
 
     Raises:
         CheckFailed: naming equal thirds where the parts differ, a head split without a
@@ -130,7 +87,7 @@ def check_split_fused_qkv(split_fn: Callable) -> bool:
                  "kv_width": kv_heads * d}
         grouped = kv_heads != heads
         try:
-            got = returned_tensors(call_raw(where, split_fn, qkv.clone(), heads, kv_heads), 3, "q, k, v")
+            got = returned_tensors(call_answer(where, split_fn, qkv, heads, kv_heads), 3, "q, k, v")
         except CheckFailed as failed:
             if grouped and crash_message(failed):
                 raise CheckFailed(EQUAL_PARTS.format(problem=f"width {width}, it {crash_message(failed)}", **facts)) \
@@ -146,9 +103,8 @@ def check_split_fused_qkv(split_fn: Callable) -> bool:
         if same(got[1], expected[2]) and same(got[2], expected[1]):
             raise CheckFailed(KEYS_VALUES_SWAPPED)
         for name, g, e, part, h in zip(("q", "k", "v"), got, expected, parts, counts):
-            if not same(g, e):
-                mistakes = [(SPLIT_SCRAMBLED.format(name=name, h=h), part.reshape(batch, h, tokens, d))]
-                diagnose(g, e, mistakes, ("batch", "head", "token", "feature"), f"Your {name}")
+            diagnose(g, e, [(SPLIT_SCRAMBLED.format(name=name, h=h), part.reshape(batch, h, tokens, d))],
+                     ("batch", "head", "token", "feature"), f"Your {name}")
     return True
 
 
@@ -232,18 +188,13 @@ def _mha_mistakes(x, w_q, w_k, w_v, w_o, heads) -> list[tuple[str, torch.Tensor]
 def check_multi_head_attention(attention_fn: Callable) -> bool:
     """Check ``fn(x [B, N, E], w_q, w_k, w_v, w_o, num_heads) -> output [B, N, E]``.
 
-    The four weights are ``[E, E]``, stored like ``nn.Linear``'s (``[out, in]``), without
-    biases; the reference is ``torch.nn.MultiheadAttention`` holding the same weights. On a
-    mismatch the answer is compared with every combination of the known mistakes (merge
-    without a transpose, split without a transpose, scaling by √E, by d or not at all, weights
-    not transposed, no output projection, softmax over the queries), and the ones it matches
-    are named, so a student who fixed one bug is told about the one that remains.
-
-    Returns:
-        ``True`` when correct.
+    The weights are ``[E, E]``, stored like ``nn.Linear``'s (``[out, in]``), without biases; the
+    reference is ``torch.nn.MultiheadAttention`` holding them.
 
     Raises:
-        CheckFailed: naming the mistakes the answer shows, or the first entry that differs.
+        CheckFailed: naming every combination of the known mistakes the answer shows (merge or split
+            without a transpose, scaling by √E, by d or not at all, weights not transposed, no output
+            projection, softmax over the queries), or the first entry that differs.
 
     Example (a shortcut, and what it is told):
         >>> from attn_course.core.multihead import MultiHeadAttention
@@ -267,9 +218,7 @@ def check_multi_head_attention(attention_fn: Callable) -> bool:
         reference.in_proj_weight.copy_(torch.cat([w_q, w_k, w_v]))
         reference.out_proj.weight.copy_(w_o)
         expected, _ = reference(x, x, x, need_weights=False)               # [B, N, E]
-    got = call_student(where, attention_fn, x.clone(), w_q.clone(), w_k.clone(), w_v.clone(), w_o.clone(), heads)
-    check_shape(got, expected, "Your output")
-    if not same(got, expected):
-        diagnose(got, expected, _mha_mistakes(x, w_q, w_k, w_v, w_o, heads), ("batch", "token", "feature"),
-                 "Your output")
+    got = call_student(where, attention_fn, x, w_q, w_k, w_v, w_o, heads)
+    diagnose(got, expected, _mha_mistakes(x, w_q, w_k, w_v, w_o, heads), ("batch", "token", "feature"),
+             "Your output")
     return True

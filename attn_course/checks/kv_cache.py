@@ -1,24 +1,18 @@
-"""Check a prediction of a key/value cache's memory: the bytes it stores and the bytes it allocates.
-
-A :class:`~attn_course.core.kv_cache.KVCache` made without ``max_length`` sizes its buffers by its first
-append and, when a later append does not fit, doubles its capacity (at least to what is needed),
-like a Python list. So ``len(cache)`` tokens are stored in room for ``cache.capacity``, and
-``cache.memory_bytes`` counts the room.
-"""
+"""Check chapter 03's prediction of a key/value cache's memory: the bytes it stores and the bytes it allocates
+(a :class:`~attn_course.core.kv_cache.KVCache` sizes its buffers by its first append and doubles its capacity
+when an append does not fit)."""
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, name_mistake, number, watched
 from attn_course.checks.forbidden import Forbidden
 from attn_course.core.kv_cache import KVCache
 
 __all__ = ["check_kv_cache_bytes", "filled_cache"]
-
 
 ONLY_KEYS = ("You counted only the keys (or only the values): the cache holds both, each "
              "[B, H_kv, tokens, d], so every count has a factor 2.")
@@ -58,30 +52,14 @@ def filled_cache(batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype, p
     return cache
 
 
-def _number(value: object, name: str) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise CheckFailed(f"Your {name} should be a number, but it is a {type(value).__name__}.")
-    return float(value)
-
-
 def _answer(fn: Callable, args: tuple) -> tuple[float, float]:
-    results = []
-
-    def keep(*inner):
-        results.append(fn(*inner))
-        return torch.zeros(())
-
-    call_student("check_kv_cache_bytes", keep, *args)
-    result = results[0]
-    if result is Ellipsis or result is None:
-        raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
+    result = call_answer("check_kv_cache_bytes", fn, *args)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise CheckFailed("Your function should return two numbers, (stored_bytes, allocated_bytes), but it "
                           f"returned {type(result).__name__}"
                           + (f" of length {len(result)}." if isinstance(result, (tuple, list)) else "."))
-    return _number(result[0], "stored byte count"), _number(result[1], "allocated byte count")
+    return tuple(float(number(value, f"Your {name} should be a number, but it is a {{type}}."))
+                 for value, name in zip(result, ("stored byte count", "allocated byte count")))
 
 
 _PREDICT = "a prediction follows from the rule alone: build no cache and no tensor to measure"
@@ -94,16 +72,9 @@ KV_BYTES_RULES = (Forbidden("attn_course.core.kv_cache.KVCache.__init__", _PREDI
 def check_kv_cache_bytes(bytes_fn: Callable) -> bool:
     """Check ``fn(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens) -> (stored, allocated)``.
 
-    The answer is compared with a real :class:`~attn_course.core.kv_cache.KVCache` (made without
-    ``max_length``) after a prompt of ``prompt_tokens`` tokens appended at once and
-    ``new_tokens`` appended one at a time: ``stored`` is the bytes of the ``len(cache)``
-    cached tokens' keys and values, ``allocated`` is ``cache.memory_bytes``. Several sizes and
-    dtypes (float16, bfloat16, float32) are tried, with and without new tokens, always with a
-    prompt of at least one token (as the statement says: a prompt holds at least its first token, and
-    a capacity doubled from an empty prompt's 0 would stay 0 in the natural loop).
-
-    Returns:
-        ``True`` when every prediction is right.
+    Compared with a real :class:`~attn_course.core.kv_cache.KVCache` after a prompt appended at once and
+    ``new_tokens`` one at a time: ``stored`` is the bytes of the ``len(cache)`` tokens' keys and values,
+    ``allocated`` is ``cache.memory_bytes``. Several sizes and dtypes, always a prompt of one token or more.
 
     Raises:
         CheckFailed: naming the mistake: only keys counted, bits for bytes, 4 bytes for every
@@ -145,9 +116,7 @@ def check_kv_cache_bytes(bytes_fn: Callable) -> bool:
             (POWER_OF_TWO, (stored, per_token * power)),
             (DOUBLED_ALWAYS, (stored, 2 * allocated)),
         ]
-        for message, wrong in mistakes:
-            if wrong != (stored, allocated) and got == wrong:
-                raise CheckFailed(message.format(**facts))
+        name_mistake(got, [(message.format(**facts), wrong) for message, wrong in mistakes])
         details = {"batch": batch, "kv_heads": kv_heads, "d": d, "dtype": facts["dtype"], "prompt": prompt,
                    "new": new}
         if got[0] != stored:

@@ -1,9 +1,6 @@
-"""The check of chapter 09's exercise 3: what one decoding step stores and multiplies per cached token
-and layer, for multi-head latent attention absorbed (multi-query attention on the latent) or expanded
-(per-head keys and values). Its reference is counted from the configuration's sizes; it names forms
-swapped, the rotary part left out, one head counted, the latent cached per head and the other slips
-below. :mod:`~attn_course.checks.variants` re-exports it with the chapter's other checks.
-"""
+"""Check chapter 09's exercise 3: what one decoding step of multi-head latent attention stores and multiplies
+per cached token and layer, absorbed (multi-query attention on the latent) or expanded (per-head keys and
+values), counted here from the configuration's sizes."""
 
 from __future__ import annotations
 
@@ -12,13 +9,10 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, name_mistake, watched
 from attn_course.checks.forbidden import forbid
 
 __all__ = ["DECODE_FORMS", "check_decode_costs"]
-
-
-# --- decoding from a latent cache: what each cached token costs, absorbed or expanded ----------------------
 
 DECODE_FORMS = ("absorbed", "expanded")
 
@@ -124,18 +118,9 @@ def check_decode_costs(costs_fn: Callable[[dict, str], tuple[int, int]]) -> bool
     """Check ``fn(config, form) -> (cached, multiply_adds)``: what one decoding step of multi-head latent
     attention costs per cached token and layer, ``form`` ``"absorbed"`` or ``"expanded"``.
 
-    ``config`` is a DeepSeek-V2-style dict (``num_attention_heads``, ``kv_lora_rank``,
-    ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim``, maybe more keys). ``cached`` is the
-    numbers stored per token; ``multiply_adds`` those one new query token spends on one cached token,
-    over all heads: its score with the token's key, and the token's value added in with its weight.
-    The reference is counted from chapter 09's section 5 (absorbed: multi-query attention on the
-    latent; expanded: every head's key and value rebuilt and cached, as multi-head attention caches
-    them); ``tests/checks/test_checks_variants.py`` measures both on the course's
-    :class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention`. Tried on DeepSeek-V2 and
-    on two other configurations.
-
-    Returns:
-        ``True`` when correct.
+    ``config`` is a DeepSeek-V2-style dict. ``cached`` is the numbers stored per token, ``multiply_adds``
+    those one new query token spends on one cached token over all heads (its score with the token's key,
+    and the token's value added in). Tried on DeepSeek-V2 and two other configurations.
 
     Raises:
         CheckFailed: naming the two forms swapped, the two counts in the wrong order, the rotary part
@@ -166,9 +151,7 @@ def check_decode_costs(costs_fn: Callable[[dict, str], tuple[int, int]]) -> bool
                 raise CheckFailed(ORDER_SWAPPED)
             for count, wanted, mistakes in zip(got, expected, _decode_mistakes(case, form)):
                 if count != wanted:
-                    for message, wrong in mistakes:
-                        if count == wrong:
-                            raise CheckFailed(message)
+                    name_mistake(count, mistakes)
             wrong = {(True, False): "number cached is", (False, True): "count of multiply-adds is"}.get(
                 (got[0] != expected[0], got[1] != expected[1]), "number cached and count of multiply-adds are")
             raise CheckFailed(COSTS_WRONG.format(form=form, case=_case_text(case), wrong=wrong, got_cached=got[0],

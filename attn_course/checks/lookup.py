@@ -1,19 +1,6 @@
-"""Checks for chapter 01's exercises: attention as a lookup, from embeddings to weights and back.
-
-* :func:`check_attention_from_embeddings`: ``fn(x, w_q, w_k, w_v) -> (output, weights)``, the
-  whole computation from token embeddings; names a scaling by the embedding width, a
-  transposed map, keys projected with ``w_q``, values mixed with the scores or not projected.
-* :func:`check_identical_keys_prediction`: ``fn(n) -> [n]``, the weights when every key is the
-  same vector, compared with real attention for several ``n``.
-* :func:`check_attention_map`: ``fn(queries, keys) -> [N_q, N_k]`` with ``N_q != N_k``; names a
-  map whose rows are the keys, a softmax over the queries, and scalings by the wrong size.
-* :func:`check_rescaled_weights`: ``fn(weights, factor) -> [..., N]``, one softmax's weights
-  after its scores are multiplied by ``factor``, predicted from the weights alone.
-
-Each returns ``True`` or raises :class:`~attn_course.checks.diagnosis.CheckFailed` whose message
-names the mistake the answer matches. Inputs are drawn from a private generator, so a check
-neither depends on nor changes the caller's random state.
-"""
+"""Check chapter 01's exercises: attention from embeddings, the weights of identical keys, the map of plain
+matrices (the fourth, rescaled weights: :mod:`attn_course.checks.rescaled_weights`). Inputs come from a
+private generator: a check neither depends on nor changes the caller's random state."""
 
 from __future__ import annotations
 
@@ -22,17 +9,20 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.diagnosis import (
+    CheckFailed,
+    call_answer,
+    call_student,
+    check_shape,
+    diagnose,
+    output_of,
+    same,
+    watched,
+)
 from attn_course.checks.forbidden import forbid
 from attn_course.core.attention import self_attention
 
-__all__ = [
-    "check_attention_from_embeddings",
-    "check_identical_keys_prediction",
-    "check_attention_map",
-]
-
-# --- messages --------------------------------------------------------------------------------
+__all__ = ["check_attention_from_embeddings", "check_identical_keys_prediction", "check_attention_map"]
 
 NO_SCALING = ("Your weights are softmax(Q Kᵀ), without the scaling: divide the scores by √d_k "
               "(here √{d_k} = {sqrt_d_k:.3g}) before the softmax.")
@@ -72,28 +62,15 @@ ONE_KEY_WINS = ("Your prediction puts all the weight on one key. When all the ke
                 "what makes one of them win? Compare the scores q · k_j of one query.")
 UNEQUAL = ("Your weights for n = {n} sum to 1 but are not all equal. Compare the scores q · k_j of one "
            "query when every k_j is the same vector.")
-def _generator() -> torch.Generator:
-    return torch.Generator().manual_seed(2024)
-
-
-def _require_callable(where: str, fn: object) -> None:
-    if not callable(fn):
-        raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
 
 
 def _scaled_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
 
 
-# --- exercise: from embeddings to outputs ----------------------------------------------------
-
-def embedding_inputs(n: int = 6, e: int = 10, d_k: int = 4, d_v: int = 3):
-    """Fresh ``x [n, e]``, ``w_q [e, d_k]``, ``w_k [e, d_k]``, ``w_v [e, d_v]`` in float32.
-
-    ``e``, ``d_k`` and ``d_v`` differ, so a scaling by the wrong width or a mix of the wrong
-    rows shows. The projections are scaled so that the scores spread over a few units.
-    """
-    generator = _generator()
+def _embedding_inputs(n: int = 6, e: int = 10, d_k: int = 4, d_v: int = 3):
+    """``x [n, e]``, ``w_q [e, d_k]``, ``w_k [e, d_k]``, ``w_v [e, d_v]``, widths that differ, scores of a few units."""
+    generator = torch.Generator().manual_seed(2024)
     x = torch.randn(n, e, generator=generator)                                 # [N, E]
     w_q, w_k, w_v = (torch.randn(e, width, generator=generator) / math.sqrt(e) * 1.5
                      for width in (d_k, d_k, d_v))                             # [E, d_k], [E, d_k], [E, d_v]
@@ -114,17 +91,8 @@ ATTENTION_FROM_EMBEDDINGS_RULES = forbid(
 def check_attention_from_embeddings(attention_fn: Callable) -> bool:
     """Check ``fn(x, w_q, w_k, w_v) -> (output, weights)``: self-attention from token embeddings.
 
-    The function is called once with float32 ``x [6, 10]`` (``N = 6`` tokens, ``E = 10``),
-    ``w_q, w_k [10, 4]`` (``d_k = 4``) and ``w_v [10, 3]`` (``d_v = 3``), and must return a tuple
-    ``(output [N, d_v], weights [N, N])`` with ``weights = softmax(Q Kᵀ / √d_k)`` over the keys
-    and ``output = weights V``, where ``Q = x w_q``, ``K = x w_k``, ``V = x w_v``. Any floating
-    dtype is accepted; entries must agree to 1e-5 (absolute) and 1e-4 (relative).
-
-    Args:
-        attention_fn: the student's function.
-
-    Returns:
-        ``True`` when both results are right.
+    Called with ``x [6, 10]``, ``w_q, w_k [10, 4]`` and ``w_v [10, 3]``; must return ``(output [N, d_v],
+    weights [N, N])`` with ``weights = softmax(Q Kᵀ / √d_k)`` and ``output = weights V``.
 
     Raises:
         TypeError: ``attention_fn`` is not callable.
@@ -144,50 +112,36 @@ def check_attention_from_embeddings(attention_fn: Callable) -> bool:
     """
     attention_fn = watched("check_attention_from_embeddings", attention_fn, ATTENTION_FROM_EMBEDDINGS_RULES)
     where = "check_attention_from_embeddings"
-    x, w_q, w_k, w_v = embedding_inputs()
+    x, w_q, w_k, w_v = _embedding_inputs()
     q, k, v = x @ w_q, x @ w_k, x @ w_v
     expected_output, expected_weights = self_attention(q, k, v)
-    returned = []
-
-    def keep(*args):
-        returned.append(attention_fn(*args))
-        return tuple(returned[-1]) if isinstance(returned[-1], list) else returned[-1]
-
-    output = call_student(where, keep, x.clone(), w_q.clone(), w_k.clone(), w_v.clone())
-    result = returned[-1]
+    result = call_answer(where, attention_fn, x, w_q, w_k, w_v)
+    output = output_of(tuple(result) if isinstance(result, list) else result)
     if not isinstance(result, (tuple, list)):
         raise CheckFailed(NOT_A_PAIR.format(shape=list(output.shape)))
     if len(result) != 2 or not isinstance(result[1], torch.Tensor):
         raise CheckFailed(f"Your function returns a {type(result).__name__} of {len(result)} items; return the "
                           "pair (output, weights), two tensors.")
-    weights = result[1]
-    check_shape(weights, expected_weights, "Your weights")
-    if not same(weights, expected_weights):
-        d_k, e = q.shape[-1], x.shape[-1]
-        facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "e": e}
-        raw = q @ k.T                                                          # [N, N]
-        mistakes = [
-            (NO_SCALING.format(**facts), torch.softmax(raw, dim=-1)),
-            (SCALED_BY_D_K.format(**facts), torch.softmax(raw / d_k, dim=-1)),
-            (SCALED_BY_E.format(**facts), torch.softmax(raw / math.sqrt(e), dim=-1)),
-            (OVER_QUERIES, torch.softmax(raw / math.sqrt(d_k), dim=0)),
-            (TRANSPOSED, torch.softmax(raw.T / math.sqrt(d_k), dim=-1)),
-            (KEYS_FROM_W_Q, torch.softmax(_scaled_scores(q, q), dim=-1)),
-            (NOT_PROJECTED, torch.softmax(x @ x.T / math.sqrt(d_k), dim=-1)),
-            (NOT_PROJECTED, torch.softmax(x @ x.T / math.sqrt(e), dim=-1)),
-        ]
-        diagnose(weights, expected_weights, mistakes, ("query", "key"), "Your weights")
+    d_k, e = q.shape[-1], x.shape[-1]
+    facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "e": e}
+    raw = q @ k.T                                                              # [N, N]
+    diagnose(result[1], expected_weights, [
+        (NO_SCALING.format(**facts), torch.softmax(raw, dim=-1)),
+        (SCALED_BY_D_K.format(**facts), torch.softmax(raw / d_k, dim=-1)),
+        (SCALED_BY_E.format(**facts), torch.softmax(raw / math.sqrt(e), dim=-1)),
+        (OVER_QUERIES, torch.softmax(raw / math.sqrt(d_k), dim=0)),
+        (TRANSPOSED, torch.softmax(raw.T / math.sqrt(d_k), dim=-1)),
+        (KEYS_FROM_W_Q, torch.softmax(_scaled_scores(q, q), dim=-1)),
+        (NOT_PROJECTED, torch.softmax(x @ x.T / math.sqrt(d_k), dim=-1)),
+        (NOT_PROJECTED, torch.softmax(x @ x.T / math.sqrt(e), dim=-1)),
+    ], ("query", "key"), "Your weights")
     if output.shape == (x.shape[0], x.shape[1]) and x.shape[1] != v.shape[1]:
         raise CheckFailed(OUTPUT_FROM_X.format(shape=list(output.shape), d_v=v.shape[1]))
-    check_shape(output, expected_output, "Your output")
-    if not same(output, expected_output):
-        scores = _scaled_scores(q, k)
-        mistakes = [
-            (OUTPUT_FROM_SCORES, scores @ v),
-            (OUTPUT_FROM_SCORES, (q @ k.T) @ v),
-            (OUTPUT_TRANSPOSED, expected_weights.T @ v),
-        ]
-        diagnose(output, expected_output, mistakes, ("token", "feature"), "Your output")
+    diagnose(output, expected_output, [
+        (OUTPUT_FROM_SCORES, _scaled_scores(q, k) @ v),
+        (OUTPUT_FROM_SCORES, (q @ k.T) @ v),
+        (OUTPUT_TRANSPOSED, expected_weights.T @ v),
+    ], ("token", "feature"), "Your output")
     return True
 
 
@@ -201,20 +155,9 @@ IDENTICAL_KEYS_RULES = forbid(
 )
 
 
-# --- exercise: identical keys -----------------------------------------------------------------
-
 def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -> bool:
-    """Check ``fn(n) -> [n]``: the predicted weights of a query when all ``n`` keys are one vector.
-
-    The prediction is compared, for ``n`` = 1, 4 and 7, with the weights that real attention
-    gives a random query against ``n`` copies of one random key. It must be a floating tensor
-    of shape ``[n]`` (any floating dtype), agreeing to 1e-5.
-
-    Args:
-        predict_fn: the student's function; it receives a Python int.
-
-    Returns:
-        ``True`` when right for every ``n``.
+    """Check ``fn(n) -> [n]``: the predicted weights of a query when all ``n`` keys are one vector, compared
+    for ``n`` = 1, 4 and 7 with what real attention gives a random query against ``n`` copies of one key.
 
     Raises:
         TypeError: ``predict_fn`` is not callable.
@@ -229,7 +172,7 @@ def check_identical_keys_prediction(predict_fn: Callable[[int], torch.Tensor]) -
     """
     predict_fn = watched("check_identical_keys_prediction", predict_fn, IDENTICAL_KEYS_RULES)
     where = "check_identical_keys_prediction"
-    generator = _generator()
+    generator = torch.Generator().manual_seed(2024)
     for n in (1, 4, 7):
         query = torch.randn(1, 8, generator=generator)                           # [1, d_k]
         keys = torch.randn(1, 8, generator=generator).expand(n, 8)              # [n, d_k], all the same
@@ -261,21 +204,10 @@ ATTENTION_MAP_RULES = forbid(
 )
 
 
-# --- exercise: the map, rows and columns ---------------------------------------------------
-
 def check_attention_map(map_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
-    """Check ``fn(queries, keys) -> weights [N_q, N_k]``, the attention map of plain matrices.
-
-    Called with float32 ``queries [5, 16]`` and ``keys [7, 16]``: ``N_q = 5`` differs from
-    ``N_k = 7``, so rows and columns cannot be confused unseen. Row ``i`` must be
-    ``softmax_j(q_i · k_j / √d_k)``. Any floating dtype is accepted; ``(weights, ...)`` tuples
-    are unwrapped to their first item.
-
-    Args:
-        map_fn: the student's function.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(queries, keys) -> weights [N_q, N_k]``, the attention map of plain matrices, called with
+    ``queries [5, 16]`` and ``keys [7, 16]`` (rows and columns cannot be confused unseen): row ``i`` must be
+    ``softmax_j(q_i · k_j / √d_k)``. ``(weights, ...)`` is accepted.
 
     Raises:
         TypeError: ``map_fn`` is not callable.
@@ -291,27 +223,22 @@ def check_attention_map(map_fn: Callable[[torch.Tensor, torch.Tensor], torch.Ten
     """
     map_fn = watched("check_attention_map", map_fn, ATTENTION_MAP_RULES)
     where = "check_attention_map"
-    generator = _generator()
+    generator = torch.Generator().manual_seed(2024)
     queries = torch.randn(5, 16, generator=generator)                          # [N_q, d_k]
     keys = torch.randn(7, 16, generator=generator)                             # [N_k, d_k]
     _, expected = self_attention(queries, keys, torch.zeros(7, 1))             # [N_q, N_k]
-    got = call_student(where, map_fn, queries.clone(), keys.clone())
+    got = call_student(where, map_fn, queries, keys)
     n_q, n_k, d_k = queries.shape[0], keys.shape[0], queries.shape[1]
     if got.shape == (n_k, n_q):
         message = ROWS_ARE_KEYS_RIGHT_VALUES if same(got.T, expected) else ROWS_ARE_KEYS
         raise CheckFailed(message.format(shape=list(got.shape), n_q=n_q, n_k=n_k))
-    check_shape(got, expected, "Your attention map")
-    if not same(got, expected):
-        raw = queries @ keys.T                                                 # [N_q, N_k]
-        facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "n_k": n_k}
-        mistakes = [
-            (OVER_QUERIES, torch.softmax(raw / math.sqrt(d_k), dim=0)),
-            (NO_SCALING.format(**facts), torch.softmax(raw, dim=-1)),
-            (SCALED_BY_D_K.format(**facts), torch.softmax(raw / d_k, dim=-1)),
-            (SCALED_BY_N.format(**facts), torch.softmax(raw / math.sqrt(n_k), dim=-1)),
-            (SCALED_BY_N.format(**facts), torch.softmax(raw / math.sqrt(n_q), dim=-1)),
-        ]
-        diagnose(got, expected, mistakes, ("query", "key"), "Your attention map")
+    raw = queries @ keys.T                                                     # [N_q, N_k]
+    facts = {"d_k": d_k, "sqrt_d_k": math.sqrt(d_k), "n_k": n_k}
+    diagnose(got, expected, [
+        (OVER_QUERIES, torch.softmax(raw / math.sqrt(d_k), dim=0)),
+        (NO_SCALING.format(**facts), torch.softmax(raw, dim=-1)),
+        (SCALED_BY_D_K.format(**facts), torch.softmax(raw / d_k, dim=-1)),
+        (SCALED_BY_N.format(**facts), torch.softmax(raw / math.sqrt(n_k), dim=-1)),
+        (SCALED_BY_N.format(**facts), torch.softmax(raw / math.sqrt(n_q), dim=-1)),
+    ], ("query", "key"), "Your attention map")
     return True
-
-

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same
+from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, name_mistake, same
 
 __all__ = ["check_rescaled_weights"]
 
@@ -26,34 +26,11 @@ WRONG_DIM = ("Your new weights sum to 1 along dimension 0, not along the last on
              "dimension, the keys) is its own softmax.")
 
 
-
-
-def _generator() -> torch.Generator:
-    return torch.Generator().manual_seed(2024)
-
-
-
-def _require_callable(where: str, fn: object) -> None:
-    if not callable(fn):
-        raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
-
-
-
-# --- exercise: what a factor on the scores does to the weights --------------------------------
-
 def check_rescaled_weights(rescale_fn: Callable[[torch.Tensor, float], torch.Tensor]) -> bool:
     """Check ``fn(weights, factor) -> [..., N]``: softmax weights after the scores are multiplied by ``factor``.
 
-    ``weights`` are float32 softmax outputs over the last dimension (shapes ``[3, 6]`` and
-    ``[6]``), and ``factor`` a positive Python float (2.0, 8/√6 and 0.5). The answer must equal
-    ``softmax(factor · s)`` for the scores ``s`` the weights came from, which the function does
-    not see; any floating dtype, to 1e-5 (absolute) and 1e-4 (relative).
-
-    Args:
-        rescale_fn: the student's function.
-
-    Returns:
-        ``True`` when correct for every shape and factor.
+    ``weights`` are softmax outputs ``[3, 6]`` and ``[6]``, ``factor`` 2.0, 8/√6 and 0.5; the answer must equal
+    ``softmax(factor · s)`` for the scores ``s`` the weights came from, which the function does not see.
 
     Raises:
         TypeError: ``rescale_fn`` is not callable.
@@ -69,14 +46,13 @@ def check_rescaled_weights(rescale_fn: Callable[[torch.Tensor, float], torch.Ten
         attn_course.checks.diagnosis.CheckFailed: Close: your weights are proportional to the right ones, but row 0 ...
     """
     where = "check_rescaled_weights"
-    _require_callable(where, rescale_fn)
-    generator = _generator()
+    generator = torch.Generator().manual_seed(2024)
     for shape in ((3, 6), (6,)):
         scores = torch.randn(*shape, generator=generator, dtype=torch.float64) * 1.5     # [..., N]
         weights = torch.softmax(scores, dim=-1).float()                                  # [..., N]
         for factor in (2.0, 8 / math.sqrt(6), 0.5):
             expected = torch.softmax(factor * scores, dim=-1)                           # [..., N]
-            got = call_student(where, rescale_fn, weights.clone(), factor)
+            got = call_student(where, rescale_fn, weights, factor)
             if not got.is_floating_point():
                 raise CheckFailed(NOT_FLOATING.format(dtype=got.dtype))
             check_shape(got, expected, "Your new weights")
@@ -101,9 +77,7 @@ def _diagnose_rescaled(got: torch.Tensor, expected: torch.Tensor, weights: torch
     if got.dim() > 1:
         mistakes.append((WRONG_DIM, powered / powered.sum(dim=0, keepdim=True)))
     finite = torch.nan_to_num(got.double(), nan=0.0)
-    for message, wrong in mistakes:
-        if same(finite, wrong):
-            raise CheckFailed(message)
+    name_mistake(finite, mistakes, same)
     row = finite.reshape(-1, finite.shape[-1])[0]
     total = float(row.sum())
     if not math.isclose(total, 1.0, abs_tol=1e-4):

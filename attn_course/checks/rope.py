@@ -1,18 +1,24 @@
-"""Checks for the rotary-embedding exercises (chapter 05): positions for a left-padded batch, the pair
-that makes a given number of turns within a context, the newest token's scores during decoding,
-attention with RoPE, and LLaMA 3.1's frequency scaling. Each runs the student's function on fresh
-inputs, compares it with :class:`~attn_course.positions.rope.RotaryEmbedding` and
-:func:`~attn_course.core.attention.self_attention`, and names the mistake it recognises."""
+"""Check chapter 05's exercises against :class:`~attn_course.positions.rope.RotaryEmbedding`: positions for a
+left-padded batch, the pair that makes a given number of turns within a context, the newest token's scores
+during decoding, attention with RoPE, and LLaMA 3.1's frequency scaling."""
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.diagnosis import (
+    CheckFailed,
+    call_answer,
+    call_student,
+    check_shape,
+    diagnose,
+    name_mistake,
+    number,
+    watched,
+)
 from attn_course.checks.forbidden import Forbidden
 from attn_course.core.attention import self_attention
 from attn_course.positions.rope import RotaryEmbedding
@@ -20,9 +26,6 @@ from attn_course.positions.rope_scaling import Llama3Scaling
 
 __all__ = ["check_left_padded_positions", "check_pair_making_turns", "check_last_token_scores",
            "check_rope_attention", "check_llama3_frequencies"]
-
-
-# --- positions of a left-padded batch ------------------------------------------------------------
 
 SHARED_POSITIONS = (
     "You gave every row the positions 0 .. N-1 of the padded batch, so a sequence with p padding tokens "
@@ -64,14 +67,9 @@ LEFT_PADDED_RULES = (
 
 
 def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
-    """Check ``fn(attention_mask [B, N]) -> positions [B, N]`` for a left-padded batch.
-
-    ``attention_mask`` holds 1 for a real token and 0 for padding, the padding first in each row.
-    Each sequence's real tokens must get positions ``0, 1, ..., length - 1``; the padding slots may
-    hold anything (they are masked). Tried on four batches, one with a single sequence and no padding.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(attention_mask [B, N]) -> positions [B, N]`` for a left-padded batch (1 a real token, 0
+    padding): each sequence's real tokens at ``0, 1, ..., length - 1``, the padding slots anything. Tried on
+    four batches, one with a single sequence and no padding.
 
     Raises:
         CheckFailed: naming shared positions ``0 .. N-1``, positions that start at 1 or count down,
@@ -85,7 +83,7 @@ def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Ten
     """
     positions_fn = watched("check_left_padded_positions", positions_fn, LEFT_PADDED_RULES)
     for mask in _left_padded_masks():
-        got = call_student("check_left_padded_positions", positions_fn, mask.clone())
+        got = call_student("check_left_padded_positions", positions_fn, mask)
         expected, mistakes = _positions_variants(mask)
         if type(got) is torch.Tensor and (got.is_floating_point() or got.is_complex() or got.dtype == torch.bool):
             raise CheckFailed(POSITIONS_NOT_INTEGERS.format(dtype=got.dtype))
@@ -93,9 +91,7 @@ def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Ten
         real = mask.bool()
         if torch.equal(got[real], expected[real]):
             continue
-        for message, wrong in mistakes:
-            if torch.equal(got[real], wrong[real]):
-                raise CheckFailed(message)
+        name_mistake(got[real], [(message, wrong[real]) for message, wrong in mistakes], torch.equal)
         b, t = (int(i) for i in (~(got == expected) & real).nonzero()[0])
         raise CheckFailed(
             f"Your positions are not right for the mask {mask[b].tolist()}: the real token in slot {t} should be "
@@ -103,8 +99,6 @@ def check_left_padded_positions(positions_fn: Callable[[torch.Tensor], torch.Ten
         )
     return True
 
-
-# --- which pair makes a given number of turns within a context ------------------------------------
 
 NO_TWO_PI = ("You solved base^(2i/d) = context / turns, but a full turn is 2π radians: pair i completes one "
              "every 2π/θ_i = 2π · base^(2i/d) tokens, so it makes context / (2π · base^(2i/d)) turns.")
@@ -130,30 +124,15 @@ TURNS_CASES = [(128, 500_000.0, 8192, 32.0), (128, 500_000.0, 8192, 1.0), (64, 1
 
 
 def _pair_from_wavelengths(d: int, base: float, context: int, turns: float) -> float:
-    """The real pair index with wavelength ``context / turns``, read off the module's wavelengths,
-    which grow by the same factor from one pair to the next."""
+    """The real pair index with wavelength ``context / turns``, read off the (geometric) wavelengths."""
     wavelength = RotaryEmbedding(d, base=base).wavelengths()                    # [d/2], float64
     return math.log(context / turns / wavelength[0].item()) / math.log((wavelength[1] / wavelength[0]).item())
 
 
-def _number(value: object) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise CheckFailed(f"Your function should return a number (a float), but it returned {type(value).__name__}.")
-    return float(value)
-
-
 def check_pair_making_turns(pair_fn: Callable[[int, float, int, float], float]) -> bool:
     """Check ``fn(d, base, context, turns) -> float``: the (real) pair index ``i`` at which a head's pair
-    makes exactly ``turns`` full turns within ``context`` tokens, ``context / λ_i = turns``.
-
-    The reference reads the index off ``RotaryEmbedding(d, base=base).wavelengths()`` (which grow
-    geometrically from pair to pair), for five heads and turn counts, among them LLaMA 3's head
-    (d = 128, base 500 000, L = 8192) at YaRN's 32 and 1 turns.
-
-    Returns:
-        ``True`` when correct.
+    makes exactly ``turns`` full turns within ``context`` tokens, read off ``RotaryEmbedding(d,
+    base=base).wavelengths()``, for five heads, among them LLaMA 3's at YaRN's 32 and 1 turns.
 
     Raises:
         CheckFailed: naming a missing 2π, a feature index for a pair index, the turns inverted, a
@@ -168,13 +147,14 @@ def check_pair_making_turns(pair_fn: Callable[[int, float, int, float], float]) 
     """
     got, expected = [], []
     for d, base, context, turns in TURNS_CASES:
-        got.append(_number(call_answer("check_pair_making_turns", pair_fn, d, base, context, turns)))
+        got.append(float(number(call_answer("check_pair_making_turns", pair_fn, d, base, context, turns),
+                                "Your function should return a number (a float), but it returned {type}.")))
         expected.append(_pair_from_wavelengths(d, base, context, turns))
 
-    def matches(values: list[float]) -> bool:
+    def close(got: list[float], values: list[float]) -> bool:
         return all(math.isclose(g, v, rel_tol=1e-6, abs_tol=1e-6) for g, v in zip(got, values))
 
-    if matches(expected):
+    if close(got, expected):
         return True
     ln = math.log
     mistakes = [
@@ -187,9 +167,7 @@ def check_pair_making_turns(pair_fn: Callable[[int, float, int, float], float]) 
         (FROM_THE_END, [d / 2 - 1 - e for (d, *_), e in zip(TURNS_CASES, expected)]),
         (FROM_THE_END, [d / 2 - e for (d, *_), e in zip(TURNS_CASES, expected)]),
     ]
-    for message, wrong in mistakes:
-        if matches(wrong):
-            raise CheckFailed(message)
+    name_mistake(got, mistakes, close)
     if all(g == round(g) for g in got) and all(abs(g - e) <= 1 for g, e in zip(got, expected)):
         raise CheckFailed(ROUNDED)
     index = next(i for i, (g, e) in enumerate(zip(got, expected)) if not math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-6))
@@ -197,8 +175,6 @@ def check_pair_making_turns(pair_fn: Callable[[int, float, int, float], float]) 
     raise CheckFailed(TURNS_WRONG.format(d=d, base=base, context=context, turns=turns, expected=expected[index],
                                          got=f"{got[index]:.4f}"))
 
-
-# --- the newest token's scores during decoding ---------------------------------------------------
 
 QUERY_AT_ZERO = (
     "Your query is rotated at position 0 (RotaryEmbedding's default for a single vector), while the keys "
@@ -214,13 +190,8 @@ SCORES_SCALED = ("Your scores are divided by √d. The function returns the plai
 
 
 def check_last_token_scores(scores_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
-    """Check ``fn(q_last [d], keys [N, d], base) -> scores [N]``: the newest token's row of RoPE scores.
-
-    The reference is the last row of ``rope(queries) @ rope(keys).T`` over the whole sequence, for
-    ``N = 6, d = 16, base 10 000`` and ``N = 9, d = 32, base 500``.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(q_last [d], keys [N, d], base) -> scores [N]``: the newest token's row of RoPE scores, the
+    last row of ``rope(queries) @ rope(keys).T``, for ``N = 6, d = 16`` and ``N = 9, d = 32``.
 
     Raises:
         CheckFailed: naming a query rotated at position 0 or N, keys left unrotated, scores divided
@@ -230,23 +201,17 @@ def check_last_token_scores(scores_fn: Callable[[torch.Tensor, torch.Tensor, flo
     for tokens, d, base in [(6, 16, 10_000.0), (9, 32, 500.0)]:
         queries, keys = torch.randn(tokens, d, generator=generator), torch.randn(tokens, d, generator=generator)
         rope = RotaryEmbedding(d, base=base)
-        got = call_student("check_last_token_scores", scores_fn, queries[-1].clone(), keys.clone(), base)
+        got = call_student("check_last_token_scores", scores_fn, queries[-1], keys, base)
         k = rope(keys)                                                         # [N, d]
         expected = rope(queries)[-1] @ k.T                                     # [N]
-        check_shape(got, expected, "Your row of scores")
-        if same(got, expected):
-            continue
-        mistakes = [
+        diagnose(got, expected, [
             (QUERY_AT_ZERO, queries[-1] @ k.T),
             (QUERY_ONE_PAST, rope(queries[-1:], torch.tensor([tokens]))[0] @ k.T),
             (KEYS_NOT_ROTATED, rope(queries)[-1] @ keys.T),
             (SCORES_SCALED, expected / math.sqrt(d)),
-        ]
-        diagnose(got, expected, mistakes, ("key",), "Your row of scores")
+        ], ("key",), "Your row of scores")
     return True
 
-
-# --- attention with RoPE ---------------------------------------------------------------------------
 
 VALUES_ROTATED = (
     "You rotate the values too. RoPE turns queries and keys only: their dot products then depend on "
@@ -262,12 +227,8 @@ VALUES_CRASH = ("Your function crashed when the values are narrower than the que
 
 
 def check_rope_attention(attention_fn: Callable) -> bool:
-    """Check ``fn(q, k, v, base) -> output [..., N, d_v]``: attention with RoPE at positions ``0 .. N-1``.
-
-    Tried with ``d_v = d`` (``[2, 6, 8]``) and with narrower values (``[2, 3, 5, 16]``, ``d_v = 6``).
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(q, k, v, base) -> output [..., N, d_v]``: attention with RoPE at positions ``0 .. N-1``, with
+    ``d_v = d`` (``[2, 6, 8]``) and with narrower values (``[2, 3, 5, 16]``, ``d_v = 6``).
 
     Raises:
         CheckFailed: naming rotated values, nothing rotated, only queries or only keys rotated, a
@@ -279,16 +240,13 @@ def check_rope_attention(attention_fn: Callable) -> bool:
         v = torch.randn(*shape[:-1], dv, generator=generator)
         rope = RotaryEmbedding(shape[-1], base=base)
         try:
-            got = call_student("check_rope_attention", attention_fn, q.clone(), k.clone(), v.clone(), base)
+            got = call_student("check_rope_attention", attention_fn, q, k, v, base)
         except CheckFailed as failed:
             if dv != shape[-1] and str(failed).startswith("Your function raised"):
                 raise CheckFailed(VALUES_CRASH.format(dv=dv, d=shape[-1], error=str(failed).split(". It was")[0]
                                                       .removeprefix("Your function "))) from failed.__cause__
             raise
         expected = self_attention(rope(q), rope(k), v)[0]
-        check_shape(got, expected, "Your output")
-        if same(got, expected):
-            continue
         mistakes = [
             (NOT_ROTATED, self_attention(q, k, v)[0]),
             (ONLY_QUERIES, self_attention(rope(q), k, v)[0]),
@@ -299,8 +257,6 @@ def check_rope_attention(attention_fn: Callable) -> bool:
         diagnose(got, expected, mistakes, ("", "", "token", "feature"), "Your output")
     return True
 
-
-# --- LLaMA 3.1's frequency scaling -------------------------------------------------------------
 
 LINEAR_IN_WAVELENGTH = (
     "Your blend is linear in the wavelength λ_i. LLaMA 3.1 blends linearly in the number of turns within "
@@ -342,15 +298,9 @@ LLAMA3_RULES = (
 
 
 def check_llama3_frequencies(frequencies_fn: Callable) -> bool:
-    """Check ``fn(theta [d/2], factor, context, low, high) -> [d/2]``: LLaMA 3.1's scaled frequencies.
-
-    Compared, as the ratio new / trained of each pair, with
-    ``RotaryEmbedding(d, base=base, scaling=Llama3Scaling(factor, context, low, high)).frequencies()``
-    for LLaMA 3.1's numbers (d = 128, base 500 000, factor 8, L = 8192, low 1, high 4) and for
-    d = 64, base 10 000, factor 4, L = 2048, low 2, high 8.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(theta [d/2], factor, context, low, high) -> [d/2]``: LLaMA 3.1's scaled frequencies, compared
+    (as the ratio new / trained of each pair) with ``RotaryEmbedding(d, base=base,
+    scaling=Llama3Scaling(factor, context, low, high)).frequencies()`` for LLaMA 3.1's numbers and others.
 
     Raises:
         CheckFailed: naming a blend linear in the wavelength, a reversed mix, every pair or the fast
@@ -360,11 +310,8 @@ def check_llama3_frequencies(frequencies_fn: Callable) -> bool:
     for d, base, factor, context, low, high in LLAMA3_CASES:
         theta = RotaryEmbedding(d, base=base).frequencies()                    # [d/2], float64
         expected = RotaryEmbedding(d, base=base, scaling=Llama3Scaling(factor, context, low, high)).frequencies()
-        got = call_student("check_llama3_frequencies", frequencies_fn, theta.clone(), factor, context, low, high)
+        got = call_student("check_llama3_frequencies", frequencies_fn, theta, factor, context, low, high)
         check_shape(got, expected, "Your frequencies")
-        ratio = got.double() / theta                                           # [d/2]: new / trained
-        if same(ratio, expected / theta):
-            continue
         wavelength = 2 * math.pi / theta
         mistakes = [
             (LINEAR_IN_WAVELENGTH, _llama3_variant(theta, factor, context, low, high, blend="wavelength")),
@@ -373,6 +320,6 @@ def check_llama3_frequencies(frequencies_fn: Callable) -> bool:
             (FAST_SLOWED, torch.where(wavelength < context / high, theta / factor, theta)),
             (MULTIPLIED, _llama3_variant(theta, 1 / factor, context, low, high)),
         ]
-        diagnose(ratio, expected / theta, [(m, w / theta) for m, w in mistakes], ("pair",),
-                 "Your new / trained frequency ratio")
+        diagnose(got.double() / theta, expected / theta, [(m, w / theta) for m, w in mistakes], ("pair",),
+                 "Your new / trained frequency ratio")                       # per pair, new / trained
     return True

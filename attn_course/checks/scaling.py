@@ -1,5 +1,5 @@
-"""Checks for chapter 02's √d_k exercises: predicting the size of a score, and the gradient that
-flows back through ``softmax(q kᵀ / √d_k)`` to the queries."""
+"""Check chapter 02's √d_k exercises: predicting the size of a score, and the gradient that flows back
+through ``softmax(q kᵀ / √d_k)`` to the queries."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, check_shape, diagnose, same, watched
+from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student, diagnose, name_mistake, watched
 from attn_course.checks.forbidden import AUTOGRAD, RANDOM, Forbidden
 
 __all__ = ["check_score_std_prediction", "check_query_gradient", "SCORE_STD_CASES"]
-
 
 # (d_k, std_q, std_k): head sizes from tiny to large, entries that are not all of size 1.
 SCORE_STD_CASES = ((4, 1.0, 1.0), (16, 0.5, 3.0), (100, 0.2, 0.2), (256, 1 / math.sqrt(3), 2.0))
@@ -51,11 +50,9 @@ def _as_number(where: str, value: object, d_k: int) -> float:
     raise CheckFailed(NOT_A_NUMBER.format(d_k=d_k, what=what))
 
 
-def measured_score_std(d_k: int, std_q: float, std_k: float, *, n_pairs: int = 20_000, seed: int = 0) -> float:
-    """The standard deviation of ``q·k`` over ``n_pairs`` random pairs with N(0, σ²) entries (float64).
-
-    The pairs are drawn in chunks of at most a million numbers, so a large ``d_k`` needs little memory.
-    """
+def _measured_score_std(d_k: int, std_q: float, std_k: float, *, n_pairs: int = 20_000, seed: int = 0) -> float:
+    """The standard deviation of ``q·k`` over ``n_pairs`` random pairs with N(0, σ²) entries (float64), drawn in
+    chunks of at most a million numbers."""
     generator = torch.Generator().manual_seed(seed)
     chunk = max(1, 1_000_000 // d_k)
     dots = []
@@ -76,25 +73,13 @@ GRADIENT_RULES = (Forbidden(AUTOGRAD, "the exercise is to derive the gradient by
 
 def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, seed: int = 0,
                                rtol: float = 1e-5) -> bool:
-    """Check ``fn(d_k, std_q, std_k)``: the predicted standard deviation of ``q·k``.
+    """Check ``fn(d_k, std_q, std_k)``: the predicted standard deviation of ``q·k`` for independent zero-mean
+    entries of standard deviations ``std_q`` and ``std_k``.
 
-    ``q`` and ``k`` have independent entries with mean 0 and standard deviations ``std_q``
-    and ``std_k``. For each case the prediction (a float or a one-element tensor) is compared,
-    to ``rtol``, with the exact standard deviation; when it is off, the message shows the
-    standard deviation measured over 20 000 random pairs. A measurement is good to about 1 %,
-    so only a prediction passes, wherever the answer runs (in the notebook or in the grader's
-    sandbox). The function must not draw random numbers: the calls that PyTorch, Python and NumPy
-    make are watched, and each case is asked twice, with PyTorch's generator in a different
-    state each time, and must get the same answer.
-
-    Args:
-        predict_fn: the student's prediction.
-        cases: ``(d_k, std_q, std_k)`` triples to try.
-        seed: seed of the measurement shown in the messages.
-        rtol: relative tolerance (a prediction is exact; 1e-5 leaves room for float32 arithmetic).
-
-    Returns:
-        ``True`` when every prediction is right.
+    For each of ``cases`` the prediction (a float or a one-element tensor) is compared, to ``rtol``, with the
+    exact standard deviation (a measurement, good to about 1 %, is shown when it is off; ``seed`` seeds it).
+    The answer may not draw random numbers: they are watched, and each case is asked twice, with PyTorch's
+    generator in another state each time.
 
     Raises:
         CheckFailed: naming a constant, the variance instead of the standard deviation, stds
@@ -107,8 +92,6 @@ def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, s
         attn_course.checks.diagnosis.CheckFailed: You predicted the variance of q·k (d_k σ_q² σ_k²); the exercise ...
     """
     where = "check_score_std_prediction"
-    if not callable(predict_fn):
-        raise TypeError(f"{where}: expected your function, got {type(predict_fn).__name__}")
     predictions = []
     state = torch.random.get_rng_state()
     try:
@@ -132,7 +115,6 @@ def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, s
     right = [abs(got - want) <= rtol * want for got, want in zip(predictions, exact)]
     if all(right):
         return True
-    measured = [measured_score_std(d_k, std_q, std_k, seed=seed + i) for i, (d_k, std_q, std_k) in enumerate(cases)]
     got = torch.tensor(predictions, dtype=torch.float64)
     d_k, std_q, std_k = (torch.tensor(column, dtype=torch.float64) for column in zip(*cases))
     mistakes = [
@@ -144,18 +126,14 @@ def check_score_std_prediction(predict_fn: Callable, *, cases=SCORE_STD_CASES, s
         (ADDED_VARIANCES, (d_k * (std_q**2 + std_k**2)).sqrt()),
         (ADDED_VARIANCES, d_k.sqrt() * (std_q + std_k)),
     ]
-    for message, wrong in mistakes:
-        if torch.allclose(got, wrong, rtol=1e-3):
-            raise CheckFailed(message)
+    name_mistake(got, mistakes, lambda got, wrong: torch.allclose(got, wrong, rtol=1e-3))
     if torch.allclose(got, got[:1].expand_as(got)):
         raise CheckFailed(CONSTANT.format(value=predictions[0]))
     index = right.index(False)
     case = cases[index]
     raise CheckFailed(OFF.format(d_k=case[0], std_q=case[1], std_k=case[2], got=predictions[index],
-                                 exact=exact[index], measured=measured[index]))
+                                 exact=exact[index], measured=_measured_score_std(*case, seed=seed + index)))
 
-
-# --- the gradient with respect to the queries -----------------------------------------------
 
 NO_SCALE_ON_THE_WAY_BACK = ("Your gradient is √d_k = {sqrt_d_k:g} times too large: the forward pass divides "
                             "the scores by √d_k, so the chain rule multiplies ∂L/∂scores by 1/√d_k on the way "
@@ -204,16 +182,9 @@ def _gradient_mistakes(q, k, upstream) -> list[tuple[str, torch.Tensor]]:
 
 
 def check_query_gradient(gradient_fn: Callable) -> bool:
-    """Check ``fn(q, k, upstream)``: ∂L/∂q for ``L = Σ softmax(q kᵀ/√d_k) ⊙ upstream``.
-
-    Shapes: ``q [..., N_q, d_k]``, ``k [..., N_k, d_k]``, ``upstream [..., N_q, N_k]`` (``∂L``
-    with respect to the attention weights); the result is ``[..., N_q, d_k]``. The function
-    is called with autograd switched off, on ``[2, 3, 5, 16]`` queries and ``[2, 3, 7, 16]``
-    keys, then on plain ``[4, 9]`` and ``[6, 9]`` matrices (``d_k = 9``), and compared with
-    autograd's gradient.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(q [..., N_q, d_k], k [..., N_k, d_k], upstream [..., N_q, N_k]) -> [..., N_q, d_k]``: ∂L/∂q for
+    ``L = Σ softmax(q kᵀ/√d_k) ⊙ upstream``, against autograd. Called with autograd off, on ``[2, 3, 5, 16]``
+    queries and ``[2, 3, 7, 16]`` keys, then on plain ``[4, 9]`` and ``[6, 9]`` matrices.
 
     Raises:
         CheckFailed: naming a missing or doubled ``1/√d_k``, a Jacobian reduced to its diagonal,
@@ -235,11 +206,9 @@ def check_query_gradient(gradient_fn: Callable) -> bool:
         upstream = torch.randn(*batch, n_q, n_k)
         expected = _reference_gradient(q, k, upstream)
         with torch.no_grad():
-            got = call_student(where, gradient_fn, q.clone(), k.clone(), upstream.clone())
+            got = call_student(where, gradient_fn, q, k, upstream)
         if got.shape == k.shape and k.shape != q.shape:
             raise CheckFailed(GRADIENT_FOR_K)
-        check_shape(got, expected, "Your gradient")
-        if not same(got, expected):
-            diagnose(got, expected, _gradient_mistakes(q, k, upstream), ("batch", "head", "query", "feature"),
-                     "Your gradient")
+        diagnose(got, expected, _gradient_mistakes(q, k, upstream), ("batch", "head", "query", "feature"),
+                 "Your gradient")
     return True

@@ -1,11 +1,6 @@
-"""Checks for the exercises of chapter 09 (attention in today's models): RMSNorm, the SwiGLU
-feed-forward, what one decoding step of multi-head latent attention stores and computes per cached
-token in its absorbed and expanded forms, and the eviction of a cache with attention sinks. Each runs
-the student's function on fresh inputs, compares it with a reference computed here (in float64 for
-tensors; ``tests/checks/test_checks_variants.py`` checks that the references agree with
-:class:`~attn_course.core.norms.RMSNorm`, :class:`~attn_course.models.llama.SwiGLU`,
-:class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention` and
-:class:`~attn_course.variants.attention_sinks.SinkKVCache`), and names the mistake it recognises."""
+"""Check chapter 09's exercises: RMSNorm, the SwiGLU feed-forward and the eviction of a cache with attention
+sinks, against references written out here in float64 (the latent decoding costs:
+:mod:`attn_course.checks.latent_costs`)."""
 
 from __future__ import annotations
 
@@ -18,9 +13,6 @@ from attn_course.checks.diagnosis import CheckFailed, call_answer, call_student,
 from attn_course.checks.forbidden import Forbidden
 
 __all__ = ["check_rms_norm", "check_swiglu", "check_sink_eviction"]
-
-
-# --- RMSNorm ------------------------------------------------------------------------------------------
 
 SUBTRACTS_MEAN = ("Your function subtracts the mean: that is LayerNorm. RMSNorm only divides by the root "
                   "mean square, sqrt(mean(x²) + eps), and has no mean to remove.")
@@ -36,8 +28,7 @@ ADDS_WEIGHT = "You add the weight. It is a scale: multiply the normalised vector
 
 
 def _rms_cases() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-    """``(x, weight, eps)``: a batch of token vectors, a weight away from 1, and a large and a small eps
-    (a large one so that where eps goes can be seen)."""
+    """``(x, weight, eps)``: token vectors, a weight away from 1, a large eps (where it goes shows) and a small one."""
     generator = torch.Generator().manual_seed(81)
     return [
         (torch.randn(2, 5, 8, generator=generator) * 0.3 + 0.2, 1 + 0.3 * torch.randn(8, generator=generator), 0.1),
@@ -55,14 +46,8 @@ RMS_NORM_RULES = (
 
 
 def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
-    """Check ``fn(x [..., E], weight [E], eps) -> [..., E]``: RMSNorm, ``x / sqrt(mean(x²) + eps) · weight``.
-
-    The reference is computed in float64 here; it agrees with :class:`~attn_course.core.norms.RMSNorm`
-    (itself equal to Hugging Face's ``LlamaRMSNorm``). Tried with ``eps = 0.1`` (so that where eps
-    goes shows) and with ``eps = 1e-6``.
-
-    Returns:
-        ``True`` when correct.
+    """Check ``fn(x [..., E], weight [E], eps) -> [..., E]``: RMSNorm, ``x / sqrt(mean(x²) + eps) · weight``,
+    with ``eps = 0.1`` and ``1e-6``.
 
     Raises:
         CheckFailed: naming a mean subtracted (LayerNorm), a missing square root, eps outside the
@@ -77,15 +62,12 @@ def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.
     """
     norm_fn = watched("check_rms_norm", norm_fn, RMS_NORM_RULES)
     for x, weight, eps in _rms_cases():
-        got = call_student("check_rms_norm", norm_fn, x.clone(), weight.clone(), eps)
+        got = call_student("check_rms_norm", norm_fn, x, weight, eps)
         wide, w = x.double(), weight.double()
         mean_square = wide.pow(2).mean(-1, keepdim=True)                       # [..., 1]
         expected = wide / (mean_square + eps).sqrt() * w                         # [..., E]
-        check_shape(got, expected, "Your output")
-        if same(got, expected):
-            continue
         centred = wide - wide.mean(-1, keepdim=True)
-        mistakes = [
+        diagnose(got, expected, [
             (SUBTRACTS_MEAN, centred / (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt() * w),
             (SUBTRACTS_MEAN, F.layer_norm(wide, wide.shape[-1:], eps=eps) * w),
             (NO_SQUARE_ROOT, wide / (mean_square + eps) * w),
@@ -94,12 +76,9 @@ def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.
             (WRONG_AXIS, wide / (wide.pow(2).mean(0, keepdim=True) + eps).sqrt() * w),
             (NO_WEIGHT, wide / (mean_square + eps).sqrt()),
             (ADDS_WEIGHT, wide / (mean_square + eps).sqrt() + w),
-        ]
-        diagnose(got, expected, mistakes, ("", "token", "feature")[-x.dim():], "Your output")
+        ], ("", "token", "feature")[-x.dim():], "Your output")
     return True
 
-
-# --- SwiGLU ---------------------------------------------------------------------------------------------
 
 GATE_AND_UP_SWAPPED = ("You apply SiLU to the up projection and multiply by the gate projection: the SiLU goes "
                        "on w_gate's output, silu(x W_gate^T) ⊙ (x W_up^T).")
@@ -119,7 +98,6 @@ SILU_AFTER_PRODUCT = ("You apply SiLU to the product of both projections; only t
                       "through SiLU: silu(x W_gate^T) ⊙ (x W_up^T).")
 NO_DOWN = "You stop before the down projection: the hidden [..., F] vector goes back to E features by W_down."
 
-
 #: What chapter 09's feed-forward exercise may not call: the Llama model's own.
 SWIGLU_RULES = (
     Forbidden("attn_course.models.llama.feed_forward.SwiGLU",
@@ -129,13 +107,7 @@ SWIGLU_RULES = (
 
 def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
     """Check ``fn(x [..., E], w_gate [F, E], w_up [F, E], w_down [E, F]) -> [..., E]``: Llama's feed-forward,
-    ``(silu(x W_gate^T) ⊙ x W_up^T) W_down^T``, the weights laid out as ``nn.Linear`` stores them
-    (``[out, in]``).
-
-    The reference is computed in float64 here and agrees with :class:`~attn_course.models.llama.SwiGLU`.
-
-    Returns:
-        ``True`` when correct.
+    ``(silu(x W_gate^T) ⊙ x W_up^T) W_down^T``, the weights ``[out, in]`` as ``nn.Linear`` stores them.
 
     Raises:
         CheckFailed: naming gate and up swapped, GELU / ReLU / sigmoid instead of SiLU, no gate, SiLU
@@ -154,16 +126,13 @@ def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
         x = torch.randn(*batch, embed, generator=generator)
         w_gate, w_up = torch.randn(hidden, embed, generator=generator), torch.randn(hidden, embed, generator=generator)
         w_down = torch.randn(embed, hidden, generator=generator) / hidden**0.5
-        got = call_student("check_swiglu", ffn_fn, x.clone(), w_gate.clone(), w_up.clone(), w_down.clone())
+        got = call_student("check_swiglu", ffn_fn, x, w_gate, w_up, w_down)
         x64, g, u, d = x.double(), w_gate.double(), w_up.double(), w_down.double()
         gate, up = x64 @ g.T, x64 @ u.T                                           # [..., F] each
         expected = (F.silu(gate) * up) @ d.T                                      # [..., E]
         if got.shape[-1] == hidden and got.shape[:-1] == expected.shape[:-1]:
             raise CheckFailed(NO_DOWN)
-        check_shape(got, expected, "Your output")
-        if same(got, expected):
-            continue
-        mistakes = [
+        diagnose(got, expected, [
             (GATE_AND_UP_SWAPPED, (F.silu(up) * gate) @ d.T),
             (GELU_NOT_SILU, (F.gelu(gate) * up) @ d.T),
             (GELU_NOT_SILU, (F.gelu(gate, approximate="tanh") * up) @ d.T),
@@ -176,12 +145,9 @@ def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
             (PLAIN_LINEAR, up @ d.T),
             (PLAIN_LINEAR, (gate + up) @ d.T),
             (PRODUCT_WITHOUT_SILU, (gate * up) @ d.T),
-        ]
-        diagnose(got, expected, mistakes, ("", "token", "feature")[-x.dim():], "Your output")
+        ], ("", "token", "feature")[-x.dim():], "Your output")
     return True
 
-
-# --- which tokens a cache with attention sinks keeps -------------------------------------------------------
 
 EVICTS_SINKS = ("Your cache keeps the last sinks + recent tokens, so once the text is longer than that, the first "
                 "tokens are evicted like any other: the sinks are gone. Keep the first `sinks` tokens always, "
@@ -223,12 +189,7 @@ SINK_RULES = (
 def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> bool:
     """Check ``fn(keys [B, H, N, d], values [B, H, N, d_v], sinks, recent) -> (keys, values)``: what a
     cache with attention sinks keeps of ``N`` tokens: all of them while ``N <= sinks + recent``, else the
-    first ``sinks`` and the last ``recent``, in that order (StreamingLLM, Xiao et al. 2023).
-
-    Tried for texts shorter than, equal to and longer than ``sinks + recent``, with no sinks too.
-
-    Returns:
-        ``True`` when correct.
+    first ``sinks`` and the last ``recent``, in that order (StreamingLLM), for texts shorter and longer.
 
     Raises:
         CheckFailed: naming evicted sinks, tokens kept twice, a ``-recent:`` slice that keeps
@@ -247,11 +208,9 @@ def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor
     for n, sinks, recent in [(20, 4, 6), (7, 4, 6), (10, 4, 6), (11, 2, 3), (9, 0, 5), (3, 0, 5), (12, 3, 0)]:
         keys = torch.randn(2, 3, n, 4, generator=generator)
         values = torch.randn(2, 3, n, 5, generator=generator)
-        result = call_answer("check_sink_eviction", evict_fn, keys.clone(), values.clone(), sinks, recent,
+        result = call_answer("check_sink_eviction", evict_fn, keys, values, sinks, recent,
                              described=f"keys and values of N = {n} tokens, sinks={sinks}, recent={recent}")
         if not (isinstance(result, tuple) and len(result) == 2):
-            if result is Ellipsis or result is None:
-                raise CheckFailed("Your function returns nothing yet: replace the `...` with your code.")
             raise CheckFailed(f"Your function should return (keys, values), got {type(result).__name__}.")
         got_keys, got_values = result
         for name, tensor in (("keys", got_keys), ("values", got_values)):
@@ -273,9 +232,7 @@ def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor
                 if kept == [*range(sinks), *range(n - recent + 1, n)]:
                     raise CheckFailed(ONE_SHORT)
                 raise CheckFailed(KEPT_WRONG.format(n=n, sinks=sinks, recent=recent, expected=keep, got=kept))
-        check_shape(got_keys, expected_keys, "Your keys")
-        if not same(got_keys, expected_keys):
-            diagnose(got_keys, expected_keys, [], ("", "head", "slot", "feature"), "Your keys")
+        diagnose(got_keys, expected_keys, [], ("", "head", "slot", "feature"), "Your keys")
         check_shape(got_values, expected_values, "Your values")
         if not same(got_values, expected_values):
             raise CheckFailed(VALUES_NOT_KEYS)

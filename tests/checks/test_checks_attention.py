@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_course.checks.attention import check_attention, check_fixed_attention, check_masked_attention
+from attn_course.checks.attention import check_fixed_attention, check_masked_attention
 from attn_course.checks.diagnosis import CheckFailed
 from attn_course.core.attention import scaled_dot_product, self_attention
 
@@ -162,12 +162,42 @@ def test_two_remaining_mistakes_are_both_named():
     assert "√d_model" in message and "after the softmax" in message
 
 
-def test_check_attention_names_a_global_maximum_as_underflow_not_overflow():
-    def global_max_attention(q, k, v):
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+def test_a_global_maximum_is_named_as_underflow_not_overflow():
+    def global_max_attention(q, k, v, mask):
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, -math.inf)
         exps = (scores - scores.max()).exp()
         return exps / exps.sum(dim=-1, keepdim=True) @ v
 
     with pytest.raises(CheckFailed) as raised:
-        check_attention(global_max_attention)
+        check_fixed_attention(global_max_attention)
     assert "one maximum for the whole tensor" in str(raised.value)
+
+
+def test_unknown_mistake_points_at_the_first_differing_entry():
+    def off_by_a_little(q, k, v, mask=None):
+        output = matrix_attention(q, k, v, mask).clone()
+        output[1, 2, 3, 4] += 0.5
+        return output
+
+    with pytest.raises(CheckFailed, match=r"\[batch 1, head 2, query 3, feature 4\]: expected"):
+        check_masked_attention(off_by_a_little)
+
+
+def test_unanswered_exercise_says_so_instead_of_crashing():
+    def untouched(q, k, v, mask=None): ...
+
+    with pytest.raises(CheckFailed, match="returns nothing yet"):
+        check_masked_attention(untouched)
+
+
+def test_a_crash_in_student_code_is_reported_with_the_input_shapes():
+    def crashes(q, k, v, mask=None):
+        return q @ v  # [.., 5, 16] @ [.., 7, 8]: shapes do not fit
+
+    with pytest.raises(CheckFailed, match=r"raised RuntimeError.*shape \[2, 3, 5, 16\]"):
+        check_masked_attention(crashes)
+
+
+def test_wrong_output_shape_is_named():
+    with pytest.raises(CheckFailed, match=r"has shape \[2, 3, 5, 5\] but should have shape \[2, 3, 5, 8\]"):
+        check_masked_attention(lambda q, k, v, mask=None: q @ q.transpose(-2, -1))

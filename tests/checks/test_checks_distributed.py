@@ -198,8 +198,7 @@ def test_bytes_mistakes_get_their_hint(fn, fragment):
     assert fragment in hint(check_bytes_sent_per_rank, fn)
 
 
-@pytest.mark.parametrize("name, module", [("formula_bytes", "attn_course.measure.distributed"),
-                                          ("formula_bytes", "attn_course.measure.distributed.formulas"),
+@pytest.mark.parametrize("name, module", [("formula_bytes", "attn_course.distributed.schedule"),
                                           ("ulysses_bytes", "attn_course.distributed")])
 def test_bytes_refuse_the_course_formulas(name, module):
     import importlib

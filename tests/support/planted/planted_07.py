@@ -105,7 +105,7 @@ SOLUTIONS["window_tile_counts"] = (
 SOLUTIONS["small_attention_kernel"] = kernel_with(UPDATE)
 PLANTED.setdefault("zoe", {})["window_tile_counts"] = (
         "def window_tile_counts(n, block_q, block_k, window):\n"
-        "    from attn_course.teaching.flash_diagrams import tile_counts\n"
+        "    from attn_course.flash.schedule import tile_counts\n"
         "    counts = tile_counts(n, n, block_q, block_k, causal=True)\n"
         "    return counts['computed'], counts['masked']\n",
         "q1_predict_tiles",

@@ -174,7 +174,7 @@ PLANTED["zoe"] = {
     ),
     "bytes_sent_per_rank": (
         _BYTES_SIGNATURE +
-        "    from attn_course.measure.distributed import formula_bytes\n"
+        "    from attn_course.distributed.schedule import formula_bytes\n"
         "    return formula_bytes(method, batch, heads, n, head_dim, world_size, element_size=bytes_per_element,\n"
         "                         backward=backward, kv_heads=kv_heads)\n",
         "q2_predict_bytes",
