@@ -124,4 +124,4 @@ def _matrix(where: str, values: torch.Tensor, columns: object, index: object) ->
                              f"{_validate.shape_str(values)}, got {len(labels)}")
     index = range(values.shape[0]) if index is None else index
     columns = range(values.shape[1]) if columns is None else columns
-    return [{None: label, **dict(zip(columns, row))} for label, row in zip(index, values.detach().cpu().tolist())]
+    return [{"": label, **dict(zip(columns, row))} for label, row in zip(index, values.detach().cpu().tolist())]

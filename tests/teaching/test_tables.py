@@ -75,3 +75,8 @@ def test_a_format_specification_writes_floats_and_leaves_missing_ones_blank():
         table([{"d_k": 16, "gradient": 0.2}], digits={"gradient": "%x"})
     with pytest.raises(ValueError, match=r"digits names the column 'speed', which the table lacks"):
         table([{"d_k": 16, "gradient": 0.2}], digits={"speed": 1})
+
+
+def test_a_matrix_without_column_headings_numbers_its_columns():
+    frame = table(torch.tensor([[4, 7], [-100, 4]]), index=["tokens", "previous token"], corner="position")
+    assert list(frame.columns) == [0, 1] and frame.loc["previous token", 0] == -100
