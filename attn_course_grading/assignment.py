@@ -171,6 +171,7 @@ class Assignment:
                 try:
                     self._shipped = receiving.recv_bytes()
                 except EOFError:
+                    child.join()        # its exit code is known only once it has been joined
                     raise RuntimeError(f"Assignment: building {self.name}'s context failed "
                                        f"(its process ended with code {child.exitcode})") from None
                 finally:

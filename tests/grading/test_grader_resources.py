@@ -269,3 +269,12 @@ def test_nothing_of_a_submission_outlives_a_grader_that_is_killed(assignment, tm
         process.kill()
         process.wait()
     assert wait_for(lambda: not running("sleep", "619"), 5), "a sandbox outlived the grader"
+
+
+def test_a_context_whose_process_dies_is_reported_with_its_exit_code(tmp_path):
+    # The context is built in a process of its own; one that dies before sending it is named with
+    # the code it ended with (read after the process is joined: before, it is unknown).
+    dying = make_assignment(tmp_path)
+    dying.context = ["import os\nos._exit(3)\n"]
+    with pytest.raises(RuntimeError, match=r"building 99_resources's context failed \(its process ended with code 3\)"):
+        dying.shipped_context()
