@@ -182,8 +182,9 @@ def attention_inputs(
             f"{shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
         )
     boolean(where, "causal", causal)
-    if causal and q.shape[2] != k.shape[2]:
-        raise ValueError(f"{where}: causal needs N_q == N_k, got N_q={q.shape[2]}, N_k={k.shape[2]}")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(f"{where}: causal needs N_q <= N_k (the queries are the last N_q of the N_k "
+                         f"positions), got N_q={q.shape[2]}, N_k={k.shape[2]}")
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else positive_finite(where, "scale", scale)
 
 

@@ -82,6 +82,10 @@ class Assignment:
         if not answer_cells:
             raise ValueError(f"Assignment: {solution} has no exercise cells (# BEGIN SOLUTION)")
         self.answers = sorted(set().union(*(top_level_bound(trees[i]) for i in answer_cells)))
+        #: Whether the chapter's cells define Triton kernels (``triton.jit``): grading it needs Triton.
+        self.needs_triton = any(isinstance(node, ast.Attribute) and node.attr == "jit"
+                                and isinstance(node.value, ast.Name) and node.value.id == "triton"
+                                for tree in trees for node in ast.walk(tree))
         imports = [node for tree in trees for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
                    and not any(alias.name == "otter" for alias in node.names)]
         self.imports = ast.unparse(ast.Module(body=imports, type_ignores=[]))

@@ -25,6 +25,7 @@ import traceback
 
 import torch
 
+from attn_course.flash.triton_mode import triton_installed
 from attn_course_grading import forkserver, proc, reading, sandbox
 from attn_course_grading.assignment import Assignment
 from attn_course_grading.proxies import answer_values
@@ -62,10 +63,15 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
 
     Raises:
         TypeError: ``assignment`` is not an :class:`Assignment`, or ``limits`` not a ``Limits``.
-        RuntimeError: the grader itself failed (not the submission), with its traceback.
+        RuntimeError: the grader itself failed (not the submission), with its traceback; or the
+            chapter's exercises are Triton kernels and Triton is not installed here.
     """
     if not isinstance(assignment, Assignment):
         raise TypeError(f"grade: assignment must be an Assignment, got {type(assignment).__name__}")
+    if assignment.needs_triton and not triton_installed():
+        # Its checks would skip, and skipped checks would pass: refuse rather than grade nothing.
+        raise RuntimeError(f"grade: {assignment.name}'s exercises are Triton kernels, and Triton is not installed "
+                           "here (it ships for Linux only): grade this chapter on Linux")
     limits = sandbox.Limits() if limits is None else limits
     if not isinstance(limits, sandbox.Limits):
         raise TypeError(f"grade: limits must be a sandbox.Limits, got {type(limits).__name__}")

@@ -15,11 +15,13 @@ import torch
 
 from attn_course.checks.compare import FLOATING, INTEGER, matches, mismatch
 from attn_course.checks.forbidden import Forbidden, violation, watch_calls
+from attn_course.flash.triton_mode import triton_installed
 
 __all__ = [
     "ATOL", "NOTHING_YET", "CheckFailed", "call_answer", "call_student", "output_of", "watched", "same",
     "first_difference", "check_shape", "name_mistake", "diagnose", "check_close", "show_diagnosis_only",
     "returned_tensors", "number", "crash_message", "sentence_list", "same_kind", "fresh_arguments",
+    "triton_missing",
 ]
 
 ATOL = 1e-5
@@ -28,6 +30,19 @@ NOTHING_YET = "Your function returns nothing yet: replace the `...` with your co
 
 class CheckFailed(AssertionError):
     """An exercise's answer is wrong; the message says how."""
+
+
+def triton_missing(where: str) -> bool:
+    """Whether Triton is missing here, so that a check of a Triton kernel cannot run; if so it says so.
+
+    Triton ships for Linux only. A check of a student's kernel then skips with this sentence rather
+    than crash the chapter (the grader refuses to grade such a chapter where Triton is missing).
+    """
+    if triton_installed():
+        return False
+    print(f"{where}: this exercise is a Triton kernel, and Triton is not installed here (it ships for Linux "
+          "only): nothing was checked. Run the chapter on Linux or Google Colab to check your kernel.")
+    return True
 
 
 def show_diagnosis_only(shell: object = None) -> bool:

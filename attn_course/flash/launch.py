@@ -25,13 +25,13 @@ from attn_course.flash.configs import (
     KernelConfig,
     kernel_configs,
 )
-from attn_course.flash.triton_mode import define_kernels, is_interpreted
+from attn_course.flash.triton_mode import define_kernels, is_interpreted, triton_installed
 
 __all__ = ["ENABLE_FP_FUSION", "TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs",
            "check_output_buffers", "kernel_function", "launch", "length_bucket", "output_buffers", "record_tuned",
            "runs_in_interpreter", "tuned_config", "tuned_configs", "tuning_key"]
 
-_interpreter_note_shown = False
+_mode_note_shown = False
 _autotuned: dict[tuple[str, int], object] = {}
 #: The winner of each tuning, by :func:`tuning_key`: the lengths bucketed, so that decoding one more
 #: token, or a batch of another length in the same bucket, reuses it instead of timing every candidate
@@ -71,7 +71,9 @@ def check_kernel_inputs(where: str, q, k, v, causal, scale) -> float:
     Grouped-query ``k``/``v`` and bottom-right causal with ``N_q < N_k`` are allowed here (the
     course's eager attention check refuses both). Without a GPU the kernels run in Triton's
     interpreter, which takes float16 and float32 CPU tensors; on a GPU, float16 and bfloat16
-    CUDA tensors. The first call says once, on stderr, that the interpreter is in use.
+    CUDA tensors. Where Triton is not installed, the same dtypes on each device go to the
+    kernels' algorithm in PyTorch (:mod:`~attn_course.flash.without_triton`). The first call says
+    once, on stderr, that the interpreter, or PyTorch, is in use.
 
     Args:
         where: the public function's name, for the messages.
@@ -88,7 +90,8 @@ def check_kernel_inputs(where: str, q, k, v, causal, scale) -> float:
         RuntimeError: CPU tensors while the kernels are compiled for a GPU.
     """
     scale = check_attention_inputs(where, q, k, v, causal, scale, value_dim_is_d=True)
-    interpreted = runs_in_interpreter()
+    installed = triton_installed()
+    interpreted = runs_in_interpreter() if installed else not q.is_cuda
     allowed = INTERPRETER_DTYPES if interpreted else GPU_DTYPES
     if q.dtype not in allowed:
         place = "in Triton's interpreter" if interpreted else "on a CUDA GPU"
@@ -105,16 +108,22 @@ def check_kernel_inputs(where: str, q, k, v, causal, scale) -> float:
             f"{where}: got {q.device} tensors, but the Triton kernels are compiled for a GPU (TRITON_INTERPRET=0, "
             "or a CUDA GPU is present). Move the tensors to CUDA, or start Python with TRITON_INTERPRET=1 to run "
             "the kernels in Triton's interpreter.")
-    _note_interpreter(interpreted)
+    _note_mode(installed, interpreted)
     return scale
 
 
-def _note_interpreter(interpreted: bool) -> None:
-    global _interpreter_note_shown
-    if interpreted and not _interpreter_note_shown:
-        _interpreter_note_shown = True
+def _note_mode(installed: bool, interpreted: bool) -> None:
+    global _mode_note_shown
+    if _mode_note_shown or (installed and not interpreted):
+        return
+    _mode_note_shown = True
+    if installed:
         print("attn_course.flash: no CUDA GPU, so the Triton kernels run in Triton's interpreter (the same "
               "kernel code, executed tile by tile with NumPy: exact but slow; keep N small).", file=sys.stderr)
+    else:
+        print("attn_course.flash: Triton is not installed (it ships for Linux), so the kernels' algorithm runs "
+              "in PyTorch instead: chapter 06's tiled_attention, the same tiles and online softmax, not the "
+              "compiled kernel.", file=sys.stderr)
 
 
 def output_buffers(q: torch.Tensor, out=None, lse=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -171,7 +171,10 @@ def tiled_attention(
         q: ``[B, H, N_q, d]``.
         k: ``[B, H, N_k, d]``.
         v: ``[B, H, N_k, d_v]``.
-        causal: query ``i`` sees keys ``0..i`` (requires ``N_q == N_k``).
+        causal: query ``i`` sees keys ``0..i + N_k - N_q``: the queries are the last ``N_q`` of the
+            ``N_k`` positions, as after a KV cache (bottom-right aligned, as in
+            :func:`~attn_course.flash.flash_attention`; requires ``N_q <= N_k``; with ``N_q == N_k``
+            the usual ``0..i``).
         scale: defaults to ``1 / sqrt(d)``.
         block_q, block_k: tile sizes.
         return_lse: also return the log-sum-exp of each row's scaled scores, ``[B, H, N_q]``
@@ -182,7 +185,7 @@ def tiled_attention(
 
     Raises:
         TypeError, ValueError: inputs that are not 4-D floating tensors of one dtype and
-            device with matching sizes, ``causal`` with ``N_q != N_k``, a bad scale or block size.
+            device with matching sizes, ``causal`` with ``N_q > N_k``, a bad scale or block size.
 
     Example:
         >>> q = k = v = torch.randn(1, 2, 100, 16)
@@ -209,12 +212,14 @@ def tiled_attention(
         row_max = q.new_full((*q.shape[:2], rows), float("-inf"))             # m: [B, H, bq]
         row_sum = q.new_zeros((*q.shape[:2], rows))                           # l: [B, H, bq]
         acc = q.new_zeros((*q.shape[:2], rows, v.shape[-1]))                  # [B, H, bq, d_v]
-        k_end = min(n_k, q_start + rows) if causal else n_k                   # skip the future
+        # Query i sits at position i + N_k - N_q of the text; causal, it sees no key after that.
+        first_position = q_start + n_k - n_q
+        k_end = min(n_k, first_position + rows) if causal else n_k            # skip the future
         for k_start in range(0, k_end, block_k):
             # Load a tile of scores: the only N-by-N-sized thing, block_q × block_k of it.
             scores = q_block @ k[:, :, k_start : k_start + block_k].transpose(-2, -1) * scale  # [B, H, bq, bk]
             if causal:
-                query_pos = torch.arange(q_start, q_start + rows, device=q.device)[:, None]
+                query_pos = torch.arange(first_position, first_position + rows, device=q.device)[:, None]
                 key_pos = torch.arange(k_start, k_start + scores.shape[-1], device=q.device)[None, :]
                 scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
             # Update the running maximum; rows that have seen nothing yet stay at -inf.
@@ -244,7 +249,7 @@ class TiledAttentionFunction(torch.autograd.Function):
 
     Args (of ``apply``):
         q: ``[B, H, N_q, d]``; k: ``[B, H, N_k, d]``; v: ``[B, H, N_k, d_v]``.
-        causal: query ``i`` sees keys ``0..i`` (``N_q == N_k``).
+        causal: query ``i`` sees keys ``0..i + N_k - N_q`` (``N_q <= N_k``).
         scale: a positive float, or ``None`` for ``1 / sqrt(d)``.
         block_q, block_k: tile sizes, ``>= 1``.
 

@@ -12,6 +12,8 @@ autotuned on a GPU. Each public function checks its inputs once, by one function
 ``_backward``) from there on. On a Hopper GPU the forward takes the tensor-descriptor kernel
 (:mod:`attn_course.flash.tma_attention`) by itself. For a few queries against a long cache
 (``N_q <= 16``, decoding) :func:`flash_attention` uses flash-decoding (:mod:`attn_course.flash.decode`).
+Where Triton is not installed (macOS, Windows), both public functions run the kernels' algorithm in
+PyTorch instead (:mod:`attn_course.flash.without_triton`), after the same checks.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from attn_course.flash.launch import (
     output_buffers,
 )
 from attn_course.flash.tma_attention import launch_tma_forward, tma_forward_supported
+from attn_course.flash.triton_mode import triton_installed
+from attn_course.flash.without_triton import attention_without_triton
 
 __all__ = ["attention_backward", "attention_backward_delta", "attention_forward", "decode_attention",
            "flash_attention"]
@@ -275,6 +279,8 @@ def flash_attention(
         True
     """
     scale = check_kernel_inputs("flash_attention", q, k, v, causal, scale)
+    if not triton_installed():
+        return attention_without_triton(q, k, v, causal=causal, scale=scale)
     return _FlashAttention.apply(q, k, v, causal, scale, q.shape[2] <= DECODE_MAX_QUERIES, None)
 
 
@@ -310,4 +316,6 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
         torch.Size([1, 8, 1, 64])
     """
     scale, num_splits = check_decode_inputs("decode_attention", q, k, v, causal, scale, num_splits)
+    if not triton_installed():
+        return attention_without_triton(q, k, v, causal=causal, scale=scale, num_splits=num_splits or 1)
     return _FlashAttention.apply(q, k, v, causal, scale, True, num_splits)

@@ -25,13 +25,33 @@ without writing it to ``os.environ``. :func:`is_interpreted` is the one probe of
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import types
 
 import torch
 
-__all__ = ["define_kernels", "interpreter_wanted", "is_interpreted", "runnable", "use_interpreter_without_gpu"]
+__all__ = ["define_kernels", "interpreter_wanted", "is_interpreted", "runnable", "triton_installed",
+           "use_interpreter_without_gpu"]
+
+
+def triton_installed() -> bool:
+    """Whether Triton can be imported here, found without importing it (which would choose its mode).
+
+    Triton ships wheels for Linux only: on macOS and Windows ``pip install`` leaves it out, and the
+    course runs its kernels' algorithm in PyTorch instead (:mod:`~attn_course.flash.without_triton`).
+
+    Example:
+        >>> triton_installed() in (True, False)
+        True
+    """
+    if "triton" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):      # a finder that refuses it, or a broken entry in sys.modules
+        return False
 
 
 def interpreter_wanted() -> bool:

@@ -58,6 +58,25 @@ def test_cross_attention_lengths_and_value_width_and_scale():
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, scale=0.3))
 
 
+@pytest.mark.parametrize("n_q, n_k", [(1, 1), (1, 70), (5, 70), (40, 130), (130, 130)])
+def test_bottom_right_causal_forward_and_backward_match_float64_with_an_explicit_mask(n_q, n_k):
+    # The queries are the last n_q of the n_k positions, as after a KV cache: query i sees keys 0..i + n_k - n_q.
+    generator = torch.Generator().manual_seed(n_q * 1000 + n_k)
+    q = torch.randn(1, 2, n_q, 16, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, n_k, 16, generator=generator, dtype=torch.float64) for _ in range(2))
+    grad_out = torch.randn(1, 2, n_q, 16, generator=generator, dtype=torch.float64)
+    visible = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)   # [n_q, n_k], written out
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*leaves, attn_mask=visible)
+    expected.backward(grad_out)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = tiled_attention(*inputs, causal=True, block_q=16, block_k=32)
+    got.backward(grad_out)
+    torch.testing.assert_close(got, expected)
+    for got_input, expected_input in zip(inputs, leaves):
+        torch.testing.assert_close(got_input.grad, expected_input.grad)
+
+
 def test_large_logits_stay_finite_and_exact():
     generator = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 64, 16, generator=generator) for _ in range(3))

@@ -95,7 +95,7 @@ def test_matches_sdpa_and_returns_a_tensor_with_a_graph():
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter note is for machines without a GPU")
 def test_interpreter_note_is_printed_once(monkeypatch, capsys):
-    monkeypatch.setattr(launch, "_interpreter_note_shown", False)
+    monkeypatch.setattr(launch, "_mode_note_shown", False)
     q = torch.randn(1, 1, 4, 16)
     flash_attention(q, q, q)
     flash_attention(q, q, q)

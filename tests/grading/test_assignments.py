@@ -193,6 +193,18 @@ def test_assignments_are_reproducible(dist, tmp_path):
         assert first == second, f"{master.name} differs between two builds"
 
 
+def test_a_chapter_of_triton_kernels_is_not_graded_where_triton_is_missing(dist, monkeypatch, tmp_path):
+    # Without Triton its checks skip, and a skipped check would pass: the grader refuses instead.
+    from attn_course_grading import grader
+    from attn_course_grading.assignment import Assignment
+
+    kernels, formula = (Assignment(dist / "autograder" / f"{name}.zip") for name in ("07_flash_triton", "02_formula"))
+    assert kernels.needs_triton and not formula.needs_triton
+    monkeypatch.setattr(grader, "triton_installed", lambda: False)
+    with pytest.raises(RuntimeError, match="07_flash_triton's exercises are Triton kernels, and Triton is not"):
+        grader.grade(kernels, tmp_path / "any.ipynb")
+
+
 # --- grading a small class -----------------------------------------------------------
 
 def load_planted() -> dict[str, dict[str, dict[str, tuple[str, str, str]]]]:

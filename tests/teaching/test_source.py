@@ -11,6 +11,7 @@ from attn_course import show_source
 from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask
 from attn_course.data.toy_sentence import ToySentence
+from attn_course.positions.rope import RotaryEmbedding
 
 ATTENTION_FILE = Path(attn_course.core.attention.__file__).read_text()
 
@@ -44,10 +45,25 @@ def test_source_of_one_function_excludes_its_neighbours():
     assert "def padding_mask(" not in code
 
 
-@pytest.mark.parametrize("obj", [3, len, "self_attention", None], ids=repr)
+@pytest.mark.parametrize("obj", [3, len, None], ids=repr)
 def test_objects_without_python_source_raise_type_error(obj):
     with pytest.raises(TypeError, match="show_source: obj must be a Python function"):
         show_source(obj)
+
+
+@pytest.mark.parametrize("name", ["self_attention", "attn_course.core.attention.no_such_function",
+                                  "attn_course.no_such_module.f", "attn_course.core.attention.MAX.x"])
+def test_a_name_of_no_function_or_class_raises_value_error(name):
+    with pytest.raises(ValueError, match=f"show_source: obj={name!r} names no function or class"):
+        show_source(name)
+
+
+@pytest.mark.parametrize("obj, name", [(self_attention, "attn_course.core.attention.self_attention"),
+                                       (ToySentence, "attn_course.data.toy_sentence.ToySentence"),
+                                       (RotaryEmbedding.rotate, "attn_course.positions.rope.RotaryEmbedding.rotate")])
+def test_a_dotted_name_shows_what_the_object_shows(obj, name):
+    assert repr(show_source(name)) == repr(show_source(obj))
+    assert repr(show_source(name, docstring=False, start="def")) == repr(show_source(obj, docstring=False, start="def"))
 
 
 def test_shows_a_triton_kernel_with_its_decorator():
@@ -60,6 +76,8 @@ def test_shows_a_triton_kernel_with_its_decorator():
     loop = repr(show_source(kernels.forward_key_tiles))        # the key loop the kernel calls, twice
     assert "@triton.jit" in loop and "def forward_key_tiles(" in loop and "tl.dot(q, k_t)" in loop
     assert "def attention_forward_kernel(" not in loop
+    # By name, read from the file without importing it: what a machine without Triton shows.
+    assert repr(show_source("attn_course.flash.kernels.attention_forward_kernel")) == text
 
 
 def test_without_docstrings_every_other_line_stays_verbatim_and_in_order():
