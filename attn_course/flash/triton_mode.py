@@ -33,7 +33,7 @@ import types
 import torch
 
 __all__ = ["define_kernels", "interpreter_wanted", "is_interpreted", "runnable", "triton_installed",
-           "use_interpreter_without_gpu"]
+           "triton_stand_ins", "use_interpreter_without_gpu"]
 
 
 def triton_installed() -> bool:
@@ -52,6 +52,26 @@ def triton_installed() -> bool:
         return importlib.util.find_spec("triton") is not None
     except (ImportError, ValueError):      # a finder that refuses it, or a broken entry in sys.modules
         return False
+
+
+def triton_stand_ins() -> tuple[types.SimpleNamespace, types.SimpleNamespace]:
+    """Stand-ins for ``triton`` and ``triton.language`` where Triton is not installed: enough to write
+    a kernel down (chapter 07's exercises, on macOS or Windows), not to run it.
+
+    ``triton.jit`` returns the function as it is, and ``tl.constexpr`` marks a signature's
+    compile-time arguments as Triton's does; nothing else is there.
+
+    Example:
+        >>> triton, tl = triton_stand_ins()
+        >>> def kernel(X, N: tl.constexpr):
+        ...     pass
+        >>> triton.jit(kernel) is kernel
+        True
+    """
+    def jit(fn=None, **options):
+        return fn if fn is not None else (lambda fn: fn)    # as a decorator, with or without options
+
+    return types.SimpleNamespace(jit=jit), types.SimpleNamespace(constexpr=type("constexpr", (), {}))
 
 
 def interpreter_wanted() -> bool:
