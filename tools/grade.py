@@ -23,6 +23,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+from attn_course.flash.triton_mode import triton_installed
 from attn_course_grading import collect, reading, report, sandbox
 from attn_course_grading.assignment import Assignment
 from attn_course_grading.display import display
@@ -91,6 +92,14 @@ def main() -> int:
     jobs = [(student, chapter, notebook, None) for student, notebooks in found.notebooks.items()
             for chapter, notebook in notebooks.items()]
     jobs += [(refusal.folder, refusal.chapter, None, refusal.reason) for refusal in found.refused if refusal.chapter]
+    # A chapter of Triton kernels is not graded where Triton is missing: its checks could not run.
+    if not triton_installed():
+        for chapter in sorted({job[1] for job in jobs if assignments[job[1]].needs_triton}):
+            why = "its exercises are Triton kernels, and Triton is not installed here (it ships for Linux only)"
+            say(f"not grading {chapter}: {why}; grade it on Linux")
+            for job in [job for job in jobs if job[1] == chapter]:
+                notes.setdefault(job[0], []).append(f"{chapter}: not graded: {why}")
+                jobs.remove(job)
     students = sorted({job[0] for job in jobs} | set(notes), key=os.fsencode)
     say(f"grading {len(jobs)} notebooks of {len(students)} students, {args.jobs} at once, "
         f"{'WITHOUT a sandbox (--trusted)' if args.trusted else 'each in a bubblewrap sandbox'}")

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import pathlib
 import re
+import subprocess
 import sys
 import zipfile
 
@@ -28,6 +29,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 from helpers import run_tool, sandbox_installed
 from support.exercises import chapter_namespace, exception_test_source, failures, otter_run, public_tests
+from support.without_triton import environment_without_triton
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -203,6 +205,17 @@ def test_a_chapter_of_triton_kernels_is_not_graded_where_triton_is_missing(dist,
     monkeypatch.setattr(grader, "triton_installed", lambda: False)
     with pytest.raises(RuntimeError, match="07_flash_triton's exercises are Triton kernels, and Triton is not"):
         grader.grade(kernels, tmp_path / "any.ipynb")
+    # make grade, where `import triton` fails: the chapter is named, not graded, and noted for each student.
+    write_notebook(nbformat.read(dist / "autograder" / "07_flash_triton.ipynb", as_version=4),
+                   tmp_path / "submissions" / "ada" / "07_flash_triton.ipynb")
+    result = subprocess.run([sys.executable, "tools/grade.py", str(tmp_path / "submissions"), "--autograders",
+                             str(dist / "autograder"), "--out", str(tmp_path / "grades"), "--trusted"],
+                            env=environment_without_triton(tmp_path), cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not grading 07_flash_triton: its exercises are Triton kernels" in result.stdout
+    grades = (tmp_path / "grades" / "grades.csv").read_text()
+    assert "07_flash_triton: not graded: its exercises are Triton kernels" in grades
 
 
 # --- grading a small class -----------------------------------------------------------
