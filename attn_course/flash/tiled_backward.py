@@ -95,8 +95,8 @@ def tiled_attention_backward(
         k_tile = k[:, :, k_start : k_start + block_k]                          # [B, H, bk, d]
         v_tile = v[:, :, k_start : k_start + block_k]                          # [B, H, bk, d_v]
         dk_tile, dv_tile = torch.zeros_like(k_tile), torch.zeros_like(v_tile)
-        # Causal, query i sits at position i + N_k - N_q: the query tiles before the first one that
-        # reaches k_start see none of this key tile.
+        # Query i sits at position i + N_k - N_q of the text: causal, the query tiles before the
+        # one that reaches k_start see none of this key tile.
         first_q = (max(k_start - (n_k - n_q), 0) // block_q) * block_q if causal else 0
         for q_start in range(first_q, n_q, block_q):
             q_tile = q[:, :, q_start : q_start + block_q]                      # [B, H, bq, d]
@@ -104,7 +104,8 @@ def tiled_attention_backward(
             # Recompute the tile of weights from the log-sum-exp: P = exp(S - LSE).
             scores = q_tile @ k_tile.transpose(-2, -1) * scale                 # [B, H, bq, bk]
             if causal:
-                query_pos = torch.arange(q_start + n_k - n_q, q_start + n_k - n_q + rows, device=q.device)[:, None]
+                first_position = q_start + n_k - n_q
+                query_pos = torch.arange(first_position, first_position + rows, device=q.device)[:, None]
                 key_pos = torch.arange(k_start, k_start + scores.shape[-1], device=q.device)[None, :]
                 scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
             weights = torch.exp(scores - lse[:, :, q_start : q_start + rows, None])   # [B, H, bq, bk]
