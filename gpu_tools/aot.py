@@ -2,15 +2,17 @@
 Triton's interpreter accepts and a GPU compiler rejects (``tl.dot`` shapes below 16, dtype mix-ups, tiles
 that overflow shared memory) is caught without one.
 
-    TRITON_INTERPRET=0 python -m gpu_tools.aot [--all | --spills] [--resources] [SHARD/SHARDS]
+    python -m gpu_tools.aot [--all | --spills] [--resources] [SHARD/SHARDS]
 
-(``TRITON_INTERPRET=0``: without a GPU Triton would be in interpreter mode; a process has one mode.)
+(``TRITON_INTERPRET=0``, which ``main`` sets when it is unset: without a GPU Triton would be in
+interpreter mode; a process has one mode.)
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
+import os
 import sys
 from typing import NamedTuple
 
@@ -242,6 +244,9 @@ def main(argv: list[str]) -> int:
     ``--spills``; a ``shard/shards`` slice if given) and print a line each: shared memory and its limit,
     whether the PTX uses ``wgmma``, and with ``--resources`` (implied by ``--spills``) the registers,
     spills and stack. Exit status 1 if anything is too big or spills."""
+    # Compiling for a GPU needs Triton's compiler mode, which a machine without a GPU would not choose
+    # by itself: unset, TRITON_INTERPRET means 0 here (before anything imports Triton).
+    os.environ.setdefault("TRITON_INTERPRET", "0")
     options = {argument for argument in argv if argument.startswith("--")}
     unknown = options - {"--all", "--resources", "--spills"}
     if unknown:

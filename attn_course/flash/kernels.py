@@ -35,6 +35,15 @@ all of them:
   tile) run with no mask at all; only the diagonal band and the partial last tile are masked.
 * Each kernel spells out its parameters (a kernel takes tensors and numbers, no structures), so
   the signatures, strides first, repeat from kernel to kernel.
+* Every offset is computed in int64: positions are widened (``.to(tl.int64)``) before they meet a
+  stride. A position times a row stride passes 2**31 elements in a packed ``[B, N, 3, H, d]`` QKV
+  view past about 174k tokens, or in a cache of millions of keys, and so does a row *inside* a tile
+  once the row stride times the tile's height passes 2**31; int32 would wrap.
+* Grids are one-dimensional where they span batch and heads: program ``p`` runs tile ``p % T`` of
+  batch·head ``p // T`` (``T`` tiles per head), tile fastest, as a ``(T, B·H)`` grid would order them.
+  CUDA allows 2**31 - 1 programs along a grid's x axis but only 65,535 along y and z, and ``B·H``
+  (or ``B·H_kv``) passes that: ``B = 2048`` sequences of 32 heads. The launcher builds the grid
+  (:func:`~attn_course.flash.launch.program_grid`).
 * Causal forward programs take their query tiles in reverse order: program 0 of each head runs
   the last query tile, which sees the most keys, so the heaviest programs start first and the
   light ones fill the GPU's last wave.
@@ -64,13 +73,11 @@ def forward_key_tiles(acc, row_max, row_sum, q, k_base, v_base, stride_kn, strid
     """Steps 5-6 over key tiles ``key_begin .. key_end``; ``MASKED`` tiles check bounds and causality."""
     for key_start in range(key_begin, key_end, BLOCK_N):
         keys = key_start + tl.arange(0, BLOCK_N)                              # [BLOCK_N] positions
-        # The tile's first key in int64: key_start * stride can pass 2**31 elements (a cache of
-        # millions of keys, a packed QKV view); offsets within the tile stay small, in int32.
-        # tl.cast, not .to: in the interpreter the loop variable is a Python int.
-        first_key, tile_keys = tl.cast(key_start, tl.int64), tl.arange(0, BLOCK_N)
+        # Offsets in int64, as every offset here: key × stride can pass 2**31 elements.
+        wide_keys = keys.to(tl.int64)
         # K is loaded transposed, [d, BLOCK_N], so the score tile is one matrix product.
-        k_pointers = k_base + first_key * stride_kn + tile_keys[None, :] * stride_kn + dims[:, None] * stride_kd
-        v_pointers = v_base + first_key * stride_vn + tile_keys[:, None] * stride_vn + dims[None, :] * stride_vd
+        k_pointers = k_base + wide_keys[None, :] * stride_kn + dims[:, None] * stride_kd
+        v_pointers = v_base + wide_keys[:, None] * stride_vn + dims[None, :] * stride_vd
         if MASKED:
             k_t = tl.load(k_pointers, mask=keys[None, :] < n_k, other=0.0)
             v = tl.load(v_pointers, mask=keys[:, None] < n_k, other=0.0)      # [BLOCK_N, d]
@@ -114,8 +121,8 @@ def key_stages(query_start, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
 
 @triton.jit
 def batch_and_kv_head(batch_kv_head, num_heads, num_kv_groups):
-    """The batch and the key/value head of a program of a grid over ``B·H_kv`` (the decode and dK/dV
-    kernels'), in int64: offsets can pass 2**31."""
+    """The batch and the key/value head of ``batch_kv_head``, a program's index among the ``B·H_kv``
+    (the decode and dK/dV kernels'), in int64: offsets can pass 2**31."""
     num_kv_heads = num_heads // num_kv_groups
     return (batch_kv_head // num_kv_heads).to(tl.int64), (batch_kv_head % num_kv_heads).to(tl.int64)
 
@@ -130,28 +137,30 @@ def attention_forward_kernel(
     num_heads, num_kv_groups, n_q, n_k, scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M), B·H)``: one tile of BLOCK_M queries per program."""
-    # 1. Which rows are mine: query tile `tile` of head `head` in batch `batch`; the keys and
-    #    values are those of the head's group, `head // num_kv_groups` (grouped-query attention).
+    """Grid ``(cdiv(N_q, BLOCK_M) · B·H,)``: one tile of BLOCK_M queries per program."""
+    # 1. Which rows are mine: query tile `tile` of head `head` in batch `batch`. The grid is one
+    #    line of programs, `num_tiles` per (batch, head), tile fastest (CUDA takes 2**31 - 1
+    #    programs along x but only 65,535 along y, fewer than B·H can be). The keys and values
+    #    are those of the head's group, `head // num_kv_groups` (grouped-query attention).
     #    Causal: the last query tile sees the most keys, so it is launched first (tile 0 of the
     #    grid takes it): the heaviest programs start first and the light ones fill the tail.
-    tile = tl.program_id(0)
+    num_tiles = tl.cdiv(n_q, BLOCK_M)
+    tile = tl.program_id(0) % num_tiles
     if CAUSAL:
-        tile = tl.num_programs(0) - 1 - tile
-    batch_head = tl.program_id(1)
-    batch = (batch_head // num_heads).to(tl.int64)   # int64: offsets can pass 2**31
+        tile = num_tiles - 1 - tile
+    batch_head = tl.program_id(0) // num_tiles
+    batch = (batch_head // num_heads).to(tl.int64)   # int64, as every offset: they can pass 2**31
     head = (batch_head % num_heads).to(tl.int64)
     kv_head = head // num_kv_groups
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)      # [BLOCK_M] query positions
-    dims = tl.arange(0, HEAD_DIM)                      # [HEAD_DIM]
-    # The tile's first row in int64, as for the keys: its offset can pass 2**31 elements.
-    first_row, tile_rows = tl.cast(tile * BLOCK_M, tl.int64), tl.arange(0, BLOCK_M)
-    q_base = Q + batch * stride_qb + head * stride_qh + first_row * stride_qn
+    dims = tl.arange(0, HEAD_DIM).to(tl.int64)         # [HEAD_DIM]
+    wide_rows = rows.to(tl.int64)                      # row × stride can pass 2**31 elements
+    q_base = Q + batch * stride_qb + head * stride_qh
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
 
     # 2. Load my queries once; they stay on chip for the whole loop.
-    q = tl.load(q_base + tile_rows[:, None] * stride_qn + dims[None, :] * stride_qd,
+    q = tl.load(q_base + wide_rows[:, None] * stride_qn + dims[None, :] * stride_qd,
                 mask=rows[:, None] < n_q, other=0.0)                          # [BLOCK_M, d]
     scale_log2 = scale * LOG2_E
 
@@ -183,8 +192,8 @@ def attention_forward_kernel(
 
     # 7. Normalise once, write the output tile and the log-sum-exp for the backward pass.
     out = acc / row_sum[:, None]
-    o_base = Out + batch * stride_ob + head * stride_oh + first_row * stride_on
-    tl.store(o_base + tile_rows[:, None] * stride_on + dims[None, :] * stride_od,
+    o_base = Out + batch * stride_ob + head * stride_oh
+    tl.store(o_base + wide_rows[:, None] * stride_on + dims[None, :] * stride_od,
              out.to(Out.dtype.element_ty), mask=rows[:, None] < n_q)
     lse = (row_max + tl.log2(row_sum)) * LN_2                                  # natural log
     tl.store(LSE + batch_head.to(tl.int64) * n_q + rows, lse, mask=rows < n_q)
@@ -199,7 +208,7 @@ def attention_decode_kernel(
     num_heads, num_kv_groups, n_q, n_k, scale, num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
-    """Flash-decoding, step 1. Grid ``(S, B·H_kv, cdiv(G·N_q, BLOCK_M))``: one split of the keys each.
+    """Flash-decoding, step 1. Grid ``(S · B·H_kv, 1, cdiv(G·N_q, BLOCK_M))``: one split of the keys each.
 
     With a handful of queries the forward kernel's grid, ``cdiv(N_q, BLOCK_M)·B·H``, is a few
     dozen programs: most of a GPU's ~100 multiprocessors would sit idle while each program
@@ -217,17 +226,17 @@ def attention_decode_kernel(
     (bottom-right causal): no row of any split is empty, and no partial is ``0/0``.
     ``PartialOut`` is contiguous ``[B·H, S, N_q, d]``, ``PartialLSE`` ``[B·H, S, N_q]``.
     """
-    split = tl.program_id(0)
-    batch, kv_head = batch_and_kv_head(tl.program_id(1), num_heads, num_kv_groups)
+    split = tl.program_id(0) % num_splits                 # split fastest, then batch · key/value head
+    batch, kv_head = batch_and_kv_head(tl.program_id(0) // num_splits, num_heads, num_kv_groups)
     row_chunk = tl.program_id(2)
     # 1. My rows: packed (group member, query) pairs, row r = member · N_q + query.
     packed = row_chunk * BLOCK_M + tl.arange(0, BLOCK_M)                     # [BLOCK_M]
     member = packed // n_q
     query = packed % n_q           # the query's index among the N_q: what the causal rule needs
     valid = packed < num_kv_groups * n_q
-    head = kv_head * num_kv_groups + member                                   # [BLOCK_M] query heads
-    dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + batch * stride_qb + head[:, None] * stride_qh + query[:, None] * stride_qn
+    head = kv_head * num_kv_groups + member                                   # [BLOCK_M] query heads, int64
+    dims = tl.arange(0, HEAD_DIM).to(tl.int64)                                # int64, as every offset
+    q = tl.load(Q + batch * stride_qb + head[:, None] * stride_qh + query.to(tl.int64)[:, None] * stride_qn
                 + dims[None, :] * stride_qd, mask=valid[:, None], other=0.0)  # [BLOCK_M, d]
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
@@ -284,7 +293,7 @@ def attention_decode_merge_kernel(
     batch_head = row // n_q
     query = row % n_q
     splits = tl.arange(0, SPLITS)
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_DIM).to(tl.int64)     # int64, as every offset
     partial_rows = (batch_head * num_splits + splits) * n_q + query           # [SPLITS]
     present = splits < num_splits
     lse_parts = tl.load(PartialLSE + partial_rows, mask=present, other=float("-inf"))

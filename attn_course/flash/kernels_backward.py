@@ -43,13 +43,9 @@ def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_grou
         first_row = row_begin + (step - member * tiles) * BLOCK_M
         rows = first_row + tl.arange(0, BLOCK_M)                              # [BLOCK_M]
         member = member.to(tl.int64)
-        # The tile's first row in int64 (its offset can pass 2**31 elements), as in the forward;
-        # offsets within the tile stay int32.
-        first_row, tile_rows = tl.cast(first_row, tl.int64), tl.arange(0, BLOCK_M)
-        q_pointers = (q_group + member * stride_qh + first_row * stride_qn + tile_rows[None, :] * stride_qn
-                      + dims[:, None] * stride_qd)
-        do_pointers = (do_group + member * stride_doh + first_row * stride_don + tile_rows[:, None] * stride_don
-                       + dims[None, :] * stride_dod)
+        wide_rows = rows.to(tl.int64)             # int64, as every offset: row × stride can pass 2**31
+        q_pointers = q_group + member * stride_qh + wide_rows[None, :] * stride_qn + dims[:, None] * stride_qd
+        do_pointers = do_group + member * stride_doh + wide_rows[:, None] * stride_don + dims[None, :] * stride_dod
         stats = stats_group + member * n_q + rows                                 # [BLOCK_M]
         if MASKED:
             q_t = tl.load(q_pointers, mask=rows[None, :] < n_q, other=0.0)    # [d, BLOCK_M]
@@ -74,9 +70,13 @@ def dkdv_query_tiles(dk, dv, k, v, q_group, do_group, LSE, Delta, dQ, stats_grou
         dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk)                    # += dSᵀ Q
         if ATOMIC_DQ:
             # Other key tiles add into the same rows at the same time, in no fixed order: float32
-            # sums in a varying order, so dQ may differ in its last bits from run to run.
+            # sums in a varying order, so dQ may differ in its last bits from run to run. Relaxed:
+            # nothing is read back before the kernel ends, so the adds need no ordering with other
+            # memory operations (FlashAttention's reductions are relaxed too; Triton's default,
+            # "acq_rel", fences each one).
             dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k) * scale                 # [BLOCK_M, d]
-            tl.atomic_add(dQ + stats[:, None] * dims.shape[0] + dims[None, :], dq, mask=rows[:, None] < n_q)
+            tl.atomic_add(dQ + stats[:, None] * dims.shape[0] + dims[None, :], dq, mask=rows[:, None] < n_q,
+                          sem="relaxed")
     return dk, dv
 
 
@@ -91,7 +91,7 @@ def attention_backward_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_k, BLOCK_N), B·H_kv)``: dK and dV of one tile of keys per program.
+    """Grid ``(cdiv(N_k, BLOCK_N) · B·H_kv,)``: dK and dV of one tile of keys per program (key tile fastest).
 
     With ``P = exp(s - LSE)`` recomputed tile by tile and ``Δ = rowsum(dO ∘ O)``:
     ``dV = Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP - Δ)``, ``dK = scale · dSᵀ Q``.
@@ -105,19 +105,19 @@ def attention_backward_dkdv_kernel(
     kernel is then not run. Five matrix products per tile instead of seven (4 here, 3 there), but
     the sums' order, and so the last bits of dQ, vary between runs. Otherwise ``dQ`` is unused.
     """
-    tile = tl.program_id(0)
-    batch_kv_head = tl.program_id(1)
+    num_tiles = tl.cdiv(n_k, BLOCK_N)
+    tile = tl.program_id(0) % num_tiles
+    batch_kv_head = tl.program_id(0) // num_tiles
     batch, kv_head = batch_and_kv_head(batch_kv_head, num_heads, num_kv_groups)
     keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)                             # [BLOCK_N]
-    dims = tl.arange(0, HEAD_DIM)
-    # The tile's first key in int64: key position x row stride can pass 2**31 elements.
-    first_key, tile_keys = tl.cast(tile * BLOCK_N, tl.int64), tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM).to(tl.int64)        # int64, as every offset: they can pass 2**31
+    wide_keys = keys.to(tl.int64)
 
     # My keys and values, loaded once; they stay on chip for all the group's query tiles.
-    k = tl.load(K + batch * stride_kb + kv_head * stride_kh + first_key * stride_kn + tile_keys[:, None] * stride_kn
+    k = tl.load(K + batch * stride_kb + kv_head * stride_kh + wide_keys[:, None] * stride_kn
                 + dims[None, :] * stride_kd, mask=keys[:, None] < n_k, other=0.0)          # [BLOCK_N, d]
     scale_log2 = scale * LOG2_E
-    v = tl.load(V + batch * stride_vb + kv_head * stride_vh + first_key * stride_vn + tile_keys[:, None] * stride_vn
+    v = tl.load(V + batch * stride_vb + kv_head * stride_vh + wide_keys[:, None] * stride_vn
                 + dims[None, :] * stride_vd, mask=keys[:, None] < n_k, other=0.0)          # [BLOCK_N, d]
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -156,8 +156,7 @@ def attention_backward_dkdv_kernel(
                                BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL,
                                ATOMIC_DQ=ATOMIC_DQ)
 
-    out_offsets = ((batch_kv_head.to(tl.int64) * n_k + first_key) * HEAD_DIM + tile_keys[:, None] * HEAD_DIM
-                   + dims[None, :])
+    out_offsets = (batch_kv_head.to(tl.int64) * n_k + wide_keys[:, None]) * HEAD_DIM + dims[None, :]
     tl.store(dK + out_offsets, (dk * scale).to(dK.dtype.element_ty), mask=keys[:, None] < n_k)
     tl.store(dV + out_offsets, dv.to(dV.dtype.element_ty), mask=keys[:, None] < n_k)
 
@@ -169,10 +168,9 @@ def dq_key_tiles(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, st
     """dQ contributions of key tiles ``key_begin .. key_end``; ``MASKED`` tiles check bounds and causality."""
     for key_start in range(key_begin, key_end, BLOCK_N):
         keys = key_start + tl.arange(0, BLOCK_N)
-        # The tile's first key in int64, as in the forward (tl.cast: the interpreter's loop variable is an int).
-        first_key, tile_keys = tl.cast(key_start, tl.int64), tl.arange(0, BLOCK_N)
-        k_pointers = k_base + first_key * stride_kn + tile_keys[:, None] * stride_kn + dims[None, :] * stride_kd
-        v_pointers = v_base + first_key * stride_vn + tile_keys[None, :] * stride_vn + dims[:, None] * stride_vd
+        wide_keys = keys.to(tl.int64)             # int64, as every offset: key × stride can pass 2**31
+        k_pointers = k_base + wide_keys[:, None] * stride_kn + dims[None, :] * stride_kd
+        v_pointers = v_base + wide_keys[None, :] * stride_vn + dims[:, None] * stride_vd
         if MASKED:
             k = tl.load(k_pointers, mask=keys[:, None] < n_k, other=0.0)      # [BLOCK_N, d]
             v_t = tl.load(v_pointers, mask=keys[None, :] < n_k, other=0.0)    # [d, BLOCK_N]
@@ -201,30 +199,30 @@ def attention_backward_dq_kernel(
     num_heads, num_kv_groups, n_q, n_k, scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M), B·H)``: dQ of one tile of queries per program.
+    """Grid ``(cdiv(N_q, BLOCK_M) · B·H,)``: dQ of one tile of queries per program (query tile fastest).
 
     ``dQ = scale · dS K`` with ``dS = P ∘ (dO Vᵀ - Δ)``. A separate kernel (rather than
     atomic adds from the dK/dV kernel) keeps the result deterministic. ``LSE`` is in base 2.
     ``dQ`` is contiguous ``[B, H, N_q, d]``.
     """
-    tile = tl.program_id(0)
-    batch_head = tl.program_id(1)
+    num_tiles = tl.cdiv(n_q, BLOCK_M)
+    tile = tl.program_id(0) % num_tiles
+    batch_head = tl.program_id(0) // num_tiles
     batch = (batch_head // num_heads).to(tl.int64)
     head = (batch_head % num_heads).to(tl.int64)
     kv_head = head // num_kv_groups
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # [BLOCK_M]
-    dims = tl.arange(0, HEAD_DIM)
-    # The tile's first row in int64: its offset can pass 2**31 elements.
-    first_row, tile_rows = tl.cast(tile * BLOCK_M, tl.int64), tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM).to(tl.int64)        # int64, as every offset: they can pass 2**31
+    wide_rows = rows.to(tl.int64)
     k_base = K + batch * stride_kb + kv_head * stride_kh
     v_base = V + batch * stride_vb + kv_head * stride_vh
     stats_base = batch_head.to(tl.int64) * n_q
 
-    q = tl.load(Q + batch * stride_qb + head * stride_qh + first_row * stride_qn + tile_rows[:, None] * stride_qn
+    q = tl.load(Q + batch * stride_qb + head * stride_qh + wide_rows[:, None] * stride_qn
                 + dims[None, :] * stride_qd, mask=rows[:, None] < n_q, other=0.0)          # [BLOCK_M, d]
     scale_log2 = scale * LOG2_E
-    do = tl.load(dOut + batch * stride_dob + head * stride_doh + first_row * stride_don
-                 + tile_rows[:, None] * stride_don + dims[None, :] * stride_dod, mask=rows[:, None] < n_q, other=0.0)
+    do = tl.load(dOut + batch * stride_dob + head * stride_doh + wide_rows[:, None] * stride_don
+                 + dims[None, :] * stride_dod, mask=rows[:, None] < n_q, other=0.0)
     lse = tl.load(LSE + stats_base + rows, mask=rows < n_q, other=0.0)
     delta = tl.load(Delta + stats_base + rows, mask=rows < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -240,8 +238,7 @@ def attention_backward_dq_kernel(
                        rows, dims, n_k, causal_offset, scale_log2, unmasked_end, key_end,
                        BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL)
 
-    out_offsets = ((batch_head.to(tl.int64) * n_q + first_row) * HEAD_DIM + tile_rows[:, None] * HEAD_DIM
-                   + dims[None, :])
+    out_offsets = (stats_base + wide_rows[:, None]) * HEAD_DIM + dims[None, :]
     tl.store(dQ + out_offsets, (dq * scale).to(dQ.dtype.element_ty), mask=rows[:, None] < n_q)
 
 
@@ -253,7 +250,7 @@ def attention_backward_delta_kernel(
     num_heads, n_q,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M), B·H)``: what both backward kernels read per query row.
+    """Grid ``(cdiv(N_q, BLOCK_M) · B·H,)``: what both backward kernels read per query row.
 
     ``Δ_i = Σ_d dO_id · O_id`` in float32 (the softmax's gradient needs it: ``Σ_j P_ij dP_ij = Δ_i``),
     and the log-sum-exp in base 2 (``LSE₂ = log2(e) · LSE``, so that the kernels' ``exp2(s₂ - LSE₂)``
@@ -261,18 +258,19 @@ def attention_backward_delta_kernel(
     where PyTorch would write float32 copies of both and their product to memory first.
     ``LSE``, ``Delta``, ``LSE2`` are contiguous float32 ``[B, H, N_q]``.
     """
-    tile = tl.program_id(0)
-    batch_head = tl.program_id(1)
+    num_tiles = tl.cdiv(n_q, BLOCK_M)
+    tile = tl.program_id(0) % num_tiles
+    batch_head = tl.program_id(0) // num_tiles
     batch = (batch_head // num_heads).to(tl.int64)
     head = (batch_head % num_heads).to(tl.int64)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)                             # [BLOCK_M]
-    dims = tl.arange(0, HEAD_DIM)
+    dims = tl.arange(0, HEAD_DIM).to(tl.int64)        # int64, as every offset (see above)
+    wide_rows = rows.to(tl.int64)
     inside = rows < n_q
-    first_row, tile_rows = tl.cast(tile * BLOCK_M, tl.int64), tl.arange(0, BLOCK_M)   # int64, as above
-    o = tl.load(Out + batch * stride_ob + head * stride_oh + first_row * stride_on + tile_rows[:, None] * stride_on
+    o = tl.load(Out + batch * stride_ob + head * stride_oh + wide_rows[:, None] * stride_on
                 + dims[None, :] * stride_od, mask=inside[:, None], other=0.0)            # [BLOCK_M, d]
-    do = tl.load(dOut + batch * stride_dob + head * stride_doh + first_row * stride_don
-                 + tile_rows[:, None] * stride_don + dims[None, :] * stride_dod, mask=inside[:, None], other=0.0)
+    do = tl.load(dOut + batch * stride_dob + head * stride_doh + wide_rows[:, None] * stride_don
+                 + dims[None, :] * stride_dod, mask=inside[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)              # [BLOCK_M]
     stats = batch_head.to(tl.int64) * n_q + rows
     tl.store(Delta + stats, delta, mask=inside)

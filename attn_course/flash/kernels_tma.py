@@ -100,7 +100,7 @@ def attention_forward_tma_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     HOST_DESCRIPTORS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
-    """Grid ``(cdiv(N_q, BLOCK_M), B·H)``: one tile of BLOCK_M queries per program.
+    """Grid ``(cdiv(N_q, BLOCK_M) · B·H,)``: one tile of BLOCK_M queries per program, as the pointer kernel's.
 
     With ``HOST_DESCRIPTORS``, ``Q``, ``K``, ``V``, ``Out`` are tensor descriptors over
     ``[B, heads, N, d]`` with ``[1, 1, BLOCK_M or BLOCK_N, d]`` blocks and the strides are unused;
@@ -108,14 +108,16 @@ def attention_forward_tma_kernel(
     :func:`~attn_course.flash.kernels.attention_forward_kernel` without the last dimension's,
     which TMA requires to be 1. ``LSE`` is float32 ``[B·H, N_q]``.
     """
-    # 1. Which rows are mine: query tile `tile` of head `head` in batch `batch`; the keys and
-    #    values are those of the head's group, `head // num_kv_groups` (grouped-query attention).
+    # 1. Which rows are mine: query tile `tile` of head `head` in batch `batch`, from a line of
+    #    programs, `num_tiles` per (batch, head), tile fastest; the keys and values are those of
+    #    the head's group, `head // num_kv_groups` (grouped-query attention).
     #    Causal: the last query tile sees the most keys, so it is launched first (tile 0 of the
     #    grid takes it): the heaviest programs start first and the light ones fill the tail.
-    tile = tl.program_id(0)
+    num_tiles = tl.cdiv(n_q, BLOCK_M)
+    tile = tl.program_id(0) % num_tiles
     if CAUSAL:
-        tile = tl.num_programs(0) - 1 - tile
-    batch_head = tl.program_id(1)
+        tile = num_tiles - 1 - tile
+    batch_head = tl.program_id(0) // num_tiles
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // num_kv_groups
@@ -128,7 +130,7 @@ def attention_forward_tma_kernel(
     if HOST_DESCRIPTORS:
         q_desc, k_desc, v_desc, o_desc = Q, K, V, Out
     else:   # one call per tensor, each with its own eight arguments: a helper would only pass them on
-        num_batches = tl.num_programs(1) // num_heads
+        num_batches = tl.num_programs(0) // (num_tiles * num_heads)
         num_kv_heads = num_heads // num_kv_groups
         q_desc = tl.make_tensor_descriptor(Q, shape=[num_batches, num_heads, n_q, HEAD_DIM],
                                            strides=[stride_qb, stride_qh, stride_qn, 1],

@@ -27,9 +27,10 @@ from attn_course.flash.configs import (
 )
 from attn_course.flash.triton_mode import define_kernels, is_interpreted, triton_installed
 
-__all__ = ["ENABLE_FP_FUSION", "TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config", "check_kernel_inputs",
-           "check_output_buffers", "kernel_function", "launch", "length_bucket", "output_buffers", "record_tuned",
-           "runs_in_interpreter", "tuned_config", "tuned_configs", "tuning_key"]
+__all__ = ["CUDA_GRID_LIMITS", "ENABLE_FP_FUSION", "TUNED_LENGTHS", "autotuned_kernel", "cdiv", "check_config",
+           "check_kernel_inputs", "check_output_buffers", "kernel_function", "launch", "length_bucket",
+           "output_buffers", "program_grid", "record_tuned", "runs_in_interpreter", "tuned_config", "tuned_configs",
+           "tuning_key"]
 
 _mode_note_shown = False
 _autotuned: dict[tuple[str, int], object] = {}
@@ -43,6 +44,9 @@ TUNED_LENGTHS = ("n_q", "n_k")
 #: which warns that ``TRITON_DEFAULT_FP_FUSION`` turns it off by default in 3.10, and the accuracy
 #: rule the kernels are tested against (``attn_course.flash.accuracy``) was tuned with it on.
 ENABLE_FP_FUSION = True
+#: The most programs a CUDA grid takes along x, y and z (CUDA programming guide, "Technical
+#: specifications per compute capability": 2**31 - 1 along x, 65,535 along y and z, every GPU since sm_30).
+CUDA_GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 
 def kernel_function(name: str):
@@ -271,9 +275,32 @@ def _config_of(best, kernel: str, head_dim: int) -> KernelConfig | None:
     return None
 
 
+def program_grid(tiles: int, batch_heads: int, extra: int = 1) -> tuple[int, int, int]:
+    """The grid of a kernel that runs ``tiles`` programs for each of ``batch_heads`` (batch, head) pairs
+    (or (batch, key/value head) pairs): all ``tiles · batch_heads`` along x, tile fastest, ``extra``
+    along z. Program ``p`` runs tile ``p % tiles`` of pair ``p // tiles``: the order a
+    ``(tiles, batch_heads)`` grid would give, without its y axis, which CUDA caps at 65,535 (fewer
+    than ``B·H`` can be: 2048 sequences of 32 heads).
+
+    Raises:
+        TypeError, ValueError: an argument not an int >= 1, or a grid past :data:`CUDA_GRID_LIMITS`.
+
+    Example:
+        >>> program_grid(2, 2048 * 32)        # a decode step of 2048 sequences, 32 key/value heads, 2 splits
+        (131072, 1, 1)
+    """
+    tiles, batch_heads, extra = _validate.integers("program_grid", minimum=1, tiles=tiles, batch_heads=batch_heads,
+                                                   extra=extra)
+    grid = (tiles * batch_heads, 1, extra)
+    if any(size > limit for size, limit in zip(grid, CUDA_GRID_LIMITS)):
+        raise ValueError(f"program_grid: CUDA takes at most {CUDA_GRID_LIMITS} programs along (x, y, z), got {grid} "
+                         f"for {tiles} tiles of {batch_heads} (batch, head) pairs and {extra} along z")
+    return grid
+
+
 def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, causal: bool,
            config: KernelConfig | None = None, extra_grid: int = 1, **constants) -> None:
-    """Launch ``kernel`` over ``(cdiv(grid_rows, tile), batch_heads, extra_grid)`` programs.
+    """Launch ``kernel`` over :func:`program_grid` ``(cdiv(grid_rows, tile), batch_heads, extra_grid)``.
 
     The tile along ``grid_rows`` is ``BLOCK_N`` for the dK/dV kernel (it owns keys), ``BLOCK_M``
     otherwise; the decode kernel's grid rows are its splits (tile 1). A given ``config``, or the
@@ -293,14 +320,14 @@ def launch(kernel: str, grid_rows: int, batch_heads: int, *args, head_dim: int, 
         config = _tuned.get(key)                     # tuned before for this bucket: launch its winner
     if config is not None:
         sizes = _block_sizes(kernel, config)
-        grid = (cdiv(grid_rows, tile(sizes)), batch_heads, extra_grid)
+        grid = program_grid(cdiv(grid_rows, tile(sizes)), batch_heads, extra_grid)
         kernel_function(KERNEL_NAMES[kernel])[grid](
             *args, HEAD_DIM=head_dim, CAUSAL=causal, **sizes, **constants,
             num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=ENABLE_FP_FUSION,
         )
     else:
         def grid(meta):
-            return (cdiv(grid_rows, tile(meta)), batch_heads, extra_grid)
+            return program_grid(cdiv(grid_rows, tile(meta)), batch_heads, extra_grid)
 
         tuner = autotuned_kernel(kernel, head_dim)
         tuner[grid](*args, HEAD_DIM=head_dim, CAUSAL=causal, enable_fp_fusion=ENABLE_FP_FUSION, **constants)

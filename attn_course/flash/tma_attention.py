@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
+import warnings
 
 import torch
 
@@ -35,6 +37,7 @@ from attn_course.flash.launch import (
     check_kernel_inputs,
     check_output_buffers,
     kernel_function,
+    program_grid,
     record_tuned,
     tuned_config,
     tuning_key,
@@ -48,6 +51,7 @@ __all__ = [
     "has_device_tensor_descriptors",
     "host_tensor_descriptor",
     "launch_tma_forward",
+    "time_candidates",
     "tma_forward_config",
     "tma_forward_supported",
     "tuned_tma_config",
@@ -266,7 +270,7 @@ def launch_tma_forward(q, k, v, out, lse, *, causal: bool, scale: float, config:
     options = dict(HEAD_DIM=head_dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n, CAUSAL=causal,
                    HOST_DESCRIPTORS=host_descriptors, WARP_SPECIALIZE=warp_specialize,
                    num_warps=config.num_warps, num_stages=config.num_stages, enable_fp_fusion=ENABLE_FP_FUSION)
-    launch = kernel[(cdiv(n_q, config.block_m), batch * heads)]
+    launch = kernel[program_grid(cdiv(n_q, config.block_m), batch * heads)]
     if is_interpreted(kernel):
         launch(*arguments, **options)
     else:
@@ -284,8 +288,11 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
     to powers of two) if there is one; otherwise each candidate that
     :func:`~attn_course.flash.tma_configs.prune_tma_configs` keeps for this GPU (its
     :func:`~attn_course.flash.tma_configs.gpu_limits`) is timed with ``triton.testing.do_bench``
-    on these inputs (each compiled on first use), and the fastest is recorded and returned. The
-    timing runs write ``out`` and ``lse``. In Triton's interpreter: the default, untimed.
+    on these inputs (each compiled on first use), and the fastest is recorded and returned. A
+    candidate that fails to compile or to launch (more shared memory than the GPU has, a ``ptxas``
+    error, a compiler pass that fails) is skipped with a warning, as Triton's autotuner skips it
+    (:func:`time_candidates`). The timing runs write ``out`` and ``lse``. In Triton's interpreter: the
+    default, untimed.
     ``tests/flash/gpu_setup.py`` replaces this function on a GPU by the default for every test but
     the one that tests the tuning.
 
@@ -296,6 +303,9 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
     Returns:
         A :class:`~attn_course.flash.configs.KernelConfig`, one of
         :func:`~attn_course.flash.tma_configs.tma_forward_configs`.
+
+    Raises:
+        RuntimeError: no candidate ran (the message lists each one's error).
     """
     head_dim = q.shape[-1]
     candidates = tma_forward_configs(head_dim)
@@ -306,18 +316,61 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
     key = tuning_key(variant, head_dim, causal, {"q": q, "k": k, "v": v, "out": out, **lengths})
     winner = tuned_config(key)
     if winner is None:
-        import triton
-        import triton.testing
-
         kept = prune_tma_configs(candidates, head_dim, **gpu_limits(q.device), element_bytes=q.element_size())
-        times = [triton.testing.do_bench(
-            lambda config=config: launch_tma_forward(q, k, v, out, lse, causal=causal, scale=scale, config=config,
-                                                     warp_specialize=warp_specialize,
-                                                     host_descriptors=host_descriptors),
-            warmup=TUNING_WARMUP_MS, rep=TUNING_REP_MS) for config in kept]
+        times = time_candidates(kept, lambda config: launch_tma_forward(
+            q, k, v, out, lse, causal=causal, scale=scale, config=config, warp_specialize=warp_specialize,
+            host_descriptors=host_descriptors))
         winner = kept[times.index(min(times))]
         record_tuned(key, winner)
     return winner
+
+
+def time_candidates(candidates, run) -> list[float]:
+    """Milliseconds of ``run(config)`` for each candidate (``triton.testing.do_bench``), ``inf`` for one
+    that fails: skipped, with a warning, as Triton's autotuner skips a configuration.
+
+    Triton's ``Autotuner._bench`` (the same in Triton 3.6 and 3.9) times a configuration as infinitely
+    slow when it raises ``OutOfResources`` (more shared memory or threads than the GPU has, raised when
+    the compiled kernel is loaded, at its first launch), ``PTXASError`` or
+    ``CompileTimeAssertionFailure``. A compiler pass that fails raises a plain ``RuntimeError``
+    ("PassManager::run failed") in both versions, so any ``Exception`` skips the candidate here; if
+    every candidate fails the inputs or the machine are at fault (no C compiler for Triton's launcher,
+    an error in the kernel), and that is raised.
+
+    Args:
+        candidates: a non-empty sequence of :class:`~attn_course.flash.configs.KernelConfig`.
+        run: launches the kernel in the configuration it is given.
+
+    Returns:
+        One time per candidate, in their order; at least one finite.
+
+    Raises:
+        TypeError: a candidate that is not a ``KernelConfig``, ``run`` not callable.
+        ValueError: no candidates.
+        RuntimeError: every candidate failed (the message names each one's error).
+    """
+    candidates = _validate.sequence("time_candidates", "candidates", candidates, of="KernelConfigs")
+    if not candidates:
+        raise ValueError("time_candidates: candidates must not be empty")
+    for index, config in enumerate(candidates):
+        _validate.instance("time_candidates", f"candidates[{index}]", config, KernelConfig)
+    if not callable(run):
+        raise TypeError(f"time_candidates: run must be callable, got {type(run).__name__}")
+    import triton.testing
+
+    times, failures = [], []
+    for config in candidates:
+        try:
+            times.append(triton.testing.do_bench(lambda config=config: run(config), warmup=TUNING_WARMUP_MS,
+                                                 rep=TUNING_REP_MS))
+        except Exception as error:   # skipped, as Triton's autotuner skips it
+            lines = str(error).strip().splitlines() or [""]
+            failures.append(f"{config}: {type(error).__name__}: {lines[0][:300]}")
+            warnings.warn(f"TMA forward tuning: skipped {failures[-1]}", RuntimeWarning, stacklevel=3)
+            times.append(math.inf)
+    if all(math.isinf(time) for time in times):
+        raise RuntimeError("TMA forward tuning: no candidate ran: " + "; ".join(failures))
+    return times
 
 
 def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: float | None = None,

@@ -37,6 +37,7 @@ from attn_course.flash.launch import (
     kernel_function,
     launch,
     output_buffers,
+    program_grid,
 )
 from attn_course.flash.tma_attention import launch_tma_forward, tma_forward_supported
 from attn_course.flash.triton_mode import triton_installed
@@ -136,7 +137,7 @@ def _backward_delta(grad_out, out, lse):
     lse = lse.contiguous()
     delta = torch.empty(out.shape[:3], dtype=torch.float32, device=out.device)
     lse_base2 = torch.empty_like(delta)
-    kernel_function("attention_backward_delta_kernel")[(cdiv(n_q, DELTA_BLOCK_M), batch * heads)](
+    kernel_function("attention_backward_delta_kernel")[program_grid(cdiv(n_q, DELTA_BLOCK_M), batch * heads)](
         out, grad_out, lse, delta, lse_base2, *out.stride(), *grad_out.stride(), heads, n_q,
         HEAD_DIM=head_dim, BLOCK_M=DELTA_BLOCK_M, num_warps=4, num_stages=1)
     return delta, lse_base2

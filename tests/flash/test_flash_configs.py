@@ -21,6 +21,7 @@ from gpu_setup import PRECISE_DTYPE, autotuned_kernel, pinned_configs, round_off
 
 from attn_course.flash.configs import CONFIGS, kernel_configs  # noqa: E402
 from attn_course.flash.decode import attention_decode_forward  # noqa: E402
+from attn_course.flash.launch import program_grid  # noqa: E402
 from attn_course.flash.triton_attention import attention_backward, attention_forward  # noqa: E402
 
 from support.flash_rule import DEVICE, assert_flash_rule, random_inputs  # noqa: E402
@@ -89,7 +90,7 @@ def test_the_autotuned_launch_runs(kernel):
     lse = torch.empty(q.shape[:3], device=q.device)
     strides = (*q.stride(), *k.stride(), *v.stride())
     if kernel == "forward":
-        tuned[lambda meta: (-(-70 // meta["BLOCK_M"]), 2, 1)](
+        tuned[lambda meta: program_grid(-(-70 // meta["BLOCK_M"]), 2)](
             q, k, v, out, lse, *strides, *out.stride(), 2, 2, 70, 90, scale, HEAD_DIM=head_dim, CAUSAL=True)
     else:
         partial_out = torch.empty(2, 1, 3, head_dim, device=q.device)
