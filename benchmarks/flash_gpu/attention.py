@@ -20,7 +20,16 @@ from attn_course.measure.memory import available_memory_bytes
 from benchmarks.flash_gpu.backends import flex_function, sdpa_context
 from benchmarks.flash_gpu.kernels_used import prefill_kernels
 from benchmarks.flash_gpu.measuring import TIME_BUDGET_SPENT, Measured, describe_error, measure, past, setup, skipped
-from benchmarks.flash_gpu.plan import FLEX, GPU_HEAD_DIMS, GPU_LENGTHS, METHODS, MODES, NAIVE_UP_TO, SDPA_BACKENDS
+from benchmarks.flash_gpu.plan import (
+    FLEX,
+    FLEX_COMPILE_MARGIN_S,
+    GPU_HEAD_DIMS,
+    GPU_LENGTHS,
+    METHODS,
+    MODES,
+    NAIVE_UP_TO,
+    SDPA_BACKENDS,
+)
 from benchmarks.flash_gpu.rows import GpuRow, MachineInfo
 
 __all__ = ["SDPA_CONFIG", "gpu_rows"]
@@ -52,6 +61,8 @@ def gpu_rows(lengths: Sequence[int] = GPU_LENGTHS, *, head_dims: Sequence[int] =
         seed: for the random inputs (a generator on the device), ``>= 0``.
         device: ``"cuda"``, or ``"cpu"`` for the dry run (Triton's interpreter, a wall-clock timer).
         deadline: a ``time.monotonic()`` value after which measurements become skipped rows; None: no limit.
+            FlexAttention starts no compile (nor its measurement) within
+            :data:`~benchmarks.flash_gpu.plan.FLEX_COMPILE_MARGIN_S` of it: a compile cannot be stopped.
         on_row: called with each row as soon as it is measured; progress: with a line per configuration.
         machine: the :class:`MachineInfo` the rows name (default: :func:`machine_info`).
 
@@ -180,7 +191,13 @@ def one_configuration(config, dtype, modes, methods, clock, generator, deadline,
                                  f"{available_memory_bytes(device) / 2**30:.0f} GiB free", modes), paths[method])
             continue
         note = ""
+        method_deadline = deadline
         if method == FLEX:
+            # No compile starts within the margin: one under way runs to its end, past any deadline.
+            method_deadline = None if deadline is None else deadline - FLEX_COMPILE_MARGIN_S
+            if past(method_deadline):
+                emit(method, skipped(TIME_BUDGET_SPENT, modes), paths[method])
+                continue
             try:
                 functions[method], path, launched, note = flex_function(causal, n, device, group > 1)
             except Exception as error:   # no FlexAttention in this torch, or no mask for this shape
@@ -189,7 +206,7 @@ def one_configuration(config, dtype, modes, methods, clock, generator, deadline,
             paths[method] = fixed(path, launched)
             if device.type != "cuda":    # FlexAttention has no backward on the CPU
                 method_modes = [mode for mode in modes if mode == "forward"]
-            elif "forward" in modes and not past(deadline):
+            elif "forward" in modes and not past(method_deadline):
                 # The forward rows are timed under no_grad, a graph of its own: compile it here, so
                 # that its time is recorded (first_call_s holds the training graph's) and not timed.
                 try:
@@ -201,7 +218,7 @@ def one_configuration(config, dtype, modes, methods, clock, generator, deadline,
                 note = f"torch.compile: inference graph compiled in {seconds:.1f} s, the training graph in first_call_s"
         context = sdpa_context(method) if method in SDPA_BACKENDS else contextlib.nullcontext()
         with context:
-            results = measure(functions[method], q, k, v, grad_out, reference, method_modes, clock, deadline)
+            results = measure(functions[method], q, k, v, grad_out, reference, method_modes, clock, method_deadline)
             refused = [r.reason for r in results.values() if r.status != "ok" and r.reason != TIME_BUDGET_SPENT]
             if method in SDPA_BACKENDS and group > 1 and len(refused) == len(results):
                 # A backend that takes no grouped K/V still gets compared, on K/V expanded to H heads

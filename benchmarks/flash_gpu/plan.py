@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["DECODE_KV_LENGTHS", "DECODE_QUERY_LENGTHS", "DRY_RUN", "DRY_RUN_DTYPES", "FLEX", "GPU_DTYPES",
-           "GPU_HEAD_DIMS", "GPU_LENGTHS", "GPU_SIZES", "KERNEL_METHODS", "LONG_FROM", "METHODS", "MODES",
-           "NAIVE_UP_TO", "PROFILES", "SDPA_BACKENDS", "TARGETS", "WARM_UP_SECONDS", "check_profile", "plan_phases"]
+__all__ = ["DECODE_KV_LENGTHS", "DECODE_QUERY_LENGTHS", "DRY_RUN", "DRY_RUN_DTYPES", "FLEX", "FLEX_COMPILE_MARGIN_S",
+           "GPU_DTYPES", "GPU_HEAD_DIMS", "GPU_LENGTHS", "GPU_SIZES", "KERNEL_METHODS", "LONG_FROM", "METHODS", "MODES",
+           "NAIVE_UP_TO", "PROFILES", "SDPA_BACKENDS", "TARGETS", "TARGET_REFERENCES", "WARM_UP_SECONDS",
+           "check_profile", "plan_phases"]
 
 GPU_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 GPU_HEAD_DIMS = (128, 64)
@@ -22,12 +23,29 @@ LONG_FROM = 4096                                    # the targets are stated for
 # Naive attention's longest N: at 4096 one call already takes milliseconds and GB; above it the
 # run spent tens of seconds on a method whose only lesson (it is slow and large) 4096 already gives.
 NAIVE_UP_TO = 4096
-TARGETS = {"forward": 1.0, "backward": 0.8}         # ours / best SDPA backend, in speed
+TARGETS = {"forward": 1.0, "backward": 0.8}         # ours / reference, in speed
 SDPA_BACKENDS = {"sdpa flash": "FLASH_ATTENTION", "sdpa efficient": "EFFICIENT_ATTENTION",
                  "sdpa cudnn": "CUDNN_ATTENTION"}
+# The targets hold against each of two references, judged apart (issue 42): FlashAttention-2 (SDPA's
+# flash backend), the class of kernel chapter 07 builds and expects to match, and cuDNN (SDPA's cuDNN
+# backend), against which the targets were first set as SDPA's fastest on Hopper, and which a kernel
+# of FlashAttention-2's structure is not expected to reach. A row that misses one says which; it is
+# reported, never a failure of the run.
+TARGET_REFERENCES = {"FA2": "sdpa flash", "cuDNN": "sdpa cudnn"}
 # The Triton attention a PyTorch user would pick: torch.compile(flex_attention), whose kernel
 # Inductor generates in Triton. A peer measured in the same run as SDPA's backends.
 FLEX = "flex compiled"
+#: Seconds before the deadline (``max_minutes``) from which no FlexAttention compile starts. The
+#: deadline is checked only before a compile starts, and a compile cannot be stopped: one started
+#: just before it ran past ``timeout`` (issue 42). Per shape FlexAttention compiles three graphs
+#: (an inference graph, a training forward, its backward), each checked before it starts, so the
+#: margin is one compile's worst case. Measured: the first ``torch.compile(flex_attention)`` call
+#: took about 35 s on this course's busy 2-core CPU (NOTES.md, "FlexAttention on the CPU"); no GPU
+#: compile has been timed yet (the rows record each one: ``first_call_s``, and the forward rows'
+#: reason for the inference graph), and a GPU machine's 16 cores compile from Inductor's cache,
+#: warmed just before FlexAttention's phases. 30 s, plus the 37 s between the first profile's
+#: deadline (1.3 min) and its ``timeout`` (115 s), leave a 67-second compile room to finish.
+FLEX_COMPILE_MARGIN_S = 30.0
 METHODS = ("ours (Triton)", *SDPA_BACKENDS, FLEX, "naive")
 # The first-contact check's rows (issue 32), in order of importance, and the whole sweep.
 PROFILES = ("essential", "long")

@@ -159,11 +159,15 @@ class DecodeRow:
 
 @_row
 class SummaryRow:
-    """Ours against the fastest SDPA backend (``best_sdpa``) for one configuration and mode (:func:`speedup_summary`).
+    """Ours against FlashAttention-2 (SDPA's flash backend), cuDNN (SDPA's cuDNN backend), the fastest SDPA
+    backend (``best_sdpa``) and FlexAttention, for one configuration and mode (:func:`speedup_summary`).
 
-    ``kind``: ``"attention"`` (``n_q == n_k == N``) or ``"decode"``. ``ratio``: ``best_sdpa_ms / ours_ms``,
-    ``flex_ratio``: ``flex_ms / ours_ms`` (> 1: ours faster). ``target``: the goal for ``ratio`` at N >= 4096
-    (forward 1.0, backward 0.8), else None, as is ``meets_target`` then. ``note``: why there is no ratio.
+    ``kind``: ``"attention"`` (``n_q == n_k == N``) or ``"decode"``. Each ratio is the other's milliseconds
+    over ours (> 1: ours faster): ``fa2_ratio``, ``cudnn_ratio``, ``ratio`` (the fastest SDPA backend's),
+    ``flex_ratio``; None where that one did not run. ``target``: the goal for ``fa2_ratio`` and for
+    ``cudnn_ratio`` at N >= 4096 (forward 1.0, backward 0.8), else None. ``misses``: the references whose
+    target ours missed, ``"FA2"``, ``"cuDNN"`` or ``"FA2+cuDNN"``; ``""`` where it met both, or none applies.
+    ``note``: why a ratio is missing.
     """
 
     kind: str
@@ -176,11 +180,15 @@ class SummaryRow:
     n_k: int
     mode: str
     ours_ms: float | None
+    fa2_ms: float | None
+    fa2_ratio: float | None
+    cudnn_ms: float | None
+    cudnn_ratio: float | None
     best_sdpa: str
     best_sdpa_ms: float | None
     ratio: float | None
     target: float | None
-    meets_target: bool | None
+    misses: str
     flex_ms: float | None
     flex_ratio: float | None
     note: str

@@ -15,7 +15,15 @@ from benchmarks.flash_gpu.attention import gpu_rows
 from benchmarks.flash_gpu.decode import decode_rows
 from benchmarks.flash_gpu.kernels_used import count_compilations, describe_compilations
 from benchmarks.flash_gpu.measuring import TIME_BUDGET_SPENT, Clock, Terminated, check_device, past, sigterm_stops
-from benchmarks.flash_gpu.plan import DRY_RUN, FLEX, GPU_SIZES, WARM_UP_SECONDS, check_profile, plan_phases
+from benchmarks.flash_gpu.plan import (
+    DRY_RUN,
+    FLEX,
+    FLEX_COMPILE_MARGIN_S,
+    GPU_SIZES,
+    WARM_UP_SECONDS,
+    check_profile,
+    plan_phases,
+)
 from benchmarks.flash_gpu.report import plot_gpu_rows, speedup_summary, summary_table, target_verdicts
 from benchmarks.flash_gpu.rows import CsvStream, DecodeRow, GpuRow, SummaryRow, machine_facts, machine_info
 from benchmarks.flash_gpu.warm_up import warm_triton_cache, warm_up_jobs
@@ -47,7 +55,9 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
     matplotlib is installed, ``flash-gpu.png`` and ``flash-gpu-decode.png``. After ``max_minutes`` no new
     measurement starts (the one under way finishes); SIGTERM stops the run the same way; the summary and
     plots are written either way. Ours are first compiled in parallel processes (:func:`warm_triton_cache`),
-    FlexAttention's shapes just before its first phase.
+    FlexAttention's shapes just before its first phase. No FlexAttention compile (its warm-up, its
+    measurements) starts within :data:`~benchmarks.flash_gpu.plan.FLEX_COMPILE_MARGIN_S` of the deadline:
+    its rows left are written as skipped, and ``stopped`` is ``"max_minutes"``.
 
     Args:
         out: the folder for the files (created if missing).
@@ -132,10 +142,11 @@ def run_gpu_benchmark(out: str | os.PathLike, *, profile: str = "essential", len
             # Ours first; FlexAttention's shapes just before its first phase, and only if the budget
             # reaches it (its compiles would otherwise delay ours against SDPA's, the rows that matter most).
             flex_jobs = [job for job in jobs if job["kind"] == "flex"]
+            flex_deadline = None if deadline is None else deadline - FLEX_COMPILE_MARGIN_S
             if warm_up:
                 facts["warm_up"] = warm([job for job in jobs if job["kind"] != "flex"], "Triton's cache")
             for index, (kind, options) in enumerate(plan, 1):
-                if flex_jobs and FLEX in options.get("methods", ()) and not past(deadline):
+                if flex_jobs and FLEX in options.get("methods", ()) and not past(flex_deadline):
                     facts["warm_up_flex"] = warm(flex_jobs, "Inductor's caches for FlexAttention")
                     flex_jobs = []
                 common = dict(device=device.type, deadline=deadline, progress=progress, machine=machine)

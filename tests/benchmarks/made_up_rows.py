@@ -14,8 +14,8 @@ DECODE_COLUMNS = ["method", "path", "dtype", "head_dim", "batch", "heads", "kv_h
                   "status", "timing", "milliseconds", "plain_milliseconds", "kv_gbps", "max_difference", "first_call_s",
                   "reason", "config", *MACHINE_COLUMNS]
 SUMMARY_COLUMNS = ["kind", "dtype", "head_dim", "heads", "kv_heads", "causal", "n_q", "n_k", "mode", "ours_ms",
-                   "best_sdpa", "best_sdpa_ms", "ratio", "target", "meets_target", "flex_ms", "flex_ratio", "note",
-                   *MACHINE_COLUMNS]
+                   "fa2_ms", "fa2_ratio", "cudnn_ms", "cudnn_ratio", "best_sdpa", "best_sdpa_ms", "ratio", "target",
+                   "misses", "flex_ms", "flex_ratio", "note", *MACHINE_COLUMNS]
 MACHINE = flash_gpu.MachineInfo(gpu="NVIDIA H200", driver="580.1", cuda="13.0", torch_version="2.11.0",
                                 triton_version="3.6.0")
 
