@@ -1,7 +1,7 @@
-"""Chapter 11's cached runs: train them, or check that training again gives the same bits.
+"""Chapter 11's cached runs: train them, or check that training again gives them (within a tolerance).
 
     .venv/bin/python tools/train_induction_heads.py            # (re)write attn_course/circuits/trained/
-    .venv/bin/python tools/train_induction_heads.py --check    # re-train everything, exit 1 on any difference
+    .venv/bin/python tools/train_induction_heads.py --check    # re-train everything, exit 1 beyond TOLERANCE
 
 What it makes (`attn_course.circuits.trained` reads it):
 
@@ -10,9 +10,12 @@ What it makes (`attn_course.circuits.trained` reads it):
 - the weights of the induction runs of seeds 0 and 1 (`--keep-weights`; seed 0's layer 0 has a previous-token
   head, seed 1's a duplicate-token head instead) and of the rhymes run, as safetensors.
 
-Every run is deterministic on a CPU (one thread, its own generators; see `attn_course.circuits.training`), so
-`--check` compares the histories exactly, float for float, and the weights' SHA-256 (the last digest of
-each history is that of the cached weights). Measured on the course's 2-core machine, lightly loaded:
+Every run is deterministic on one CPU (one thread, its own generators; see `attn_course.circuits.training`):
+where the cache was made, `--check` finds the histories float for float and the weights' SHA-256 (the last
+digest of each history is that of the cached weights) and says "bit for bit". Float32 training follows the
+CPU's vectorised kernels, though: on another CPU (AVX2 against AVX-512, or `ATEN_CPU_CAPABILITY` set) the
+last bits differ from the first step. `--check` then compares every recorded number, and every weight, within
+TOLERANCE, and prints the largest difference. Measured on the course's 2-core machine, lightly loaded:
 12-15 s per induction seed (1000 steps), 172 s for the rhymes (1500 steps of 128 characters); about
 5 minutes in all (twice that while other jobs share the cores).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 import sys
 import time
@@ -32,6 +36,10 @@ from attn_course.circuits.rhymes import RhymesSetup, train_rhymes_model
 from attn_course.circuits.trained import HISTORIES, load_model, save_model, trained_folder
 from attn_course.circuits.training import InductionSetup, state_digest, train_induction_model
 
+# The largest difference --check accepts between a fresh run and the cache, in any recorded loss or score and
+# in any weight, where the bits differ (another CPU's kernels). On an AMD EPYC, with ATen's AVX-512 and its AVX2
+# kernels, seed 0 ended 1.1e-05 and 1.7e-05 from the cache after 1000 steps.
+TOLERANCE = 1e-3
 DEFAULTS = {"seeds": list(range(10)), "steps": 1000, "record_every": 25, "keep_weights": [0, 1],
             "rhymes_seeds": [0], "rhymes_steps": 1500, "rhymes_record_every": 100}
 
@@ -71,19 +79,45 @@ def write(folder: pathlib.Path, histories: dict, models: dict) -> None:
     (folder / HISTORIES).write_text(text + "\n", encoding="utf-8")
 
 
-def check(folder: pathlib.Path, histories: dict, models: dict) -> list[str]:
-    """What differs between a fresh run and the cache (empty: the same bits)."""
+def _numbers(values) -> torch.Tensor:
+    """The numbers of a (nested) list, flattened; None (no training loss at step 0) as NaN."""
+    if isinstance(values, list):
+        return torch.cat([_numbers(v) for v in values]) if values else torch.zeros(0, dtype=torch.float64)
+    return torch.tensor([math.nan if values is None else float(values)], dtype=torch.float64)
+
+
+def check(folder: pathlib.Path, histories: dict, models: dict) -> tuple[list[str], float]:
+    """``(problems, largest)``: what differs beyond TOLERANCE between a fresh run and the cache (empty: none),
+    and the largest difference found in a recorded number or a weight (0.0: the same bits)."""
     cached = json.loads((folder / HISTORIES).read_text(encoding="utf-8"))
-    problems = []
+    problems, largest = [], 0.0
     for kind in ("induction", "rhymes"):
         for seed, history in histories[kind].items():
-            if cached[kind].get(seed) != json.loads(json.dumps(history)):
-                problems.append(f"{kind} seed {seed}: history differs from the cache")
+            fresh, old = json.loads(json.dumps(history)), cached[kind].get(seed)
+            if old is None or any(fresh[key] != old.get(key) for key in ("seed", "setup", "steps")) \
+                    or set(fresh) != set(old):
+                problems.append(f"{kind} seed {seed}: not in the cache, or recorded otherwise")
+                continue
+            for name in sorted(set(fresh) - {"seed", "setup", "steps", "digests"}):
+                a, b = _numbers(fresh[name]), _numbers(old[name])
+                gap = float((a - b).abs().nan_to_num(0.0).max()) if a.shape == b.shape else math.inf
+                largest = max(largest, gap)
+                if gap > TOLERANCE or not torch.equal(a.isnan(), b.isnan()):
+                    problems.append(f"{kind} seed {seed}: {name} differs from the cache by {gap:.2g}")
     for name, model in models.items():
         path = folder / f"{name}.safetensors"
-        if not path.is_file() or state_digest(load_model(path)) != state_digest(model):
-            problems.append(f"{name}: weights differ from {path}")
-    return problems
+        if not path.is_file():
+            problems.append(f"{name}: {path} is missing")
+            continue
+        cached_model = load_model(path)
+        if state_digest(cached_model) == state_digest(model):
+            continue
+        fresh_state = model.state_dict()
+        gap = max(float((tensor - fresh_state[key]).abs().max()) for key, tensor in cached_model.state_dict().items())
+        largest = max(largest, gap)
+        if gap > TOLERANCE:
+            problems.append(f"{name}: weights differ from {path} by {gap:.2g}")
+    return problems, largest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,8 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     arguments = {key: getattr(options, key) for key in DEFAULTS}
     histories, models = train_all(arguments)
     if options.check:
-        problems = check(options.folder, histories, models)
-        print("\n".join(problems) if problems else "the cache matches a fresh run bit for bit")
+        problems, largest = check(options.folder, histories, models)
+        if problems:
+            print("\n".join(problems))
+        elif largest == 0.0:
+            print("the cache matches a fresh run bit for bit")
+        else:
+            print(f"the cache matches a fresh run within {TOLERANCE} (largest difference {largest:.2g}; "
+                  "another CPU's kernels round the last bits differently)")
         return 1 if problems else 0
     write(options.folder, histories, models)
     sizes = {path.name: path.stat().st_size for path in sorted(options.folder.iterdir())}

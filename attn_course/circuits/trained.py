@@ -10,7 +10,8 @@ Files in ``attn_course/circuits/trained/``, shipped with the package:
 
 The last digest of a history whose weights are kept is the SHA-256 of those weights
 (:func:`~attn_course.circuits.training.state_digest`), so weights and measurements are known to belong
-together; ``tools/train_induction_heads.py --check`` re-trains and compares bit for bit.
+together; ``tools/train_induction_heads.py --check`` re-trains and compares: bit for bit on the CPU
+that made the cache, within a tolerance on another (whose vectorised kernels round the last bits differently).
 """
 
 from __future__ import annotations

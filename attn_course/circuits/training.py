@@ -9,7 +9,8 @@ evaluation batch of :func:`~attn_course.data.repeated_tokens.repeated_random_tok
 :func:`train_induction_model` is deterministic for a seed on a CPU: the weights come from
 ``torch.manual_seed(seed)`` (the caller's random state is restored afterwards), the batches from
 generators of their own, and training runs on one thread, so sums are always added in the same order.
-The history keeps a SHA-256 of the weights at every recorded step, to check that a rerun matches bit for bit.
+The history keeps a SHA-256 of the weights at every recorded step, to check whether a rerun matches bit
+for bit (it does on the same CPU kernels; another kernel path rounds differently).
 """
 
 from __future__ import annotations

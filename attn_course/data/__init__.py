@@ -8,5 +8,7 @@ tokenizers, and the bank/river sentence of chapters 01-03.
 - :mod:`~attn_course.data.stories`: :func:`story_splits`, chapter 08's little stories, whose blanks other
   words of the sentence decide;
 - :mod:`~attn_course.data.tokenizers`: :class:`CharTokenizer`, :class:`WordVocabulary`, :func:`pad_batch`;
-- :mod:`~attn_course.data.toy_sentence`: :func:`bank_sentence`, the worked example's embeddings.
+- :mod:`~attn_course.data.toy_sentence`: :func:`bank_sentence`, the worked example's embeddings;
+- ``small_bert_mlm.safetensors``: chapter 08's small BERT as trained on the stories (weights, vocabulary,
+  history), read by :func:`~attn_course.models.bert.load_saved_run`, made by ``tools/train_small_bert.py``.
 """

@@ -114,7 +114,7 @@ def test_full_ov_circuit_is_the_product_of_embedding_value_output_and_unembeddin
 
 
 def test_copying_scores_of_hand_built_circuits():
-    assert tuple(copying_scores(2 * torch.eye(4))) == (1.0, 1.0, 1.0)
+    assert tuple(copying_scores(2 * torch.eye(4))) == (1.0, 1.0, 1.0, 4)
     cycle = torch.eye(6).roll(1, dims=1)                                  # attending to s raises s + 1: no copying
     scores = copying_scores(cycle)
     # eigenvalues: the 6th roots of unity, real parts cos(2πk/6) > 0 for k = 0, 1, 5; their sum is 0
@@ -125,6 +125,14 @@ def test_copying_scores_of_hand_built_circuits():
     scores = copying_scores(mixed)
     assert scores.positive_fraction == 0.5
     assert scores.positivity_ratio == pytest.approx((3 - 1 + 2 - 2) / 8)
+    # rank 2 of 4 (as an OV circuit of a head narrower than V): the two zero eigenvalues come out as round-off,
+    # whose signs are noise; only the nonzero ones, 2 and -1, count
+    left, right = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 2.0]]), torch.tensor([[2.0, 0.0, 0.0, 0.0],
+                                                                                               [0.0, -1.0, 0.0, 0.0]])
+    low_rank = left @ right                                               # [4, 4], eigenvalues 2, -1, 0, 0
+    for noisy in (low_rank, low_rank + 1e-7 * torch.randn(4, 4, generator=torch.Generator().manual_seed(0))):
+        scores = copying_scores(noisy)
+        assert scores.nonzero_eigenvalues == 2 and scores.positive_fraction == 0.5
 
 
 @pytest.mark.parametrize("call, error, words", [

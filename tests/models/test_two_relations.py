@@ -160,8 +160,10 @@ def test_float64_training_prints_the_same_numbers_whatever_the_cpu_kernels():
     import subprocess
     import sys
 
-    # All three at once: the training runs on one thread (as chapter 03's does).
-    started = {name: subprocess.Popen([sys.executable, "-c", ONE_HEAD_LOSSES], env={**os.environ, **extra},
+    # All three at once: the training runs on one thread (as chapter 03's does). "native" is the CPU's own
+    # path even where the caller forced another (make test-other-cpu-path sets ATEN_CPU_CAPABILITY).
+    own = {key: value for key, value in os.environ.items() if key != "ATEN_CPU_CAPABILITY"}
+    started = {name: subprocess.Popen([sys.executable, "-c", ONE_HEAD_LOSSES], env={**own, **extra},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for name, extra in {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
                                    "compatible blas": {"MKL_CBWR": "COMPATIBLE"}}.items()}

@@ -19,7 +19,8 @@ One idea per module; every name below can be imported from ``attn_course.models.
 - ``masking``: :func:`mask_tokens`, BERT's masked-language-model corruption (80/10/10);
 - ``masked_lm``: :class:`MaskedLanguageModel` (BERT with its MLM head) and :func:`masked_lm_loss`;
 - ``pretraining``: :func:`pretrain_mlm`, a small BERT trained with that objective on the course's stories
-  (:class:`PretrainingConfig`; its words are a :class:`~attn_course.data.tokenizers.WordVocabulary`);
+  (:class:`PretrainingConfig`; its words are a :class:`~attn_course.data.tokenizers.WordVocabulary`), and
+  :func:`save_run`, :func:`load_saved_run`: chapter 08's run, saved in the package's data;
 - ``baselines``: :class:`NgramGuesses`, the unigram and bigram guesses a masked language model must beat;
 - ``evaluation``: :func:`score_blanks`, what the small BERT learned;
 - ``analysis``: :func:`mean_pool`, :func:`strongest_head`, :func:`attention_share`;
@@ -35,11 +36,11 @@ from attn_course.models.bert.loading import REQUIRED_FILES, load_pretrained
 from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_loss
 from attn_course.models.bert.masking import IGNORE_INDEX, MaskedTokens, mask_tokens
 from attn_course.models.bert.model import BertEmbeddings, BertModel, BertOutput
-from attn_course.models.bert.pretraining import PretrainingConfig, pretrain_mlm
+from attn_course.models.bert.pretraining import PretrainingConfig, load_saved_run, pretrain_mlm, save_run
 from attn_course.models.bert.tokenizer import BatchEncoding, BertTokenizer
 
 __all__ = ["BertConfig", "BertEmbeddings", "BertModel", "BertOutput", "BertTokenizer", "BatchEncoding",
            "load_pretrained", "REQUIRED_FILES", "IGNORE_INDEX", "MaskedTokens", "mask_tokens", "MaskedLanguageModel",
-           "masked_lm_loss", "PretrainingConfig", "pretrain_mlm", "NgramGuesses", "BlankScores", "score_blanks",
-           "HeadWeight", "mean_pool", "strongest_head", "attention_share", "NormAttribution", "norm_attribution",
-           "value_norms"]
+           "masked_lm_loss", "PretrainingConfig", "pretrain_mlm", "save_run", "load_saved_run", "NgramGuesses",
+           "BlankScores", "score_blanks", "HeadWeight", "mean_pool", "strongest_head", "attention_share",
+           "NormAttribution", "norm_attribution", "value_norms"]

@@ -31,11 +31,17 @@ the course (:mod:`attn_course.models.training`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import pathlib
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from attn_course import _validate
 from attn_course._threads import one_thread
@@ -45,7 +51,10 @@ from attn_course.models.bert.masked_lm import MaskedLanguageModel, masked_lm_los
 from attn_course.models.bert.masking import mask_tokens
 from attn_course.models.training import BestWeights, optimizer_step, warmed_up_adamw
 
-__all__ = ["PretrainingConfig", "PretrainingHistory", "pretrain_mlm"]
+__all__ = ["PretrainingConfig", "PretrainingHistory", "pretrain_mlm", "save_run", "load_saved_run", "SAVED_RUN"]
+
+# Chapter 08's run, saved in the package's data by tools/train_small_bert.py.
+SAVED_RUN = "small_bert_mlm.safetensors"
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,15 @@ def _unigram_log_probs(vocab: WordVocabulary) -> torch.Tensor:
     return (counts / counts.sum()).log().float()
 
 
+def _bert_config(config: PretrainingConfig, vocab: WordVocabulary) -> BertConfig:
+    """The encoder's sizes for ``config`` and a vocabulary."""
+    return BertConfig(vocab_size=len(vocab), hidden_size=config.hidden_size,
+                      num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+                      intermediate_size=config.intermediate_size, max_position_embeddings=config.max_length,
+                      hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout,
+                      pad_token_id=vocab.pad_id)
+
+
 def _validation_loss(model: MaskedLanguageModel, validation: list, mask: torch.Tensor) -> float:
     """The MLM loss over every chosen word of the validation corruptions, in eval mode (training mode after)."""
     model.eval()
@@ -189,12 +207,7 @@ def pretrain_mlm(
     valid_ids, valid_mask = pad_batch(vocab.encode_pieces(validation_texts, config.max_length), vocab.pad_id)  # [R, N]
     if not torch.isin(valid_ids, torch.tensor(vocab.special_ids), invert=True).any():
         raise ValueError(f"{where}: the validation texts hold no word of the training vocabulary")
-    bert_config = BertConfig(vocab_size=len(vocab), hidden_size=config.hidden_size,
-                             num_hidden_layers=config.num_hidden_layers,
-                             num_attention_heads=config.num_attention_heads,
-                             intermediate_size=config.intermediate_size, max_position_embeddings=config.max_length,
-                             hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout,
-                             pad_token_id=vocab.pad_id)
+    bert_config = _bert_config(config, vocab)
 
     def corrupt(ids: torch.Tensor, generator: torch.Generator):
         return mask_tokens(ids, mask_id=vocab.mask_id, vocab_size=len(vocab), special_ids=vocab.special_ids,
@@ -238,3 +251,63 @@ def pretrain_mlm(
     history = PretrainingHistory(train_losses, best.steps, best.losses, unigram_loss, best.best_step,
                                  seconds=time.perf_counter() - start)
     return model, vocab, history
+
+
+def save_run(model: MaskedLanguageModel, vocab: WordVocabulary, history: PretrainingHistory,
+             config: PretrainingConfig, path: str | pathlib.Path, *, texts: dict | None = None) -> None:
+    """Write a :func:`pretrain_mlm` run to one safetensors file: the weights, and in its metadata the config,
+    the vocabulary, the history and ``texts`` (what the run was trained on, for the reader).
+
+    Raises:
+        TypeError: arguments of the wrong kind. ValueError: a vocabulary that does not fit the model.
+    """
+    where = "save_run"
+    for name, value, kind in (("model", model, MaskedLanguageModel), ("vocab", vocab, WordVocabulary),
+                              ("history", history, PretrainingHistory), ("config", config, PretrainingConfig)):
+        if not isinstance(value, kind):
+            raise TypeError(f"{where}: {name} must be a {kind.__name__}, got {type(value).__name__}")
+    if len(vocab) != model.config.vocab_size:
+        raise ValueError(f"{where}: vocab has {len(vocab)} tokens but the model {model.config.vocab_size}")
+    path = _validate.path(where, "path", path)
+    state = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    record = dataclasses.asdict(history)
+    record.pop("seconds")
+    metadata = {"config": dataclasses.asdict(config), "words": vocab.words, "counts": vocab.counts,
+                "history": record, "texts": texts or {}, "torch": torch.__version__}
+    save_file(state, str(path), metadata={key: json.dumps(value, sort_keys=True) for key, value in metadata.items()})
+
+
+def load_saved_run(path: str | pathlib.Path | None = None
+                   ) -> tuple[MaskedLanguageModel, WordVocabulary, PretrainingHistory]:
+    """The run a :func:`save_run` file holds: ``(model, vocabulary, history)``, the model in eval mode.
+
+    With no ``path``, chapter 08's run, shipped in ``attn_course/data/`` (:data:`SAVED_RUN`, made by
+    ``tools/train_small_bert.py``): what :func:`pretrain_mlm` gives with the default
+    :class:`PretrainingConfig` on ``story_splits(train=2000, validation=200, test=200, seed=0)``, on the
+    CPU that made it. A run on another CPU (other vectorised kernels) ends elsewhere in its last bits,
+    and after 800 steps a little further: the saved run is what the chapter analyses.
+
+    Raises:
+        TypeError: ``path`` not a path. FileNotFoundError: no such file.
+        ValueError: a file without the run's metadata, or whose weights do not fit its config.
+
+    Example:
+        >>> model, vocab, history = load_saved_run()
+        >>> len(vocab), history.best_step, model.training
+        (56, 800, False)
+    """
+    where = "load_saved_run"
+    if path is None:
+        path = pathlib.Path(str(resources.files("attn_course.data").joinpath(SAVED_RUN)))
+    path = _validate.existing_file(where, "path", path, what="saved run")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    missing = [key for key in ("config", "words", "counts", "history") if key not in metadata]
+    if missing:
+        raise ValueError(f"{where}: {path} has no {missing} in its metadata; was it written by save_run?")
+    config = PretrainingConfig(**json.loads(metadata["config"]))
+    vocab = WordVocabulary(json.loads(metadata["words"]), json.loads(metadata["counts"]))
+    history = PretrainingHistory(**json.loads(metadata["history"]))
+    model = MaskedLanguageModel(_bert_config(config, vocab))
+    model.load_state_dict(load_file(str(path)), strict=True)
+    return model.eval(), vocab, history
