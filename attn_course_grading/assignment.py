@@ -43,6 +43,21 @@ def bound_names(tree: ast.AST) -> set[str]:
     return names
 
 
+def import_statements(tree: ast.Module) -> list[ast.stmt]:
+    """A cell's top-level imports: ``import`` and ``from ... import`` statements, and a ``try`` of
+    imports whose handlers catch ``ImportError`` (a module that may be missing, and what stands in
+    for it: chapter 07's Triton, which ships for Linux only)."""
+    def is_import(node: ast.stmt) -> bool:
+        return isinstance(node, (ast.Import, ast.ImportFrom))
+
+    def catches_import_error(handler: ast.ExceptHandler) -> bool:
+        return isinstance(handler.type, ast.Name) and handler.type.id in ("ImportError", "ModuleNotFoundError")
+
+    return [node for node in tree.body if is_import(node) or (
+        isinstance(node, ast.Try) and node.body and all(map(is_import, node.body)) and node.handlers
+        and all(map(catches_import_error, node.handlers)) and not node.orelse and not node.finalbody)]
+
+
 def top_level_bound(tree: ast.Module) -> set[str]:
     """Names a cell leaves defined in the notebook: what its top-level statements bind."""
     return set().union(*({node.name} if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
@@ -86,8 +101,8 @@ class Assignment:
         self.needs_triton = any(isinstance(node, ast.Attribute) and node.attr == "jit"
                                 and isinstance(node.value, ast.Name) and node.value.id == "triton"
                                 for tree in trees for node in ast.walk(tree))
-        imports = [node for tree in trees for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
-                   and not any(alias.name == "otter" for alias in node.names)]
+        imports = [node for tree in trees for node in import_statements(tree)
+                   if not any(alias.name == "otter" for alias in getattr(node, "names", ()))]
         self.imports = ast.unparse(ast.Module(body=imports, type_ignores=[]))
         imported = bound_names(ast.Module(body=imports, type_ignores=[]))
         self.context = self._context_cells(cells[:answer_cells[0]], trees[:answer_cells[0]],
@@ -98,8 +113,11 @@ class Assignment:
         self._shipped: bytes | None = None
         self._lock = threading.Lock()
         # The grading processes start with the chapter's modules imported.
+        # (forkserver skips a module that fails to import: Triton where it is missing)
         forkserver.PRELOAD.update(node.module if isinstance(node, ast.ImportFrom) else alias.name
-                                  for node in imports for alias in node.names if getattr(node, "level", 0) == 0)
+                                  for statement in imports for node in ast.walk(statement)
+                                  if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "level", 0) == 0
+                                  for alias in node.names)
 
     def __getstate__(self) -> dict:
         # A grading process receives the tests, answers and cells; the context comes as shipped_context().

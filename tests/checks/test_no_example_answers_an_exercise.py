@@ -128,6 +128,9 @@ def shown_sources(master) -> list[tuple[int, str, dict]]:
             # the object shown, whatever keywords (docstring=, start=, stop=) trim its listing: the
             # whole of its source is tried, which is stricter than the excerpt shown
             obj = eval(f"(lambda obj, **keywords: obj)({expression})", namespace)
+            if isinstance(obj, str):               # shown by its dotted name: import it here
+                module, _, name = obj.rpartition(".")
+                obj = getattr(importlib.import_module(module), name)
             obj = getattr(obj, "fn", obj)          # a Triton kernel: the function it was made from
             shown.append((index, textwrap.dedent(inspect.getsource(obj)), vars(inspect.getmodule(obj))))
     return shown

@@ -27,6 +27,8 @@ import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
+from attn_course_grading.assignment import import_statements
+
 from helpers import run_tool, sandbox_installed
 from support.exercises import chapter_namespace, exception_test_source, failures, otter_run, public_tests
 from support.without_triton import environment_without_triton
@@ -294,8 +296,8 @@ def answers_only(solution: pathlib.Path, replaced: dict[str, str] | None = None)
             body = ast.parse(cell.source).body
         except SyntaxError:
             continue
-        imports += [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))
-                    and "otter" not in ast.unparse(node)]
+        imports += [node for node in import_statements(ast.Module(body=body, type_ignores=[]))
+                    if "otter" not in ast.unparse(node)]
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(ast.unparse(ast.Module(body=imports, type_ignores=[])))]
     notebook.cells += [nbformat.v4.new_code_cell(source) for source in answers]

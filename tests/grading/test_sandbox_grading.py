@@ -33,6 +33,7 @@ from test_assignments import answers_only, write_notebook
 from attn_course.core.kv_cache import KVCache
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 from attn_course_grading import sandbox, wire
+from attn_course_grading.assignment import import_statements
 from attn_course_grading.proxies import answer_values
 
 from helpers import ROOT, require_sandbox, run_tool, sandbox_installed
@@ -726,8 +727,7 @@ def imports_of(master: pathlib.Path) -> list[ast.stmt]:
     nodes = []
     for cell in nbformat.read(master, as_version=4).cells:
         if cell.cell_type == "code" and cell.source.strip():
-            nodes += [node for node in ast.parse(TransformerManager().transform_cell(cell.source)).body
-                      if isinstance(node, (ast.Import, ast.ImportFrom))]
+            nodes += import_statements(ast.parse(TransformerManager().transform_cell(cell.source)))
     return nodes
 
 

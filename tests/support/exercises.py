@@ -15,6 +15,7 @@ import subprocess
 import nbformat
 from IPython.core.inputtransformer2 import TransformerManager
 
+from attn_course_grading.assignment import import_statements
 from tools import assign, lab
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -22,12 +23,11 @@ CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def chapter_namespace(master: pathlib.Path) -> dict:
-    """A namespace holding what the chapter imports: every top-level import of its code cells."""
+    """A namespace holding what the chapter imports: its code cells' top-level imports, as the grader finds them."""
     imports = []
     for cell in nbformat.read(master, as_version=4).cells:
         if cell.cell_type == "code" and cell.source.strip():
-            body = ast.parse(TransformerManager().transform_cell(cell.source)).body
-            imports += [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))]
+            imports += import_statements(ast.parse(TransformerManager().transform_cell(cell.source)))
     namespace: dict = {"__name__": "__chapter__"}
     exec(compile(ast.Module(body=imports, type_ignores=[]), f"<{master.stem} imports>", "exec"), namespace)
     return namespace
