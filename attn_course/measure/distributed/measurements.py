@@ -62,8 +62,10 @@ class MemoryRow:
 
     Attributes:
         method, world_size, n, n_local: one of ``METHODS``, ``P``, ``N`` and ``N / P``.
-        peak_bytes: the largest over the ranks, exact (``peak_memory``: the rank's input shards are not
-            counted, its output is).
+        peak_bytes: the largest over the ranks, counted storage by storage (``peak_memory``: the rank's
+            input shards are not counted, its output is). With ``P > 1`` a buffer that the communication
+            backend's thread lets go can be freed just before or just after the peak, so the count can
+            differ by one such buffer from run to run.
         shard_bytes: one ``[B, H, N/P, d]`` float32 shard, for scale.
         scores_bytes: the score matrix the method holds at once in this implementation:
             ``B·H·(N/P)²·4`` per block for ring, ``B·(H/P)·N²·4`` for Ulysses.
@@ -222,7 +224,8 @@ def _memory_rows(tasks: list[Task], results: list[list[dict]]) -> list[MemoryRow
 def measure_rank_memory(world_sizes: Sequence[int] = (1, 2, 4), lengths: Sequence[int] = (256, 512, 1024), *,
                         batch: int = 1, heads: int = 8, head_dim: int = 16, methods: Sequence[str] = METHODS,
                         causal: bool = True, timeout: float = 300.0) -> list[MemoryRow]:
-    """Peak bytes one rank allocates in a forward pass, for every ``P`` and ``N``: exact, not sampled.
+    """Peak bytes one rank allocates in a forward pass, for every ``P`` and ``N``: counted, not sampled
+    (up to one communication buffer with ``P > 1``: :class:`MemoryRow`).
 
     Args:
         world_sizes, batch, heads, head_dim, methods, causal, timeout: as :func:`measure_traffic`.
