@@ -10,6 +10,7 @@ in it, when its grading ends.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import importlib.util
 import os
@@ -19,6 +20,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 
 #: Whom a sandbox runs as when the grader runs as root: a user of its own (no account needed), so
@@ -210,20 +212,48 @@ def environment(limits: Limits) -> dict[str, str]:
     }
 
 
+def _claim_uid(uid: int) -> int | None:
+    """A descriptor holding an exclusive lock that marks ``uid`` as this process's, or None where
+    another process holds it."""
+    folder = "/run/lock" if os.access("/run/lock", os.W_OK) else tempfile.gettempdir()
+    # Read-only is enough for flock, and lets a later user open a file another user created.
+    handle = os.open(pathlib.Path(folder) / f"attn-course-sandbox-uid-{uid}.lock",
+                     os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        return None
+    return handle
+
+
 class SandboxUser:
     """A user id from :data:`SANDBOX_UIDS` that no other running sandbox holds (root only): else a
-    fork bomb in one sandbox would use up the processes of every sandbox of the same user."""
+    fork bomb in one sandbox would use up the processes of every sandbox of the same user.
+
+    "No other" across processes too: each id is claimed with an exclusive ``flock`` on a file of its
+    own (in ``/run/lock``, else the temporary folder), held until :meth:`release` or the process's end.
+    Two graders running at once (two classes, or two test processes) took uid 61000 both, and a
+    notebook of one then failed to fork for the other's processes (RLIMIT_NPROC counts per user).
+    """
 
     _free = list(SANDBOX_UIDS)
     _lock = threading.Lock()
 
     def __init__(self) -> None:
         with self._lock:
-            if not self._free:
-                raise RuntimeError(f"SandboxUser: all {len(SANDBOX_UIDS)} sandbox users are in use")
-            self.uid = self._free.pop(0)
+            for uid in self._free:
+                handle = _claim_uid(uid)
+                if handle is not None:
+                    self._free.remove(uid)
+                    self.uid, self._handle = uid, handle
+                    return
+            raise RuntimeError(f"SandboxUser: all {len(SANDBOX_UIDS)} sandbox users are in use")
 
     def release(self) -> None:
         with self._lock:
+            if self._handle is not None:
+                os.close(self._handle)                     # the lock goes with the descriptor
+                self._handle = None
             if self.uid not in self._free:
                 self._free.append(self.uid)

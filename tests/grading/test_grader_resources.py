@@ -278,3 +278,16 @@ def test_a_context_whose_process_dies_is_reported_with_its_exit_code(tmp_path):
     dying.context = ["import os\nos._exit(3)\n"]
     with pytest.raises(RuntimeError, match=r"building 99_resources's context failed \(its process ended with code 3\)"):
         dying.shipped_context()
+
+
+def test_two_processes_never_hold_the_same_sandbox_user():
+    # RLIMIT_NPROC counts per user: two graders that both took uid 61000 made one notebook's fork fail
+    # for the other's processes. Another process asks while this one holds the first free id.
+    ask = [sys.executable, "-c", "from attn_course_grading.sandbox import SandboxUser; print(SandboxUser().uid)"]
+    held = sandbox.SandboxUser()
+    try:
+        root = pathlib.Path(__file__).resolve().parents[2]
+        other = int(subprocess.run(ask, capture_output=True, text=True, check=True, cwd=root).stdout)
+        assert other != held.uid and other in sandbox.SANDBOX_UIDS
+    finally:
+        held.release()
