@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
-import warnings
 
 import torch
 
@@ -42,7 +40,7 @@ from attn_course.flash.launch import (
     tuned_config,
     tuning_key,
 )
-from attn_course.flash.tma_configs import gpu_limits, prune_tma_configs, tma_forward_configs
+from attn_course.flash.tma_configs import gpu_limits, prune_tma_configs, time_candidates, tma_forward_configs
 from attn_course.flash.triton_mode import is_interpreted
 
 __all__ = [
@@ -51,7 +49,6 @@ __all__ = [
     "has_device_tensor_descriptors",
     "host_tensor_descriptor",
     "launch_tma_forward",
-    "time_candidates",
     "tma_forward_config",
     "tma_forward_supported",
     "tuned_tma_config",
@@ -60,9 +57,6 @@ __all__ = [
 
 #: TMA needs base addresses and all strides but the last in multiples of this many bytes.
 TMA_ALIGNMENT = 16
-#: Milliseconds of warm-up and of timed runs per candidate when tuning (``triton.testing.do_bench``;
-#: Triton's autotuner takes 25 and 100): once per length bucket, so a rough ranking is enough.
-TUNING_WARMUP_MS, TUNING_REP_MS = 10, 40
 
 
 def has_device_tensor_descriptors() -> bool:
@@ -291,8 +285,8 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
     on these inputs (each compiled on first use), and the fastest is recorded and returned. A
     candidate that fails to compile or to launch (more shared memory than the GPU has, a ``ptxas``
     error, a compiler pass that fails) is skipped with a warning, as Triton's autotuner skips it
-    (:func:`time_candidates`). The timing runs write ``out`` and ``lse``. In Triton's interpreter: the
-    default, untimed.
+    (:func:`~attn_course.flash.tma_configs.time_candidates`). The timing runs write ``out`` and
+    ``lse``. In Triton's interpreter: the default, untimed.
     ``tests/flash/gpu_setup.py`` replaces this function on a GPU by the default for every test but
     the one that tests the tuning.
 
@@ -323,54 +317,6 @@ def tuned_tma_config(q, k, v, out, lse, *, causal: bool, scale: float, warp_spec
         winner = kept[times.index(min(times))]
         record_tuned(key, winner)
     return winner
-
-
-def time_candidates(candidates, run) -> list[float]:
-    """Milliseconds of ``run(config)`` for each candidate (``triton.testing.do_bench``), ``inf`` for one
-    that fails: skipped, with a warning, as Triton's autotuner skips a configuration.
-
-    Triton's ``Autotuner._bench`` (the same in Triton 3.6 and 3.9) times a configuration as infinitely
-    slow when it raises ``OutOfResources`` (more shared memory or threads than the GPU has, raised when
-    the compiled kernel is loaded, at its first launch), ``PTXASError`` or
-    ``CompileTimeAssertionFailure``. A compiler pass that fails raises a plain ``RuntimeError``
-    ("PassManager::run failed") in both versions, so any ``Exception`` skips the candidate here; if
-    every candidate fails the inputs or the machine are at fault (no C compiler for Triton's launcher,
-    an error in the kernel), and that is raised.
-
-    Args:
-        candidates: a non-empty sequence of :class:`~attn_course.flash.configs.KernelConfig`.
-        run: launches the kernel in the configuration it is given.
-
-    Returns:
-        One time per candidate, in their order; at least one finite.
-
-    Raises:
-        TypeError: a candidate that is not a ``KernelConfig``, ``run`` not callable.
-        ValueError: no candidates.
-        RuntimeError: every candidate failed (the message names each one's error).
-    """
-    candidates = _validate.sequence("time_candidates", "candidates", candidates, of="KernelConfigs")
-    if not candidates:
-        raise ValueError("time_candidates: candidates must not be empty")
-    for index, config in enumerate(candidates):
-        _validate.instance("time_candidates", f"candidates[{index}]", config, KernelConfig)
-    if not callable(run):
-        raise TypeError(f"time_candidates: run must be callable, got {type(run).__name__}")
-    import triton.testing
-
-    times, failures = [], []
-    for config in candidates:
-        try:
-            times.append(triton.testing.do_bench(lambda config=config: run(config), warmup=TUNING_WARMUP_MS,
-                                                 rep=TUNING_REP_MS))
-        except Exception as error:   # skipped, as Triton's autotuner skips it
-            lines = str(error).strip().splitlines() or [""]
-            failures.append(f"{config}: {type(error).__name__}: {lines[0][:300]}")
-            warnings.warn(f"TMA forward tuning: skipped {failures[-1]}", RuntimeWarning, stacklevel=3)
-            times.append(math.inf)
-    if all(math.isinf(time) for time in times):
-        raise RuntimeError("TMA forward tuning: no candidate ran: " + "; ".join(failures))
-    return times
 
 
 def attention_forward_tma(q, k, v, out, lse, *, causal: bool = False, scale: float | None = None,

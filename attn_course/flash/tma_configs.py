@@ -20,9 +20,14 @@ at d = 64 and 128 and exceeds it by 768 and 512 bytes at d = 16 and 32; the regi
 within 10 of ptxas's count for every candidate kept on an H100/H200, and the candidates it prunes
 are exactly those ptxas compiled at 226-255 registers or with spills (d = 128 with 4 warps: 8 to
 1,456 bytes of spill stores).
+
+The kept candidates are then timed on the GPU (:func:`time_candidates`), a failing one skipped.
 """
 
 from __future__ import annotations
+
+import math
+import warnings
 
 import torch
 
@@ -34,11 +39,14 @@ __all__ = [
     "REGISTER_OVERHEAD",
     "REGISTERS_PER_THREAD",
     "SHARED_OVERHEAD",
+    "TUNING_REP_MS",
+    "TUNING_WARMUP_MS",
     "estimated_registers",
     "estimated_shared_memory",
     "gpu_limits",
     "prune_tma_configs",
     "pruned_because",
+    "time_candidates",
     "tma_forward_configs",
 ]
 
@@ -69,6 +77,10 @@ _CANDIDATES = {
           (128, 64, 8, 3)],
 }
 
+
+#: Milliseconds of warm-up and of timed runs per candidate when tuning (``triton.testing.do_bench``;
+#: Triton's autotuner takes 25 and 100): once per length bucket, so a rough ranking is enough.
+TUNING_WARMUP_MS, TUNING_REP_MS = 10, 40
 
 def tma_forward_configs(head_dim: int) -> tuple[KernelConfig, ...]:
     """The candidate launch configurations of the TMA forward for ``head_dim``, the default first.
@@ -236,3 +248,51 @@ def gpu_limits(device: torch.device) -> dict[str, int]:
     major, minor = torch.cuda.get_device_capability(index)
     return {"shared_memory_limit": limits["max_shared_mem"], "registers_per_block": limits["max_num_regs"],
             "capability": 10 * major + minor}
+
+
+def time_candidates(candidates, run) -> list[float]:
+    """Milliseconds of ``run(config)`` for each candidate (``triton.testing.do_bench``), ``inf`` for one
+    that fails: skipped, with a warning, as Triton's autotuner skips a configuration.
+
+    Triton's ``Autotuner._bench`` (the same in Triton 3.6 and 3.9) times a configuration as infinitely
+    slow when it raises ``OutOfResources`` (more shared memory or threads than the GPU has, raised when
+    the compiled kernel is loaded, at its first launch), ``PTXASError`` or
+    ``CompileTimeAssertionFailure``. A compiler pass that fails raises a plain ``RuntimeError``
+    ("PassManager::run failed") in both versions, so any ``Exception`` skips the candidate here; if
+    every candidate fails the inputs or the machine are at fault (no C compiler for Triton's launcher,
+    an error in the kernel), and that is raised.
+
+    Args:
+        candidates: a non-empty sequence of :class:`~attn_course.flash.configs.KernelConfig`.
+        run: launches the kernel in the configuration it is given.
+
+    Returns:
+        One time per candidate, in their order; at least one finite.
+
+    Raises:
+        TypeError: a candidate that is not a ``KernelConfig``, ``run`` not callable.
+        ValueError: no candidates.
+        RuntimeError: every candidate failed (the message names each one's error).
+    """
+    candidates = _validate.sequence("time_candidates", "candidates", candidates, of="KernelConfigs")
+    if not candidates:
+        raise ValueError("time_candidates: candidates must not be empty")
+    for index, config in enumerate(candidates):
+        _validate.instance("time_candidates", f"candidates[{index}]", config, KernelConfig)
+    if not callable(run):
+        raise TypeError(f"time_candidates: run must be callable, got {type(run).__name__}")
+    import triton.testing
+
+    times, failures = [], []
+    for config in candidates:
+        try:
+            times.append(triton.testing.do_bench(lambda config=config: run(config), warmup=TUNING_WARMUP_MS,
+                                                 rep=TUNING_REP_MS))
+        except Exception as error:   # skipped, as Triton's autotuner skips it
+            lines = str(error).strip().splitlines() or [""]
+            failures.append(f"{config}: {type(error).__name__}: {lines[0][:300]}")
+            warnings.warn(f"TMA forward tuning: skipped {failures[-1]}", RuntimeWarning, stacklevel=3)
+            times.append(math.inf)
+    if all(math.isinf(time) for time in times):
+        raise RuntimeError("TMA forward tuning: no candidate ran: " + "; ".join(failures))
+    return times

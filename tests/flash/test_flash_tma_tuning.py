@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 
-from attn_course.flash import tma_attention  # noqa: E402
+from attn_course.flash import tma_attention, tma_configs  # noqa: E402
 from attn_course.flash.configs import KernelConfig  # noqa: E402
 from attn_course.flash.tma_configs import HOPPER_LIMITS, prune_tma_configs, tma_forward_configs  # noqa: E402
 
@@ -88,11 +88,11 @@ def test_when_every_candidate_fails_the_errors_are_raised(fake_gpu):
 
 def test_time_candidates_checks_its_arguments():
     with pytest.raises(ValueError, match=r"^time_candidates: candidates must not be empty"):
-        tma_attention.time_candidates([], lambda config: None)
+        tma_configs.time_candidates([], lambda config: None)
     with pytest.raises(TypeError, match=r"^time_candidates: candidates\[0\] must be a KernelConfig, got tuple"):
-        tma_attention.time_candidates([(128, 64, 4, 3)], lambda config: None)
+        tma_configs.time_candidates([(128, 64, 4, 3)], lambda config: None)
     with pytest.raises(TypeError, match=r"^time_candidates: run must be callable, got int"):
-        tma_attention.time_candidates([KernelConfig(128, 64, 4, 3)], 3)
+        tma_configs.time_candidates([KernelConfig(128, 64, 4, 3)], 3)
 
 
 def test_failed_candidates_time_as_infinitely_slow(monkeypatch):
@@ -106,4 +106,4 @@ def test_failed_candidates_time_as_infinitely_slow(monkeypatch):
 
     candidates = [KernelConfig(128, 64, 4, 3), KernelConfig(128, 64, 4, 4)]
     with pytest.warns(RuntimeWarning, match="shared memory"):
-        assert tma_attention.time_candidates(candidates, run) == [2.5, math.inf]
+        assert tma_configs.time_candidates(candidates, run) == [2.5, math.inf]
