@@ -14,10 +14,10 @@ import ast
 import json
 
 import nbformat
-from IPython.core.inputtransformer2 import TransformerManager
 from nbclient import NotebookClient
 
 from helpers import ROOT
+from support.exercises import chapter_imports
 from support.without_triton import environment_without_triton, run_without_triton
 
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -53,20 +53,9 @@ def test_chapter_07_runs_top_to_bottom_without_triton_and_says_what_that_changes
     assert "so the classmate's kernel cannot run" in everything
 
 
-def top_level_imports(path) -> list[str]:
-    """The import statements at the top level of a chapter's code cells."""
-    notebook = nbformat.read(path, as_version=4)
-    statements = []
-    for cell in notebook.cells:
-        if cell.cell_type == "code":
-            tree = ast.parse(TransformerManager().transform_cell(cell.source))
-            statements += [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    return statements
-
-
 def test_no_other_chapter_imports_anything_that_reaches_triton(tmp_path):
     imports = sorted({statement for chapter in CHAPTERS if chapter != KERNEL_CHAPTER
-                      for statement in top_level_imports(chapter)})
+                      for statement in map(ast.unparse, chapter_imports(chapter))})
     assert len(imports) > 50
     out = run_without_triton(f"""
         import sys

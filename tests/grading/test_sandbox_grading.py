@@ -33,10 +33,10 @@ from test_assignments import answers_only, write_notebook
 from attn_course.core.kv_cache import KVCache
 from attn_course.models.tiny_language_model import LanguageModelConfig, TinyLanguageModel
 from attn_course_grading import sandbox, wire
-from attn_course_grading.assignment import import_statements
 from attn_course_grading.proxies import answer_values
 
 from helpers import ROOT, require_sandbox, run_tool, sandbox_installed
+from support.exercises import chapter_imports
 
 # --- the messages: data only ----------------------------------------------------------------
 
@@ -720,17 +720,6 @@ def shortcut_cases():
             for name, entry in students.get(student, {}).items() if "forbids" in entry[2]]
 
 
-def imports_of(master: pathlib.Path) -> list[ast.stmt]:
-    """The chapter's top-level import statements."""
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    nodes = []
-    for cell in nbformat.read(master, as_version=4).cells:
-        if cell.cell_type == "code" and cell.source.strip():
-            nodes += import_statements(ast.parse(TransformerManager().transform_cell(cell.source)))
-    return nodes
-
-
 @pytest.fixture(scope="module")
 def shortcut_submissions():
     """{chapter: the answer proxies of the planted shortcuts}, every chapter's in one sandbox (one
@@ -744,7 +733,7 @@ def shortcut_submissions():
     used = {node.id for _, _, code, _, _ in cases for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
     cells, bound = [], {}
     for chapter in sorted({chapter for chapter, *_ in cases}):
-        imports = "\n".join(ast.unparse(node) for node in imports_of(ROOT / "notebooks" / f"{chapter}.ipynb"))
+        imports = "\n".join(ast.unparse(node) for node in chapter_imports(ROOT / "notebooks" / f"{chapter}.ipynb"))
         cells.append(imports)
         namespace: dict = {}
         exec(imports, namespace)                                  # the same modules, imported here too

@@ -22,14 +22,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
-def chapter_namespace(master: pathlib.Path) -> dict:
-    """A namespace holding what the chapter imports: its code cells' top-level imports, as the grader finds them."""
+def chapter_imports(master: pathlib.Path) -> list[ast.stmt]:
+    """The chapter's code cells' top-level imports, as the grader finds them."""
     imports = []
     for cell in nbformat.read(master, as_version=4).cells:
         if cell.cell_type == "code" and cell.source.strip():
             imports += import_statements(ast.parse(TransformerManager().transform_cell(cell.source)))
+    return imports
+
+
+def chapter_namespace(master: pathlib.Path) -> dict:
+    """A namespace holding what the chapter imports (:func:`chapter_imports`)."""
     namespace: dict = {"__name__": "__chapter__"}
-    exec(compile(ast.Module(body=imports, type_ignores=[]), f"<{master.stem} imports>", "exec"), namespace)
+    module = ast.Module(body=chapter_imports(master), type_ignores=[])
+    exec(compile(module, f"<{master.stem} imports>", "exec"), namespace)
     return namespace
 
 
