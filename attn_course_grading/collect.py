@@ -57,11 +57,15 @@ class Refusal:
 class Collection:
     """What :func:`find_submissions` found: ``notebooks`` ``{student: {chapter: path}}`` (each a
     regular file within the size cap, no link on the way), every :class:`Refusal`, and the escaped
-    ``skipped`` lines (at most :data:`MAX_SKIPPED_LINES` per folder)."""
+    ``skipped`` lines (at most :data:`MAX_SKIPPED_LINES` per folder), and ``notes`` per student."""
 
     notebooks: dict[str, dict[str, pathlib.Path]] = dataclasses.field(default_factory=dict)
     refused: list[Refusal] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
+    #: ``{student folder: [each notebook of theirs skipped, and why]}``, for grades.csv's notes
+    notes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: the ``unbuilt`` chapters someone handed in
+    without_autograder: set[str] = dataclasses.field(default_factory=set)
 
 
 def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
@@ -70,7 +74,8 @@ def _entries(folder: pathlib.Path) -> list[os.DirEntry]:
         return sorted(entries, key=lambda entry: os.fsencode(entry.name))
 
 
-def find_submissions(submissions: os.PathLike | str, chapters: set[str]) -> Collection:
+def find_submissions(submissions: os.PathLike | str, chapters: set[str],
+                     unbuilt: frozenset[str] = frozenset()) -> Collection:
     """The notebooks to grade under ``submissions``, one folder per student, and what is refused.
 
     Each name is checked, each folder and notebook ``lstat``-ed. Refused: a student folder that is a
@@ -82,6 +87,8 @@ def find_submissions(submissions: os.PathLike | str, chapters: set[str]) -> Coll
         submissions: a folder of student folders (it may itself be a link: it is the instructor's).
         chapters: the chapters' names (``"03_multi_head"``); a notebook is found as
             ``STUDENT/CHAPTER.ipynb``.
+        unbuilt: the course's other chapters, those with no autograder: a notebook of one is
+            skipped as such, not as "not a chapter".
 
     Raises:
         TypeError: ``chapters`` is not a set of strings.
@@ -93,10 +100,12 @@ def find_submissions(submissions: os.PathLike | str, chapters: set[str]) -> Coll
     found = Collection()
     skipped_in: dict[str, int] = {}
 
-    def skip(folder: str, line: str) -> None:
+    def skip(folder: str, line: str, student: str | None = None) -> None:
         skipped_in[folder] = skipped_in.get(folder, 0) + 1
         if skipped_in[folder] <= MAX_SKIPPED_LINES:
             found.skipped.append(line)
+            if student is not None:
+                found.notes.setdefault(student, []).append(line)
 
     top, known = display(str(submissions), 200), ", ".join(sorted(chapters))
     for entry in _entries(submissions):
@@ -128,8 +137,12 @@ def find_submissions(submissions: os.PathLike | str, chapters: set[str]) -> Coll
         for file in files:
             chapter = file.name[:-len(".ipynb")] if file.name.endswith(".ipynb") else None
             if chapter not in chapters:
-                if chapter is not None:
-                    skip(shown, f"skipped {shown}/{display(file.name, 200)}: not a chapter ({known})")
+                if chapter in unbuilt:
+                    found.without_autograder.add(chapter)
+                    skip(shown, f"skipped {shown}/{display(file.name, 200)}: no autograder was built for this chapter",
+                         entry.name)
+                elif chapter is not None:
+                    skip(shown, f"skipped {shown}/{display(file.name, 200)}: not a chapter ({known})", entry.name)
                 continue
             try:
                 problem = file_problem(file.stat(follow_symlinks=False))
@@ -142,4 +155,7 @@ def find_submissions(submissions: os.PathLike | str, chapters: set[str]) -> Coll
     for folder, count in skipped_in.items():
         if count > MAX_SKIPPED_LINES:
             found.skipped.append(f"skipped {count - MAX_SKIPPED_LINES:,} more in {folder}")
+    for student, lines in found.notes.items():
+        if skipped_in[display(student, 200)] > MAX_SKIPPED_LINES:
+            lines.append(f"skipped {skipped_in[display(student, 200)] - MAX_SKIPPED_LINES:,} more")
     return found

@@ -155,10 +155,11 @@ def console_line(student: str, chapter: str, result: dict) -> str:
 
 
 def csv_cell(value: object) -> object:
-    """A value as grades.csv holds it: a number as it is; anything else escaped (no newline can forge
-    a row), cut to 1000 characters, and given a leading ``'`` if it starts with :data:`FORMULA_STARTS`."""
+    """A value as grades.csv holds it: a number one way, whether otter gave an int or a float (``2``,
+    ``0``, ``1.5``; at most four decimals); anything else escaped (no newline can forge a row), cut to
+    1000 characters, and given a leading ``'`` if it starts with :data:`FORMULA_STARTS`."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
+        return f"{round(value, 4):.4f}".rstrip("0").rstrip(".") if math.isfinite(value) else str(value)
     text = display("" if value is None else value, 1000)
     return "'" + text if text.startswith(FORMULA_STARTS) else text
 
@@ -197,11 +198,12 @@ def write_grades(path: os.PathLike | str, rows: list[Row], possible: dict[str, f
             total_possible = sum(possible.values())
             for row in rows:
                 try:
-                    cells = [csv_cell(row.student)] + [row.scores.get(column, "") for column in columns]
-                    cells = [cell if isinstance(cell, (int, float, str)) and not isinstance(cell, bool) else ""
-                             for cell in cells]
-                    total = sum(cell for cell in cells[1:] if isinstance(cell, (int, float)))
-                    cells += [total, total_possible, csv_cell("; ".join(row.notes))]
+                    scores = [row.scores.get(column, "") for column in columns]
+                    scores = [score if isinstance(score, (int, float)) and not isinstance(score, bool) else ""
+                              for score in scores]
+                    total = sum(score for score in scores if score != "")
+                    cells = [csv_cell(row.student), *map(csv_cell, scores), csv_cell(total),
+                             csv_cell(total_possible), csv_cell("; ".join(row.notes))]
                 except Exception as error:  # noqa: BLE001 - one bad row must not lose the class
                     cells = [csv_cell(row.student)] + [""] * (len(columns) + 2) + [
                         csv_cell(f"its row could not be written ({type(error).__name__})")]

@@ -165,6 +165,10 @@ def sandbox_command(command: list[str], limits: Limits) -> list[str]:
         elif path.is_dir():
             options += ["--ro-bind", str(path), str(path)]
             mounted.append(path)
+    # /etc made by hand: a folder bubblewrap makes for a mount inside it is private (0700), and the
+    # sandbox's own user (run by root) could then read none of these (fontconfig: "Cannot load
+    # default config file", printed by every notebook that draws).
+    options += ["--perms", "0755", "--dir", "/etc"]
     for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "fonts"):
         if (pathlib.Path("/etc") / name).exists():
             options += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]

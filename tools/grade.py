@@ -75,11 +75,19 @@ def main() -> int:
     zips = sorted(args.autograders.glob("*.zip"))
     if not zips:
         raise SystemExit(f"grade: no autograders in {args.autograders}; run `make assignments` first")
-    assignments = {zip_file.stem: Assignment(zip_file) for zip_file in zips}
-    found = collect.find_submissions(args.submissions, set(assignments))
+    try:
+        assignments = {zip_file.stem: Assignment(zip_file) for zip_file in zips}
+    except FileNotFoundError as error:
+        raise SystemExit(f"grade: {error}") from None
+    course = {master.stem for master in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    found = collect.find_submissions(args.submissions, set(assignments), frozenset(course - set(assignments)))
     for line in found.skipped:
         say(line)
-    notes: dict[str, list[str]] = {}          # {folder name: what the instructor should know}
+    if missing := sorted(found.without_autograder):
+        say(f"no autograder in {args.autograders} for {', '.join(missing)}, so those notebooks were skipped: "
+            f"build it with make assignments, or tools/assign.py {' '.join(chapter[:2] for chapter in missing)}")
+    # {folder name: what the instructor should know}: every skip and refusal
+    notes: dict[str, list[str]] = {student: list(lines) for student, lines in found.notes.items()}
     for refusal in found.refused:
         if refusal.chapter is None:            # a refused notebook is reported when it is graded, below
             say(f"refused {refusal.folder}/: {refusal.reason}")

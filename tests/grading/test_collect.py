@@ -254,7 +254,26 @@ def test_grades_csv_cells_cannot_be_formulas_or_forge_rows(tmp_path):
                     ["\\tada", "", "0", "2", ""],
                     ["ada", "", "0", "2", ""]]                             # a tensor is no score
     # A tab or carriage return is escaped first, so that it cannot start a formula either.
-    assert report.csv_cell("\tx") == "\\tx" and report.csv_cell("+x") == "'+x" and report.csv_cell(2.5) == 2.5
+    assert report.csv_cell("\tx") == "\\tx" and report.csv_cell("+x") == "'+x" and report.csv_cell(2.5) == "2.5"
+
+
+def test_grades_csv_prints_every_score_one_way(tmp_path):
+    # otter gives floats (2.0), a refused or untouched notebook ints (0): the file shows neither kind.
+    rows = [report.Row("ada", {"03:q1": 2.0, "03:q2": 0}), report.Row("grace", {"03:q1": 1.5, "03:q2": 1 / 3})]
+    report.write_grades(tmp_path / "grades.csv", rows, {"03:q1": 2.0, "03:q2": 1})
+    read = list(csv.reader(io.StringIO((tmp_path / "grades.csv").read_text(encoding="utf-8"))))
+    assert read[1:] == [["ada", "2", "0", "2", "3", ""], ["grace", "1.5", "0.3333", "1.8333", "3", ""]]
+
+
+def test_a_chapter_without_autograder_is_named_and_every_skip_is_in_the_students_notes(tmp_path):
+    (tmp_path / "ada").mkdir()
+    for name in ("01_intuition.ipynb", "02_formula.ipynb", "scratch.ipynb"):
+        (tmp_path / "ada" / name).write_text("{}")
+    found = collect.find_submissions(tmp_path, {"01_intuition"}, unbuilt=frozenset({"02_formula", "03_multi_head"}))
+    assert set(found.notebooks["ada"]) == {"01_intuition"}
+    assert found.without_autograder == {"02_formula"}
+    assert found.notes == {"ada": ["skipped ada/02_formula.ipynb: no autograder was built for this chapter",
+                                   "skipped ada/scratch.ipynb: not a chapter (01_intuition)"]}
 
 
 # --- grading a class: tools/grade.py -------------------------------------------------------------------
@@ -291,6 +310,8 @@ def test_a_hostile_class_is_graded_and_every_row_written(tmp_path):
         ANSWER, "raise ValueError('\\ud800 \\x1b]0;pwned\\x07')"))
     expected = hostile_collect.prepare(submissions, {"solution": solution, "secret": tmp_path / "secret.txt",
                                                      "other": submissions / "ada" / f"{chapter}.ipynb"})
+    # A course chapter with no autograder built: skipped, said on the console and in ada's notes.
+    (submissions / "ada" / "02_formula.ipynb").write_text(notebook_json(ANSWER))
     (submissions / "李").mkdir()               # printable, not ASCII: shown escaped on an ASCII console
     (submissions / "李" / f"{chapter}.ipynb").symlink_to(solution)
     completed = subprocess.run([sys.executable, "tools/grade.py", str(submissions), "--autograders", str(autograders),
@@ -301,7 +322,10 @@ def test_a_hostile_class_is_graded_and_every_row_written(tmp_path):
     assert not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) < 0xa0 for c in completed.stdout + completed.stderr)
     with open(out / "grades.csv", encoding="utf-8", newline="") as handle:
         rows = {row["student"]: row for row in csv.DictReader(handle)}
-    assert float(rows["ada"]["total"]) == 2 and rows["ada"]["notes"] == ""
+    assert float(rows["ada"]["total"]) == 2
+    assert rows["ada"]["notes"] == "skipped ada/02_formula.ipynb: no autograder was built for this chapter"
+    assert (f"no autograder in {autograders} for 02_formula, so those notebooks were skipped: build it with make "
+            "assignments, or tools/assign.py 02") in completed.stdout
     text = (out / "ada" / f"{chapter}.json").read_text(encoding="ascii")
     # The error reached the feedback, written as ASCII, its escapes as JSON's; how the surrogate
     # crossed the sandbox is the wire's business (a lone one in a result is tested above).

@@ -376,6 +376,9 @@ def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
         if student == "honest":
             assert result["run"]["stopped"] is None, chapter
             assert all(q["score"] == q["max_score"] for q in result["questions"]), (chapter, result["questions"])
+            # The sandbox's user reads /etc/fonts (run by root, a user of its own): no fontconfig noise
+            # opens the output that its feedback shows.
+            assert "Fontconfig" not in result["run"]["output_start"], (chapter, result["run"]["output_start"][:300])
 
 
 @pytest.mark.slow
