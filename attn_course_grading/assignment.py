@@ -147,7 +147,7 @@ class Assignment:
         chosen = []
         for source, tree in reversed(list(zip(cells, trees))):
             bound = top_level_bound(tree)
-            if bound & needed and not source.lstrip().startswith(("import otter", "# Initialize Otter")):
+            if bound & needed and not re.search(r"^import otter$", source, re.MULTILINE):
                 chosen.append(source)
                 # What the cell reads must exist before it (a little too much, for ``x = f(x)``).
                 needed = (needed - bound) | {name for name in read_names(tree) if not hasattr(builtins, name)}

@@ -31,7 +31,7 @@ from attn_course.checks.forbidden import Forbidden, watch_calls
 from attn_course_grading import replies, wire
 
 #: Cells that belong to otter's self-checks, not to the student's work: the grader does the checking.
-OTTER_CELL = re.compile(r"(# Initialize Otter\n)?import otter\ngrader = otter\.Notebook\([^\n]*\)"
+OTTER_CELL = re.compile(r"(#[^\n]*\n)*import otter\ngrader = otter\.Notebook\([^\n]*\)"
                         r"|grader\.(check|check_all|export)\([^\n]*\)")
 #: The exit status that says a cell reached the process limit (``os.fork`` failed with EAGAIN): the
 #: grader's watch, ten looks a second, may miss a fork bomb that collapses between two looks.

@@ -1,7 +1,8 @@
 """Build the student notebooks and autograders from the chapter (master) notebooks.
 
     .venv/bin/python tools/assign.py                   # every chapter -> dist/
-    .venv/bin/python tools/assign.py --no-run-tests notebooks/02_formula.ipynb
+    .venv/bin/python tools/assign.py 02 05             # chapters by number (or name: 02_formula)
+    .venv/bin/python tools/assign.py --no-run-tests 02_formula
     .venv/bin/python tools/assign.py --jobs 1          # one chapter at a time (default: one per core)
 
 For each ``notebooks/NN_name.ipynb`` this runs ``otter assign`` and writes
@@ -42,15 +43,29 @@ CHAPTERS = ROOT / "notebooks"
 
 
 def otter_command() -> list[str]:
-    """The ``otter`` of this Python environment (never a different one on PATH)."""
-    return [str(pathlib.Path(sys.executable).parent / "otter")]
+    """The ``otter`` of this Python environment (never a different one on PATH), run as a module: its
+    script lies beside Python in a venv, but in ``Scripts\\`` in a conda environment on Windows."""
+    return [sys.executable, "-m", "otter"]
+
+
+#: What otter's set-up cell says to the student, in place of its "# Initialize Otter".
+SETUP_COMMENT = "# Run this cell once before the exercises: it loads the tests that each check cell below runs."
 
 
 def tidy_student_notebook(path: pathlib.Path) -> None:
-    """Give every cell an id derived from the notebook name and its position, and drop the
-    saved widget state, which belongs to the master's outputs (students start with none)."""
+    """Move otter's set-up cell from the top of the chapter to the start of its exercises, where it is
+    needed, saying what it is for; give every cell an id derived from the notebook name and its
+    position; drop the saved widget state, which belongs to the master's outputs (students start with none)."""
     notebook = nbformat.read(path, as_version=4)
     notebook.metadata.pop("widgets", None)
+    cells = notebook.cells
+    setup = next((i for i, cell in enumerate(cells) if cell.source.startswith("# Initialize Otter\n")), None)
+    exercises = next((i for i, cell in enumerate(cells)
+                      if cell.cell_type == "markdown" and cell.source.startswith("## Exercises")), None)
+    if setup is not None and exercises is not None:
+        cell = cells.pop(setup)
+        cell.source = cell.source.replace("# Initialize Otter", SETUP_COMMENT, 1)
+        cells.insert(exercises + (setup > exercises), cell)
     for index, cell in enumerate(notebook.cells):
         digest = hashlib.sha1(f"{path.stem}:{index}".encode()).hexdigest()[:8]
         cell["id"] = f"{path.stem[:2]}-{index:03d}-{digest}"
@@ -141,16 +156,34 @@ def assign(master: pathlib.Path, out: pathlib.Path, *, run_tests: bool) -> None:
         shutil.copyfile(zip_file, out / "autograder" / f"{name}.zip")
 
 
+def find_chapters(names: list[str]) -> list[pathlib.Path]:
+    """The masters named by number (``02``), name (``02_formula``), file name or path; every chapter
+    for none. Raises SystemExit naming the chapters there are, for a name that matches none."""
+    masters = sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return masters
+    found = []
+    for name in " ".join(names).replace(",", " ").split():
+        stem = pathlib.PurePath(name).name.removesuffix(".ipynb")
+        matches = [m for m in masters
+                   if stem in (m.stem, m.stem[:2]) or stem.isdigit() and int(stem) == int(m.stem[:2])]
+        if not matches:
+            raise SystemExit(f"assign: no chapter {name!r}; the chapters are {', '.join(m.stem for m in masters)} "
+                             "(name one by its number, 02, or its name, 02_formula)")
+        found += [m for m in matches if m not in found]
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("chapters", nargs="*", type=pathlib.Path, help="default: every chapter")
+    parser.add_argument("chapters", nargs="*", help="chapters by number (02) or name (02_formula); default: every one")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "dist")
     parser.add_argument("--no-run-tests", action="store_true",
                         help="skip otter's own run of the tests against the solutions (faster)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="chapters built at once (default: one per core)")
     args = parser.parse_args()
-    chapters = [c.resolve() for c in args.chapters] or sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
+    chapters = find_chapters(args.chapters)
     if args.jobs < 1:
         raise SystemExit(f"assign: --jobs must be at least 1, got {args.jobs}")
     # Each chapter is its own `otter assign` process; threads only wait for them, in chapter order.

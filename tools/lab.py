@@ -1,7 +1,11 @@
 """Start JupyterLab for this course, offline, with this environment's kernel.
 
-    .venv/bin/python tools/lab.py                          # what `make lab` runs: notebooks/
+    .venv/bin/python tools/lab.py                          # what `make lab` runs: my-notebooks/
+    .venv/bin/python tools/lab.py --root notebooks         # the chapters with their worked solutions
     .venv/bin/python tools/lab.py --root DIR --no-browser --port=8899
+
+By default it first builds or refreshes the student's own copies of the chapters in ``my-notebooks/``
+(``tools/student_copies.py``: blank exercises; a copy the student edited is never replaced) and serves them.
 
 The one place for JupyterLab's flags and environment (`make lab`, the browser tests, otter's kernels
 in tools/assign.py). Any other option goes to JupyterLab.
@@ -38,9 +42,18 @@ def lab_environment() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=pathlib.Path, default=ROOT / "notebooks",
-                        help="folder to serve (default: the chapters in notebooks/)")
+    parser.add_argument("--root", type=pathlib.Path, default=None,
+                        help="folder to serve (default: your own copies of the chapters, my-notebooks/, "
+                             "built or refreshed first)")
     args, extra = parser.parse_known_args(argv)
+    if args.root is None:
+        if str(ROOT) not in sys.path:          # run as a script: tools/ is found from the checkout
+            sys.path.insert(0, str(ROOT))
+        from tools import student_copies
+
+        for line in student_copies.refresh(student_copies.find_chapters([]), student_copies.FOLDER):
+            print(f"{student_copies.FOLDER.name}/{line}", flush=True)
+        args.root = student_copies.FOLDER
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={args.root.resolve()}", *OFFLINE_FLAGS]
     if hasattr(os, "getuid") and os.getuid() == 0:
         command.append("--allow-root")  # containers and CI machines often run as root

@@ -427,6 +427,36 @@ def test_opening_a_chapter_leaves_it_unmodified(browser, lab, chapter):
     assert (lab.root / notebook).read_bytes() == on_disk, "the notebook file changed"
 
 
+# --- what a student sees first: make lab's copies, exercises blank ---------------------------
+
+
+@pytest.mark.slow
+def test_a_student_sees_the_chapter_with_blank_exercises(browser, lab):
+    from tools import student_copies
+
+    folder = lab.root / "my-notebooks"
+    student_copies.refresh([ROOT / "notebooks" / "01_intuition.ipynb"], folder)
+    page = open_notebook(browser, lab, "my-notebooks/01_intuition.ipynb")
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "student_first_view.png"))
+        cells = page.locator(".jp-Cell")
+        text = "\n".join(cells.all_inner_texts())
+        for marker in ("BEGIN SOLUTION", "# HIDDEN", "BEGIN QUESTION", "ASSIGNMENT CONFIG"):
+            assert marker not in text, marker
+        check = page.locator(".jp-CodeCell", has_text='grader.check("q1_').first
+        check.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "student_first_exercise.png"))
+        # Nothing is marked modified as it opens: the copy carries the kernel's display name.
+        assert page.locator(".jp-mod-dirty").count() == 0
+    except Exception:
+        screenshot_on_failure(page, "student_first_view")
+        raise
+    finally:
+        page.close()
+    shut_down_kernel(lab, "my-notebooks/01_intuition.ipynb")
+
+
 # --- the skip, and the failure in CI, without a browser (these run everywhere) -------------
 
 

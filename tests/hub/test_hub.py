@@ -88,7 +88,7 @@ def open_handout(context, hub, student: str, link: str):
 
 
 def answer(page, source: str):
-    """Run the chapter's first cell (otter) and the exercises' imports, write ``source`` into
+    """Run otter's set-up cell (at the start of the exercises) and the exercises' imports, write ``source`` into
     exercise 1 and run it and its check cell, each queued behind the one before; return the check cell."""
     start_cell(page, code_cell(page, "otter.Notebook("))
     start_cell(page, code_cell(page, "show_diagnosis_only()"))
