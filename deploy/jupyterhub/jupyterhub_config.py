@@ -1,6 +1,6 @@
 """JupyterHub for this course on one machine: every student's server runs the course's .venv.
 
-    make venv                                   # the course's .venv, and configurable-http-proxy from npm
+    make venv                                   # the course's .venv (make hub adds the hub extra and the proxy)
     make hub                                    # = .venv/bin/jupyterhub -f deploy/jupyterhub/jupyterhub_config.py
 
 What it sets (INSTRUCTORS.md section 6 says how to run a class with it):

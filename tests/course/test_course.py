@@ -152,6 +152,6 @@ def test_binder_installs_the_package_with_cpu_torch_and_offline_lab_settings():
     post_build = binder / "postBuild"
     assert post_build.stat().st_mode & 0o111, "postBuild must be executable"
     script = post_build.read_text()
-    assert 'pip install --no-cache-dir -e ".[notebooks,grading]"' in script
+    assert 'pip install --no-cache-dir -e ".[notebooks]"' in script
     assert "tools/jupyterlab-overrides.json" in script and (ROOT / "tools" / "jupyterlab-overrides.json").exists()
     assert re.fullmatch(r"python-3\.1\d\n", (binder / "runtime.txt").read_text())

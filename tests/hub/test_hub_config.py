@@ -101,7 +101,7 @@ def test_without_the_proxy_the_hub_test_skips_saying_how_to_enable_it(monkeypatc
     with pytest.raises(pytest.skip.Exception) as skipped:
         hub_support.require_hub()
     assert str(skipped.value).startswith("hub tests skipped: no configurable-http-proxy at node_modules/.bin/")
-    assert "make venv" in str(skipped.value) and "npm" in str(skipped.value)
+    assert "make hub" in str(skipped.value) and "npm" in str(skipped.value)
 
 
 def test_without_the_proxy_the_hub_test_fails_in_ci(monkeypatch, tmp_path):

@@ -39,7 +39,7 @@ def missing_browser() -> str | None:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        return "Playwright is not installed; enable them with `pip install -e '.[test]'` (or `make venv`)"
+        return "Playwright is not installed; enable them with `make test` (it installs the test extra)"
     return None
 
 

@@ -2,7 +2,7 @@
 
 The hub is ``jupyterhub -f tests/hub/jupyterhub_test_config.py``: the course's own configuration
 (deploy/jupyterhub/jupyterhub_config.py) with a shared-password login and SimpleLocalProcessSpawner
-homes under a temporary folder, its proxy the configurable-http-proxy that ``make venv`` installed
+homes under a temporary folder, its proxy the configurable-http-proxy that ``make hub`` or ``make test`` installed
 from npm into deploy/jupyterhub/node_modules. Nothing here downloads anything.
 """
 
@@ -35,10 +35,10 @@ def missing_hub() -> str | None:
     """Why the hub test cannot run here (no configurable-http-proxy, or no jupyterhub), with how to
     fix it; ``None`` when it can."""
     if not (PROXY.is_file() and os.access(PROXY, os.X_OK)):
-        return (f"no configurable-http-proxy at {PROXY.relative_to(ROOT)}; enable them with `make venv` "
+        return (f"no configurable-http-proxy at {PROXY.relative_to(ROOT)}; enable them with `make hub` "
                 "(it runs npm ci there; needs npm: `apt-get install npm`)")
     if not (pathlib.Path(sys.executable).parent / "jupyterhub").exists():
-        return "jupyterhub is not installed; enable them with `make venv` (the hub extra)"
+        return "jupyterhub is not installed; enable them with `make hub` (the hub extra)"
     return None
 
 
