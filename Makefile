@@ -32,7 +32,7 @@ export MKL_CBWR ?= AVX2
 # student needs), then each tool's extra (test, site, hub) on top, installed by the targets that use it.
 CREATED := $(VENV)/.created
 COURSE  := $(VENV)/.installed-course
-TOOLS   := $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub
+TOOLS   := $(VENV)/.installed-tools
 COMPILED := $(VENV)/.compiled
 # The notebook kernel is this .venv's Python, registered inside .venv only, under the display
 # name the chapters carry (tools/run_notebooks.py writes it when re-executing them, and
@@ -46,7 +46,7 @@ OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 HUB_DIR := deploy/jupyterhub
 PROXY := $(HUB_DIR)/node_modules/.attn-course-installed
 PIP := $(BIN)/python -m pip install --quiet
-PIP_FAILED := { echo "make: pip failed (above); fix what it says and run make again, which goes on from here"; exit 1; }
+PIP_FAILED := { echo "make: pip failed (above); fix what it says and run make again, which goes on from here (make clean starts over)"; exit 1; }
 
 .PHONY: venv tools-venv lab test test-other-cpu-path lint unit notebooks execute assignments grade site clean hub \
 	handout handout-link collect
@@ -82,6 +82,11 @@ $(COURSE): pyproject.toml $(CREATED)
 $(VENV)/.installed-%: pyproject.toml $(COURSE)
 	$(PIP) -e ".[notebooks,$*]" || $(PIP_FAILED)
 	touch $@
+
+# Every tool's extra in one pip run (each run re-resolves everything): the single extras' stamps too.
+$(TOOLS): pyproject.toml $(COURSE)
+	$(PIP) -e ".[notebooks,test,site,hub]" || $(PIP_FAILED)
+	touch $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $@
 
 # Every module's bytecode, written once where the course runs as someone who cannot write into .venv:
 # the grader's sandboxes (make grade, and the tests) and the hub's students.

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.path.insert(0, str(ROOT))
         from tools import student_copies
 
-        for line in student_copies.refresh(student_copies.find_chapters([]), student_copies.FOLDER):
+        for line in student_copies.refresh(student_copies.find_chapters([]), student_copies.FOLDER,
+                                           announce=lambda line: print(line, flush=True)):
             print(f"{student_copies.FOLDER.name}/{line}", flush=True)
         args.root = student_copies.FOLDER
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={args.root.resolve()}", *OFFLINE_FLAGS]

@@ -36,9 +36,11 @@ def sha256(path: pathlib.Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def refresh(masters: list[pathlib.Path], folder: pathlib.Path, *, jobs: int = os.cpu_count() or 1) -> list[str]:
+def refresh(masters: list[pathlib.Path], folder: pathlib.Path, *, jobs: int = os.cpu_count() or 1,
+            announce=None) -> list[str]:
     """Build or refresh the student copies of ``masters`` in ``folder``; return one line per chapter
-    that changed or was kept back (nothing for a copy already up to date)."""
+    that changed or was kept back (nothing for a copy already up to date). ``announce``, if given, is
+    called with one line before a build starts."""
     folder.mkdir(parents=True, exist_ok=True)
     record_path = folder / RECORD
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
@@ -63,6 +65,9 @@ def refresh(masters: list[pathlib.Path], folder: pathlib.Path, *, jobs: int = os
             os.replace(new, folder / master.name)   # whole or not at all
         return master
 
+    if to_build and announce is not None:
+        announce(f"{folder.name}/: building {len(to_build)} chapter(s) from notebooks/ with blank exercises "
+                 f"(otter assign, a few seconds each)")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for master in pool.map(build, to_build):
             record[master.name] = {"master": sha256(master), "copy": sha256(folder / master.name)}
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("chapters", nargs="*", help="chapters by number or name (default: every chapter)")
     parser.add_argument("--folder", type=pathlib.Path, default=FOLDER, help="default: my-notebooks/")
     args = parser.parse_args(argv)
-    lines = refresh(find_chapters(args.chapters), args.folder)
+    lines = refresh(find_chapters(args.chapters), args.folder, announce=lambda line: print(line, flush=True))
     for line in lines:
         print(f"{args.folder.name}/{line}", flush=True)
     return 0

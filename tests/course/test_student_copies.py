@@ -82,7 +82,7 @@ def test_copies_have_blank_exercises_and_edits_survive_a_rebuild(tmp_path):
 def test_make_lab_serves_the_student_copies_and_the_masters_only_when_asked(tmp_path, monkeypatch):
     served = []
     monkeypatch.setattr(student_copies, "FOLDER", tmp_path / "my-notebooks")
-    monkeypatch.setattr(student_copies, "refresh", lambda masters, folder: served.append(folder) or [])
+    monkeypatch.setattr(student_copies, "refresh", lambda masters, folder, announce: served.append(folder) or [])
     monkeypatch.setattr(lab.os, "execve", lambda program, command, environment: served.append(command))
     lab.main(["--no-browser"])
     assert served[0] == tmp_path / "my-notebooks"
