@@ -516,7 +516,7 @@ def outcome_counts(completed: subprocess.CompletedProcess) -> dict[str, int]:
 def test_without_chromium_the_browser_tests_skip_and_in_ci_they_fail(tmp_path):
     """End to end, fixtures included: nothing may try to launch a browser that is not there."""
     missing = str(tmp_path / "no-chromium")
-    browser_tests = 4 + len(OPENED)
+    browser_tests = 5 + len(OPENED)    # the widgets, the head views, a student's first view; each chapter opened
 
     # Both runs at once: each spends its few seconds importing torch.
     running = [start_browser_tests(ATTN_COURSE_CHROMIUM=missing),
