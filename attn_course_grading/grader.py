@@ -28,7 +28,7 @@ import torch
 from attn_course.flash.triton_mode import triton_installed
 from attn_course_grading import forkserver, proc, reading, sandbox
 from attn_course_grading.assignment import Assignment
-from attn_course_grading.proxies import answer_values
+from attn_course_grading.proxies import SourceVerdicts, answer_values
 from attn_course_grading.remote import Submission
 
 #: Each question's tests start from this seed (in the grading process of each submission).
@@ -233,12 +233,19 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
         timer = threading.Timer(seconds, stop_late)
         timer.daemon = True
         timer.start()
-        environment.update(answer_values(submission))
+        verdicts = SourceVerdicts(submission.cells)
+        environment.update(answer_values(submission, verdicts))
         for test_file in assignment.test_files():       # each question's result sent as soon as it is known
             torch.manual_seed(TEST_SEED)
+            verdicts.take()
             test_file.run(environment)
-            send("question", {"name": test_file.name, "score": round(test_file.score, 5),
-                              "max_score": round(test_file.possible, 5), "output": test_file.summary()})
+            score, output = round(test_file.score, 5), test_file.summary()
+            if broken := verdicts.take():
+                # An answer that breaks its exercise's rule scores nothing, hidden tests' share included.
+                score = 0
+                output = "\n".join([*broken.values(), output])
+            send("question", {"name": test_file.name, "score": score,
+                              "max_score": round(test_file.possible, 5), "output": output})
         timer.cancel()
         submission.close()
         send("done", dict(_run_of(submission), done=True))

@@ -67,6 +67,8 @@ class Submission:
         if not isinstance(sandboxed, bool):
             raise TypeError(f"Submission: sandboxed must be a bool, got {type(sandboxed).__name__}")
         self.limits, self.answers, self.events, self.kinds = limits, list(answers), [], {}
+        # The source as submitted: the grader reads what each answer calls from it (proxies.py).
+        self.cells = list(cells)
         self.stopped: str | None = None
         self.output_size = 0
         self._output = bytearray()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from attn_course.checks.answer_source import source_violations
 from attn_course.checks.compare import FLOATING, INTEGER, matches, mismatch
 from attn_course.checks.forbidden import Forbidden, violation, watch_calls
 from attn_course.flash.triton_mode import triton_installed
@@ -104,6 +105,12 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
         else:
             with watch_calls(forbidden) as seen:
                 result = fn(*args)
+            # In a notebook, then the answer's source (IPython's input history): what a thread or a
+            # switched-off watch hid while it ran is written there.
+            history = getattr(fn, "__globals__", {}).get("In") if forbidden and not seen else None
+            if isinstance(history, list):
+                seen = source_violations([cell for cell in history if isinstance(cell, str)],
+                                         getattr(fn, "__name__", ""), forbidden)
     except CheckFailed:
         raise
     except Exception as error:  # the student's code crashed: say where, keep the cause

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["AUTOGRAD", "RANDOM", "Forbidden", "forbid", "violation", "watch_calls"]
+__all__ = ["AUTOGRAD", "RANDOM", "Forbidden", "forbid", "resolve_name", "violation", "watch_calls"]
 
 #: The special name of a rule against deriving a gradient with autograd.
 AUTOGRAD = "autograd"
@@ -77,7 +77,7 @@ def forbid(why: str, *names: str) -> tuple[Forbidden, ...]:
     return tuple(Forbidden(name, why) for name in names)
 
 
-def _resolve(dotted: str) -> object | None:
+def resolve_name(dotted: str) -> object | None:
     """The object a dotted name names (None where it does not exist in this PyTorch)."""
     parts = dotted.split(".")
     for split in range(len(parts), 0, -1):
@@ -112,19 +112,20 @@ def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, dict, bool]:
             # A course function's unchecked core (the same name with an underscore, beside it) does its work too.
             module, _, function = rule.name.rpartition(".")
             core = f"{module}._{function}"
-            torch_names, python_names = (), (rule.name, core) if _resolve(core) is not None else (rule.name,)
+            torch_names, python_names = (), (rule.name, core) if resolve_name(core) is not None else (rule.name,)
         for name in torch_names:
-            found = _resolve(name)
+            found = resolve_name(name)
             if found is not None:
                 torch_functions.setdefault(found, rule)
         for name in python_names:
-            found = _resolve(name)
+            found = resolve_name(name)
             if found is None and not name.startswith("torch."):
                 raise ValueError(f"Forbidden: no function {name!r} to watch")
             for shown, code in _code_of(found):
                 python_code.setdefault(code, (shown, rule))
         if len(python_names) == 2:
-            (_, public), (_, core) = _code_of(_resolve(python_names[0]))[0], _code_of(_resolve(python_names[1]))[0]
+            (_, public), (_, core) = (_code_of(resolve_name(python_names[0]))[0],
+                                      _code_of(resolve_name(python_names[1]))[0])
             cores[core] = public
     return torch_functions, python_code, cores, watch_random
 

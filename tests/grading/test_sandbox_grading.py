@@ -26,6 +26,7 @@ import pytest
 import torch
 from hostile import checks as hostile_checks
 from hostile import collect as hostile_collect
+from hostile import evasion as hostile_evasion
 from hostile import protocol as hostile_protocol
 from hostile import resources as hostile_resources
 from test_assignments import answers_only, write_notebook
@@ -263,6 +264,8 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
 #: measure where they must predict). Each says its chapter and what grading must give it.
 GRADER_ATTACKS = {**hostile_protocol.ATTACKS, **hostile_resources.ATTACKS}
 TEST_ATTACKS = hostile_checks.ATTACKS
+#: Issue 44's: the forbidden operation, hidden (another spelling, a thread, the garbage collector, the checks).
+EVASIONS = hostile_evasion.ATTACKS
 
 
 def attack_answers_only(solution: pathlib.Path, replace: dict[str, str]) -> nbformat.NotebookNode:
@@ -307,9 +310,9 @@ def hostile_class(dist, tmp_path_factory):
     students = attacks(paths, listener.getsockname()[1])
     for student, attack in students.items():
         write_notebook(hostile_notebook(solution, attack), submissions / student / f"{CHAPTER}.ipynb")
-    for student, attack in {**GRADER_ATTACKS, **TEST_ATTACKS}.items():
+    for student, attack in {**GRADER_ATTACKS, **TEST_ATTACKS, **EVASIONS}.items():
         chapter_solution = dist / "autograder" / f"{attack['chapter']}.ipynb"
-        notebook = (attack_answers_only(chapter_solution, attack["replace"]) if student in TEST_ATTACKS
+        notebook = (attack_answers_only(chapter_solution, attack["replace"]) if student in {**TEST_ATTACKS, **EVASIONS}
                     else hostile_notebook(chapter_solution, attack))
         write_notebook(notebook, submissions / student / f"{attack['chapter']}.ipynb")
     for chapter in {attack["chapter"] for attack in TEST_ATTACKS.values()} - {CHAPTER}:   # honest there too
@@ -384,7 +387,7 @@ def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
 @pytest.mark.slow
 def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
     assert set(hostile_class["rows"]) == {"honest", *hostile_class["students"], *GRADER_ATTACKS, *TEST_ATTACKS,
-                                          *hostile_class["folders"]} - {hostile_collect.FORMULA_NAME} | {
+                                          *EVASIONS, *hostile_class["folders"]} - {hostile_collect.FORMULA_NAME} | {
                                               "'" + hostile_collect.FORMULA_NAME}
     for (student, chapter), result in hostile_class["feedback"].items():
         assert result["run"]["seconds"] < 30 + 10 + 30, (student, chapter)  # the notebook's 30 s, its calls' 30 s
@@ -408,6 +411,19 @@ def test_an_attack_on_the_grader_or_the_tests_gets_exactly_what_it_must(hostile_
             assert expect["stopped"] in (result["run"]["stopped"] or ""), result["run"]["stopped"]
     if "feedback_bytes_below" in expect:
         assert hostile_class["feedback_bytes"][student, chapter] < expect["feedback_bytes_below"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", sorted(EVASIONS))
+def test_an_answer_that_hides_a_forbidden_call_scores_nothing(hostile_class, student):
+    """Issue 44: each answer computes the right value through what its exercise forbids, hidden from a
+    watch in the student's process; the grader reads the submitted source, and the question scores 0
+    (hidden tests included), saying which call broke which rule."""
+    chapter = EVASIONS[student]["chapter"]
+    questions = hostile_class["feedback"][student, chapter]["questions"]
+    assert len(questions) == len(EVASIONS[student]["replace"])
+    for question in questions:
+        assert question["score"] == 0 and "which this exercise forbids" in question["output"], question
 
 
 @pytest.mark.slow

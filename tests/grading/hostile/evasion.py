@@ -1,0 +1,40 @@
+"""Students that answer with the forbidden operation and hide it (issue 44): under another spelling,
+in a thread, with the watch switched off, through the checks' own references or the garbage collector,
+or computed at cell time. Each answer computes the right value, so that only the rule can score it 0;
+the grader reads each answer's submitted source (attn_course.checks.answer_source) outside the
+student's process, and a question whose answer breaks its rule scores 0, hidden tests included.
+"""
+
+from __future__ import annotations
+
+_EVASIONS_02 = {
+    # 1. the same operation under another name
+    "stable_softmax": "def stable_softmax(scores):\n    return torch._softmax(scores, -1, False)\n",
+    # 1. another spelling of SDPA, through torch.ops
+    "my_attention": ("def my_attention(q, k, v, mask=None):\n"
+                     "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+                     "    if mask is not None:\n        scores = scores.masked_fill(~mask, float('-inf'))\n"
+                     "    return torch.nan_to_num(torch.ops.aten._softmax(scores, -1, False), nan=0.0) @ v\n"),
+    # 5. the course's own reference code, imported from the checks
+    "predicted_score_std": ("def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
+                            "    import attn_course.checks.scaling as reference\n"
+                            "    return math.sqrt(d_k) * std_q * std_k\n"),
+    # 4. the garbage collector, where the runner's guard lives
+    "fixed_attention": ("def fixed_attention(q, k, v, mask):\n    import gc\n    gc.collect()\n"
+                        "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+                        "    return torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1) @ v\n"),
+    # 2. autograd in a thread, which the guard on the calling thread does not see
+    "query_gradient": ("import threading\n\n"
+                       "def query_gradient(q, k, upstream):\n    box = []\n\n    def run():\n"
+                       "        leaf = q.detach().requires_grad_(True)\n"
+                       "        weights = torch.softmax(leaf @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+                       "        box.append(torch.autograd.grad(weights, leaf, upstream)[0])\n\n"
+                       "    thread = threading.Thread(target=run)\n    thread.start()\n    thread.join()\n"
+                       "    return box[0]\n"),
+}
+
+#: {student: {"chapter", "replace": {answer: code}, "expect": {"score": 0.0, "stopped": None}}}, as
+#: tests/grading/hostile/checks.py's ATTACKS: a notebook of the chapter's imports and these answers.
+ATTACKS = {
+    "evasions_02": {"chapter": "02_formula", "replace": _EVASIONS_02, "expect": {"score": 0.0, "stopped": None}},
+}
