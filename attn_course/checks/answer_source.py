@@ -139,7 +139,7 @@ def _references(code: Sequence[ast.AST], aliases: dict[str, str]) -> Iterable[tu
                 for alias in inner.names:
                     module = inner.module if isinstance(inner, ast.ImportFrom) else None
                     full = f"{module}.{alias.name}" if module else alias.name
-                    yield full, full.split("."), f"import {full}"
+                    yield full, full.split("."), full
             elif isinstance(inner, ast.Attribute) and not isinstance(getattr(inner, "parent", None), ast.Attribute):
                 name, parts = _dotted(inner, aliases)
                 yield name, parts, ast.unparse(inner)
@@ -165,13 +165,16 @@ def _free_names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - bound
 
 
-def source_violations(cells: Sequence[str], answer: str, rules: Sequence[Forbidden]) -> list[tuple[str, Forbidden]]:
+def source_violations(cells: Sequence[str], answer: str, rules: Sequence[Forbidden],
+                      modules: dict[str, str] | None = None) -> list[tuple[str, Forbidden]]:
     """``(what the code calls, the rule it breaks)`` for each forbidden reference in ``answer``'s code.
 
     Args:
         cells: the notebook's code cells, in order (a cell that does not parse is skipped).
         answer: the name the exercise asks for (a function or class the cells define).
         rules: the exercise's rules; :data:`ESCAPE` is always added.
+        modules: ``{name: module name}`` of modules known to be bound where the answer runs though
+            no cell imports them (a kernel's globals: a notebook's history may lack its imports).
 
     Returns:
         The violations found, in the order of the code; empty when ``answer`` is not defined.
@@ -182,11 +185,12 @@ def source_violations(cells: Sequence[str], answer: str, rules: Sequence[Forbidd
         ...  source_violations(cells, "stable_softmax", [Forbidden("torch.softmax", "write it from exp")])]
         [('F.softmin', 'torch.softmax')]
     """
-    return list(_violations(tuple(cells), answer, tuple(rules)))
+    return list(_violations(tuple(cells), answer, tuple(rules), tuple(sorted((modules or {}).items()))))
 
 
 @functools.lru_cache(maxsize=64)
-def _violations(cells: tuple[str, ...], answer: str, rules: tuple[Forbidden, ...]) -> tuple:
+def _violations(cells: tuple[str, ...], answer: str, rules: tuple[Forbidden, ...],
+                modules: tuple[tuple[str, str], ...]) -> tuple:
     """:func:`source_violations`, remembered: a check calls an answer many times, on the same source."""
     statements: dict[str, list[ast.stmt]] = {}
     everything: list[ast.stmt] = []
@@ -197,7 +201,7 @@ def _violations(cells: tuple[str, ...], answer: str, rules: tuple[Forbidden, ...
                 statements[name] = [node]          # the last binding is the one in force, as when it runs
     if answer not in statements:
         return ()
-    aliases = _imports(node for node in everything if isinstance(node, (ast.Import, ast.ImportFrom)))
+    aliases = dict(modules) | _imports(node for node in everything if isinstance(node, (ast.Import, ast.ImportFrom)))
     # The answer and what it reads from the notebook, followed through functions, classes and globals.
     code, queue, seen_names = [], [answer], set()
     while queue:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 import operator
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import torch
 
@@ -107,10 +108,12 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
                 result = fn(*args)
             # In a notebook, then the answer's source (IPython's input history): what a thread or a
             # switched-off watch hid while it ran is written there.
-            history = getattr(fn, "__globals__", {}).get("In") if forbidden and not seen else None
+            namespace = getattr(fn, "__globals__", {})
+            history = namespace.get("In") if forbidden and not seen else None
             if isinstance(history, list):
+                modules = {name: value.__name__ for name, value in namespace.items() if isinstance(value, ModuleType)}
                 seen = source_violations([cell for cell in history if isinstance(cell, str)],
-                                         getattr(fn, "__name__", ""), forbidden)
+                                         getattr(fn, "__name__", ""), forbidden, modules)
     except CheckFailed:
         raise
     except Exception as error:  # the student's code crashed: say where, keep the cause
