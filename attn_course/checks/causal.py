@@ -22,6 +22,9 @@ MASK_MISSES_ITSELF = ("Your mask hides the diagonal: query i may also attend to 
                       "(j = n_k - n_q + i). Use <=, not <.")
 MASK_INVERTED = ("Your mask is inverted: True must mean 'may attend' (the past and the query's own position), "
                  "False the future.")
+MASK_ADDITIVE = ("Your mask is additive: 0 where a query may attend and {blocked} where it may not, the form "
+                 "added to the scores. Its pattern is right, but this exercise asks for the boolean mask: "
+                 "True where a query may attend, False elsewhere (your_mask == 0 turns one into the other).")
 
 #: What chapter 04's mask exercise may not call: the masks the course already builds.
 CAUSAL_MASK_RULES = forbid(
@@ -39,8 +42,8 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
     for each of ``sizes`` (``1 <= n_q <= n_k``), against :func:`~attn_course.core.masks.causal_mask`'s rule.
 
     Raises:
-        CheckFailed: naming a non-boolean mask, a wrong shape, a top-left alignment, a hidden
-            diagonal, an inverted mask, or the first entry that differs.
+        CheckFailed: naming a non-boolean mask (an additive 0/-inf one too), a wrong shape, a
+            top-left alignment, a hidden diagonal, an inverted mask, or the first entry that differs.
 
     Example (a wrong answer, and what it is told):
         >>> check_causal_mask(lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril())
@@ -58,6 +61,10 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
         query_position = torch.arange(n_q).unsqueeze(1) + (n_k - n_q)        # [N_q, 1]
         key_position = torch.arange(n_k).unsqueeze(0)                        # [1, N_k]
         expected = key_position <= query_position                            # [N_q, N_k]
+        if got.is_floating_point() and bool((~expected).any()) and torch.equal(got == 0, expected) and \
+                bool((got[~expected] < 0).all()):
+            blocked = ", ".join(sorted({f"{value:g}" for value in got[~expected].tolist()}))
+            raise CheckFailed(MASK_ADDITIVE.format(blocked=blocked))
         pattern = got != 0 if got.dtype != torch.bool else got
         if torch.equal(pattern, expected) and got.dtype != torch.bool:
             raise CheckFailed(MASK_NOT_BOOL.format(dtype=got.dtype))

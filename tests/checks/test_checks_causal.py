@@ -49,6 +49,10 @@ def test_a_right_causal_mask_passes():
     (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q - 1), "hides the diagonal"),
     (lambda n_q, n_k: ~mask_by_loops(n_q, n_k), "inverted"),
     (lambda n_q, n_k: mask_by_loops(n_q, n_k).int(), "dtype torch.int32"),
+    # 0 where it may attend, -inf where not: the additive form, not an inverted mask
+    (lambda n_q, n_k: torch.zeros(n_q, n_k).masked_fill(~mask_by_loops(n_q, n_k), float("-inf")),
+     "Your mask is additive: 0 where a query may attend and -inf where it may not"),
+    (lambda n_q, n_k: torch.zeros(n_q, n_k).masked_fill(~mask_by_loops(n_q, n_k), -1e9), "and -1e+09 where"),
     (lambda n_q, n_k: mask_by_loops(n_k, n_k), "n_q=2, n_k=5 has shape [5, 5], but it needs"),
     (lambda n_q, n_k: mask_by_loops(n_q, n_k).tolist(), "returned list"),
     (lambda n_q, n_k: ..., "returns nothing yet"),
