@@ -4,6 +4,7 @@ sinks, against references written out here in float64 (the latent decoding costs
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -45,14 +46,27 @@ RMS_NORM_RULES = (
 )
 
 
+NO_KEEPDIM = ("Your mean over the features drops their dimension: for x [..., E], x.pow(2).mean(-1) is [...], and "
+              "PyTorch lines up the last dimensions, so x against it pairs the E features with the tokens and "
+              "cannot broadcast. Keep the dimension: mean(-1, keepdim=True) is [..., 1], one number per token "
+              "that every feature is divided by.")
+_BROADCAST_ERROR = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def _dropped_keepdim(failed: CheckFailed, x: torch.Tensor) -> bool:
+    """Whether the answer crashed dividing ``x [..., N, E]`` by a per-token reduction without its last dimension."""
+    found = _BROADCAST_ERROR.search(str(failed.__cause__ or ""))
+    return x.dim() >= 2 and found is not None and {int(found[1]), int(found[2])} == {x.shape[-1], x.shape[-2]}
+
+
 def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> bool:
     """Check ``fn(x [..., E], weight [E], eps) -> [..., E]``: RMSNorm, ``x / sqrt(mean(x²) + eps) · weight``,
     with ``eps = 0.1`` and ``1e-6``.
 
     Raises:
         CheckFailed: naming a mean subtracted (LayerNorm), a missing square root, eps outside the
-            root, the vector's length used instead of its RMS, the wrong axis, the weight missing or
-            added, or the first entry that differs.
+            root, the vector's length used instead of its RMS, the wrong axis, a reduction that drops
+            its dimension, the weight missing or added, or the first entry that differs.
 
     Example (a wrong answer, and what it is told):
         >>> check_rms_norm(lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w)
@@ -62,7 +76,12 @@ def check_rms_norm(norm_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.
     """
     norm_fn = watched("check_rms_norm", norm_fn, RMS_NORM_RULES)
     for x, weight, eps in _rms_cases():
-        got = call_student("check_rms_norm", norm_fn, x, weight, eps)
+        try:
+            got = call_student("check_rms_norm", norm_fn, x, weight, eps)
+        except CheckFailed as failed:
+            if _dropped_keepdim(failed, x):
+                raise CheckFailed(NO_KEEPDIM) from None
+            raise
         wide, w = x.double(), weight.double()
         mean_square = wide.pow(2).mean(-1, keepdim=True)                       # [..., 1]
         expected = wide / (mean_square + eps).sqrt() * w                         # [..., E]
@@ -97,6 +116,11 @@ PRODUCT_WITHOUT_SILU = ("You multiply the two projections but apply no SiLU: (x 
 SILU_AFTER_PRODUCT = ("You apply SiLU to the product of both projections; only the gate projection goes "
                       "through SiLU: silu(x W_gate^T) ⊙ (x W_up^T).")
 NO_DOWN = "You stop before the down projection: the hidden [..., F] vector goes back to E features by W_down."
+SILU_ON_BOTH = ("You apply SiLU to both projections; only the gate goes through it: silu(x W_gate^T) ⊙ (x W_up^T), "
+                "the up projection stays linear.")
+UNTRANSPOSED = ("You use the weights as [in, out], x @ w_gate: they are stored as nn.Linear stores them, [out, in] "
+                "(w_gate is [F, E]), so a projection is x @ w_gate.T. Given the weights transposed, your function "
+                "gives the right output.")
 
 #: What chapter 09's feed-forward exercise may not call: the Llama model's own.
 SWIGLU_RULES = (
@@ -105,14 +129,24 @@ SWIGLU_RULES = (
 )
 
 
+def _right_when_transposed(ffn_fn: Callable[..., torch.Tensor], expected: torch.Tensor, x: torch.Tensor,
+                           *weights: torch.Tensor) -> bool:
+    """Whether the answer, given each weight transposed ([in, out]), returns ``expected``: it reads them so."""
+    try:
+        again = call_student("check_swiglu", ffn_fn, x, *(w.T.contiguous() for w in weights))
+    except CheckFailed:
+        return False
+    return same(again, expected.to(again.dtype))
+
+
 def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
     """Check ``fn(x [..., E], w_gate [F, E], w_up [F, E], w_down [E, F]) -> [..., E]``: Llama's feed-forward,
     ``(silu(x W_gate^T) ⊙ x W_up^T) W_down^T``, the weights ``[out, in]`` as ``nn.Linear`` stores them.
 
     Raises:
         CheckFailed: naming gate and up swapped, GELU / ReLU / sigmoid instead of SiLU, no gate, SiLU
-            after the product, no SiLU at all, a plain linear map, a missing down projection, or the
-            first entry that differs.
+            after the product or on both projections, no SiLU at all, a plain linear map, a missing
+            down projection, weights read as [in, out], or the first entry that differs.
 
     Example (a wrong answer, and what it is told):
         >>> check_swiglu(lambda x, w_gate, w_up, w_down: x @ w_gate.T @ w_down.T)
@@ -126,10 +160,15 @@ def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
         x = torch.randn(*batch, embed, generator=generator)
         w_gate, w_up = torch.randn(hidden, embed, generator=generator), torch.randn(hidden, embed, generator=generator)
         w_down = torch.randn(embed, hidden, generator=generator) / hidden**0.5
-        got = call_student("check_swiglu", ffn_fn, x, w_gate, w_up, w_down)
         x64, g, u, d = x.double(), w_gate.double(), w_up.double(), w_down.double()
         gate, up = x64 @ g.T, x64 @ u.T                                           # [..., F] each
         expected = (F.silu(gate) * up) @ d.T                                      # [..., E]
+        try:
+            got = call_student("check_swiglu", ffn_fn, x, w_gate, w_up, w_down)
+        except CheckFailed as failed:
+            if failed.__cause__ is not None and _right_when_transposed(ffn_fn, expected, x, w_gate, w_up, w_down):
+                raise CheckFailed(UNTRANSPOSED) from None
+            raise
         if got.shape[-1] == hidden and got.shape[:-1] == expected.shape[:-1]:
             raise CheckFailed(NO_DOWN)
         diagnose(got, expected, [
@@ -141,6 +180,7 @@ def check_swiglu(ffn_fn: Callable[..., torch.Tensor]) -> bool:
             (NO_GATE, F.silu(gate) @ d.T),
             (NO_GATE, F.silu(up) @ d.T),
             (SILU_AFTER_PRODUCT, F.silu(gate * up) @ d.T),
+            (SILU_ON_BOTH, (F.silu(gate) * F.silu(up)) @ d.T),
             (PLAIN_LINEAR, gate @ d.T),
             (PLAIN_LINEAR, up @ d.T),
             (PLAIN_LINEAR, (gate + up) @ d.T),

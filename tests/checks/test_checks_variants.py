@@ -68,6 +68,9 @@ def test_rms_norm_check_accepts_the_formula_and_hugging_face_and_refuses_the_cou
         (lambda x, w, eps: x / (x.pow(2).mean(0, keepdim=True) + eps).sqrt() * w, "wrong dimension"),
         (lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt(), "learned weight"),
         (lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() + w, "You add the weight"),
+        # the crash of a mean without keepdim, named (either operand first)
+        (lambda x, w, eps: x / (x.pow(2).mean(-1) + eps).sqrt() * w, "keepdim=True"),
+        (lambda x, w, eps: torch.rsqrt(x.pow(2).mean(-1) + eps) * x * w, "keepdim=True"),
         (lambda x, w, eps: x[..., 1:], "should have shape"),
         (lambda x, w, eps: ..., "returns nothing yet"),
         (lambda x, w, eps: 2 * x, "differs from the reference"),
@@ -117,6 +120,8 @@ def test_swiglu_check_refuses_the_course_module_and_accepts_hugging_face():
         (lambda x, g, u, d: (torch.sigmoid(x @ g.T) * (x @ u.T)) @ d.T, "the original GLU"),
         (lambda x, g, u, d: F.silu(x @ g.T) @ d.T, "There is no gate"),
         (lambda x, g, u, d: F.silu((x @ g.T) * (x @ u.T)) @ d.T, "SiLU to the product"),
+        (lambda x, g, u, d: (F.silu(x @ g.T) * F.silu(x @ u.T)) @ d.T, "SiLU to both projections"),
+        (lambda x, g, u, d: (F.silu(x @ g) * (x @ u)) @ d, "as [in, out]"),
         (lambda x, g, u, d: F.silu(x @ g.T) * (x @ u.T), "before the down projection"),
         (lambda x, g, u, d: ..., "returns nothing yet"),
         (lambda x, g, u, d: (F.silu(x @ g) * (x @ u.T)) @ d.T, "Your function raised RuntimeError"),
