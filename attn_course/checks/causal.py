@@ -22,6 +22,8 @@ MASK_MISSES_ITSELF = ("Your mask hides the diagonal: query i may also attend to 
                       "(j = n_k - n_q + i). Use <=, not <.")
 MASK_INVERTED = ("Your mask is inverted: True must mean 'may attend' (the past and the query's own position), "
                  "False the future.")
+MASK_ONE_AHEAD = ("Your mask lets each query see one key past its own position, the next token: query i sits at "
+                  "n_k - n_q + i, so tril's diagonal is n_k - n_q (keys up to it), not n_k - n_q + 1.")
 MASK_ADDITIVE = ("Your mask is additive: 0 where a query may attend and {blocked} where it may not, the form "
                  "added to the scores. Its pattern is right, but this exercise asks for the boolean mask: "
                  "True where a query may attend, False elsewhere (your_mask == 0 turns one into the other).")
@@ -43,7 +45,8 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
 
     Raises:
         CheckFailed: naming a non-boolean mask (an additive 0/-inf one too), a wrong shape, a
-            top-left alignment, a hidden diagonal, an inverted mask, or the first entry that differs.
+            top-left alignment, a hidden diagonal, one key too many, an inverted mask, or the first entry
+            that differs.
 
     Example (a wrong answer, and what it is told):
         >>> check_causal_mask(lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril())
@@ -71,7 +74,8 @@ def check_causal_mask(mask_fn: Callable[[int, int], torch.Tensor],
         if not torch.equal(pattern, expected):
             strict = key_position < query_position
             name_mistake(pattern, [(TOP_LEFT, torch.ones(n_q, n_k, dtype=torch.bool).tril()),
-                                   (MASK_MISSES_ITSELF, strict), (MASK_INVERTED, ~expected), (MASK_INVERTED, ~strict)],
+                                   (MASK_MISSES_ITSELF, strict), (MASK_INVERTED, ~expected), (MASK_INVERTED, ~strict),
+                                   (MASK_ONE_AHEAD, key_position <= query_position + 1)],
                          torch.equal)
             i, j = (int(index) for index in (pattern != expected).nonzero()[0])
             raise CheckFailed(f"Your mask for n_q={n_q}, n_k={n_k} is wrong at query {i}, key {j}: expected "

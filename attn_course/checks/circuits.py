@@ -177,6 +177,9 @@ def _previous_token_mistakes(pattern: torch.Tensor) -> list[tuple[str, torch.Ten
 
 
 #: (shape, causal, dtype)
+DIAGONAL_DIMS = ("Your diagonal runs over the wrong dimensions: pattern.diagonal(-1) takes dims 0 and 1 unless told "
+                 "otherwise, and with leading dims those are not the queries and keys but the layers or heads. "
+                 "pattern.diagonal(-1, dim1=-2, dim2=-1) takes each [N, N] pattern's stripe i, i − 1.")
 PREVIOUS_TOKEN_CASES = (((2, 3, 9, 9), False, torch.float32), ((5, 6, 6), True, torch.float32),
                         ((4, 4), False, torch.float64))
 
@@ -188,7 +191,7 @@ def check_previous_token_detector(score_fn: Callable, *, seed: int = 1) -> bool:
     Raises:
         CheckFailed: naming the diagonal, the next token (a transposed pattern), two tokens back,
             position 0 counted (wrapped around, or a division by ``N``), a sum, one number for all
-            heads, entries not averaged, or the first score that differs.
+            heads, entries not averaged, a diagonal over the leading dims, or the first score that differs.
 
     Example (a wrong answer, and what it is told):
         >>> check_previous_token_detector(lambda pattern: pattern.diagonal(1, -2, -1).mean(-1))
@@ -202,7 +205,12 @@ def check_previous_token_detector(score_fn: Callable, *, seed: int = 1) -> bool:
     for shape, causal, dtype in PREVIOUS_TOKEN_CASES:
         pattern = _patterns(shape, causal=causal, generator=generator, dtype=dtype)
         expected = stripe_mean(pattern, 1, 1)                                # [...]
-        got = _scores(_run(where, score_fn, pattern), expected, shape[-1], shape[-1] - 1)
+        answer = _run(where, score_fn, pattern)
+        if pattern.dim() > 2 and isinstance(answer, torch.Tensor):
+            wrong_dims = pattern.diagonal(-1).mean(-1)                       # the stripe of dims 0 and 1
+            if answer.shape == wrong_dims.shape and torch.allclose(answer.double(), wrong_dims.double(), atol=1e-6):
+                raise CheckFailed(DIAGONAL_DIMS)
+        got = _scores(answer, expected, shape[-1], shape[-1] - 1)
         diagnose(got, expected, _previous_token_mistakes(pattern), ("",) * expected.dim(), "Your score")
     return True
 

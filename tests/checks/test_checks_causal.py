@@ -48,6 +48,7 @@ def test_a_right_causal_mask_passes():
     (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(), "aligned to the top-left"),
     (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q - 1), "hides the diagonal"),
     (lambda n_q, n_k: ~mask_by_loops(n_q, n_k), "inverted"),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q + 1), "one key past its own position"),
     (lambda n_q, n_k: mask_by_loops(n_q, n_k).int(), "dtype torch.int32"),
     # 0 where it may attend, -inf where not: the additive form, not an inverted mask
     (lambda n_q, n_k: torch.zeros(n_q, n_k).masked_fill(~mask_by_loops(n_q, n_k), float("-inf")),

@@ -136,6 +136,7 @@ def test_previous_token_solution_passes():
     (lambda p: loop_score(p, 1, 1, divisor=p.shape[-1]), "You divided by N"),
     (lambda p: previous_token(p).mean(), "one number for the whole tensor"),
     (lambda p: p.diagonal(-1, -2, -1), "one entry per query position"),
+    (lambda p: p.diagonal(-1).mean(-1), "diagonal runs over the wrong dimensions"),
 ])
 def test_each_previous_token_mistake_gets_its_hint(fn, fragment):
     assert fragment in hint(check_previous_token_detector, fn)
