@@ -242,15 +242,14 @@ def check_fixed_induction_scores(scores_fn: Callable, *, seed: int = 2) -> bool:
     ``i = period … N − 1`` of ``pattern[i, i − period + 1]``) averaged over the batch, on causal patterns.
 
     Raises:
-        CheckFailed: naming the classmate's ``i − period`` left as it was, the diagonal's first entry
-            (``i = period − 1``) kept, the shift gone the wrong way, a transposed pattern, a sum, a
-            division by ``N``, the heads averaged instead of the batch, or the first score that differs.
+        CheckFailed: naming the mistake, where it is one of the common ones (finding the
+            classmate's is the exercise), or the first score that differs.
 
     Example (a wrong answer, and what it is told):
-        >>> check_fixed_induction_scores(lambda patterns, p: patterns.diagonal(1 - p, -2, -1).mean(dim=(1, -1)))
+        >>> check_fixed_induction_scores(lambda patterns, p: patterns.mean(dim=(1, 3, 4)))
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: Your mean includes i = period − 1, where the diagonal ...
+        attn_course.checks.diagnosis.CheckFailed: Your [L, H] score tensor differs from the reference. The first ...
     """
     where = "check_fixed_induction_scores"
     scores_fn = watched(where, scores_fn, SCORE_RULES)
@@ -266,5 +265,5 @@ def check_fixed_induction_scores(scores_fn: Callable, *, seed: int = 2) -> bool:
             if tuple(got.shape) == shape[:3]:
                 raise CheckFailed(BATCH_KEPT.format(**facts))
         got = _scores(got, expected, shape[-1], shape[-1] - period)
-        diagnose(got, expected, _fixed_mistakes(patterns, period), ("layer", "head"), "Your scores")
+        diagnose(got, expected, _fixed_mistakes(patterns, period), ("layer", "head"), "Your [L, H] score tensor")
     return True

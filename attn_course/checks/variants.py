@@ -232,9 +232,8 @@ def check_sink_eviction(evict_fn: Callable[..., tuple[torch.Tensor, torch.Tensor
     first ``sinks`` and the last ``recent``, in that order (StreamingLLM), for texts shorter and longer.
 
     Raises:
-        CheckFailed: naming evicted sinks, tokens kept twice, a ``-recent:`` slice that keeps
-            everything when ``recent = 0``, sinks put after the recent tokens, one
-            recent token too few, values that do not follow the keys, or the positions that differ.
+        CheckFailed: naming the mistake, where it is one of the common ones (finding the
+            classmate's is the exercise), or the positions that differ.
 
     Example (a wrong answer, and what it is told):
         >>> check_sink_eviction(lambda k, v, sinks, recent: (k[:, :, -recent:], v[:, :, -recent:]))
