@@ -141,6 +141,9 @@ STEP_IGNORES_PAST = ("Your step attends only to the new keys: the cached keys an
 NO_PADDING_MASK = ("Your step attends to the padding: the slots before a sequence's first token hold numbers that "
                    "are no token's, and no query may see them. Sequence b's tokens are its last lengths[b] slots; "
                    "hide the others as keys.")
+FIRST_TOKEN_AS_PADDING = ("Your padding mask takes each sequence's first token for padding: its tokens are the "
+                          "last lengths[b] of the N slots, slot >= N - lengths[b]; with > the first of them is "
+                          "left out.")
 PADDED_ON_THE_RIGHT = ("Your padding mask assumes the padding comes after the tokens, as padding_mask does (True for "
                        "the first lengths[b] slots). This batch is padded on the left: sequence b's tokens are its "
                        "last lengths[b] slots, so slot j holds a token when j >= N_past + n - lengths[b].")
@@ -165,6 +168,8 @@ def _padded_step(q, k, v, past_k, past_v, lengths, *, causal: str = "bottom-righ
     one_length = {"first": lengths[0], "fewest": lengths.min(), "most": lengths.max()}
     if padding == "left":
         real = slot >= n_k - lengths[:, None]                                      # [B, N_k]: the last lengths[b]
+    elif padding == "one short":                                                   # > where >= belongs
+        real = slot > n_k - lengths[:, None]
     elif padding == "right":
         real = slot < lengths[:, None]
     elif padding == "none":
@@ -218,7 +223,8 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, prompt_leng
 
     Raises:
         CheckFailed: naming a result that is not three tensors, a wrong shape, keys in the wrong
-            order or not kept; a step that attends to the padding, pads on the right, takes one
+            order or not kept; a step that attends to the padding, pads on the right, takes a
+            sequence's first token for padding, takes one
             padding for the whole batch, counts query positions within the sequence but keys by
             slot, leaves the padded rows not zero (a padding mask on the key side only, without
             the rule for empty rows), a top-left mask, no causal mask, attention to the new keys
@@ -243,6 +249,7 @@ def check_cached_attention_step(step_fn: Callable, *, seed: int = 0, prompt_leng
     variants = [                                  # (message, the mistake), the first that matches is named
         (NO_PADDING_MASK, {"padding": "none"}),
         (PADDED_ON_THE_RIGHT, {"padding": "right"}),
+        (FIRST_TOKEN_AS_PADDING, {"padding": "one short"}),
         *[(ONE_PADDING_FOR_ALL.format(which=which), {"padding": key})
           for key, which in [("first", "the first one"), ("fewest", "the shortest"), ("most", "the longest")]],
         (MIXED_POSITIONS, {"causal": "mixed"}),

@@ -160,11 +160,13 @@ def step_with(*, causal="bottom-right", padding="left", use_past=True, new_first
         attend_k, attend_v = (keys, values) if use_past else (k, v)
         n_q, n_all, n_k = q.shape[-2], keys.shape[-2], attend_k.shape[-2]
         slot = torch.arange(n_all - n_k, n_all)                                         # the attended slots
-        first_token = {"left": n_all - lengths, "none": torch.zeros_like(lengths),
+        first_token = {"left": n_all - lengths, "one short": n_all - lengths, "none": torch.zeros_like(lengths),
                        "first": (n_all - lengths[0]).expand(len(lengths)),
                        "longest": (n_all - lengths.max()).expand(len(lengths)),
                        "shortest": (n_all - lengths.min()).expand(len(lengths))}
         real = slot < lengths[:, None] if padding == "right" else slot >= first_token[padding][:, None]   # [B, N_k]
+        if padding == "one short":                                                        # > for >=
+            real = slot > (n_all - lengths)[:, None]
         query_slot = torch.arange(n_q)[:, None] + (n_all - n_q)                           # [N_q, 1]
         if causal == "bottom-right":
             allowed = (slot <= query_slot)[None]
@@ -222,6 +224,7 @@ def test_the_reference_is_causal_attention_over_each_sequence_alone():
 @pytest.mark.parametrize("answer, fragment", [
     (step_with(padding="none"), "attends to the padding"),
     (step_with(padding="right"), "assumes the padding comes after the tokens"),
+    (step_with(padding="one short"), "takes each sequence's first token for padding"),
     (step_with(padding="first"), "as many tokens as the first one"),
     (step_with(padding="longest"), "attends to the padding"),                 # the longest prompt has no padding
     (step_with(causal="within-sequence"), "position within its own sequence"),
