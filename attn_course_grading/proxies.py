@@ -41,17 +41,13 @@ class SourceVerdicts:
 
     def __init__(self, cells: list[str]):
         self.cells, self.rules, self.broken = cells, {}, {}
-        self._found: dict[tuple, list] = {}
 
     def check(self, name: str, rules: list[Forbidden]) -> list[tuple[str, Forbidden]]:
         """The violations of ``name``'s source under ``rules``, those it was checked under before and
         :data:`~attn_course.checks.answer_source.ESCAPE` (the ways around a check, forbidden to all)."""
         known = self.rules.setdefault(name, [])
         known += [rule for rule in rules if rule not in known]
-        key = (name, tuple(known))
-        if key not in self._found:
-            self._found[key] = source_violations(self.cells, name, known)
-        return self._found[key]
+        return source_violations(self.cells, name, known)      # remembered there: cheap at every call
 
     def record(self, name: str, seen: list[tuple[str, Forbidden]]) -> None:
         """Keep the first broken rule of ``name`` (``seen`` from the watch or the source) for its question."""

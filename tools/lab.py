@@ -51,9 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.path.insert(0, str(ROOT))
         from tools import student_copies
 
-        for line in student_copies.refresh(student_copies.find_chapters([]), student_copies.FOLDER,
-                                           announce=lambda line: print(line, flush=True)):
-            print(f"{student_copies.FOLDER.name}/{line}", flush=True)
+        student_copies.main([])
         args.root = student_copies.FOLDER
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={args.root.resolve()}", *OFFLINE_FLAGS]
     if hasattr(os, "getuid") and os.getuid() == 0:

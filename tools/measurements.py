@@ -103,8 +103,8 @@ def text_of(key: str, measurements: dict | None = None) -> str:
 def disagreements(text: str, measurements: dict | None = None) -> list[tuple[str, str, str]]:
     """``(key, what the document says, what the measurement says)`` for each marked number that differs."""
     measurements = load() if measurements is None else measurements
-    return [(key, said, text_of(key, measurements)) for key, said in MARKED.findall(text)
-            if said != text_of(key, measurements)]
+    expected = {key: text_of(key, measurements) for key, _ in MARKED.findall(text)}
+    return [(key, said, expected[key]) for key, said in MARKED.findall(text) if said != expected[key]]
 
 
 def write(measurements: dict) -> list[str]:
@@ -155,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "grading":
         def rows(name: str) -> list[dict]:
             with open(args.folder / name, newline="") as handle:
-                return [{key: number(value) if re.fullmatch(r"-?[\d.]+", value) else value
-                         for key, value in row.items()} for row in csv.DictReader(handle)]
+                return [{key: number(value) for key, value in row.items()} for row in csv.DictReader(handle)]
         whole = rows("grading-class.csv")[0]
         overhead = {row["sandboxed"]: row for row in rows("grading-overhead.csv")}
         measurements["grading"] = {

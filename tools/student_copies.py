@@ -45,9 +45,9 @@ def refresh(masters: list[pathlib.Path], folder: pathlib.Path, *, jobs: int = os
     record_path = folder / RECORD
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     to_build, lines = {}, []                   # {master: what the line will say}
+    hashes = {master: sha256(master) for master in masters}
     for master in masters:
-        copy, built = folder / master.name, record.get(master.name, {})
-        master_hash = sha256(master)
+        copy, built, master_hash = folder / master.name, record.get(master.name, {}), hashes[master]
         if not copy.exists():
             to_build[master] = "ready"
         elif sha256(copy) != built.get("copy"):
@@ -70,7 +70,7 @@ def refresh(masters: list[pathlib.Path], folder: pathlib.Path, *, jobs: int = os
                  f"(otter assign, a few seconds each)")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for master in pool.map(build, to_build):
-            record[master.name] = {"master": sha256(master), "copy": sha256(folder / master.name)}
+            record[master.name] = {"master": hashes[master], "copy": sha256(folder / master.name)}
             lines.append(f"{master.name}: {to_build[master]}")
     record_path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return lines
