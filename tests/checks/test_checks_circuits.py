@@ -205,12 +205,15 @@ def test_an_answer_that_changes_its_input_in_place_cannot_change_the_reference()
 
 # --- (b) which head's ablation hurts most --------------------------------------------------------------------
 
-def strongest_previous_token_head(previous_token_scores, induction_scores):
-    return 0, int(previous_token_scores[0].argmax())
+def strongest_route_head(previous_token_scores, duplicate_token_scores, induction_scores):
+    # The layer-0 head whose pattern layer 1 reads: previous-token (seed 0) or duplicate-token (seed 1).
+    return 0, int(torch.maximum(previous_token_scores[0], duplicate_token_scores[0]).argmax())
 
 
-def test_ablation_effects_are_those_of_an_independent_float64_forward():
-    # The check's measurement against tests/circuits' forward pass written from the formulas, a head left out.
+@pytest.mark.parametrize("dead_head", [None, 1])
+def test_ablation_effects_are_those_of_an_independent_float64_forward(dead_head):
+    # The check's measurement against tests/circuits' forward pass written from the formulas, a head left out;
+    # with a dead head, against that forward pass on the model with the head's weights zeroed by hand.
     from circuits.circuits_reference import reference_forward
 
     from attn_course.checks.circuits_ablation import ablation_effects
@@ -218,6 +221,12 @@ def test_ablation_effects_are_those_of_an_independent_float64_forward():
     from attn_course.data.repeated_tokens import repeated_random_tokens
 
     model = load_trained(0)
+    if dead_head is not None:
+        attention, d = model.layers[0].attention, model.config.d_model // model.config.n_heads
+        with torch.no_grad():
+            for weight in (attention.q_proj.weight, attention.k_proj.weight):
+                weight[dead_head * d:(dead_head + 1) * d] = 0.0
+            attention.out_proj.weight[:, dead_head * d:(dead_head + 1) * d] = 0.0
     half, vocab = model.config.max_len // 2, model.config.vocab_size
     tokens = repeated_random_tokens(64, half, vocab, generator=torch.Generator().manual_seed(2024))
 
@@ -226,45 +235,57 @@ def test_ablation_effects_are_those_of_an_independent_float64_forward():
         predicted = logits[:, half:2 * half - 1]                                           # predicts L+1 .. 2L-1
         return torch.nn.functional.cross_entropy(predicted.flatten(0, 1), tokens[:, half + 1:].flatten()).item()
 
-    previous, induction, rises = ablation_effects(0)
+    previous, duplicate, induction, rises = ablation_effects(0, dead_head)
     patterns = reference_forward(model, tokens)["patterns"]
     by_layer = [patterns[layer] for layer in range(2)]
     assert torch.allclose(previous, torch.stack([loop_score(p, 1, 1).mean(0) for p in by_layer]).float(), atol=1e-5)
+    assert torch.allclose(duplicate, torch.stack([loop_score(p, half, half).mean(0) for p in by_layer]).float(),
+                          atol=1e-5)
     assert torch.allclose(induction, torch.stack([loop_score(p, half - 1, half).mean(0) for p in by_layer]).float(),
                           atol=1e-5)
     intact = repeated_loss()
     for layer, head in [(0, int(previous[0].argmax())), (1, 0), (0, int(previous[0].argmin()))]:
         assert rises[layer, head].item() == pytest.approx(repeated_loss([(layer, head)]) - intact, abs=1e-4)
+    if dead_head is not None:            # uniform causal attention: query i puts 1 / (i + 1) on each key
+        n = 2 * half
+        assert previous[0, dead_head].item() == pytest.approx(sum(1 / (i + 1) for i in range(1, n)) / (n - 1), abs=1e-5)
+        assert rises[0, dead_head].item() == pytest.approx(0.0, abs=1e-6)
 
 
-def test_the_strongest_previous_token_head_is_the_right_prediction():
-    assert check_ablation_prediction(strongest_previous_token_head)
-    assert check_ablation_prediction(strongest_previous_token_head, seed=7)
+def test_the_layer_zero_head_that_layer_one_reads_is_the_right_prediction():
+    assert check_ablation_prediction(strongest_route_head)
+    assert check_ablation_prediction(strongest_route_head, seed=7)
 
 
 @pytest.mark.parametrize("fn, fragment", [
-    (lambda previous, induction: (1, int(induction[1].argmax())), "You picked the head that copies best"),
-    (lambda previous, induction: (0, int(induction[0].argmax())), "raised it by"),
-    (lambda previous, induction: (1, 0), "whatever the scores"),
-    (lambda previous, induction: (int(previous[0].argmax()), 0), "You return (head, layer)"),
-    (lambda previous, induction: (2, 0), "There is no layer 2"),
-    (lambda previous, induction: previous.argmax(), "two ints"),
-    (lambda previous, induction: (0.0, 3.0), "two ints"),
-    (lambda previous, induction: ..., "returns nothing yet"),
+    (lambda previous, duplicate, induction: (1, int(induction[1].argmax())), "You picked the head that copies best"),
+    (lambda previous, duplicate, induction: (0, int(induction[0].argmax())), "raised it by"),
+    # the rules that fit one model only: the issue's "lowest induction score", one route's score
+    (lambda previous, duplicate, induction: (0, int(induction[0].argmin())), "That head is the dead one"),
+    (lambda previous, duplicate, induction: (0, int(previous[0].argmax())), "seed 1's model"),
+    (lambda previous, duplicate, induction: (0, int(duplicate[0].argmax())), "no duplicate-token head"),
+    (lambda previous, duplicate, induction: (0, int(previous[0].argmax())), "no previous-token head"),
+    (lambda previous, duplicate, induction: (1, 0), "whatever the scores"),
+    (lambda previous, duplicate, induction: (int(previous[0].argmax()), 0), "You return (head, layer)"),
+    (lambda previous, duplicate, induction: (2, 0), "There is no layer 2"),
+    (lambda previous, duplicate, induction: previous.argmax(), "two ints"),
+    (lambda previous, duplicate, induction: (0.0, 3.0), "two ints"),
+    (lambda previous, duplicate, induction: ..., "returns nothing yet"),
 ])
 def test_each_prediction_mistake_gets_its_hint(fn, fragment):
     assert fragment in hint(check_ablation_prediction, fn)
 
 
-def measured(previous_token_scores, induction_scores):
+def measured(previous_token_scores, duplicate_token_scores, induction_scores):
     from attn_course.circuits.trained import load_trained
 
     load_trained(0)
-    return 0, int(previous_token_scores[0].argmax())
+    return strongest_route_head(previous_token_scores, duplicate_token_scores, induction_scores)
 
 
 @pytest.mark.parametrize("fn, fragment", [
-    (lambda previous, induction: (0, int(torch.randint(4, ()))), "calls torch.randint, which this exercise forbids"),
+    (lambda previous, duplicate, induction: (0, int(torch.randint(4, ()))),
+     "calls torch.randint, which this exercise forbids"),
     (measured, "calls load_trained, which this exercise forbids"),
 ])
 def test_a_prediction_that_measures_or_guesses_is_refused(fn, fragment):
@@ -273,12 +294,13 @@ def test_a_prediction_that_measures_or_guesses_is_refused(fn, fragment):
 
 def test_a_prediction_that_changes_with_the_random_state_is_caught_even_unwatched():
     answers = iter([(0, 1), (0, 2)] * 50)
-    assert "two different answers" in hint(check_ablation_prediction, lambda previous, induction: next(answers))
+    assert "two different answers" in hint(check_ablation_prediction, lambda previous, duplicate, induction:
+                                           next(answers))
 
 
 def test_the_check_refuses_to_pass_without_its_models():
     with pytest.raises(FileNotFoundError, match="cached models"):
-        check_ablation_prediction(strongest_previous_token_head, models=(0, 999))
+        check_ablation_prediction(strongest_route_head, models=(0, 999))
 
 
 def test_the_duplicate_token_score_is_refused_too():

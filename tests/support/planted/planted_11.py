@@ -40,7 +40,7 @@ def _fixed(offset="1 - period", first="[..., 1:]", dims="(1, -1)") -> str:
     return _FIXED.format(offset=offset, first=first, dims=dims)
 
 
-_HEAD = "def most_harmful_head(previous_token_scores, induction_scores):\n"
+_HEAD = "def most_harmful_head(previous_token_scores, duplicate_token_scores, induction_scores):\n"
 
 PLANTED = {
     "ada": {
@@ -138,6 +138,11 @@ PLANTED = {
             _detector(start="2", back="2"),
             "q3_previous_token_detector",
             "two tokens back",
+        ),
+        "most_harmful_head": (                     # a rule that fits seed 0 and seed 1 as trained (issue 44)
+            _HEAD + "    return 0, int(induction_scores[0].argmin())\n",
+            "q2_predict_ablation",
+            "That head is the dead one",
         ),
     },
 }
