@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
@@ -16,7 +17,7 @@ import torch
 
 from attn_course.checks.answer_source import source_violations
 from attn_course.checks.compare import FLOATING, INTEGER, matches, mismatch
-from attn_course.checks.forbidden import Forbidden, violation, watch_calls
+from attn_course.checks.forbidden import CHECKS_CODE, Forbidden, violation, watch_calls
 from attn_course.flash.triton_mode import triton_installed
 
 __all__ = [
@@ -77,6 +78,26 @@ def show_diagnosis_only(shell: object = None) -> bool:
     return True
 
 
+#: The rule every answer keeps, whatever its exercise forbids: it runs none of the checks' code.
+CHECKS_RULE = Forbidden(CHECKS_CODE, "the checks' and measurements' code holds the references your answer is "
+                                     "compared with; write the answer yourself")
+
+
+def _checks_function(fn: object) -> str | None:
+    """The dotted name of ``fn`` (or of the function a ``functools.partial`` or method wraps) when it is one of
+    the checks' or measurements' own functions or classes."""
+    target = getattr(fn, "func", fn)
+    target = getattr(target, "__func__", target)
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(name, str)) or \
+            not module.startswith(("attn_course.checks.", "attn_course.measure.")):
+        return None
+    owner = sys.modules.get(module)
+    for part in name.split("."):
+        owner = getattr(owner, part, None)
+    return f"{module}.{name}" if owner is target else None
+
+
 def call_answer(where: str, fn: Callable, *args, described: str | None = None,
                 forbidden: Sequence[Forbidden] = ()) -> object:
     """Call the student's function with copies of ``args`` and return what it returns, never crashing the check.
@@ -97,6 +118,10 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
         raise TypeError(f"{where}: expected your function, got {type(fn).__name__}")
     if isinstance(fn, _Watched):               # called by a check that takes its own ``described``
         fn, forbidden = fn.fn, (*forbidden, *fn.forbidden)
+    own = _checks_function(fn)
+    if own:                                    # handed in as it is: the profile hook sees no call into it
+        raise CheckFailed(f"{where}: your answer is {own}, {CHECKS_RULE.name}: {CHECKS_RULE.why}")
+    forbidden = (*forbidden, CHECKS_RULE)
     args = fresh_arguments(args)
     seen: list = []
     try:
@@ -109,7 +134,7 @@ def call_answer(where: str, fn: Callable, *args, described: str | None = None,
             # In a notebook, then the answer's source (IPython's input history): what a thread or a
             # switched-off watch hid while it ran is written there.
             namespace = getattr(fn, "__globals__", {})
-            history = namespace.get("In") if forbidden and not seen else None
+            history = namespace.get("In") if not seen else None
             if isinstance(history, list):
                 modules = {name: value.__name__ for name, value in namespace.items() if isinstance(value, ModuleType)}
                 seen = source_violations([cell for cell in history if isinstance(cell, str)],

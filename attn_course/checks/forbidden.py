@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import os
 import random
 import sys
 from collections.abc import Iterator, Sequence
@@ -18,12 +19,17 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["AUTOGRAD", "RANDOM", "Forbidden", "forbid", "resolve_name", "violation", "watch_calls"]
+__all__ = ["AUTOGRAD", "CHECKS_CODE", "RANDOM", "Forbidden", "forbid", "resolve_name", "violation", "watch_calls"]
 
 #: The special name of a rule against deriving a gradient with autograd.
 AUTOGRAD = "autograd"
 #: The special name of a rule against random numbers, from any generator.
 RANDOM = "random numbers"
+#: The special name of the rule every answer keeps: it runs none of the checks' or measurements' code
+#: (which holds the references the checks compare with).
+CHECKS_CODE = "the checks' own code"
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CHECKS_CODE_FOLDERS = tuple(os.path.join(_PACKAGE, folder) + os.sep for folder in ("checks", "measure"))
 
 # What one rule stands for: the same operation under its other spellings.
 _SPELLINGS = {
@@ -94,6 +100,11 @@ def resolve_name(dotted: str) -> object | None:
     return None
 
 
+def is_checks_code(filename: str) -> bool:
+    """Whether a code object's file is the checks' or the measurements' (the watch's own file aside)."""
+    return filename.startswith(_CHECKS_CODE_FOLDERS) and filename != __file__
+
+
 def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, dict, bool]:
     """(torch functions -> rule, code objects -> (name shown, rule), a core's code -> its public function's
     (a call from there is seen already), whether random generators are watched)."""
@@ -102,6 +113,8 @@ def _targets(rules: Sequence[Forbidden]) -> tuple[dict, dict, dict, bool]:
     cores: dict[object, object] = {}
     watch_random = False
     for rule in rules:
+        if rule.name == CHECKS_CODE:
+            continue
         if rule.name == AUTOGRAD:
             torch_names, python_names = _AUTOGRAD_CALLS, _AUTOGRAD_PYTHON
         elif rule.name == RANDOM:
@@ -200,6 +213,7 @@ def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidde
         return
     torch_functions, python_code, cores, watch_random = _targets(rules)
     random_rule = next((rule for rule in rules if rule.name == RANDOM), None)
+    checks_rule = next((rule for rule in rules if rule.name == CHECKS_CODE), None)
     seen: list[tuple[str, Forbidden]] = []
 
     def profile(frame, event, argument):
@@ -207,6 +221,10 @@ def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidde
             found = python_code.get(frame.f_code)
             if found is not None and (frame.f_code not in cores or frame.f_back.f_code is not cores[frame.f_code]):
                 seen.append(found)
+            elif checks_rule is not None and is_checks_code(frame.f_code.co_filename) and \
+                    (frame.f_back is None or not is_checks_code(frame.f_back.f_code.co_filename)):     # entered from outside the checks
+                name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+                seen.append((f"{frame.f_globals.get('__name__')}.{name}", checks_rule))
         elif event == "c_call" and watch_random and _is_random_generator_call(argument):
             seen.append((f"{type(argument.__self__).__module__}.{argument.__name__}", random_rule))
 
@@ -215,7 +233,7 @@ def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidde
     numpy = sys.modules.get("numpy") if watch_random else None
     numpy_state = _numpy_global_state(numpy)
     previous = sys.getprofile()
-    sys.setprofile(profile if python_code or watch_random else previous)
+    sys.setprofile(profile if python_code or watch_random or checks_rule else previous)
     try:
         with _TorchCalls(torch_functions, seen):
             yield seen

@@ -55,6 +55,7 @@ GROUPED_RULES = (
               "the exercise is to share the key/value heads yourself (SDPA's enable_gqa would do it for you)"),
     Forbidden("attn_course.core.attention.eager_attention", "the exercise is to share the key/value heads yourself"),
     Forbidden("attn_course.core.backends.sdpa_attention", "the exercise is to share the key/value heads yourself"),
+    Forbidden("attn_course.flash.accuracy.plain_attention", "the exercise is to share the key/value heads yourself"),
 )
 
 

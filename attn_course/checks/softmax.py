@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, same, watched
-from attn_course.checks.forbidden import Forbidden
+from attn_course.checks.forbidden import Forbidden, forbid
 
 __all__ = ["check_softmax", "large_scores", "diagnose_non_finite", "WRONG_DIM", "OVERFLOW", "GLOBAL_SHIFT",
            "NON_FINITE"]
@@ -67,8 +67,8 @@ def diagnose_non_finite(got: torch.Tensor, scores: torch.Tensor) -> None:
 #: What chapter 02's softmax exercise may not call: the exercise is to write it.
 SOFTMAX_RULES = (
     Forbidden("torch.softmax", "the exercise is to write softmax yourself, from exp, max and sum"),
-    Forbidden("attn_course.core.attention.softmax_with_empty_rows",
-              "the exercise is to write softmax yourself, not to call the course's"),
+    *forbid("the exercise is to write softmax yourself, not to call the course's",
+            "attn_course.core.attention.softmax_with_empty_rows", "attn_course.flash.tiled.online_softmax"),
 )
 
 

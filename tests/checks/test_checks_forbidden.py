@@ -4,13 +4,14 @@ and nothing an honest answer does is mistaken for one."""
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_course.checks.diagnosis import CheckFailed, call_answer
+from attn_course.checks.diagnosis import CHECKS_RULE, CheckFailed, call_answer
 from attn_course.checks.forbidden import AUTOGRAD, RANDOM, Forbidden, watch_calls
 from attn_course.core.attention import self_attention
 
@@ -130,8 +131,20 @@ def test_an_answer_that_runs_elsewhere_is_watched_there_under_the_same_rules():
     remote = WatchedElsewhere(lambda t: t.softmax(-1))
     with pytest.raises(CheckFailed, match="calls Tensor.softmax, which this exercise forbids"):
         call_answer("check", remote, x, forbidden=[SOFTMAX])
-    assert remote.rules == [SOFTMAX]
+    assert remote.rules == [SOFTMAX, CHECKS_RULE]        # every answer keeps the checks' code rule too
     assert torch.allclose(call_answer("check", WatchedElsewhere(by_hand), x, forbidden=[SOFTMAX]), by_hand(x))
+
+
+def test_an_answer_that_is_or_calls_the_checks_own_reference_is_refused():
+    from attn_course.checks import rope
+
+    frequencies = torch.arange(1.0, 9.0)
+    for answer, words in [(rope._llama3_variant, "your answer is attn_course.checks.rope._llama3_variant"),
+                          (lambda *a: rope._llama3_variant(*a), "calls attn_course.checks.rope._llama3_variant")]:
+        with pytest.raises(CheckFailed, match=re.escape(words)):
+            call_answer("check", answer, frequencies, 8.0, 8192, 1.0, 4.0)
+    # a function of the package outside the checks is no reference: watched by the exercise's own rules only
+    assert torch.equal(call_answer("check", torch.flip, frequencies, [0]), frequencies.flip(0))
 
 
 def test_a_course_functions_unchecked_core_is_seen_when_called_directly():
