@@ -222,7 +222,8 @@ def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidde
             if found is not None and (frame.f_code not in cores or frame.f_back.f_code is not cores[frame.f_code]):
                 seen.append(found)
             elif checks_rule is not None and is_checks_code(frame.f_code.co_filename) and \
-                    (frame.f_back is None or not is_checks_code(frame.f_back.f_code.co_filename)):     # entered from outside the checks
+                    (frame.f_back is None or not is_checks_code(frame.f_back.f_code.co_filename)):
+                # entered from outside the checks: the answer's own call (a check calling its own code is not)
                 name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
                 seen.append((f"{frame.f_globals.get('__name__')}.{name}", checks_rule))
         elif event == "c_call" and watch_random and _is_random_generator_call(argument):

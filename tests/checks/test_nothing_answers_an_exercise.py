@@ -32,15 +32,20 @@ import textwrap
 
 import nbformat
 import pytest
-
 import torch
 
 import attn_course
 import attn_course.checks
-
 from tools import assign
 
-from support.exercises import CHAPTERS, answer_names, chapter_namespace, code_cells_by_question, failures, question_tests
+from support.exercises import (
+    CHAPTERS,
+    answer_names,
+    chapter_namespace,
+    code_cells_by_question,
+    failures,
+    question_tests,
+)
 
 PARSER = doctest.DocTestParser()
 
@@ -225,7 +230,8 @@ NOT_TRIED = {"attn_course.distributed.launch": "starts worker processes and wait
 #: whether it answers is unknown. Training runs (they read any first argument as a configuration and train
 #: for minutes) get one second and are let go: what they return is a model and its history, not an answer.
 SECONDS = 6
-TRAINING_RUNS = {"attn_course.circuits.rhymes.train_rhymes_model", "attn_course.circuits.training.train_induction_model"}
+TRAINING_RUNS = {"attn_course.circuits.rhymes.train_rhymes_model",
+                 "attn_course.circuits.training.train_induction_model"}
 
 
 class OutOfTime(BaseException):
