@@ -30,6 +30,8 @@ RANDOM = "random numbers"
 CHECKS_CODE = "the checks' own code"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHECKS_CODE_FOLDERS = tuple(os.path.join(_PACKAGE, folder) + os.sep for folder in ("checks", "measure"))
+# The checks' side: their code, and the grader's (installed beside the package), which reads answers with it.
+_CHECKS_SIDE = (*_CHECKS_CODE_FOLDERS, os.path.join(os.path.dirname(_PACKAGE), "attn_course_grading") + os.sep)
 
 # What one rule stands for: the same operation under its other spellings.
 _SPELLINGS = {
@@ -222,8 +224,8 @@ def watch_calls(rules: Sequence[Forbidden]) -> Iterator[list[tuple[str, Forbidde
             if found is not None and (frame.f_code not in cores or frame.f_back.f_code is not cores[frame.f_code]):
                 seen.append(found)
             elif checks_rule is not None and is_checks_code(frame.f_code.co_filename) and \
-                    (frame.f_back is None or not is_checks_code(frame.f_back.f_code.co_filename)):
-                # entered from outside the checks: the answer's own call (a check calling its own code is not)
+                    (frame.f_back is None or not frame.f_back.f_code.co_filename.startswith(_CHECKS_SIDE)):
+                # entered from the answer's side: its own call (a check's or the grader's call of it is not)
                 name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
                 seen.append((f"{frame.f_globals.get('__name__')}.{name}", checks_rule))
         elif event == "c_call" and watch_random and _is_random_generator_call(argument):

@@ -120,3 +120,34 @@ def test_a_check_in_a_notebook_reads_the_answer_from_its_input_history():
         call_answer("check_softmax", namespace["answer"], torch.zeros(3), forbidden=SOFTMAX)
     del namespace["In"]                                  # outside a notebook: the watch alone
     assert call_answer("check_softmax", namespace["answer"], torch.zeros(3), forbidden=SOFTMAX).shape == (3,)
+
+
+def evasions() -> list:
+    """Issue 44's hidden answers (tests/grading/hostile/evasion.py), each with its chapter."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "grading" / "hostile" / "evasion.py"
+    spec = importlib.util.spec_from_file_location("hostile_evasion", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [pytest.param(attack["chapter"], name, code, id=f"{attack['chapter'][:2]}-{name}")
+            for attack in module.ATTACKS.values() for name, code in attack["replace"].items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter, name, code", evasions())
+def test_each_hidden_forbidden_call_is_refused_by_the_notebooks_own_check_cell(chapter, name, code):
+    # The notebook's check reads the answer's source from IPython's input history, as the grader reads the
+    # submitted one: whatever the watch in the student's process missed, the check cell fails, naming the rule.
+    from support.exercises import CHAPTERS, chapter_namespace, failures, public_tests
+
+    master = next(path for path in CHAPTERS if path.stem == chapter)
+    question = next(question for question, tests in public_tests(master).items()
+                    if any(f"({name})" in test for test in tests))
+    namespace = chapter_namespace(master)
+    namespace["In"] = ["", "import torch\nimport math\n", code]
+    exec(compile(code, f"<{name} answer>", "exec"), namespace)
+    messages = failures(public_tests(master)[question][:1], namespace, question)
+    assert messages and ("which this exercise forbids" in messages[0] or "the checks' own code" in messages[0]), \
+        messages

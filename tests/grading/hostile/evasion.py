@@ -1,6 +1,6 @@
 """Students that answer with the forbidden operation and hide it (issue 44): under another spelling,
 in a thread, with the watch switched off, through the checks' own references or the garbage collector,
-or computed at cell time. Each answer computes the right value, so that only the rule can score it 0;
+computed at cell time, or not hidden at all (a hidden test calls the answer outside the watch). Each answer computes the right value, so that only the rule can score it 0;
 the grader reads each answer's submitted source (attn_course.checks.answer_source) outside the
 student's process, and a question whose answer breaks its rule scores 0, hidden tests included.
 """
@@ -33,8 +33,38 @@ _EVASIONS_02 = {
                        "    return box[0]\n"),
 }
 
+_EVASIONS_11 = {
+    # 3. the watch switched off: the profile hook that sees the course's functions
+    "induction_score_by_hand": ("import sys\n\n"
+                                "def induction_score_by_hand(pattern, period):\n    sys.setprofile(None)\n"
+                                "    from attn_course.circuits.scores import induction_score\n"
+                                "    return induction_score(pattern, period)\n"),
+    # 3. the watch switched off: PyTorch's function modes
+    "fixed_induction_scores": ("def fixed_induction_scores(patterns, period):\n"
+                               "    with torch._C.DisableTorchFunction():\n"
+                               "        from attn_course.circuits.scores import induction_score\n"
+                               "        return induction_score(patterns, period).mean(dim=1)\n"),
+    # 6. the answer looked up at cell time: the check's own measurements of every model it may show, read
+    # back by matching the scores shown (the heads are shuffled), so the call itself measures nothing
+    "most_harmful_head": ("from attn_course.checks.circuits_ablation import ablation_effects\n\n"
+                          "_TABLES = [ablation_effects(seed, dead) for seed in (0, 1) for dead in (None, 0, 1, 2, 3)]\n\n"
+                          "def most_harmful_head(previous_token_scores, duplicate_token_scores, induction_scores):\n"
+                          "    for *_, induction, rises in _TABLES:\n"
+                          "        if torch.equal(induction.sort(dim=1).values, induction_scores.sort(dim=1).values):\n"
+                          "            layer, original = divmod(int(rises.argmax()), rises.shape[1])\n"
+                          "            shown = induction_scores[layer] == induction[layer, original]\n"
+                          "            return layer, int(shown.nonzero()[0])\n"
+                          "    return 0, 0\n"),
+    # 7. no evasion at all: the forbidden function, which the hidden test calls outside any watch
+    "previous_token_detector": ("def previous_token_detector(pattern):\n"
+                                "    from attn_course.circuits.scores import previous_token_score\n"
+                                "    return previous_token_score(pattern)\n"),
+}
+
 #: {student: {"chapter", "replace": {answer: code}, "expect": {"score": 0.0, "stopped": None}}}, as
 #: tests/grading/hostile/checks.py's ATTACKS: a notebook of the chapter's imports and these answers.
 ATTACKS = {
     "evasions_02": {"chapter": "02_formula", "replace": _EVASIONS_02, "expect": {"score": 0.0, "stopped": None}},
+    "evasions_11": {"chapter": "11_induction_heads", "replace": _EVASIONS_11,
+                    "expect": {"score": 0.0, "stopped": None}},
 }
