@@ -231,7 +231,8 @@ NOT_TRIED = {"attn_course.distributed.launch": "starts worker processes and wait
 #: for minutes) get one second and are let go: what they return is a model and its history, not an answer.
 SECONDS = 6
 TRAINING_RUNS = {"attn_course.circuits.rhymes.train_rhymes_model",
-                 "attn_course.circuits.training.train_induction_model"}
+                 "attn_course.circuits.training.train_induction_model",
+                 "attn_course.models.two_relations.train_two_relation_model"}
 
 
 class OutOfTime(BaseException):

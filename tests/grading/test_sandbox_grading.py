@@ -315,7 +315,7 @@ def hostile_class(dist, tmp_path_factory):
         notebook = (attack_answers_only(chapter_solution, attack["replace"]) if student in {**TEST_ATTACKS, **EVASIONS}
                     else hostile_notebook(chapter_solution, attack))
         write_notebook(notebook, submissions / student / f"{attack['chapter']}.ipynb")
-    for chapter in {attack["chapter"] for attack in TEST_ATTACKS.values()} - {CHAPTER}:   # honest there too
+    for chapter in {attack["chapter"] for attack in {**TEST_ATTACKS, **EVASIONS}.values()} - {CHAPTER}:   # honest too
         write_notebook(answers_only(dist / "autograder" / f"{chapter}.ipynb"),
                        submissions / "honest" / f"{chapter}.ipynb")
     secret = base / "secret.txt"

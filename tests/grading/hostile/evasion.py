@@ -1,8 +1,9 @@
 """Students that answer with the forbidden operation and hide it (issue 44): under another spelling,
 in a thread, with the watch switched off, through the checks' own references or the garbage collector,
-computed at cell time, or not hidden at all (a hidden test calls the answer outside the watch). Each answer computes the right value, so that only the rule can score it 0;
-the grader reads each answer's submitted source (attn_course.checks.answer_source) outside the
-student's process, and a question whose answer breaks its rule scores 0, hidden tests included.
+computed at cell time, or not hidden at all (a hidden test calls the answer outside the watch). Each
+answer computes the right value, so that only the rule can score it 0: the grader reads each answer's
+submitted source (attn_course.checks.answer_source) outside the student's process, and a question
+whose answer breaks its rule scores 0, hidden tests included.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ _EVASIONS_11 = {
     # 6. the answer looked up at cell time: the check's own measurements of every model it may show, read
     # back by matching the scores shown (the heads are shuffled), so the call itself measures nothing
     "most_harmful_head": ("from attn_course.checks.circuits_ablation import ablation_effects\n\n"
-                          "_TABLES = [ablation_effects(seed, dead) for seed in (0, 1) for dead in (None, 0, 1, 2, 3)]\n\n"
+                          "_TABLES = [ablation_effects(seed, dead)\n"
+                          "           for seed in (0, 1) for dead in (None, 0, 1, 2, 3)]\n\n"
                           "def most_harmful_head(previous_token_scores, duplicate_token_scores, induction_scores):\n"
                           "    for *_, induction, rises in _TABLES:\n"
                           "        if torch.equal(induction.sort(dim=1).values, induction_scores.sort(dim=1).values):\n"
