@@ -12,6 +12,7 @@ process limit. Every later call raises :class:`SubmissionStopped`, as if the not
 from __future__ import annotations
 
 import builtins
+import collections
 import os
 import select
 import signal
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 
-from attn_course_grading import in_sandbox, proc, replies, sandbox, wire
+from attn_course_grading import cgroups, in_sandbox, proc, replies, sandbox, syscalls, wire
 
 #: The student's exceptions that come back as themselves; any other as a :class:`SubmissionError` of its name.
 BUILTIN_ERRORS = {name: getattr(builtins, name) for name in (
@@ -28,6 +29,10 @@ BUILTIN_ERRORS = {name: getattr(builtins, name) for name in (
     "NameError", "NotImplementedError", "OverflowError", "RecursionError", "RuntimeError", "TypeError",
     "UnboundLocalError", "ValueError", "ZeroDivisionError",
 )}
+
+
+#: The share of one core under which a sandbox the grader waits for counts as idle (``Limits.idle_seconds``).
+IDLE_SHARE = 0.01
 
 
 class SubmissionError(Exception):
@@ -73,24 +78,42 @@ class Submission:
         self.output_size = 0
         self._output = bytearray()
         self.peak_memory_bytes, self.peak_tasks = 0, 0
+        self._idle_since: float | None = None      # since when the grader waits for the sandbox (or None)
         self._kill_lock = threading.Lock()
         command = [sys.executable, "-m", "attn_course_grading.in_sandbox", "--processes", str(limits.processes),
                    "--cell-seconds", str(limits.cell_seconds)]
         self._user = sandbox.SandboxUser() if sandboxed and os.geteuid() == 0 else None
+        syscall_filter = syscalls.filter_descriptor() if sandboxed else None
+        # Every byte the notebook holds, shared memory included, in one cgroup (where this system has one).
+        # The kernel's limit a quarter above the grader's watch: the backstop for what grows faster than the
+        # watch's tenth of a second.
+        self._memory = cgroups.MemoryGroup.create(limits.memory_bytes * 5 // 4) if sandboxed else None
+
+        def start_sandbox() -> None:              # in the new process, before bubblewrap runs
+            limits.set_in_this_process()
+            if self._memory is not None:
+                self._memory.join()
+
         try:
             if sandboxed:
                 if self._user:
                     command += ["--user", f"{self._user.uid}:{sandbox.SANDBOX_GID}"]
-                command = sandbox.sandbox_command(command, limits)
+                command = sandbox.sandbox_command(command, limits, syscall_filter=syscall_filter)
             self.started = time.monotonic()
             self._process = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=sandbox.environment(limits), cwd="/", preexec_fn=limits.set_in_this_process,
+                env=sandbox.environment(limits), cwd="/", preexec_fn=start_sandbox,
                 start_new_session=True,       # a process group of its own, killed whole (trusted runs too)
+                pass_fds=() if syscall_filter is None else (syscall_filter,),
             )
         except BaseException:
             self._release_user()
+            if self._memory is not None:
+                self._memory.remove()
             raise
+        finally:
+            if syscall_filter is not None:
+                os.close(syscall_filter)      # bubblewrap has its own copy
         # From here on a process is running: whatever goes wrong, it is killed before the exception
         # leaves (the caller's `with` has not started yet).
         try:
@@ -167,6 +190,8 @@ class Submission:
         with self._kill_lock:
             self._process.wait()
         self._release_user()
+        if self._memory is not None:
+            self._memory.remove()
         if hasattr(self, "_drain"):
             self._drain.join(timeout=5)
         for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
@@ -218,6 +243,7 @@ class Submission:
         """The next reply, decoded, or None after stopping the process (late, gone, malformed)."""
         if self.stopped:
             return None
+        self._idle_since = time.monotonic()
         try:
             header = self._read(8, deadline)
             if header is None:
@@ -233,6 +259,8 @@ class Submission:
             return self._stop(self._exit_reason())
         except Exception as error:  # noqa: BLE001 - whatever a reply does to the reader, it stops that notebook
             return self._stop(f"it sent a malformed reply (not data: {type(error).__name__}: {error})")
+        finally:
+            self._idle_since = None
 
     def _read(self, size: int, deadline: float) -> bytes | None:
         fd, data = self._process.stdout.fileno(), bytearray()
@@ -270,6 +298,9 @@ class Submission:
             code = self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "its process stopped answering"
+        if self._memory is not None and self._memory.killed_for_memory():
+            return (f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB of memory, "
+                    "the limit (shared memory and tmpfs files included)")
         if code == in_sandbox.PROCESS_LIMIT_EXIT:
             return f"it reached its limit of {self.limits.processes} processes and threads"
         if code < 0:
@@ -281,9 +312,26 @@ class Submission:
         """Kill the sandbox when its processes together hold more than ``memory_bytes`` (RLIMIT_AS
         holds each one; without cgroups this is the limit on their sum, passed for a moment at most)
         or fill its process limit (a fork bomb takes the CPU from every notebook graded beside it).
-        Checked 10 times a second: one check reads /proc in 2-4 ms."""
+        Checked 10 times a second: one check reads /proc in 2-4 ms. And stop it when, while the grader waits
+        for it, its processes use less than :data:`IDLE_SHARE` of a core for ``idle_seconds`` (the timers of its
+        cells are its own, and a notebook that sleeps holds a grading slot from the class)."""
+        samples: collections.deque = collections.deque()          # (when, CPU ticks) while the grader waits
+        idle_ticks = IDLE_SHARE * self.limits.idle_seconds * os.sysconf("SC_CLK_TCK")
         while self._process.poll() is None:
             pids = proc.process_tree(self._process.pid)
+            now = time.monotonic()
+            if self._idle_since is None:
+                samples.clear()
+            else:
+                ticks = proc.cpu_ticks(pids)
+                samples.append((now, ticks))
+                while len(samples) > 1 and samples[1][0] <= now - self.limits.idle_seconds:
+                    samples.popleft()                      # one sample kept at the window's start
+                first_when, first_ticks = samples[0]
+                if now - first_when >= self.limits.idle_seconds and ticks - first_ticks < idle_ticks:
+                    self._stop(f"it used next to no CPU for {self.limits.idle_seconds:g} s while the grader "
+                               "waited for it (a notebook that sleeps holds a grading slot from the class)")
+                    return
             tasks = proc.task_count(pids)
             self.peak_tasks = max(self.peak_tasks, tasks)
             # A bomb's processes come and go as each fails to fork: stopped at 90% of the limit.
@@ -294,6 +342,8 @@ class Submission:
             if resident > self.limits.memory_bytes:
                 # RSS counts pages that forked processes share once each; PSS (slower) once in all.
                 resident = proc.proportional_bytes(pids)
+            if self._memory is not None:          # and what no process maps: shared memory, tmpfs files
+                resident = max(resident, self._memory.held_bytes())
             self.peak_memory_bytes = max(self.peak_memory_bytes, resident)
             if resident > self.limits.memory_bytes:
                 self._stop(f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB "

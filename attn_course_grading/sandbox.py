@@ -43,6 +43,8 @@ class Limits:
             checks' calls of its answers together.
         cell_seconds: wall time of one cell (then it is stopped and the next one runs).
         call_seconds: wall time of one call of an answer by a check.
+        idle_seconds: how long the notebook's processes may use no CPU at all while the grader waits for
+            them (running its cells, or a call): a notebook that sleeps holds a grading slot for nothing.
         memory_bytes: address space of each process (RLIMIT_AS), and memory of all the notebook's
             processes together (watched by the grader).
         processes: processes and threads at once (RLIMIT_NPROC); 90% of it is a fork bomb.
@@ -54,6 +56,7 @@ class Limits:
     seconds: float = 900.0
     cell_seconds: float = 300.0
     call_seconds: float = 60.0
+    idle_seconds: float = 60.0
     memory_bytes: int = 4 * 2**30
     processes: int = 128
     scratch_bytes: int = 256 * 2**20
@@ -72,6 +75,8 @@ class Limits:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # No file larger than the scratch space, wherever it is written (the tmpfs sizes bound each folder).
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.scratch_bytes, self.scratch_bytes))
 
 
 def bubblewrap() -> str | None:
@@ -149,14 +154,19 @@ def _installed() -> set[pathlib.Path]:
     return {pathlib.Path("/") / top for top in ("usr", *_SYSTEM_TOPS)} | _python_folders()
 
 
-def sandbox_command(command: list[str], limits: Limits) -> list[str]:
-    """``bwrap`` and its options, then ``command``: run ``command`` in a fresh sandbox."""
+def sandbox_command(command: list[str], limits: Limits, *, syscall_filter: int | None = None) -> list[str]:
+    """``bwrap`` and its options, then ``command``: run ``command`` in a fresh sandbox.
+
+    ``syscall_filter``: a descriptor of :func:`~attn_course_grading.syscalls.filter_descriptor`'s program
+    (no user namespaces, no keyrings), which the caller passes to ``bwrap`` (``pass_fds``)."""
     program = bubblewrap()
     if program is None:
         raise RuntimeError(INSTALL_HINT)
     options = [program, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session", "--hostname", "sandbox",
                "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--proc", "/proc"]
+    if syscall_filter is not None:
+        options += ["--seccomp", str(syscall_filter)]
     mounted = [pathlib.Path("/usr")]
     for top in _SYSTEM_TOPS:
         path = pathlib.Path("/") / top

@@ -24,7 +24,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 from attn_course.flash.triton_mode import triton_installed
-from attn_course_grading import collect, reading, report, sandbox
+from attn_course_grading import cgroups, collect, reading, report, sandbox
 from attn_course_grading.assignment import Assignment
 from attn_course_grading.display import display
 from attn_course_grading.grader import grade, refused_result
@@ -53,6 +53,8 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--cell-seconds", type=float, default=defaults.cell_seconds, help="wall time of one cell")
     parser.add_argument("--call-seconds", type=float, default=defaults.call_seconds,
                         help="wall time of one call of an answer by a check")
+    parser.add_argument("--idle-seconds", type=float, default=defaults.idle_seconds,
+                        help="how long a notebook may use next to no CPU while the grader waits for it")
     parser.add_argument("--memory-gib", type=float, default=defaults.memory_bytes / 2**30,
                         help="memory (address space) of one process of a notebook")
     parser.add_argument("--processes", type=int, default=defaults.processes,
@@ -94,8 +96,8 @@ def main() -> int:
             notes.setdefault(refusal.folder, []).append(f"refused: {refusal.reason}")
     # Each job is a sandboxed notebook: as many at once as there are cores, the cores shared out.
     limits = sandbox.Limits(seconds=args.seconds, cell_seconds=args.cell_seconds, call_seconds=args.call_seconds,
-                            memory_bytes=int(args.memory_gib * 2**30), processes=args.processes,
-                            threads=max(1, (os.cpu_count() or 1) // args.jobs))
+                            idle_seconds=args.idle_seconds, memory_bytes=int(args.memory_gib * 2**30),
+                            processes=args.processes, threads=max(1, (os.cpu_count() or 1) // args.jobs))
     # (student, chapter, notebook, why it is refused): a refused notebook scores 0, the reason its feedback.
     jobs = [(student, chapter, notebook, None) for student, notebooks in found.notebooks.items()
             for chapter, notebook in notebooks.items()]
@@ -111,6 +113,8 @@ def main() -> int:
     students = sorted({job[0] for job in jobs} | set(notes), key=os.fsencode)
     say(f"grading {len(jobs)} notebooks of {len(students)} students, {args.jobs} at once, "
         f"{'WITHOUT a sandbox (--trusted)' if args.trusted else 'each in a bubblewrap sandbox'}")
+    if not args.trusted:
+        say(cgroups.memory_accounting())
 
     failures = []
 

@@ -3,6 +3,8 @@ exercise forbids, and the ways around a check, found in the code; honest answers
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from attn_course.checks.answer_source import ESCAPE, source_violations
@@ -147,7 +149,13 @@ def test_each_hidden_forbidden_call_is_refused_by_the_notebooks_own_check_cell(c
                     if any(f"({name})" in test for test in tests))
     namespace = chapter_namespace(master)
     namespace["In"] = ["", "import torch\nimport math\n", code]
-    exec(compile(code, f"<{name} answer>", "exec"), namespace)
-    messages = failures(public_tests(master)[question][:1], namespace, question)
+    runner = vars(sys.modules.get("attn_course_grading.in_sandbox", sys))
+    guard = runner.get("watch_calls")
+    try:
+        exec(compile(code, f"<{name} answer>", "exec"), namespace)
+        messages = failures(public_tests(master)[question][:1], namespace, question)
+    finally:                                            # an answer that replaces the grader's guard (attack 4)
+        if guard is not None:
+            runner["watch_calls"] = guard
     assert messages and ("which this exercise forbids" in messages[0] or "the checks' own code" in messages[0]), \
         messages

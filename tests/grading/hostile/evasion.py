@@ -20,10 +20,15 @@ _EVASIONS_02 = {
     "predicted_score_std": ("def predicted_score_std(d_k, std_q=1.0, std_k=1.0):\n"
                             "    import attn_course.checks.scaling as reference\n"
                             "    return math.sqrt(d_k) * std_q * std_k\n"),
-    # 4. the garbage collector, where the runner's guard lives
-    "fixed_attention": ("def fixed_attention(q, k, v, mask):\n    import gc\n    gc.collect()\n"
-                        "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
-                        "    return torch.softmax(scores.masked_fill(~mask, float('-inf')), dim=-1) @ v\n"),
+    # 4. the runner's guard replaced: a cell finds the runner's globals through the garbage collector and
+    # swaps its watch for one that sees nothing; the answer then calls SDPA plainly
+    "fixed_attention": ("import contextlib\nimport gc\n\n\n@contextlib.contextmanager\n"
+                        "def _sees_nothing(rules):\n    yield []\n\n\n"
+                        "for _found in gc.get_objects():\n"
+                        "    if isinstance(_found, dict) and 'run_cells' in _found and 'watch_calls' in _found:\n"
+                        "        _found['watch_calls'] = _sees_nothing\n\n\n"
+                        "def fixed_attention(q, k, v, mask):\n"
+                        "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n"),
     # 2. autograd in a thread, which the guard on the calling thread does not see
     "query_gradient": ("import threading\n\n"
                        "def query_gradient(q, k, upstream):\n    box = []\n\n    def run():\n"
