@@ -84,10 +84,11 @@ class Submission:
                    "--cell-seconds", str(limits.cell_seconds)]
         self._user = sandbox.SandboxUser() if sandboxed and os.geteuid() == 0 else None
         syscall_filter = syscalls.filter_descriptor() if sandboxed else None
-        # Every byte the notebook holds, shared memory included, in one cgroup (where this system has one).
-        # The kernel's limit a quarter above the grader's watch: the backstop for what grows faster than the
-        # watch's tenth of a second.
-        self._memory = cgroups.MemoryGroup.create(limits.memory_bytes * 5 // 4) if sandboxed else None
+        # Every byte the notebook holds, shared memory included, and its cores, in cgroups (where this system
+        # has them). The kernel's memory limit a quarter above the grader's watch: the backstop for what grows
+        # faster than the watch's tenth of a second.
+        self._memory = cgroups.SandboxGroup.create(limits.memory_bytes * 5 // 4, limits.threads) \
+            if sandboxed else None
 
         def start_sandbox() -> None:              # in the new process, before bubblewrap runs
             limits.set_in_this_process()

@@ -114,7 +114,7 @@ def main() -> int:
     say(f"grading {len(jobs)} notebooks of {len(students)} students, {args.jobs} at once, "
         f"{'WITHOUT a sandbox (--trusted)' if args.trusted else 'each in a bubblewrap sandbox'}")
     if not args.trusted:
-        say(cgroups.memory_accounting())
+        say(cgroups.accounting())
 
     failures = []
 

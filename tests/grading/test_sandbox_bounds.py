@@ -139,7 +139,7 @@ UNMAPPED_MEMORY = textwrap.dedent("""
 def test_memory_that_no_process_maps_counts_against_the_limit():
     require_sandbox()
     if not cgroups.available():
-        pytest.skip(cgroups.memory_accounting())
+        pytest.skip(cgroups.accounting())
     limits = sandbox.Limits(seconds=60, cell_seconds=30, memory_bytes=2**30)
     with Submission([UNMAPPED_MEMORY, "import time\ntime.sleep(5)"], [], limits) as submission:
         stopped, peak = submission.stopped, submission.peak_memory_bytes
@@ -165,3 +165,34 @@ def test_a_notebook_that_computes_nothing_while_the_grader_waits_is_stopped(cell
         assert seconds < 10
     else:
         assert reason is None, reason
+
+
+#: Four processes that compute for 3 s of wall time; then their CPU time, which the parent prints.
+BUSY_PROCESSES = textwrap.dedent("""
+    import os, time
+    children = []
+    for _ in range(4):
+        child = os.fork()
+        if child == 0:
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                pass
+            os._exit(0)
+        children.append(child)
+    for child in children:
+        os.waitpid(child, 0)
+    print("cpu seconds", round(os.times().children_user + os.times().children_system, 2))
+""")
+
+
+@pytest.mark.slow
+def test_a_notebook_gets_its_share_of_the_cores_not_the_machine():
+    require_sandbox()
+    if not cgroups.available() or "CPU capped" not in cgroups.accounting():
+        pytest.skip(cgroups.accounting())
+    limits = sandbox.Limits(seconds=60, cell_seconds=30, threads=1)
+    with Submission([BUSY_PROCESSES], [], limits) as submission:
+        output, stopped = submission.output, submission.stopped
+    assert stopped is None, stopped
+    cpu_seconds = float(output.rsplit("cpu seconds", 1)[1].split()[0])
+    assert cpu_seconds < 1.3 * 3, output      # one core for 3 s, where four processes would take more

@@ -315,7 +315,7 @@ def hostile_class(dist, tmp_path_factory):
         notebook = (attack_answers_only(chapter_solution, attack["replace"]) if student in {**TEST_ATTACKS, **EVASIONS}
                     else hostile_notebook(chapter_solution, attack))
         write_notebook(notebook, submissions / student / f"{attack['chapter']}.ipynb")
-    for chapter in {attack["chapter"] for attack in {**TEST_ATTACKS, **EVASIONS}.values()} - {CHAPTER}:   # honest too
+    for chapter in {attack["chapter"] for attack in TEST_ATTACKS.values()} - {CHAPTER}:   # honest there too
         write_notebook(answers_only(dist / "autograder" / f"{chapter}.ipynb"),
                        submissions / "honest" / f"{chapter}.ipynb")
     secret = base / "secret.txt"
@@ -373,7 +373,10 @@ def chapter_score(hostile_class, student, chapter):
 
 @pytest.mark.slow
 def test_the_honest_student_in_a_hostile_class_gets_full_marks(hostile_class):
-    assert score(hostile_class, "honest") == float(hostile_class["rows"]["honest"]["possible"])
+    # (Chapter 11, which only the evasions hand in here, is graded in full for the solutions by test_assignments.)
+    possible = sum(q["max_score"] for (student, _), result in hostile_class["feedback"].items()
+                   if student == "honest" for q in result["questions"])
+    assert score(hostile_class, "honest") == possible > 0
     assert chapter_score(hostile_class, "honest", CHAPTER) == HONEST, lost(hostile_class, "honest")
     for (student, chapter), result in hostile_class["feedback"].items():
         if student == "honest":

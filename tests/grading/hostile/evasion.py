@@ -25,7 +25,7 @@ _EVASIONS_02 = {
     "fixed_attention": ("import contextlib\nimport gc\n\n\n@contextlib.contextmanager\n"
                         "def _sees_nothing(rules):\n    yield []\n\n\n"
                         "for _found in gc.get_objects():\n"
-                        "    if isinstance(_found, dict) and 'run_cells' in _found and 'watch_calls' in _found:\n"
+                        "    if type(_found) is dict and 'run_cells' in _found and 'watch_calls' in _found:\n"
                         "        _found['watch_calls'] = _sees_nothing\n\n\n"
                         "def fixed_attention(q, k, v, mask):\n"
                         "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n"),
