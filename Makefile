@@ -148,11 +148,9 @@ unit: tools-venv
 notebooks: tools-venv
 	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) notebooks
 
-# What CI runs (.ci/run): lint, every test and Example, slow ones included, and every chapter. The chapters
-# first: each is one long piece of work (its cells share a kernel), and the many short test files then fill
-# both cores to the end instead of one core finishing a chapter alone.
+# What CI runs (.ci/run): lint, every test and Example, slow ones included, and every chapter.
 test: lint tools-venv
-	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) notebooks tests attn_course attn_course_grading
+	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) tests attn_course attn_course_grading notebooks
 
 # The chapters that train live, and the training tests, once more with ATen's vectorised kernels (softmax, layer
 # norm, GELU, reductions) on another path than this CPU's own: AVX2 on an AVX-512 CPU, the scalar default on
