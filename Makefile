@@ -74,7 +74,7 @@ $(CREATED):
 # the weights itself). The tests' extra installs them back.
 NOT_FOR_STUDENTS := playwright sentence-transformers scikit-learn scipy
 $(COURSE): pyproject.toml $(CREATED)
-	$(PIP) --no-compile --no-deps $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" || $(PIP_FAILED)
+	$(PIP) --no-compile --no-deps --retries 2 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" || $(PIP_FAILED)
 	$(PIP) --no-compile -e ".[notebooks]" || $(PIP_FAILED)
 	$(BIN)/python -m pip uninstall --quiet --yes $(NOT_FOR_STUDENTS)
 	touch $@

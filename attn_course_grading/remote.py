@@ -87,13 +87,13 @@ class Submission:
         # Every byte the notebook holds, shared memory included, and its cores, in cgroups (where this system
         # has them). The kernel's memory limit a quarter above the grader's watch: the backstop for what grows
         # faster than the watch's tenth of a second.
-        self._memory = cgroups.SandboxGroup.create(limits.memory_bytes * 5 // 4, limits.threads) \
+        self._cgroup = cgroups.SandboxGroup.create(limits.memory_bytes * 5 // 4, limits.threads) \
             if sandboxed else None
 
         def start_sandbox() -> None:              # in the new process, before bubblewrap runs
             limits.set_in_this_process()
-            if self._memory is not None:
-                self._memory.join()
+            if self._cgroup is not None:
+                self._cgroup.join()
 
         try:
             if sandboxed:
@@ -109,8 +109,8 @@ class Submission:
             )
         except BaseException:
             self._release_user()
-            if self._memory is not None:
-                self._memory.remove()
+            if self._cgroup is not None:
+                self._cgroup.remove()
             raise
         finally:
             if syscall_filter is not None:
@@ -191,8 +191,8 @@ class Submission:
         with self._kill_lock:
             self._process.wait()
         self._release_user()
-        if self._memory is not None:
-            self._memory.remove()
+        if self._cgroup is not None:
+            self._cgroup.remove()
         if hasattr(self, "_drain"):
             self._drain.join(timeout=5)
         for stream in (self._process.stdin, self._process.stdout, self._process.stderr):
@@ -299,7 +299,7 @@ class Submission:
             code = self._process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return "its process stopped answering"
-        if self._memory is not None and self._memory.killed_for_memory():
+        if self._cgroup is not None and self._cgroup.killed_for_memory():
             return (f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB of memory, "
                     "the limit (shared memory and tmpfs files included)")
         if code == in_sandbox.PROCESS_LIMIT_EXIT:
@@ -343,8 +343,8 @@ class Submission:
             if resident > self.limits.memory_bytes:
                 # RSS counts pages that forked processes share once each; PSS (slower) once in all.
                 resident = proc.proportional_bytes(pids)
-            if self._memory is not None:          # and what no process maps: shared memory, tmpfs files
-                resident = max(resident, self._memory.held_bytes())
+            if self._cgroup is not None:          # and what no process maps: shared memory, tmpfs files
+                resident = max(resident, self._cgroup.held_bytes())
             self.peak_memory_bytes = max(self.peak_memory_bytes, resident)
             if resident > self.limits.memory_bytes:
                 self._stop(f"its processes together used more than {self.limits.memory_bytes / 2**30:g} GiB "
