@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from attn_course.checks.compare import matches
+from attn_course.checks.compare import FLOATING, matches
 from attn_course.checks.diagnosis import CheckFailed, call_student, check_shape, diagnose, name_mistake, same, watched
 from attn_course.checks.forbidden import Forbidden
 from attn_course.checks.softmax import diagnose_non_finite
@@ -80,6 +80,10 @@ def _check_large_scores(where: str, attention_fn: Callable, q, k, v, mask) -> No
     if bad.any() and renormalised.any() and not (bad & ~renormalised).any():
         raise CheckFailed(RENORMALISED_AFTER_MASK.format(count=int(bad.sum())))
     diagnose_non_finite(got, scores.masked_fill(~mask, float("-inf")))
+    # Scores in the hundreds: float32 rounds each to about 1e-5 of its size, which moves two right answers'
+    # outputs apart by up to about 1e-4 (seen: 1.0e-4). What this step is for (NaN, overflow) is far larger.
+    if matches(got, expected, atol=1e-3, rtol=1e-3, dtype=FLOATING):
+        return
     diagnose(got, expected, [], ("batch", "head", "query", "feature"), "Your output on large scores")
 
 
