@@ -28,7 +28,7 @@ MAX_CELL_CHARACTERS = 256 * 2**10
 #: Never through a symbolic link, never waiting for a writer (a FIFO opens at once, then is refused
 #: as not a regular file), never becoming the grader's terminal.
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CLEAR_OUTPUTS = "clear its outputs (Edit > Clear Outputs of All Cells), save, and hand it in again"
 _SAVE_IT = "save it from JupyterLab"
 
@@ -64,44 +64,62 @@ def read_bytes(path: os.PathLike | str, limit: int = MAX_NOTEBOOK_BYTES) -> byte
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise TypeError(f"read_bytes: limit must be a non-negative int, got {limit!r}")
     try:
-        folder = os.open(path.parent, _FOLDER_FLAGS)
+        folder = os.open(path.parent, FOLDER_FLAGS)
     except OSError as error:
         if error.errno in (errno.ELOOP, errno.ENOTDIR):
             raise ValueError("its folder is a symbolic link or not a folder; hand in the notebook itself") from None
         raise ValueError(f"its folder cannot be opened ({os.strerror(error.errno)})") from None
     try:
-        try:
-            before = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
-        except OSError as error:
-            raise ValueError(f"it cannot be read ({os.strerror(error.errno)})") from None
-        # Refused before opening it: opening a device may itself do something (rewind a tape).
-        if problem := file_problem(before, limit):
-            raise ValueError(problem)
-        try:
-            handle = os.open(path.name, _OPEN_FLAGS, dir_fd=folder)
-        except OSError as error:
-            if error.errno == errno.ELOOP:     # replaced by a link since the check above
-                raise ValueError("it is a symbolic link; hand in the notebook file itself") from None
-            raise ValueError(f"it cannot be opened ({os.strerror(error.errno)})") from None
-        try:
-            opened = os.fstat(handle)
-            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
-                raise ValueError("it changed while it was read; hand it in again")
-            chunks, size = [], 0
-            # One byte past the limit, whatever the size said: a file may grow, or report size 0.
-            while size <= limit:
-                chunk = os.read(handle, min(2**20, limit + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            if size > limit:
-                raise ValueError(f"it is more than the {limit:,} bytes graded; {_CLEAR_OUTPUTS}")
-            return b"".join(chunks)
-        finally:
-            os.close(handle)
+        return read_bytes_at(folder, path.name, limit)
     finally:
         os.close(folder)
+
+
+def read_bytes_at(folder: int, name: str, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
+    """:func:`read_bytes` of the file ``name`` in the open folder ``folder`` (a descriptor), which
+    whoever opened it made sure is no link: nothing on the way can be swapped while it is read.
+
+    Raises:
+        TypeError: ``folder`` is not a descriptor, ``name`` not a plain file name.
+        ValueError: as :func:`read_bytes`.
+    """
+    if isinstance(folder, bool) or not isinstance(folder, int) or folder < 0:
+        raise TypeError(f"read_bytes_at: folder must be an open folder's descriptor, got {folder!r:.100}")
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise TypeError(f"read_bytes_at: name must be a file name without '/', got {name!r:.100}")
+    try:
+        before = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError as error:
+        raise ValueError(f"it cannot be read ({os.strerror(error.errno)})") from None
+    # Refused before opening it: opening a device may itself do something (rewind a tape).
+    if problem := file_problem(before, limit):
+        raise ValueError(problem)
+    try:
+        handle = os.open(name, _OPEN_FLAGS, dir_fd=folder)
+    except OSError as error:
+        if error.errno == errno.ELOOP:     # replaced by a link since the check above
+            raise ValueError("it is a symbolic link; hand in the notebook file itself") from None
+        raise ValueError(f"it cannot be opened ({os.strerror(error.errno)})") from None
+    try:
+        opened = os.fstat(handle)
+        if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
+            raise ValueError("it changed while it was read; hand it in again")
+        chunks, size = [], 0
+        # One byte past the limit, whatever the size said: a file may grow, or report size 0.
+        while size <= limit:
+            try:
+                chunk = os.read(handle, min(2**20, limit + 1 - size))
+            except OSError as error:
+                raise ValueError(f"it cannot be read ({os.strerror(error.errno)})") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise ValueError(f"it is more than the {limit:,} bytes graded; {_CLEAR_OUTPUTS}")
+        return b"".join(chunks)
+    finally:
+        os.close(handle)
 
 
 def parse_code_cells(data: bytes) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import pathlib
 import shutil
@@ -63,45 +64,125 @@ class Collected:
         return lines
 
 
-def _link_problem(path: pathlib.Path, home: pathlib.Path, what: str) -> str:
-    """Why the symbolic link ``path`` is not followed, saying whether it points inside ``home``."""
-    target = os.readlink(path)
-    resolved = pathlib.Path(os.path.normpath(path.parent / target))
+def _link_problem(target: str, path: pathlib.PurePosixPath, what: str) -> str:
+    """Why the symbolic link at ``path`` (``USER/...``, to ``target``) is not followed, saying whether it
+    points inside the user's home."""
+    home = pathlib.PurePosixPath(path.parts[0])
+    resolved = pathlib.PurePosixPath(os.path.normpath(path.parent / target))
     where = "inside" if resolved == home or home in resolved.parents else "outside"
-    return f"{what} is a symbolic link (to {display(target, 200)}, {where} {home.name}/); not followed"
+    return f"{what} is a symbolic link (to {display(target, 200)}, {where} {home}/); not followed"
 
 
-def _read_notebook(path: pathlib.Path, home: pathlib.Path) -> bytes:
-    """The bytes of the notebook at ``path``, checked; ValueError (the reason) if refused."""
+def _not_a_folder(error: OSError, parent: int, name: str, path: pathlib.PurePosixPath, what: str) -> str:
+    """Why ``name`` in the open folder ``parent`` could not be opened as a folder without following links."""
+    if error.errno in (errno.ELOOP, errno.ENOTDIR):
+        try:
+            return _link_problem(os.readlink(name, dir_fd=parent), path, what)
+        except OSError:                          # no longer a link: swapped back meanwhile
+            if error.errno == errno.ELOOP:
+                return f"{what} was swapped with a symbolic link while it was collected; not followed"
+    return f"{what} cannot be read ({os.strerror(error.errno)})"
+
+
+def _prepare(out: pathlib.Path) -> None:
+    """Make ``out`` an empty folder: new, empty, or an earlier collection (removed whole).
+
+    Raises:
+        ValueError: ``out`` is a link or a file, or holds files that no collection wrote.
+    """
+    if out.is_symlink() or out.exists() and not out.is_dir():
+        raise ValueError(f"collect_homes: out must be a folder, got {out}")
+    if out.exists() and any(out.iterdir()):
+        if not (out / REPORT).is_file():
+            raise ValueError(f"collect_homes: out {out} holds files that no collection wrote (no {REPORT}); "
+                             "name a new folder")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _collect_home(homes: int, user: str, parts: tuple[str, ...], chapters: list[str], out: pathlib.Path,
+                  report: Collected) -> None:
+    """Collect one user's chapters into ``out/USER/``: the home and each folder on the way are opened
+    once, without following a link, and every read is relative to them, so swapping a folder for a link
+    meanwhile changes nothing. Whatever cannot be read refuses this user (or this chapter) alone."""
+    opened, shown = [], pathlib.PurePosixPath(user)
     try:
-        status = path.lstat()
-    except FileNotFoundError:
-        raise FileNotFoundError(path) from None
-    if stat.S_ISLNK(status.st_mode):
-        raise ValueError(_link_problem(path, home, "it"))
-    data = reading.read_bytes(path)
-    reading.parse_code_cells(data)
-    return data
+        try:
+            opened.append(os.open(user, reading.FOLDER_FLAGS, dir_fd=homes))
+        except OSError as error:
+            if error.errno == errno.ENOENT:      # removed since the listing
+                return
+            report.refused.append((user, None, _not_a_folder(error, homes, user, shown, "the home folder")))
+            return
+        for part in parts:
+            shown = shown / part
+            try:
+                opened.append(os.open(part, reading.FOLDER_FLAGS, dir_fd=opened[-1]))
+            except OSError as error:
+                if error.errno == errno.ENOENT or (error.errno == errno.ENOTDIR and not _is_link(opened[-1], part)):
+                    report.missing[user] = list(chapters)
+                    report.never_pulled.add(user)
+                else:
+                    report.refused.append((user, None, _not_a_folder(error, opened[-1], part, shown,
+                                                                     f"its {'/'.join(parts)}/ folder")))
+                return
+        for chapter in chapters:
+            name = f"{chapter}.ipynb"
+            try:
+                status = os.stat(name, dir_fd=opened[-1], follow_symlinks=False)
+                if stat.S_ISLNK(status.st_mode):
+                    raise ValueError(_link_problem(os.readlink(name, dir_fd=opened[-1]), shown / name, "it"))
+                data = reading.read_bytes_at(opened[-1], name)
+                reading.parse_code_cells(data)
+            except FileNotFoundError:
+                report.missing.setdefault(user, []).append(chapter)
+                continue
+            except OSError as error:                 # swapped between the stat and readlink, or unreadable
+                report.refused.append((user, chapter, f"it cannot be read ({os.strerror(error.errno)})"))
+                continue
+            except ValueError as error:
+                report.refused.append((user, chapter, str(error)))
+                continue
+            # Written as it is read: a class's notebooks are never all in memory at once.
+            (out / user).mkdir(exist_ok=True)
+            (out / user / name).write_bytes(data)
+            report.collected.setdefault(user, []).append(chapter)
+    finally:
+        for descriptor in opened:
+            os.close(descriptor)
 
 
-def collect_homes(homes: os.PathLike | str, chapters: list[str], inside: str = INSIDE) -> tuple[Collected, dict]:
-    """Read every user's chapters under ``homes``, without writing anything.
+def _is_link(folder: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def collect_homes(homes: os.PathLike | str, out: os.PathLike | str, chapters: list[str],
+                  inside: str = INSIDE) -> Collected:
+    """Copy every user's chapters from ``homes`` into ``out/USER/CHAPTER.ipynb``, each as it is read and
+    checked, and write the report as ``out/collection.txt``.
 
     Args:
         homes: a folder of user folders.
+        out: the collection's folder: new, empty, or an earlier collection (replaced whole).
         chapters: the chapters to collect, ``["02_formula"]``.
         inside: the folder of each home holding them (``""``: the home itself).
 
     Returns:
-        The report, and ``{user: {chapter: bytes}}`` of every notebook that passed.
+        The report.
 
     Raises:
-        TypeError: ``chapters`` is not a list of strings, ``inside`` not a string.
-        ValueError: ``homes`` is not a folder, ``chapters`` is empty, or ``inside`` leaves the home.
+        TypeError: ``homes`` or ``out`` is not a path, ``chapters`` not a list of strings, ``inside``
+            not a string.
+        ValueError: ``homes`` is not a folder, ``chapters`` is empty, ``inside`` leaves the home, or
+            ``out`` holds files that no collection wrote.
     """
-    if not isinstance(homes, (str, os.PathLike)):
-        raise TypeError(f"collect_homes: homes must be a path, got {type(homes).__name__}")
-    homes = pathlib.Path(homes)
+    for argument, value in (("homes", homes), ("out", out)):
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"collect_homes: {argument} must be a path, got {type(value).__name__}")
+    homes, out = pathlib.Path(homes), pathlib.Path(out)
     if not homes.is_dir():
         raise ValueError(f"collect_homes: homes must be a folder of user folders, got {homes}")
     if not isinstance(chapters, (list, tuple)) or not all(isinstance(chapter, str) for chapter in chapters):
@@ -113,77 +194,28 @@ def collect_homes(homes: os.PathLike | str, chapters: list[str], inside: str = I
     parts = pathlib.PurePosixPath(inside).parts
     if any(part in ("..", "/") for part in parts):
         raise ValueError(f"collect_homes: inside must be a folder inside each home, got {inside!r}")
-    report, notebooks = Collected(), {}
-    for entry in sorted(os.scandir(homes), key=lambda entry: os.fsencode(entry.name)):
-        user = entry.name
-        if user.startswith(".") or (not entry.is_dir(follow_symlinks=False) and not entry.is_symlink()):
-            continue                               # hidden, or a file beside the homes
-        home = pathlib.Path(entry.path)
-        if entry.is_symlink():
-            report.refused.append((user, None, _link_problem(home, homes, "the home folder")))
-            continue
-        if problem := collect.student_name_problem(user):
-            report.refused.append((user, None, problem))
-            continue
-        folder, problem = home, None
-        for part in parts:                         # each folder on the way: no link followed
-            folder = folder / part
-            if folder.is_symlink():
-                problem = _link_problem(folder, home, f"its {inside}/ folder")
-            elif not folder.is_dir():
-                problem = "missing"
-            if problem:
-                break
-        if problem == "missing":
-            report.missing[user] = list(chapters)
-            report.never_pulled.add(user)
-            continue
-        if problem:
-            report.refused.append((user, None, problem))
-            continue
-        for chapter in chapters:
+    _prepare(out)
+    report = Collected()
+    # The homes folder is the instructor's (it may be a link); each home in it is the user's.
+    folder = os.open(homes, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with os.scandir(folder) as entries:
+            users = sorted((entry.name for entry in entries if not entry.name.startswith(".")), key=os.fsencode)
+        for user in users:
             try:
-                data = _read_notebook(folder / f"{chapter}.ipynb", home)
-            except FileNotFoundError:
-                report.missing.setdefault(user, []).append(chapter)
+                mode = os.stat(user, dir_fd=folder, follow_symlinks=False).st_mode
+            except OSError:
+                mode = stat.S_IFDIR                # unreadable: opening it says why
+            if not stat.S_ISDIR(mode) and not stat.S_ISLNK(mode):
+                continue                           # a file beside the homes
+            if problem := collect.student_name_problem(user):
+                report.refused.append((user, None, problem))
                 continue
-            except ValueError as error:
-                report.refused.append((user, chapter, str(error)))
-                continue
-            notebooks.setdefault(user, {})[chapter] = data
-            report.collected.setdefault(user, []).append(chapter)
-    return report, notebooks
-
-
-def write_collection(out: os.PathLike | str, report: Collected, notebooks: dict) -> None:
-    """Write ``OUT/USER/CHAPTER.ipynb`` for every notebook read, and the report as ``OUT/collection.txt``.
-
-    Raises:
-        ValueError: ``out`` exists and is neither empty nor an earlier collection.
-    """
-    if not isinstance(out, (str, os.PathLike)):
-        raise TypeError(f"write_collection: out must be a path, got {type(out).__name__}")
-    if not isinstance(report, Collected):
-        raise TypeError(f"write_collection: report must be a Collected (collect_homes), got {type(report).__name__}")
-    if not isinstance(notebooks, dict) or not all(
-            isinstance(chapters, dict) and all(isinstance(data, bytes) for data in chapters.values())
-            for chapters in notebooks.values()):
-        raise TypeError("write_collection: notebooks must be {user: {chapter: bytes}} (collect_homes), "
-                        f"got {type(notebooks).__name__}")
-    out = pathlib.Path(out)
-    if out.is_symlink() or out.exists() and not out.is_dir():
-        raise ValueError(f"write_collection: out must be a folder, got {out}")
-    if out.exists() and any(out.iterdir()):
-        if not (out / REPORT).is_file():
-            raise ValueError(f"write_collection: out {out} holds files that no collection wrote (no {REPORT}); "
-                             "name a new folder")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for user, chapters in notebooks.items():
-        (out / user).mkdir()
-        for chapter, data in chapters.items():
-            (out / user / f"{chapter}.ipynb").write_bytes(data)
+            _collect_home(folder, user, parts, chapters, out, report)
+    finally:
+        os.close(folder)
     (out / REPORT).write_text("\n".join(report.lines()) + "\n", encoding="utf-8")
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,15 +234,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        report, notebooks = collect_homes(args.homes, chapters, args.inside)
-        write_collection(args.out, report, notebooks)
+        report = collect_homes(args.homes, args.out, chapters, args.inside)
     except (TypeError, ValueError, OSError) as error:
         print(f"collect: {display(error)}", file=sys.stderr)
         return 2
     for line in report.lines():
         print(line)
-    total = sum(len(chapters) for chapters in notebooks.values())
-    print(f"collected {total} notebooks of {len(notebooks)} users into {args.out}; "
+    total = sum(len(chapters) for chapters in report.collected.values())
+    print(f"collected {total} notebooks of {len(report.collected)} users into {args.out}; "
           f"{len(report.refused)} refused (report: {args.out / REPORT})")
     return 1 if report.refused else 0
 

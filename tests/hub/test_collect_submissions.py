@@ -8,10 +8,14 @@ reader (attn_course_grading.collect.find_submissions), which must find exactly t
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
+import tracemalloc
 
 import nbformat
 import pytest
@@ -121,24 +125,125 @@ def test_an_out_folder_that_no_collection_wrote_is_left_alone(tmp_path):
 
 
 def test_collect_homes_checks_its_arguments(tmp_path):
+    out = tmp_path / "out"
     with pytest.raises(ValueError, match="homes must be a folder of user folders"):
-        collect_submissions.collect_homes(tmp_path / "none", CHAPTERS)
+        collect_submissions.collect_homes(tmp_path / "none", out, CHAPTERS)
     with pytest.raises(TypeError, match="chapters must be a list of chapter names, got '02_formula'"):
-        collect_submissions.collect_homes(tmp_path, "02_formula")
+        collect_submissions.collect_homes(tmp_path, out, "02_formula")
     with pytest.raises(ValueError, match="chapters must be names like '02_formula'"):
-        collect_submissions.collect_homes(tmp_path, ["02_formula.ipynb"])
+        collect_submissions.collect_homes(tmp_path, out, ["02_formula.ipynb"])
     with pytest.raises(ValueError, match="inside must be a folder inside each home"):
-        collect_submissions.collect_homes(tmp_path, CHAPTERS, inside="../elsewhere")
+        collect_submissions.collect_homes(tmp_path, out, CHAPTERS, inside="../elsewhere")
     with pytest.raises(TypeError, match="homes must be a path, got int"):
-        collect_submissions.collect_homes(3, CHAPTERS)
-    with pytest.raises(TypeError, match="notebooks must be"):
-        collect_submissions.write_collection(tmp_path / "out", collect_submissions.Collected(), {"ada": {"02": "text"}})
-    assert not (tmp_path / "out").exists()
+        collect_submissions.collect_homes(3, out, CHAPTERS)
+    with pytest.raises(TypeError, match="out must be a path, got NoneType"):
+        collect_submissions.collect_homes(tmp_path, None, CHAPTERS)
+    assert not out.exists()
 
 
 def test_a_folder_export_with_the_notebooks_in_each_home_itself(tmp_path):
     export = tmp_path / "export"
     (export / "ada").mkdir(parents=True)
     (export / "ada" / "02_formula.ipynb").write_bytes(notebook_bytes("ada"))
-    report, notebooks = collect_submissions.collect_homes(export, ["02_formula"], inside="")
-    assert report.collected == {"ada": ["02_formula"]} and list(notebooks["ada"]) == ["02_formula"]
+    report = collect_submissions.collect_homes(export, tmp_path / "out", ["02_formula"], inside="")
+    assert report.collected == {"ada": ["02_formula"]}
+    assert [path.name for path in (tmp_path / "out" / "ada").iterdir()] == ["02_formula.ipynb"]
+
+
+# --- a home that changes or cannot be read while it is collected (issue 45) -----------------------
+
+SWAPPER = """
+import os, sys
+home, elsewhere = sys.argv[1], sys.argv[2]
+folder, kept = os.path.join(home, "attn-course"), os.path.join(home, "kept")
+print("swapping", flush=True)
+while True:                   # the hand-out folder, then nothing, then a link to elsewhere, then nothing
+    os.rename(folder, kept)
+    os.symlink(elsewhere, folder)
+    os.unlink(folder)
+    os.rename(kept, folder)
+"""
+
+
+def test_a_student_swapping_their_folder_for_a_link_stops_nobody_else(tmp_path):
+    # Before, lstat and readlink raised mid-swap (ENOTDIR, EINVAL) and 11 runs of 30 collected nobody.
+    homes = tmp_path / "homes"
+    for user in ("ada", "mallory"):
+        (homes / user / "attn-course").mkdir(parents=True)
+        (homes / user / "attn-course" / "02_formula.ipynb").write_bytes(notebook_bytes(f"{user}'s own"))
+    (tmp_path / "solution").mkdir()
+    (tmp_path / "solution" / "02_formula.ipynb").write_bytes(notebook_bytes("the solution"))
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(homes / "mallory"), str(tmp_path / "solution")],
+                               stdout=subprocess.PIPE, text=True)
+    outcomes = set()
+    try:
+        assert swapper.stdout.readline() == "swapping\n"
+        for run_number in range(60):
+            out = tmp_path / f"out{run_number}"
+            report = collect_submissions.collect_homes(homes, out, ["02_formula"])
+            assert report.collected["ada"] == ["02_formula"]
+            taken = out / "mallory" / "02_formula.ipynb"
+            assert not taken.exists() or nbformat.reads(taken.read_text(), 4).cells[0].source == "mallory's own"
+            outcomes.add("collected" if taken.exists() else "refused" if report.refused else "missing")
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert "collected" in outcomes and len(outcomes) > 1, outcomes      # the race was really run
+
+
+def without_root_reading() -> None:
+    """In the child before exec: root without the two capabilities that let it read any file
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so a mode-000 folder is refused as it is to an instructor."""
+    if os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for capability in (1, 2):                   # linux/capability.h
+            if libc.prctl(24, capability, 0, 0, 0) != 0:        # PR_CAPBSET_DROP: gone after exec
+                os._exit(100 + ctypes.get_errno())
+
+
+def test_an_unreadable_home_or_notebook_refuses_that_student_alone(tmp_path):
+    # An exported copy collected by an instructor who is not root: a mode-000 folder stopped everyone.
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="collect-", dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        homes = shared / "homes"
+        for user in ("ada", "bob", "carol"):
+            (homes / user).mkdir(parents=True)
+            (homes / user / "02_formula.ipynb").write_bytes(notebook_bytes(f"{user}'s own"))
+        (homes / "carol" / "01_intuition.ipynb").write_bytes(notebook_bytes("carol's 01"))
+        (homes / "bob").chmod(0)
+        (homes / "carol" / "02_formula.ipynb").chmod(0)
+        (shared / "out").mkdir(mode=0o777)
+        (shared / "out").chmod(0o777)
+        completed = subprocess.run([sys.executable, "tools/collect_submissions.py", str(homes), "--out",
+                                    str(shared / "out"), "--chapters", ",".join(CHAPTERS), "--inside", ""],
+                                   cwd=ROOT, capture_output=True, text=True, preexec_fn=without_root_reading)
+        assert completed.returncode == 1, completed.stderr
+        lines = completed.stdout.splitlines()
+        assert "ada: collected 02_formula" in lines
+        assert "bob: REFUSED the whole home: the home folder cannot be read (Permission denied)" in lines
+        assert "carol: collected 01_intuition" in lines
+        assert "carol: REFUSED 02_formula: it cannot be opened (Permission denied)" in lines
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(shared)], check=False)
+        shutil.rmtree(shared)
+
+
+def test_notebooks_are_written_as_they_are_read_not_held_until_the_end(tmp_path):
+    # Before, twelve notebooks of 15.7 MiB held 246 MB until the collection was written.
+    homes = tmp_path / "homes"
+    chapters = [f"{number:02d}_chapter" for number in range(1, 7)]
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("x = '" + "a" * 200_000 + "'") for _ in range(20)]
+    big = nbformat.writes(notebook).encode()
+    for chapter in chapters:
+        (homes / "ada").mkdir(parents=True, exist_ok=True)
+        (homes / "ada" / f"{chapter}.ipynb").write_bytes(big)
+    tracemalloc.start()
+    try:
+        report = collect_submissions.collect_homes(homes, tmp_path / "out", chapters, inside="")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report.collected["ada"] == chapters
+    assert peak < 4 * len(big), f"{peak / 2**20:.1f} MiB held for notebooks of {len(big) / 2**20:.1f} MiB"
