@@ -49,7 +49,7 @@ PIP := $(BIN)/python -m pip install --quiet
 PIP_FAILED := { echo "make: pip failed (above); fix what it says and run make again, which goes on from here (make clean starts over)"; exit 1; }
 
 .PHONY: venv tools-venv lab test test-other-cpu-path lint unit notebooks execute assignments grade site clean hub \
-	handout handout-link collect
+	handout handout-link collect scheduler worker
 
 # What a student needs (make lab); the instructors' grading runs on it too.
 venv: $(COURSE) $(KERNEL) $(OVERRIDES)
@@ -85,8 +85,8 @@ $(VENV)/.installed-%: pyproject.toml $(COURSE)
 
 # Every tool's extra in one pip run (each run re-resolves everything): the single extras' stamps too.
 $(TOOLS): pyproject.toml $(COURSE)
-	$(PIP) -e ".[notebooks,test,site,hub]" || $(PIP_FAILED)
-	touch $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $@
+	$(PIP) -e ".[notebooks,test,site,hub,cluster]" || $(PIP_FAILED)
+	touch $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $(VENV)/.installed-cluster $@
 
 # Every module's bytecode, written once where the course runs as someone who cannot write into .venv:
 # the grader's sandboxes (make grade, and the tests) and the hub's students. Its status is not checked:
@@ -168,10 +168,22 @@ test-other-cpu-path: tools-venv
 assignments: venv
 	$(BIN)/python tools/assign.py --out dist $(CHAPTERS)
 
-grade: venv $(COMPILED) $(if $(wildcard dist/autograder/*.zip),,assignments)
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student)"; exit 2; }
+grade: venv $(COMPILED) $(if $(wildcard dist/autograder/*.zip),,assignments) $(if $(SCHEDULER),$(VENV)/.installed-cluster)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=DIR (one folder per student) [SCHEDULER=tcp://host:8786]"; exit 2; }
 	$(BIN)/python tools/grade.py "$(SUBMISSIONS)" --autograders dist/autograder --out grades \
-		$(if $(filter-out 0,$(TRUSTED)),--trusted) $(GRADE_ARGS)
+		$(if $(filter-out 0,$(TRUSTED)),--trusted) $(if $(SCHEDULER),--scheduler "$(SCHEDULER)") $(GRADE_ARGS)
+
+# A class graded on many machines (INSTRUCTORS.md section 5): `make scheduler` on one, `make worker
+# SCHEDULER=tcp://THAT-HOST:8786` on each grading machine (as root, with bubblewrap), then `make grade
+# SCHEDULER=...`. A worker grades JOBS notebooks at once (default: one per core); it is not daemonic, so
+# that it may start the grading processes.
+scheduler: venv $(VENV)/.installed-cluster
+	$(BIN)/dask scheduler --port $(or $(PORT),8786) --no-dashboard
+
+worker: venv $(COMPILED) $(VENV)/.installed-cluster
+	@test -n "$(SCHEDULER)" || { echo "usage: make worker SCHEDULER=tcp://host:8786 [JOBS=N]"; exit 2; }
+	DASK_DISTRIBUTED__WORKER__DAEMON=False $(BIN)/dask worker "$(SCHEDULER)" --nworkers 1 \
+		--nthreads $(or $(JOBS),$$($(BIN)/python -c 'import os; print(os.cpu_count())')) --no-dashboard
 
 # A class on JupyterHub (INSTRUCTORS.md section 6): the hub on this machine (deploy/jupyterhub/), the
 # student notebooks committed into a git repository for nbgitpuller, the link that hands them out,

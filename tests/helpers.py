@@ -89,3 +89,39 @@ def run_aot_shards(*arguments: str, shards: int) -> list[str]:
             errors.append(stderr[-3000:])
     assert not errors, "\n".join(errors)
     return lines
+
+
+#: A made-up one-question chapter for grading a class quickly: ``double(x)``, 2 points.
+TINY_CHAPTER_TEST = '''from otter.test_files import test_case
+
+OK_FORMAT = False
+
+name = "q1"
+points = 2
+
+@test_case(points=None, hidden=False)
+def test_double(double):
+    assert double(2) == 4
+'''
+TINY_ANSWER = "def double(x):\n    return 2 * x"
+
+
+def notebook_json(*sources: str, cell_type: str = "code", version: int = 4) -> str:
+    """A notebook's JSON with one cell per source (``version``: the nbformat it claims)."""
+    import json
+
+    cells = [{"cell_type": cell_type, "id": f"c{number}", "source": source, "metadata": {}, "outputs": [],
+              "execution_count": None} for number, source in enumerate(sources)]
+    return json.dumps({"cells": cells, "metadata": {}, "nbformat": version, "nbformat_minor": 5})
+
+
+def tiny_chapter(autograders: pathlib.Path, chapter: str = "00_tiny") -> pathlib.Path:
+    """Write the tiny chapter's autograder zip and solution notebook into ``autograders``; return the solution."""
+    import zipfile
+
+    autograders.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(autograders / f"{chapter}.zip", "w") as archive:
+        archive.writestr("tests/q1.py", TINY_CHAPTER_TEST)
+    solution = autograders / f"{chapter}.ipynb"
+    solution.write_text(notebook_json("def double(x):\n    # BEGIN SOLUTION\n    return 2 * x\n    # END SOLUTION"))
+    return solution

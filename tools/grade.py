@@ -47,6 +47,8 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "grades")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="notebooks graded at once (default: one per CPU core)")
+    parser.add_argument("--scheduler", default=os.environ.get("SCHEDULER") or None,
+                        help="a Dask scheduler's address (tcp://host:8786): grade on its workers, not here")
     parser.add_argument("--trusted", action="store_true", default=os.environ.get("TRUSTED", "") not in ("", "0"),
                         help="run the notebooks without a sandbox (trusted submissions only; also TRUSTED=1)")
     parser.add_argument("--seconds", type=float, default=defaults.seconds, help="wall time of one notebook")
@@ -111,9 +113,23 @@ def main() -> int:
                 notes.setdefault(job[0], []).append(f"{chapter}: not graded: {why}")
                 jobs.remove(job)
     students = sorted({job[0] for job in jobs} | set(notes), key=os.fsencode)
-    say(f"grading {len(jobs)} notebooks of {len(students)} students, {args.jobs} at once, "
+    sandboxed = not args.trusted
+    if args.scheduler:
+        from attn_course_grading.cluster import Scheduler
+
+        try:
+            scheduler = Scheduler(args.scheduler, {chapter: args.autograders / f"{chapter}.zip"
+                                                   for chapter in {job[1] for job in jobs}}, limits,
+                                  sandboxed=sandboxed)
+        except OSError as error:
+            raise SystemExit(f"grade: no Dask scheduler answers at {args.scheduler}: {error}") from None
+        args.jobs = max(1, len(jobs))          # each waits for its worker; the scheduler queues them
+        where = f"on the workers of {args.scheduler} ({scheduler.workers} at once)"
+    else:
+        scheduler, where = None, f"here, {args.jobs} at once"
+    say(f"grading {len(jobs)} notebooks of {len(students)} students {where}, "
         f"{'WITHOUT a sandbox (--trusted)' if args.trusted else 'each in a bubblewrap sandbox'}")
-    if not args.trusted:
+    if sandboxed and scheduler is None:
         say(cgroups.accounting())
 
     failures = []
@@ -134,16 +150,19 @@ def main() -> int:
         if refused is None:
             try:
                 # Read here first, safely: a notebook refused now costs no sandbox.
-                reading.read_code_cells(notebook)
+                data = reading.read_bytes(notebook)
+                reading.parse_code_cells(data)
             except ValueError as error:
                 refused = str(error)
         try:
             if refused is not None:            # its console line below says why
                 note(student, f"{chapter}: refused: {refused}")
                 result = refused_result(assignment.points, refused)
+            elif scheduler is not None:        # the bytes checked here are what the worker grades
+                result = scheduler.grade(chapter, data)
             else:
                 # The path as found, never resolved: the notebook is no link, and stays read as found.
-                result = grade(assignment, notebook, limits, sandboxed=not args.trusted)
+                result = grade(assignment, notebook, limits, sandboxed=sandboxed)
         except Exception:  # noqa: BLE001 - a fault of the grader itself: report it, grade the rest
             failed("the grader failed (see its output)", f"grade: the grader failed on {student}/{chapter}.ipynb:")
             for line in traceback.format_exc().splitlines():
@@ -168,8 +187,12 @@ def main() -> int:
         return questions
 
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        graded = list(pool.map(grade_job, jobs))
+    try:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            graded = list(pool.map(grade_job, jobs))
+    finally:
+        if scheduler is not None:
+            scheduler.close()
 
     rows = {student: report.Row(student, notes=notes.get(student, [])) for student in students}
     possible: dict[str, float] = {}

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import threading
-import zipfile
 
 import nbformat
 import pytest
@@ -31,16 +30,10 @@ from hostile import collect as hostile_collect
 from attn_course_grading import collect, reading, report, sandbox
 from attn_course_grading.display import display
 
-from helpers import ROOT, require_sandbox
+from helpers import ROOT, TINY_ANSWER, notebook_json, require_sandbox, tiny_chapter
 
 HAS_OTTER = (pathlib.Path(sys.executable).parent / "otter").exists()
 LINK = "it is a symbolic link, not a file; hand in the notebook file itself"
-
-
-def notebook_json(*sources: str, cell_type: str = "code", version: int = 4) -> str:
-    cells = [{"cell_type": cell_type, "id": f"c{number}", "source": source, "metadata": {}, "outputs": [],
-              "execution_count": None} for number, source in enumerate(sources)]
-    return json.dumps({"cells": cells, "metadata": {}, "nbformat": version, "nbformat_minor": 5})
 
 
 def refusal(path: pathlib.Path) -> str:
@@ -278,40 +271,22 @@ def test_a_chapter_without_autograder_is_named_and_every_skip_is_in_the_students
 
 # --- grading a class: tools/grade.py -------------------------------------------------------------------
 
-TEST_FILE = '''from otter.test_files import test_case
-
-OK_FORMAT = False
-
-name = "q1"
-points = 2
-
-@test_case(points=None, hidden=False)
-def test_double(double):
-    assert double(2) == 4
-'''
-ANSWER = "def double(x):\n    return 2 * x"
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_OTTER, reason="otter-grader is not installed")
 def test_a_hostile_class_is_graded_and_every_row_written(tmp_path):
     chapter = "00_tiny"
     autograders, submissions, out = tmp_path / "autograder", tmp_path / "submissions", tmp_path / "grades"
-    autograders.mkdir()
-    with zipfile.ZipFile(autograders / f"{chapter}.zip", "w") as archive:
-        archive.writestr("tests/q1.py", TEST_FILE)
-    solution = autograders / f"{chapter}.ipynb"
-    solution.write_text(notebook_json("def double(x):\n    # BEGIN SOLUTION\n    return 2 * x\n    # END SOLUTION"))
+    solution = tiny_chapter(autograders, chapter)
     (tmp_path / "secret.txt").write_text("SECRET-7f3a9c")
     # The one honest student (two notebooks run in all: each costs a Python with torch): a lone
     # surrogate and escapes in a cell's error once left no grades.csv at all.
     (submissions / "ada").mkdir(parents=True)
     (submissions / "ada" / f"{chapter}.ipynb").write_text(notebook_json(
-        ANSWER, "raise ValueError('\\ud800 \\x1b]0;pwned\\x07')"))
+        TINY_ANSWER, "raise ValueError('\\ud800 \\x1b]0;pwned\\x07')"))
     expected = hostile_collect.prepare(submissions, {"solution": solution, "secret": tmp_path / "secret.txt",
                                                      "other": submissions / "ada" / f"{chapter}.ipynb"})
     # A course chapter with no autograder built: skipped, said on the console and in ada's notes.
-    (submissions / "ada" / "02_formula.ipynb").write_text(notebook_json(ANSWER))
+    (submissions / "ada" / "02_formula.ipynb").write_text(notebook_json(TINY_ANSWER))
     (submissions / "李").mkdir()               # printable, not ASCII: shown escaped on an ASCII console
     (submissions / "李" / f"{chapter}.ipynb").symlink_to(solution)
     completed = subprocess.run([sys.executable, "tools/grade.py", str(submissions), "--autograders", str(autograders),
