@@ -16,6 +16,7 @@ grader. A worker whose course code differs from the grader's refuses to grade (:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import multiprocessing
 import os
@@ -23,7 +24,7 @@ import pathlib
 import tempfile
 import threading
 
-from attn_course_grading import sandbox
+from attn_course_grading import cgroups, sandbox
 from attn_course_grading.assignment import Assignment
 from attn_course_grading.grader import grade
 
@@ -50,8 +51,10 @@ class ChapterFiles:
         return hashlib.sha256(self.autograder + b"\0" + self.solution).hexdigest()[:16]
 
 
+@functools.cache
 def course_digest() -> str:
-    """A hash of the grading packages' source on this machine (what a grade depends on)."""
+    """A hash of the grading packages' source on this machine (what a grade depends on), read once per
+    process: the code it has imported."""
     digest = hashlib.sha256()
     for package in GRADING_PACKAGES:
         root = pathlib.Path(__import__(package).__file__).parent
@@ -144,6 +147,10 @@ class Scheduler:
         for chapter, path in autograders.items():
             files = ChapterFiles.read(path)
             self.chapters[chapter] = self.client.submit(_the_same, files, key=f"chapter-{chapter}-{files.digest}")
+
+    def accounting(self) -> dict[str, str]:
+        """``{worker: what it counts of a notebook's memory and CPU}`` (:func:`~.cgroups.accounting` there)."""
+        return self.client.run(cgroups.accounting)
 
     @property
     def workers(self) -> int:

@@ -131,6 +131,9 @@ def main() -> int:
         f"{'WITHOUT a sandbox (--trusted)' if args.trusted else 'each in a bubblewrap sandbox'}")
     if sandboxed and scheduler is None:
         say(cgroups.accounting())
+    elif sandboxed:
+        for worker, line in sorted(scheduler.accounting().items()):
+            say(f"{worker}: {line}")
 
     failures = []
 

@@ -37,7 +37,8 @@ def duration(seconds: float) -> str:
 
 
 def shown(name: str, value) -> str:
-    """A value as the documents print it, by the suffix of its name: ``seconds`` a duration, ``_mb``
+    """A value as the documents print it, by the suffix of its name: ``seconds`` a duration, ``minutes``
+    and ``hours`` rounded, ``_mb``
     megabytes and ``_gb`` gigabytes (decimal, as ``du`` and pip say), ``_gib``/``_mib`` binary ones,
     ``_x`` a ratio, ``_pct`` a percentage; an integer with thousands separators; a float as recorded."""
     if isinstance(value, str):
@@ -46,6 +47,8 @@ def shown(name: str, value) -> str:
         return duration(value)
     if name.endswith("minutes"):
         return f"{value:.0f} min"
+    if name.endswith("hours"):
+        return f"{value:.1f} hours"
     for suffix, text in (("_gb", "{:.1f} GB"), ("_mb", "{:,.0f} MB"), ("_gib", "{:.1f} GiB"), ("_mib", "{:,.1f} MiB"),
                          ("_x", "{:.0f}×"), ("_pct", "{:.1f} %")):
         if name.endswith(suffix):
@@ -78,6 +81,7 @@ def derived(measurements: dict) -> dict:
             "grading.per_minute": round(per_minute, 1),
             "grading.class_of_40_minutes": 40 * len(chapters) / per_minute,
             "grading.class_of_40_notebooks": 40 * len(chapters),
+            "grading.class_of_300_hours": 300 * len(chapters) / per_minute / 60,
             # one chapter for 40 students, graded as the class was (jobs at once)
             "grading.fastest_chapter_minutes": 40 * min(r["mean_s"] for r in chapters.values()) / grading["jobs"] / 60,
             "grading.slowest_chapter_minutes": 40 * max(r["mean_s"] for r in chapters.values()) / grading["jobs"] / 60,
