@@ -28,7 +28,7 @@ from helpers import ROOT, TINY_ANSWER, notebook_json, require_sandbox, tiny_chap
 
 CHAPTER = "00_tiny"
 #: The class's limits, small so that the attacks hit them fast.
-LIMITS = ["--memory-gib", "1", "--idle-seconds", "3", "--seconds", "60", "--cell-seconds", "55"]
+LIMITS = ["--memory-gib", "1", "--idle-seconds", "5", "--seconds", "60", "--cell-seconds", "55"]
 
 
 def grade(submissions: pathlib.Path, autograders: pathlib.Path, out: pathlib.Path, *extra: str):
@@ -72,7 +72,7 @@ def test_a_hostile_class_graded_through_a_scheduler_gets_the_grades_of_a_local_r
 
     local, local_console = grade(submissions, autograders, tmp_path / "local", "--jobs", "2")
     assert {student: float(row["total"]) for student, row in local.items()} == {
-        "ada": 2.0, "carol": 0.0} | {student: expected["score"] for student, expected in attacks.items()}
+        "ada": 2.0, "carol": 0.0} | {student: expected["score"] for student, expected in attacks.items()}, local_console
     for student, expected in attacks.items():
         run = json.loads((tmp_path / "local" / student / f"{CHAPTER}.json").read_text())["run"]
         assert (run["stopped"] or "").startswith(expected["stopped"] or ""), (student, run["stopped"])
@@ -113,7 +113,7 @@ def test_a_hostile_class_graded_through_a_scheduler_gets_the_grades_of_a_local_r
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert remote == local
+    assert remote == local, (remote, local, remote_console)
     assert f"on the workers of {address}" in remote_console
     assert remote_console.count(": memory: a cgroup") == 2, remote_console        # each worker's accounting
     for student in attacks:

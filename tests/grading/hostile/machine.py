@@ -59,7 +59,7 @@ def prepare(submissions: pathlib.Path, chapter: str) -> dict[str, dict]:
                                                     "than 1 GiB of memory, the limit", "printed": ""}),
         "makes_namespace_and_key": (NAMESPACE_AND_KEYRING, {"score": 2.0, "stopped": None,
                                                             "printed": "unshare: EPERM\nadd_key: EPERM"}),
-        "sleeps_without_timer": (IDLE, {"score": 0.0, "stopped": "it used next to no CPU for 3 s while the "
+        "sleeps_without_timer": (IDLE, {"score": 0.0, "stopped": "it used next to no CPU for 5 s while the "
                                         "grader waited", "printed": ""}),
     }
     for student, (cell, _) in attacks.items():
