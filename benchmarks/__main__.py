@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {description}")
     if args.name == "kv-cache":
         counts = {"new_tokens": tuple(args.lengths)} if args.lengths else {}
-        _show(kv_cache_speedup(**counts, repeats=3), args.out / "kv-cache.csv", digits=3,
+        _show(kv_cache_speedup(**counts), args.out / "kv-cache.csv", digits=3,
               columns={"new_tokens": "new tokens", "positions_without": "positions: no cache",
                        "positions_with": "cache", "seconds_without": "time: no cache (s)", "seconds_with": "cache (s)",
                        "speedup": "speed-up"})

@@ -94,7 +94,7 @@ def stale_files(write: bool) -> list[str]:
         if not HEADER_LINE.search(first.source):
             raise SystemExit(f"{path.name}'s first cell has no '**Run time**:' line to rewrite")
         line = (f"**Run time**: {describe(times['chapters'][path.stem])} on a {times['cpus']}-core CPU, "
-                "top to bottom in a fresh kernel (measured by `make execute`).")
+                "top to bottom in a fresh kernel.")
         source = HEADER_LINE.sub(lambda _, line=line: line, first.source)
         if source != first.source:
             stale.append(path.name)

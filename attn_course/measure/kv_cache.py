@@ -85,20 +85,22 @@ def kv_cache_speedup(
     prompt_length: int = 32,
     embed_dim: int = 128,
     num_layers: int = 4,
-    repeats: int = 1,
+    repeats: int = 5,
     seed: int = 0,
 ) -> list[KvCacheRow]:
     """Time generation with and without a :class:`~attn_course.core.kv_cache.KVCache`.
 
     An untrained ``TinyLanguageModel`` (speed does not depend on the weights) with 4 heads samples from a
-    generator seeded with ``seed``; both ways must produce the same tokens. The caller's RNG is left as it was.
+    generator seeded with ``seed``; both ways must produce the same tokens. Each way runs once untimed first (the
+    first call of a shape pays for allocations and lazy set-up), then ``repeats`` timed runs. The caller's RNG is
+    left as it was.
 
     Args:
         new_tokens: numbers of tokens to generate, one row each.
         prompt_length: tokens before generation starts.
         embed_dim: model width, a multiple of 4 (the number of heads).
         num_layers: decoder blocks.
-        repeats: take the best of this many runs.
+        repeats: take the best of this many runs, after the untimed one.
         seed: seeds weights, prompt and sampling; ``>= 0``.
 
     Returns:
@@ -111,7 +113,7 @@ def kv_cache_speedup(
         RuntimeError: cached and uncached generation produce different tokens.
 
     Example:
-        >>> rows = kv_cache_speedup((2,), prompt_length=2, embed_dim=8, num_layers=1)
+        >>> rows = kv_cache_speedup((2,), prompt_length=2, embed_dim=8, num_layers=1, repeats=1)
         >>> rows[0].new_tokens, rows[0].speedup > 0
         (2, True)
     """
@@ -128,7 +130,11 @@ def kv_cache_speedup(
                 outputs[use_cache] = model.generate(prompt, count, use_cache=use_cache, generator=generator)
 
             # A fresh generator per run (made untimed): both ways must draw the same samples to agree.
-            best[use_cache] = best_time(generate, repeats, setup=lambda: torch.Generator().manual_seed(seed))
+            def fresh() -> torch.Generator:
+                return torch.Generator().manual_seed(seed)
+
+            generate(fresh())                                   # the untimed warm-up
+            best[use_cache] = best_time(generate, repeats, setup=fresh)
         if not torch.equal(outputs[True], outputs[False]):      # the timed runs themselves are compared
             raise RuntimeError(f"{where}: cached and uncached generation disagree at new_tokens={count}")
         without, with_cache = best[False], best[True]
@@ -166,8 +172,9 @@ class _CountCalls(TorchFunctionMode):
 def median_time(fn: Callable[..., object], repeats: int, *,
                 setup: Callable[[], object] | None = None) -> float:
     """The median time of one call of ``fn``, in seconds, over ``repeats`` calls each timed by
-    :func:`~attn_course.measure.timing.best_time` (``fn()``, or ``fn(setup())`` with ``setup`` untimed). The
-    median, not the minimum: a plot of several lengths then shows the typical step, not the luckiest one.
+    :func:`~attn_course.measure.timing.best_time` (``fn()``, or ``fn(setup())`` with ``setup`` untimed), after
+    one untimed call (the first call of a shape pays for allocations and lazy set-up). The median, not the
+    minimum: a plot of several lengths then shows the typical step, not the luckiest one.
 
     Raises:
         TypeError: ``fn`` or ``setup`` not callable, ``repeats`` not an int.
@@ -175,14 +182,15 @@ def median_time(fn: Callable[..., object], repeats: int, *,
 
     Example:
         >>> calls = []
-        >>> median_time(calls.append, 3, setup=lambda: "fresh") > 0, calls
-        (True, ['fresh', 'fresh', 'fresh'])
+        >>> median_time(calls.append, 3, setup=lambda: "fresh") > 0, calls     # the warm-up, then 3 timed
+        (True, ['fresh', 'fresh', 'fresh', 'fresh'])
     """
     if not callable(fn):
         raise TypeError(f"median_time: fn must be callable, got {type(fn).__name__}")
     if setup is not None and not callable(setup):
         raise TypeError(f"median_time: setup must be callable or None, got {type(setup).__name__}")
     repeats = _validate.integer("median_time", "repeats", repeats, minimum=1)
+    fn() if setup is None else fn(setup())                      # the untimed warm-up
     return statistics.median(best_time(fn, 1, setup=setup) for _ in range(repeats))
 
 
@@ -204,7 +212,7 @@ def decode_step_times(
         lengths: context lengths, the new token included, one row each (at least 2: a cached step needs one
             cached token).
         embed_dim, num_layers, seed: as :func:`kv_cache_speedup`.
-        repeats: report the median of this many timings of each step (:func:`median_time`).
+        repeats: report the median of this many timings of each step, after an untimed one (:func:`median_time`).
 
     Returns:
         One :class:`DecodeStepRow` per entry of ``lengths``, in order.

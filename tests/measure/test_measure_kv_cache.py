@@ -126,8 +126,10 @@ def test_median_time_is_the_median_of_single_timed_calls(monkeypatch):
         return next(times)
 
     monkeypatch.setattr(kv_cache, "best_time", one_call)
-    assert kv_cache.median_time(lambda argument: None, 5, setup=lambda: "fresh") == 0.5
+    untimed = []
+    assert kv_cache.median_time(untimed.append, 5, setup=lambda: "fresh") == 0.5
     assert seen == ["fresh"] * 5
+    assert untimed == ["fresh"]                               # one warm-up call, outside the timings
 
 
 @pytest.mark.parametrize("arguments, error, message", [
