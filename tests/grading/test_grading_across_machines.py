@@ -70,20 +70,9 @@ def test_a_hostile_class_graded_through_a_scheduler_gets_the_grades_of_a_local_r
         (submissions / student / f"{CHAPTER}.ipynb").write_text(notebook_json(answer))
     attacks = machine.prepare(submissions, CHAPTER)
 
-    local, local_console = grade(submissions, autograders, tmp_path / "local", "--jobs", "2")
-    assert {student: float(row["total"]) for student, row in local.items()} == {
-        "ada": 2.0, "carol": 0.0} | {student: expected["score"] for student, expected in attacks.items()}, local_console
-    for student, expected in attacks.items():
-        run = json.loads((tmp_path / "local" / student / f"{CHAPTER}.json").read_text())["run"]
-        assert (run["stopped"] or "").startswith(expected["stopped"] or ""), (student, run["stopped"])
-        assert expected["printed"] in run["output_start"], (student, run["output_start"])
-        if expected["stopped"]:
-            assert expected["stopped"] in local_console
-    memory = json.loads((tmp_path / "local" / "holds_unmapped_memory" / f"{CHAPTER}.json").read_text())["run"]
-    assert 2**30 < memory["peak_memory_bytes"] < 1.6 * 2**30          # the memfd pages were counted
-
     processes = []
     try:
+        # The scheduler and workers start (importing Dask and the course) while the class is graded here.
         processes.append(start(tmp_path / "scheduler.log", "scheduler", "--host", "127.0.0.1", "--port", "0",
                                "--no-dashboard"))
         address = wait_for(lambda: next((line.split("Scheduler at:", 1)[1].strip()
@@ -92,20 +81,34 @@ def test_a_hostile_class_graded_through_a_scheduler_gets_the_grades_of_a_local_r
         for name in ("kept", "killed"):
             processes.append(start(tmp_path / f"{name}.log", "worker", address, "--name", name, "--nthreads", "1",
                                    "--no-dashboard", "--host", "127.0.0.1"))
+
+        local, local_console = grade(submissions, autograders, tmp_path / "local", "--jobs", "2")
+        assert {student: float(row["total"]) for student, row in local.items()} == {
+            "ada": 2.0, "carol": 0.0} | {student: expected["score"] for student, expected in attacks.items()}, \
+            local_console
+        for student, expected in attacks.items():
+            run = json.loads((tmp_path / "local" / student / f"{CHAPTER}.json").read_text())["run"]
+            assert (run["stopped"] or "").startswith(expected["stopped"] or ""), (student, run["stopped"])
+            assert expected["printed"] in run["output_start"], (student, run["output_start"])
+            if expected["stopped"]:
+                assert expected["stopped"] in local_console
+        memory = json.loads((tmp_path / "local" / "holds_unmapped_memory" / f"{CHAPTER}.json").read_text())["run"]
+        assert 2**30 < memory["peak_memory_bytes"] < 1.6 * 2**30          # the memfd pages were counted
+
         with Client(address, timeout="30s") as watcher:
             wait_for(lambda: len(watcher.scheduler_info()["workers"]) == 2, 60, "two workers")
 
             def kill_mid_notebook() -> None:
                 names = {address: worker["name"] for address, worker in watcher.scheduler_info()["workers"].items()}
-                wait_for(lambda: any(names.get(worker) == "killed" and keys
+                # A notebook, not the chapter's files (the first task a worker gets).
+                wait_for(lambda: any(names.get(worker) == "killed" and any("grade_on_worker" in key for key in keys)
                                      for worker, keys in watcher.processing().items()), 120, "notebook on it")
                 time.sleep(1.0)                                  # well into the notebook
                 os.killpg(processes[2].pid, signal.SIGKILL)
 
             killer = threading.Thread(target=kill_mid_notebook, daemon=True)
             killer.start()
-            remote, remote_console = grade(submissions, autograders, tmp_path / "remote",
-                                                           "--scheduler", address)
+            remote, remote_console = grade(submissions, autograders, tmp_path / "remote", "--scheduler", address)
             killer.join(timeout=5)
         assert processes[2].poll() is not None, "the worker was never killed"
     finally:
