@@ -11,12 +11,12 @@ from matplotlib.patches import FancyArrowPatch, Patch, Polygon, Rectangle
 from attn_course import _validate
 from attn_course.flash.configs import DECODE_SPLIT_ALIGN
 from attn_course.flash.schedule import TILE_KINDS, decode_splits, tile_kinds
+from attn_course.teaching.plots import OKABE_ITO
 
 __all__ = ["TILE_COLOURS", "flash_decoding", "grouped_query_heads", "tile_schedule"]
 
 # Okabe-Ito: blue, orange, and a light grey for work that is not done.
 TILE_COLOURS = dict(zip(TILE_KINDS, ("#0072B2", "#E69F00", "#DDDDDD")))
-_GROUP_COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 
 
 def tile_schedule(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: bool) -> Figure:
@@ -101,13 +101,13 @@ def grouped_query_heads(num_heads: int, num_kv_heads: int) -> Figure:
     width = 0.8
     kv_centres = [(j + 0.5) * group - 0.5 for j in range(num_kv_heads)]  # under the middle of each group
     for h in range(num_heads):
-        color = _GROUP_COLORS[(h // group) % len(_GROUP_COLORS)]
+        color = OKABE_ITO[(h // group) % len(OKABE_ITO)]
         axis.add_patch(Rectangle((h - width / 2, 1.6), width, 0.5, facecolor=color, alpha=0.35, edgecolor=color))
         axis.plot([h, kv_centres[h // group]], [1.6, 0.5], color=color, linewidth=1.5)
         axis.text(h, 1.85, f"q {h}", ha="center", va="center", fontsize=8)
     kv_width = max(width, group - 0.2)
     for j, centre in enumerate(kv_centres):
-        color = _GROUP_COLORS[j % len(_GROUP_COLORS)]
+        color = OKABE_ITO[j % len(OKABE_ITO)]
         axis.add_patch(Rectangle((centre - kv_width / 2, 0.0), kv_width, 0.5, facecolor=color, alpha=0.35,
                                  edgecolor=color))
         axis.text(centre, 0.25, f"K/V head {j}", ha="center", va="center", fontsize=8)
@@ -154,7 +154,7 @@ def flash_decoding(n_k: int, num_splits: int, block_n: int, *, align: int = DECO
     figure, axis = plt.subplots(figsize=(max(6.4, 1.7 * num_splits), 4.0), layout="constrained")
     # Top: the key axis, split by split, with faint tile boundaries.
     for s, (start, end) in enumerate(splits):
-        color = _GROUP_COLORS[s % len(_GROUP_COLORS)]
+        color = OKABE_ITO[s % len(OKABE_ITO)]
         axis.add_patch(Rectangle((start, 3.0), end - start, 0.5, facecolor=color, alpha=0.35, edgecolor=color,
                                  label=f"split {s}"))
         for tile_start in range(start + block_n, end, block_n):
@@ -167,7 +167,7 @@ def flash_decoding(n_k: int, num_splits: int, block_n: int, *, align: int = DECO
     merge_centre, merge_top = n_k / 2, 0.6
     for s, (start, end) in enumerate(splits):
         centre = (s + 0.5) * slot
-        color = _GROUP_COLORS[s % len(_GROUP_COLORS)]
+        color = OKABE_ITO[s % len(OKABE_ITO)]
         axis.add_patch(FancyArrowPatch(((start + end) / 2, 3.0), (centre, 2.25), arrowstyle="-|>",
                                        mutation_scale=10, color=color))
         axis.add_patch(Rectangle((centre - 0.42 * slot, 1.5), 0.84 * slot, 0.75, facecolor="white", edgecolor=color,

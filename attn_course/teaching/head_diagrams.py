@@ -9,10 +9,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from attn_course import _validate
+from attn_course.teaching.plots import OKABE_ITO
 
 __all__ = ["multi_head_data_flow"]
 
-_HEAD_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 _GREY = "#BBBBBB"
 
 
@@ -60,14 +60,14 @@ def multi_head_data_flow(num_tokens: int = 3, embed_dim: int = 8, num_heads: int
                                                           embed_dim=embed_dim, num_heads=num_heads)
     if num_tokens > 16 or embed_dim > 64:       # one drawn cell per number: beyond this nothing can be read
         raise ValueError(f"{where}: at most 16 tokens and embed_dim 64 are drawn, got {num_tokens} and {embed_dim}")
-    if num_heads > len(_HEAD_COLOURS):
-        raise ValueError(f"{where}: num_heads must be at most {len(_HEAD_COLOURS)} (one colour each), got {num_heads}")
+    if num_heads > len(OKABE_ITO):
+        raise ValueError(f"{where}: num_heads must be at most {len(OKABE_ITO)} (one colour each), got {num_heads}")
     if embed_dim % num_heads:
         raise ValueError(f"{where}: embed_dim must be a multiple of num_heads, got {embed_dim} and {num_heads}")
     d, n, gap = embed_dim // num_heads, num_tokens, 2.5
 
     def by_head(column: int) -> str:
-        return _HEAD_COLOURS[column // d]
+        return OKABE_ITO[column // d]
 
     row_height = n + 2                                            # one row of the figure per Q, K, V
     figure, axis = plt.subplots(figsize=(1.2 + 0.32 * (3 * embed_dim + 2 * num_heads * d + 5 * gap),
@@ -86,7 +86,7 @@ def multi_head_data_flow(num_tokens: int = 3, embed_dim: int = 8, num_heads: int
     for head in range(num_heads):
         top = (head + 0.5) * (3 * row_height) / num_heads - n / 2 - 1
         _arrow(axis, middle, (left_heads, top + n / 2))
-        _grid(axis, left_heads, top, n, d, lambda _, head=head: _HEAD_COLOURS[head],
+        _grid(axis, left_heads, top, n, d, lambda _, head=head: OKABE_ITO[head],
               f"head {head}: softmax(Q_{head}K_{head}ᵀ/√d) V_{head}")
     left_concat = left_heads + d + 2 * gap
     concat_top = row_height
@@ -99,6 +99,6 @@ def multi_head_data_flow(num_tokens: int = 3, embed_dim: int = 8, num_heads: int
     _grid(axis, left_out, concat_top, n, embed_dim, lambda _: _GREY, "output [N, E]")
     axis.set(xlim=(-0.5, left_out + embed_dim + 0.5), ylim=(3 * row_height, -1.2), aspect="equal")
     axis.axis("off")
-    axis.legend(handles=[Patch(facecolor=_HEAD_COLOURS[h], label=f"head {h}: columns {h * d}-{(h + 1) * d - 1}")
+    axis.legend(handles=[Patch(facecolor=OKABE_ITO[h], label=f"head {h}: columns {h * d}-{(h + 1) * d - 1}")
                          for h in range(num_heads)], loc="lower right", fontsize=8, frameon=False)
     return figure

@@ -12,7 +12,11 @@ from matplotlib.figure import Figure
 
 from attn_course import _validate
 
-__all__ = ["heatmap", "attention_heatmap", "weight_bars", "figure_png"]
+__all__ = ["OKABE_ITO", "heatmap", "attention_heatmap", "weight_bars", "figure_png"]
+
+#: Okabe and Ito's eight colours, distinct under the common kinds of colour blindness: the course's diagrams
+#: colour heads, groups and splits with them, in this order.
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
 
 
 def heatmap(values: torch.Tensor, row_labels: Sequence[str], column_labels: Sequence[str] | None = None, *,
