@@ -1,6 +1,6 @@
 """Check chapter 05's exercises against :class:`~attn_course.positions.rope.RotaryEmbedding`: positions for a
 left-padded batch, the pair that makes a given number of turns within a context, the newest token's scores
-during decoding, attention with RoPE, and LLaMA 3.1's frequency scaling."""
+during decoding, RoPE's rotation itself, and LLaMA 3.1's frequency scaling."""
 
 from __future__ import annotations
 
@@ -20,12 +20,11 @@ from attn_course.checks.diagnosis import (
     watched,
 )
 from attn_course.checks.forbidden import Forbidden
-from attn_course.core.attention import self_attention
 from attn_course.positions.rope import RotaryEmbedding
 from attn_course.positions.rope_scaling import Llama3Scaling
 
 __all__ = ["check_left_padded_positions", "check_pair_making_turns", "check_last_token_scores",
-           "check_rope_attention", "check_llama3_frequencies"]
+           "check_rotate_pairs", "check_llama3_frequencies"]
 
 SHARED_POSITIONS = (
     "You gave every row the positions 0 .. N-1 of the padded batch, so a sequence with p padding tokens "
@@ -213,48 +212,78 @@ def check_last_token_scores(scores_fn: Callable[[torch.Tensor, torch.Tensor, flo
     return True
 
 
-VALUES_ROTATED = (
-    "You rotate the values too. RoPE turns queries and keys only: their dot products then depend on "
-    "distances, while the values are the content that gets mixed, and rotating them makes the output "
-    "depend on where the sequence starts (and fails when d_v differs from d)."
+OTHER_PAIRING = ("You paired the features the other way: with interleaved={interleaved}, feature {example} turns "
+                 "together with feature {partner}. Half split pairs feature i with i + d/2; interleaved pairs "
+                 "2i with 2i + 1.")
+ROTATED_BACKWARDS = ("You turn each pair by -m·θ_i: the rotation goes the other way. Turning (x, y) by φ gives "
+                     "(x cos φ - y sin φ, x sin φ + y cos φ).")
+FEATURE_EXPONENT = ("Your frequencies are θ_i = base^(-i/d): the exponent counts features, not pairs. Pair i "
+                    "turns by θ_i = base^(-2i/d), so the slowest pair, i = d/2 - 1, turns by about 1/base.")
+GROWING_FREQUENCIES = ("Your frequencies grow with the pair: θ_i = base^(+2i/d). The exponent is negative: pair 0 "
+                       "turns by 1 radian per token and each later pair more slowly.")
+NOTHING_TURNED = "Your output is the input: nothing is turned. Pair i of the token at position m turns by m·θ_i."
+ANGLES_LAID_OUT = ("Your pairs are right but each feature gets the angle of another pair: with "
+                   "interleaved={interleaved}, features {example} and {partner} must both use the angle of pair "
+                   "{pair}. Lay the d/2 angles out as the pairs lie: {layout}.")
+ROTATION_CASES = [((6, 8), 10_000.0, False, 0), ((6, 8), 10_000.0, True, 0),
+                  ((2, 3, 5, 64), 500_000.0, False, 200), ((2, 3, 5, 64), 100.0, True, 37)]
+
+
+def _turned(x: torch.Tensor, angles: torch.Tensor, interleaved: bool, *, layout_of: bool | None = None) -> torch.Tensor:
+    """``x`` turned pair by pair by ``angles [N, d/2]`` in float64, the pairs as ``interleaved`` says; the
+    angles laid out over the features as ``layout_of`` says (default: the same as the pairs)."""
+    layout_of = interleaved if layout_of is None else layout_of
+    per_feature = angles.repeat_interleave(2, dim=-1) if layout_of else torch.cat((angles, angles), dim=-1)
+    x64 = x.double()
+    if interleaved:                                   # the partner of (a, b) is (-b, a), pair by pair
+        partner = torch.stack((-x64[..., 1::2], x64[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        first, second = x64.chunk(2, dim=-1)
+        partner = torch.cat((-second, first), dim=-1)
+    return (x64 * per_feature.cos() + partner * per_feature.sin()).to(x.dtype)
+
+
+#: What chapter 05's rotation exercise may not call: the module whose rotation it asks for.
+ROTATION_RULES = (
+    Forbidden("attn_course.positions.rope.RotaryEmbedding",
+              "the exercise is to write the rotation yourself, without RotaryEmbedding"),
 )
-NOT_ROTATED = "Nothing is rotated: your output is plain attention. Rotate the queries and the keys."
-ONLY_QUERIES = ("Only the queries are rotated: rotate the keys as well, by their own positions, so that the "
-                "scores depend on the distance m - n.")
-ONLY_KEYS = "Only the keys are rotated: rotate the queries as well, so that the scores depend on m - n."
-VALUES_CRASH = ("Your function crashed when the values are narrower than the queries (d_v = {dv}, d = {d}): "
-                "{error}. Only queries and keys are rotated; the values keep their width.")
 
 
-def check_rope_attention(attention_fn: Callable) -> bool:
-    """Check ``fn(q, k, v, base) -> output [..., N, d_v]``: attention with RoPE at positions ``0 .. N-1``, with
-    ``d_v = d`` (``[2, 6, 8]``) and with narrower values (``[2, 3, 5, 16]``, ``d_v = 6``).
+def check_rotate_pairs(rotate_fn: Callable) -> bool:
+    """Check ``fn(x [..., N, d], positions [N], base, interleaved) -> [..., N, d]``: RoPE's rotation, compared
+    with ``RotaryEmbedding(d, base=base, interleaved=interleaved)(x, positions)`` for both pairings, heads of 8
+    and 64 features, positions from 0, 37 and 200, and a ``[2, 3, N, d]`` batch of heads.
 
     Raises:
-        CheckFailed: naming rotated values, nothing rotated, only queries or only keys rotated, a
-            crash on narrower values, or the first entry that differs.
+        CheckFailed: naming the other pairing, a rotation the wrong way, frequencies with the exponent
+            -i/d or +2i/d, nothing turned, angles laid out for the other pairing, or the first entry that
+            differs.
     """
+    rotate_fn = watched("check_rotate_pairs", rotate_fn, ROTATION_RULES)
     generator = torch.Generator().manual_seed(54)
-    for shape, dv, base in [((2, 6, 8), 8, 10_000.0), ((2, 3, 5, 16), 6, 100.0)]:
-        q, k = torch.randn(*shape, generator=generator), torch.randn(*shape, generator=generator)
-        v = torch.randn(*shape[:-1], dv, generator=generator)
-        rope = RotaryEmbedding(shape[-1], base=base)
-        try:
-            got = call_student("check_rope_attention", attention_fn, q, k, v, base)
-        except CheckFailed as failed:
-            if dv != shape[-1] and str(failed).startswith("Your function raised"):
-                raise CheckFailed(VALUES_CRASH.format(dv=dv, d=shape[-1], error=str(failed).split(". It was")[0]
-                                                      .removeprefix("Your function "))) from failed.__cause__
-            raise
-        expected = self_attention(rope(q), rope(k), v)[0]
-        mistakes = [
-            (NOT_ROTATED, self_attention(q, k, v)[0]),
-            (ONLY_QUERIES, self_attention(rope(q), k, v)[0]),
-            (ONLY_KEYS, self_attention(q, rope(k), v)[0]),
-        ]
-        if dv == shape[-1]:
-            mistakes.insert(0, (VALUES_ROTATED, self_attention(rope(q), rope(k), rope(v))[0]))
-        diagnose(got, expected, mistakes, ("", "", "token", "feature"), "Your output")
+    for shape, base, interleaved, start in ROTATION_CASES:
+        d, n = shape[-1], shape[-2]
+        x, positions = torch.randn(*shape, generator=generator), torch.arange(start, start + n)
+        got = call_student("check_rotate_pairs", rotate_fn, x, positions, base, interleaved)
+        expected = RotaryEmbedding(d, base=base, interleaved=interleaved)(x, positions)
+        pair = torch.arange(d // 2, dtype=torch.float64)
+        m = positions.double()[:, None]                                          # [N, 1]
+        right, by_features, growing = (m * base ** (e * pair / d) for e in (-2, -1, 2))   # [N, d/2] angles
+        example, partner = (2, 3) if interleaved else (1, 1 + d // 2)
+        other_example, other_partner = (1, 1 + d // 2) if interleaved else (2, 3)
+        layout = ("θ_0, θ_0, θ_1, θ_1, ... (repeat_interleave)" if interleaved
+                  else "θ_0 ... θ_{d/2-1} twice (cat of the angles with themselves)")
+        diagnose(got, expected, [
+            (OTHER_PAIRING.format(interleaved=interleaved, example=other_example, partner=other_partner),
+             _turned(x, right, not interleaved)),
+            (ROTATED_BACKWARDS, _turned(x, -right, interleaved)),
+            (FEATURE_EXPONENT, _turned(x, by_features, interleaved)),
+            (GROWING_FREQUENCIES, _turned(x, growing, interleaved)),
+            (NOTHING_TURNED, x),
+            (ANGLES_LAID_OUT.format(interleaved=interleaved, example=example, partner=partner, pair=1, layout=layout),
+             _turned(x, right, interleaved, layout_of=not interleaved)),
+        ], ("", "", "token", "feature"), "Your rotated vectors")
     return True
 
 

@@ -13,7 +13,7 @@ from attn_course.checks.rope import (
     check_left_padded_positions,
     check_llama3_frequencies,
     check_pair_making_turns,
-    check_rope_attention,
+    check_rotate_pairs,
 )
 from attn_course.core.attention import self_attention
 from attn_course.positions.rope import RotaryEmbedding
@@ -141,40 +141,73 @@ def test_last_token_scores_mistakes_get_their_hint(fn, fragment):
     assert fragment in hint(check_last_token_scores, fn)
 
 
-# --- attention with RoPE -------------------------------------------------------------------------
+# --- the rotation itself -------------------------------------------------------------------------
 
-def rope_attention(q, k, v, base, *, rotate=(True, True, False)):
-    rope = RotaryEmbedding(q.shape[-1], base=base)
-    q, k = (rope(q) if rotate[0] else q), (rope(k) if rotate[1] else k)
-    return self_attention(q, k, rope(v) if rotate[2] else v)[0]
+def rotate_pairs(x, positions, base, interleaved, *, sign=1.0, exponent=-2.0, pairing=None, layout=None):
+    """The exercise's answer written from the formula (no RotaryEmbedding), with knobs for each mistake."""
+    d = x.shape[-1]
+    pairing = interleaved if pairing is None else pairing
+    layout = pairing if layout is None else layout
+    theta = base ** (exponent * torch.arange(d // 2, dtype=torch.float64) / d)       # [d/2]
+    angles = sign * positions.double()[:, None] * theta                               # [N, d/2]
+    angles = angles.repeat_interleave(2, -1) if layout else torch.cat((angles, angles), -1)
+    if pairing:
+        partner = torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+    else:
+        partner = torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1)
+    return (x.double() * angles.cos() + partner.double() * angles.sin()).to(x.dtype)
 
 
-def test_rope_attention_solution_passes():
-    assert check_rope_attention(rope_attention)
+def test_rotate_pairs_solution_passes():
+    assert check_rotate_pairs(rotate_pairs)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_the_rotation_the_check_accepts_is_hugging_faces(interleaved):
+    """The check's reference is RotaryEmbedding; an answer it accepts must also be what Hugging Face computes:
+    Llama's rotate_half for the half split, GPT-J's rotate_every_two for the interleaved pairs."""
+    gen = torch.Generator().manual_seed(3)
+    x, positions, d = torch.randn(2, 3, 7, 16, generator=gen), torch.arange(40, 47), 16
+    if interleaved:
+        gptj = pytest.importorskip("transformers.models.gptj.modeling_gptj")
+        table = gptj.create_sinusoidal_positions(64, d)                                # [P, d]: sin | cos
+        sin, cos = torch.split(table[positions], d // 2, dim=-1)                        # [N, d/2] each
+        expected = gptj.apply_rotary_pos_emb(x.transpose(1, 2), sin[None], cos[None]).transpose(1, 2)
+    else:
+        llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+        from transformers import LlamaConfig
+
+        config = LlamaConfig(hidden_size=32, num_attention_heads=2, head_dim=d, rope_theta=10_000.0)
+        cos, sin = llama.LlamaRotaryEmbedding(config)(x, positions[None])              # [1, N, d] each
+        expected, _ = llama.apply_rotary_pos_emb(x, x, cos, sin)
+    assert check_rotate_pairs(rotate_pairs)
+    torch.testing.assert_close(rotate_pairs(x, positions, 10_000.0, interleaved), expected, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize(
-    "fn, fragment",
+    "mistake, fragment",
     [
-        (lambda q, k, v, base: rope_attention(q, k, v, base, rotate=(True, True, True)), "You rotate the values too"),
-        (lambda q, k, v, base: rope_attention(q, k, v, base, rotate=(False, False, False)), "Nothing is rotated"),
-        (lambda q, k, v, base: rope_attention(q, k, v, base, rotate=(True, False, False)), "Only the queries"),
-        (lambda q, k, v, base: rope_attention(q, k, v, base, rotate=(False, True, False)), "Only the keys"),
-        (lambda q, k, v, base: rope_attention(q, k, v + 0 * q, base), "the values are narrower"),
-        (lambda q, k, v, base: rope_attention(q, k, v, 10_000.0), "The first entry that differs"),
+        (dict(pairing="other"), "paired the features the other way"),
+        (dict(sign=-1.0), "the rotation goes the other way"),
+        (dict(exponent=-1.0), "the exponent counts features"),
+        (dict(exponent=2.0), "Your frequencies grow"),
+        (dict(sign=0.0), "nothing is turned"),
+        (dict(layout="other"), "each feature gets the angle of another pair"),
     ],
 )
-def test_rope_attention_mistakes_get_their_hint(fn, fragment):
-    assert fragment in hint(check_rope_attention, fn)
+def test_rotation_mistakes_get_their_hint(mistake, fragment):
+    def answer(x, positions, base, interleaved):
+        knobs = {key: (not interleaved if value == "other" else value) for key, value in mistake.items()}
+        return rotate_pairs(x, positions, base, interleaved, **knobs)
+
+    assert fragment in hint(check_rotate_pairs, answer)
 
 
-def test_rotating_values_crashes_on_narrow_values_with_the_values_hint():
-    def buggy(q, k, v, base):
-        rope = RotaryEmbedding(q.shape[-1], base=base)
-        return self_attention(rope(q), rope(k), rope(v))[0]
+def test_calling_rotary_embedding_is_refused():
+    def answer(x, positions, base, interleaved):
+        return RotaryEmbedding(x.shape[-1], base=base, interleaved=interleaved)(x, positions)
 
-    # Passes d_v = d only if the values are left alone; the first case names the mistake.
-    assert "You rotate the values too" in hint(check_rope_attention, buggy)
+    assert "RotaryEmbedding" in hint(check_rotate_pairs, answer)
 
 
 # --- the planted mistakes of tests/support/planted/planted_05.py, checked without otter ------------------------
@@ -183,7 +216,7 @@ CHECK_OF_QUESTION = {
     "q1_left_padded_positions": check_left_padded_positions,
     "q2_pair_making_turns": check_pair_making_turns,
     "q3_find_the_bug_cache_position": check_last_token_scores,
-    "q4_find_the_bug_values": check_rope_attention,
+    "q4_rotate_pairs": check_rotate_pairs,
     "q5_llama3_frequencies": check_llama3_frequencies,
 }
 

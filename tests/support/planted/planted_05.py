@@ -27,12 +27,16 @@ PLANTED = {
             "q3_find_the_bug_cache_position",
             "rotated at position 0",
         ),
-        "fixed_rope_attention": (
-            "def fixed_rope_attention(q, k, v, base):\n"
-            "    rope = RotaryEmbedding(q.shape[-1], base=base)\n"
-            "    return self_attention(rope(q), rope(k), rope(v))[0]\n",
-            "q4_find_the_bug_values",
-            "You rotate the values too",
+        "rotate_pairs": (
+            "def rotate_pairs(x, positions, base, interleaved):\n"
+            "    d = x.shape[-1]\n"
+            "    theta = base ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)\n"
+            "    angles = positions.double()[:, None] * theta\n"
+            "    first, second = x.double().chunk(2, dim=-1)\n"
+            "    cos, sin = angles.cos(), angles.sin()\n"
+            "    return torch.cat((first * cos - second * sin, first * sin + second * cos), -1).to(x.dtype)\n",
+            "q4_rotate_pairs",
+            "paired the features the other way",
         ),
         "llama3_frequencies": (
             "def llama3_frequencies(theta, factor, context, low, high):\n"
@@ -66,12 +70,17 @@ PLANTED = {
             "q3_find_the_bug_cache_position",
             "Your keys are not rotated",
         ),
-        "fixed_rope_attention": (
-            "def fixed_rope_attention(q, k, v, base):\n"
-            "    rope = RotaryEmbedding(q.shape[-1], base=base)\n"
-            "    return self_attention(rope(q), k, v)[0]\n",
-            "q4_find_the_bug_values",
-            "Only the queries are rotated",
+        "rotate_pairs": (
+            "def rotate_pairs(x, positions, base, interleaved):\n"
+            "    d = x.shape[-1]\n"
+            "    theta = base ** (-2 * torch.arange(d // 2, dtype=torch.float64) / d)\n"
+            "    angles = positions.double()[:, None] * theta\n"
+            "    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else x.chunk(2, dim=-1)\n"
+            "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+            "    turned = (a * cos + b * sin, -a * sin + b * cos)\n"
+            "    return torch.stack(turned, -1).flatten(-2) if interleaved else torch.cat(turned, -1)\n",
+            "q4_rotate_pairs",
+            "the rotation goes the other way",
         ),
         "llama3_frequencies": (
             "def llama3_frequencies(theta, factor, context, low, high):\n"
@@ -105,11 +114,17 @@ PLANTED = {
             "q3_find_the_bug_cache_position",
             "one past the newest token",
         ),
-        "fixed_rope_attention": (
-            "def fixed_rope_attention(q, k, v, base):\n"
-            "    return self_attention(q, k, v)[0]\n",
-            "q4_find_the_bug_values",
-            "Nothing is rotated",
+        "rotate_pairs": (
+            "def rotate_pairs(x, positions, base, interleaved):\n"
+            "    d = x.shape[-1]\n"
+            "    theta = base ** (-torch.arange(d // 2, dtype=torch.float64) / d)\n"
+            "    angles = positions.double()[:, None] * theta\n"
+            "    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else x.chunk(2, dim=-1)\n"
+            "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+            "    turned = (a * cos - b * sin, a * sin + b * cos)\n"
+            "    return torch.stack(turned, -1).flatten(-2) if interleaved else torch.cat(turned, -1)\n",
+            "q4_rotate_pairs",
+            "the exponent counts features",
         ),
         "llama3_frequencies": (
             "def llama3_frequencies(theta, factor, context, low, high):\n"
@@ -128,6 +143,13 @@ PLANTED["zoe"] = {
         "    return positions_from_attention_mask(mask)\n",
         "q1_left_padded_positions",
         "calls positions_from_attention_mask, which this exercise forbids",
+    ),
+    "rotate_pairs": (
+        "def rotate_pairs(x, positions, base, interleaved):\n"
+        "    from attn_course.positions.rope import RotaryEmbedding\n"
+        "    return RotaryEmbedding(x.shape[-1], base=base, interleaved=interleaved)(x, positions)\n",
+        "q4_rotate_pairs",
+        "calls RotaryEmbedding.__init__, which this exercise forbids",
     ),
     "llama3_frequencies": (
         "def llama3_frequencies(theta, factor, context, low, high):\n"
