@@ -1,6 +1,7 @@
 """Check chapter 06's exercises (FlashAttention in PyTorch) against PyTorch (SDPA, ``torch.logsumexp``,
-autograd in float64): merging two partial attentions, the fixed online-softmax loop, the backward pass from
-the log-sum-exp (the fourth, HBM traffic: :mod:`attn_course.checks.flash_io`)."""
+autograd in float64): merging two partial attentions, the online-softmax loop over tiles that arrive once,
+the backward pass of soft-capped scores from the log-sum-exp (the fourth, HBM traffic:
+:mod:`attn_course.checks.flash_io`)."""
 
 from __future__ import annotations
 
@@ -86,80 +87,95 @@ def check_merge_partial_attention(merge: Callable) -> bool:
     return True
 
 
-def _stream(q, k, v, block, *, rescale_acc=True, rescale_sum=True, update_max=True):
-    """The online-softmax loop with one of its steps optionally left out (the mistakes)."""
+def _normalised_stream(q, tiles, *, old_sum=True, correction=True):
+    """The loop over ``tiles`` of ``(k, v)`` that keeps its output normalised after every tile (FlashAttention-1's
+    Algorithm 1), float64: ``(out, lse)``; ``old_sum`` or ``correction`` False leave that factor out of the
+    update (the mistakes)."""
+    q = q.double()
     scale = 1 / math.sqrt(q.shape[-1])
     row_max = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
     row_sum = torch.zeros(q.shape[:-1], dtype=q.dtype)
-    acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
-    for start in range(0, k.shape[0], block):
-        scores = q @ k[start:start + block].T * scale
+    out = torch.zeros(*q.shape[:-1], tiles[0][1].shape[-1], dtype=q.dtype)
+    for k, v in tiles:
+        scores = q @ k.double().T * scale
         new_max = torch.maximum(row_max, scores.amax(dim=-1))
-        correction = torch.exp(row_max - new_max)
+        factor = torch.exp(row_max - new_max) if correction else torch.ones_like(row_max)
         weights = torch.exp(scores - new_max[:, None])
-        row_sum = (row_sum * correction if rescale_sum else row_sum) + weights.sum(-1)
-        acc = (acc * correction[:, None] if rescale_acc else acc) + weights @ v[start:start + block]
-        row_max = new_max if update_max else row_max
-    return acc / row_sum[:, None]
+        new_sum = row_sum * torch.exp(row_max - new_max) + weights.sum(-1)
+        kept = (row_sum if old_sum else torch.ones_like(row_sum)) * factor
+        out = (out * kept[:, None] + weights @ v.double()) / new_sum[:, None]
+        row_max, row_sum = new_max, new_sum
+    return out, row_max + torch.log(row_sum)
 
 
-def _stream_mistakes(q, k, v, block):
-    mistakes = [
-        ("When a tile raises the running maximum, what was accumulated so far was weighted against the old "
-         "maximum: rescale the accumulated output by the correction too.", dict(rescale_acc=False)),
-        ("The running sum must be rescaled by the correction, like the accumulated output: "
-         "l = l · correction + rowsum(weights).", dict(rescale_sum=False)),
-        ("Your output is attention over the last tile of keys only: the running maximum is never updated "
-         "(m_i = m_new), so the correction exp(m_i - m_new) wipes out every earlier tile.", dict(update_max=False)),
-    ]
-    return [(message, _stream(q.double(), k.double(), v.double(), block, **options).float())
-            for message, options in mistakes]
+NO_OLD_SUM = ("Your output after each tile is divided by the new sum l_new, but what you carried was already "
+              "divided by the old sum l_old: multiply it back by l_old before adding the tile, "
+              "out = (l_old · exp(m_old - m_new) · out + P V) / l_new.")
+NO_CORRECTION = ("When a tile raises the running maximum, what you carried was weighted against the old maximum: "
+                 "rescale it by exp(m_old - m_new) too, as the running sum is.")
+LSE_WITHOUT_MAX = ("Your output is right; your lse is log(l), the log of the running sum, which was measured "
+                   "against the running maximum m: LSE = m + log(l).")
+STREAM_TOGETHER = "the exercise is to go through the tiles one at a time; joining them holds every key at once"
+STREAM_OTHER_WAY = "the exercise is to fix the tile loop, not to compute attention another way"
 
-
-#: What chapter 06's find-the-bug exercise may not call: attention over all keys at once, or the course's tiles.
+#: What chapter 06's streaming exercise may not call: attention, a softmax or a log-sum-exp over all the keys
+#: at once, joining the tiles, or the course's tiles.
 STREAMING_RULES = (
-    Forbidden("torch.softmax",
-              "the exercise is to fix the streaming loop; a softmax over all the keys at once is not streaming"),
-    Forbidden("torch.nn.functional.scaled_dot_product_attention",
-              "the exercise is to fix the streaming loop, not to compute attention another way"),
-    Forbidden("attn_course.core.attention.self_attention",
-              "the exercise is to fix the streaming loop, not to compute attention another way"),
-    Forbidden("attn_course.core.attention.scaled_dot_product",
-              "the exercise is to fix the streaming loop, not to compute attention another way"),
-    Forbidden("attn_course.flash.tiled.tiled_attention",
-              "the exercise is to fix the classmate's loop, not to call the course's"),
-    Forbidden("attn_course.flash.tiled.online_softmax",
-              "the exercise is to fix the classmate's loop, not to call the course's"),
-    Forbidden("attn_course.flash.tiled.merge_softmax_blocks",
-              "the exercise is to fix the classmate's loop, not to call the course's"),
+    Forbidden("torch.softmax", "the exercise is to fix the tile loop; a softmax over all the keys is not a loop"),
+    Forbidden("torch.logsumexp", "the exercise is to keep a running maximum and sum, not a log-sum-exp at once"),
+    *(Forbidden(name, STREAM_TOGETHER) for name in ("torch.cat", "torch.concat", "torch.concatenate", "torch.stack")),
+    *(Forbidden(name, STREAM_OTHER_WAY) for name in (
+        "torch.nn.functional.scaled_dot_product_attention", "attn_course.core.attention.self_attention",
+        "attn_course.core.attention.scaled_dot_product", "attn_course.flash.tiled.tiled_attention",
+        "attn_course.flash.tiled.online_softmax", "attn_course.flash.tiled.merge_softmax_blocks",
+        "attn_course.flash.tiled.merge_attention_outputs")),
 )
+
+#: (N_q, d, d_v, tile sizes): the largest scores in a late tile, uneven tiles, one tile holding every key.
+STREAM_CASES = ((6, 8, 8, (2, 2, 2, 2, 2, 2)), (9, 16, 5, (7, 3, 7, 1, 7, 5)), (4, 8, 3, (10,)))
 
 
 def check_streaming_attention(attention: Callable) -> bool:
-    """Check ``attention(q, k, v, block) -> [N_q, d_v]``, the online-softmax loop, against SDPA, with the largest
-    scores in a late block, a last block only partly filled, and one block holding every key.
+    """Check ``attention(q [N_q, d], kv_tiles) -> (out [N_q, d_v], lse [N_q])``: attention over keys and values
+    handed over as a list of ``(k [b, d], v [b, d_v])`` tiles, compared with SDPA and ``torch.logsumexp``, with
+    the largest scores in a late tile, tiles of uneven sizes and a single tile.
 
     Raises:
-        CheckFailed: naming the mistake (accumulated output or running sum not rescaled, running
-            maximum not updated), else the first entry that differs.
+        CheckFailed: naming the carried output not multiplied back by the old sum (the classmate's
+            loop), not rescaled by the correction, a log-sum-exp without the maximum, else the first
+            entry that differs.
 
     Example (a wrong answer, and what it is told):
-        >>> check_streaming_attention(lambda q, k, v, block: torch.softmax(q @ k.T / q.shape[-1] ** 0.5, dim=-1) @ v)
+        >>> def all_at_once(q, kv_tiles):
+        ...     k, v = (torch.cat(parts) for parts in zip(*kv_tiles))
+        ...     return torch.softmax(q @ k.T / q.shape[-1] ** 0.5, -1) @ v, None
+        >>> check_streaming_attention(all_at_once)
         Traceback (most recent call last):
         ...
-        attn_course.checks.diagnosis.CheckFailed: check_streaming_attention: your answer calls torch.softmax, which ...
+        attn_course.checks.diagnosis.CheckFailed: check_streaming_attention: your answer calls torch.cat, which ...
     """
     attention = watched("check_streaming_attention", attention, STREAMING_RULES)
     generator = torch.Generator().manual_seed(62)
-    for n_q, n_k, d, d_v, block in ((6, 12, 8, 8, 2), (9, 30, 16, 5, 7), (4, 10, 8, 3, 10)):
+    for n_q, d, d_v, sizes in STREAM_CASES:
+        n_k = sum(sizes)
         q = torch.randn(n_q, d, generator=generator)
         k, v = torch.randn(n_k, d, generator=generator), torch.randn(n_k, d_v, generator=generator)
-        k[-1] *= 4                                           # the largest scores sit in the last block
-        got = call_answer("check_streaming_attention", attention, q, k, v, block,
-                          described=f"q [{n_q}, {d}], k [{n_k}, {d}], v [{n_k}, {d_v}], block = {block}")
-        check_close(got, F.scaled_dot_product_attention(q, k, v), what="Your output",
-                    mistakes=_stream_mistakes(q, k, v, block),
-                    hint="compare your loop with the four steps of section 2, one by one.")
+        k[-1] *= 4                                           # the largest scores sit in the last tile
+        tiles = list(zip(k.split(list(sizes)), v.split(list(sizes))))
+        expected_out, expected_lse = F.scaled_dot_product_attention(q, k, v), torch.logsumexp(_scores(q, k), -1)
+        mistakes = [(message, _normalised_stream(q, tiles, **{option: False})[0].float())
+                    for option, message in (("old_sum", NO_OLD_SUM), ("correction", NO_CORRECTION))]
+        handed = [(k_tile.clone(), v_tile.clone()) for k_tile, v_tile in tiles]    # its own copies
+        result = call_answer("check_streaming_attention", attention, q, handed,
+                             described=f"q [{n_q}, {d}] and {len(sizes)} tiles of sizes {list(sizes)}, d_v = {d_v}")
+        out, lse = returned_tensors(result, 2, "out, lse")
+        check_close(out, expected_out, what="Your out", mistakes=mistakes,
+                    hint="follow one row through two tiles: what does out hold after the first, and what must "
+                         "the second multiply it by before adding its own terms?")
+        row_max = _scores(q.double(), k.double()).amax(-1)
+        without_max = torch.logsumexp(_scores(q.double(), k.double()), -1) - row_max
+        check_close(lse, expected_lse, what="Your lse", mistakes=[(LSE_WITHOUT_MAX, without_max.float())],
+                    hint="the log-sum-exp of each row of scaled scores: m + log(l) at the end of the loop.")
     return True
 
 
@@ -175,18 +191,20 @@ BACKWARD_RULES = (
 
 
 def check_attention_backward(backward: Callable) -> bool:
-    """Check ``backward(q, k, v, out, lse, grad_out, grad_lse) -> (dq, dk, dv)`` against autograd in float64.
+    """Check ``backward(q, k, v, out, lse, grad_out, grad_lse, cap) -> (dq, dk, dv)`` against autograd in float64.
 
-    ``q [N_q, d]``, ``k [N_k, d]``, ``v [N_k, d_v]``, scale ``1/√d``, no mask; the loss depends on ``out`` and
-    ``lse`` (``grad_out`` is ``dO [N_q, d_v]``, ``grad_lse`` ``dLSE [N_q]``).
+    ``q [N_q, d]``, ``k [N_k, d]``, ``v [N_k, d_v]``, no mask, the scores soft-capped at ``cap``:
+    ``S = cap · tanh(Q Kᵀ / (√d · cap))``; the loss depends on ``out`` and ``lse`` (``grad_out`` is
+    ``dO [N_q, d_v]``, ``grad_lse`` ``dLSE [N_q]``).
 
     Raises:
         CheckFailed: naming the mistake (``grad_lse`` ignored, added with the wrong sign or without
-            the factor P, Δ left out, Δ as rowsum(dP), P without the log-sum-exp, the scale left out
-            of dQ and dK), else what differs.
+            the factor P, Δ left out, Δ as rowsum(dP), P without the log-sum-exp, the cap's tanh left
+            out of the chain rule or differentiated as 1 - tanh, the scale left out of dQ and dK), else
+            what differs.
 
     Example (a wrong answer, and what it is told):
-        >>> def backward(q, k, v, out, lse, grad_out, grad_lse):
+        >>> def backward(q, k, v, out, lse, grad_out, grad_lse, cap):
         ...     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
         ...     return torch.autograd.grad(torch.softmax(q @ k.T / q.shape[-1] ** 0.5, -1) @ v, (q, k, v), grad_out)
         >>> check_attention_backward(backward)
@@ -196,25 +214,26 @@ def check_attention_backward(backward: Callable) -> bool:
     """
     backward = watched("check_attention_backward", backward, BACKWARD_RULES)
     generator = torch.Generator().manual_seed(66)
-    for n_q, n_k, d, d_v in ((5, 7, 8, 4), (12, 9, 16, 16)):
-        q, k, v, grad_out = (torch.randn(*shape, generator=generator, dtype=torch.float64)
+    for n_q, n_k, d, d_v, cap in ((5, 7, 8, 4, 2.0), (12, 9, 16, 16, 1.5)):
+        q, k, v, grad_out = (torch.randn(*shape, generator=generator, dtype=torch.float64) * 1.5
                              for shape in ((n_q, d), (n_k, d), (n_k, d_v), (n_q, d_v)))
         grad_lse = torch.randn(n_q, generator=generator, dtype=torch.float64)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        scores = _scores(leaves[0], leaves[1])
+        scores = cap * torch.tanh(_scores(leaves[0], leaves[1]) / cap)
         out, lse = torch.softmax(scores, -1) @ leaves[2], torch.logsumexp(scores, -1)
         torch.autograd.backward((out, lse), (grad_out, grad_lse))
         expected = [t.grad for t in leaves]
         out, lse = out.detach(), lse.detach()
-        described = f"q [{n_q}, {d}], k [{n_k}, {d}], v [{n_k}, {d_v}], out, lse, grad_out, grad_lse"
-        result = call_answer("check_attention_backward", backward, q, k, v, out, lse, grad_out, grad_lse,
+        described = f"q [{n_q}, {d}], k [{n_k}, {d}], v [{n_k}, {d_v}], out, lse, grad_out, grad_lse, cap = {cap}"
+        result = call_answer("check_attention_backward", backward, q, k, v, out, lse, grad_out, grad_lse, cap,
                              described=described)
         got = returned_tensors(result, 3, "dq, dk, dv")
         scale = 1 / math.sqrt(d)
-        s = q @ k.T * scale
+        s = cap * torch.tanh(q @ k.T * scale / cap)                     # the capped scores
         p, grad_p = torch.exp(s - lse[:, None]), grad_out @ v.T
         delta, g = (grad_out * out).sum(-1, keepdim=True), grad_lse[:, None]
         p_raw = torch.exp(s)
+        through_tanh = 1 - (s / cap) ** 2                               # d(cap · tanh(x / cap)) / dx
         ways = {
             "right": p * (grad_p - delta + g),
             "no lse": p * (grad_p - delta),
@@ -224,6 +243,9 @@ def check_attention_backward(backward: Callable) -> bool:
             "delta of dP": p * (grad_p - grad_p.sum(-1, keepdim=True) + g),
             "raw p": p_raw * (grad_p - (p_raw * grad_p).sum(-1, keepdim=True) + g),
         }
+        ways = {way: grad_s * through_tanh for way, grad_s in ways.items()}
+        ways["no tanh"] = ways["right"] / through_tanh
+        ways["tanh unsquared"] = ways["no tanh"] * (1 - s / cap)
         messages = {
             "no lse": "Your gradients ignore grad_lse: the loss depends on the LSE too, and LSE_i depends on every "
                       "score S_ij of its row. Differentiate LSE_i = log Σ_j exp(S_ij) and add that term to dS.",
@@ -237,17 +259,23 @@ def check_attention_backward(backward: Callable) -> bool:
                            "rowsum(dO ∘ O).",
             "raw p": "Your weights were recomputed as exp(S) without the log-sum-exp: P = exp(S - LSE), which is the "
                      "softmax (rows sum to one).",
+            "no tanh": "Your dS is right for the capped scores S, but Q and K reach S through the cap: "
+                       "S = cap · tanh(X / cap) with X = Q Kᵀ / √d, so dX = dS times dS/dX. Find that derivative.",
+            "tanh unsquared": "Your derivative of the cap is 1 - tanh(X / cap); the derivative of tanh is "
+                              "1 - tanh², so dS/dX = 1 - (S / cap)².",
         }
         check_close(got[2], expected[2], what="Your dv", mistakes=[
             ("Your dV uses exp(S) as the weights: recompute P = exp(S - LSE), the softmax.", p_raw.T @ grad_out),
+            ("Your weights come from the scores before the cap: P = exp(S - LSE) with S = cap · tanh(X / cap), the "
+             "scores the forward pass used.", torch.exp(q @ k.T * scale - lse[:, None]).T @ grad_out),
         ], hint="dV = Pᵀ dO with P = exp(S - LSE); the LSE does not depend on V.")
         check_close(got[0], expected[0], what="Your dq", mistakes=[
             *((messages[way], scale * ways[way] @ k) for way in messages),
-            ("Your dQ is missing the scale: S = scale · Q Kᵀ, so dQ = scale · dS K.", ways["right"] @ k),
-        ], hint="dQ = scale · dS K; find dS from the two paths by which a score reaches the loss, through P and "
-                "through the LSE.")
+            ("Your dQ is missing the scale: X = scale · Q Kᵀ, so dQ = scale · dX K.", ways["right"] @ k),
+        ], hint="dQ = scale · dX K, with dX the gradient of the scores before the cap; find dS from the two paths "
+                "by which a score reaches the loss, through P and through the LSE, then go back through the cap.")
         check_close(got[1], expected[1], what="Your dk", mistakes=[
-            ("Your dK is missing the scale: dK = scale · dSᵀ Q.", ways["right"].T @ q),
+            ("Your dK is missing the scale: dK = scale · dXᵀ Q.", ways["right"].T @ q),
             *((messages[way], scale * ways[way].T @ q) for way in messages),
-        ], hint="dK = scale · dSᵀ Q, the same dS as for dQ.")
+        ], hint="dK = scale · dXᵀ Q, the same dX as for dQ.")
     return True

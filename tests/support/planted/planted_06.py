@@ -7,6 +7,20 @@ Each entry: student -> function name -> (the planted code, the question, a phras
 
 CHAPTER = "06_flash_attention"
 
+# Exercise 2: the classmate's loop up to its update of the output (each entry adds its own update and return).
+STREAM_LOOP = (
+    "def streaming_attention(q, kv_tiles):\n"
+    "    scale = 1 / math.sqrt(q.shape[-1])\n"
+    "    row_max, row_sum = torch.full(q.shape[:1], float('-inf')), torch.zeros(q.shape[:1])\n"
+    "    out = torch.zeros(q.shape[0], kv_tiles[0][1].shape[-1])\n"
+    "    for k_tile, v_tile in kv_tiles:\n"
+    "        scores = q @ k_tile.T * scale\n"
+    "        new_max = torch.maximum(row_max, scores.amax(dim=-1))\n"
+    "        correction = torch.exp(row_max - new_max)\n"
+    "        weights = torch.exp(scores - new_max[:, None])\n"
+    "        new_sum = row_sum * correction + weights.sum(dim=-1)\n"
+)
+
 PLANTED = {
     "linus": {
         "merge_partial_attention": (
@@ -15,28 +29,22 @@ PLANTED = {
             "q1_merge_partial",
             "You averaged out_a and out_b",
         ),
-        "fixed_streaming_attention": (
-            "def fixed_streaming_attention(q, k, v, block):\n"
-            "    row_max = torch.full((q.shape[0],), float('-inf'))\n"
-            "    row_sum, acc = torch.zeros(q.shape[0]), torch.zeros(q.shape[0], v.shape[1])\n"
-            "    for start in range(0, k.shape[0], block):\n"
-            "        scores = q @ k[start:start + block].T / math.sqrt(q.shape[1])\n"
-            "        new_max = torch.maximum(row_max, scores.amax(dim=1))\n"
-            "        correction = torch.exp(row_max - new_max)\n"
-            "        weights = torch.exp(scores - new_max[:, None])\n"
-            "        row_sum = row_sum * correction + weights.sum(dim=1)\n"
-            "        acc = acc + weights @ v[start:start + block]\n"
-            "        row_max = new_max\n"
-            "    return acc / row_sum[:, None]\n",
-            "q2_find_the_bug_rescale",
-            "rescale the accumulated output by the correction too",
+        "streaming_attention": (           # the classmate's loop handed in unchanged
+            STREAM_LOOP +
+            "        out = (out * correction[:, None] + weights @ v_tile) / new_sum[:, None]\n"
+            "        row_max, row_sum = new_max, new_sum\n"
+            "    return out, row_max + torch.log(row_sum)\n",
+            "q2_streaming_attention",
+            "multiply it back by l_old",
         ),
-        "attention_backward": (            # section 4's backward, grad_lse ignored
-            "def attention_backward(q, k, v, out, lse, grad_out, grad_lse):\n"
+        "attention_backward": (            # section 4's backward through the cap, grad_lse ignored
+            "def attention_backward(q, k, v, out, lse, grad_out, grad_lse, cap):\n"
             "    scale = 1 / math.sqrt(q.shape[-1])\n"
-            "    p = torch.exp(q @ k.T * scale - lse[:, None])\n"
+            "    s = cap * torch.tanh(q @ k.T * scale / cap)\n"
+            "    p = torch.exp(s - lse[:, None])\n"
             "    grad_s = p * (grad_out @ v.T - (grad_out * out).sum(-1, keepdim=True))\n"
-            "    return scale * grad_s @ k, scale * grad_s.T @ q, p.T @ grad_out\n",
+            "    grad_x = grad_s * (1 - (s / cap) ** 2)\n"
+            "    return scale * grad_x @ k, scale * grad_x.T @ q, p.T @ grad_out\n",
             "q3_backward_from_lse",
             "Your gradients ignore grad_lse",
         ),
@@ -56,14 +64,23 @@ PLANTED = {
             "q1_merge_partial",
             "exp(lse_a) overflows float32",
         ),
-        "attention_backward": (
-            "def attention_backward(q, k, v, out, lse, grad_out, grad_lse):\n"
+        "streaming_attention": (           # the loop mended, the log-sum-exp without its maximum
+            STREAM_LOOP +
+            "        out = (out * (row_sum * correction)[:, None] + weights @ v_tile) / new_sum[:, None]\n"
+            "        row_max, row_sum = new_max, new_sum\n"
+            "    return out, torch.log(row_sum)\n",
+            "q2_streaming_attention",
+            "LSE = m + log(l)",
+        ),
+        "attention_backward": (            # every term of dS right, the cap left out of the chain rule
+            "def attention_backward(q, k, v, out, lse, grad_out, grad_lse, cap):\n"
             "    scale = 1 / math.sqrt(q.shape[-1])\n"
-            "    p = torch.exp(q @ k.T * scale - lse[:, None])\n"
-            "    grad_s = p * (grad_out @ v.T - (grad_out * out).sum(-1, keepdim=True)) + grad_lse[:, None]\n"
+            "    p = torch.exp(cap * torch.tanh(q @ k.T * scale / cap) - lse[:, None])\n"
+            "    delta = (grad_out * out).sum(-1, keepdim=True)\n"
+            "    grad_s = p * (grad_out @ v.T - delta + grad_lse[:, None])\n"
             "    return scale * grad_s @ k, scale * grad_s.T @ q, p.T @ grad_out\n",
             "q3_backward_from_lse",
-            "You added grad_lse to dS as it is",
+            "Q and K reach S through the cap",
         ),
         "forward_hbm_bytes": (
             "def forward_hbm_bytes(n, d, block_q, bytes_per_number):\n"
@@ -84,12 +101,13 @@ SOLUTIONS = {
         "    return w_a[..., None] * out_a + w_b[..., None] * out_b, lse\n"
     ),
     "attention_backward": (
-        "def attention_backward(q, k, v, out, lse, grad_out, grad_lse):\n"
+        "def attention_backward(q, k, v, out, lse, grad_out, grad_lse, cap):\n"
         "    scale = 1 / math.sqrt(q.shape[-1])\n"
-        "    p = torch.exp(q @ k.T * scale - lse[:, None])\n"
+        "    s = cap * torch.tanh(q @ k.T * scale / cap)\n"
+        "    p = torch.exp(s - lse[:, None])\n"
         "    delta = (grad_out * out).sum(-1, keepdim=True)\n"
-        "    grad_s = p * (grad_out @ v.T - delta + grad_lse[:, None])\n"
-        "    return scale * grad_s @ k, scale * grad_s.T @ q, p.T @ grad_out\n"
+        "    grad_x = p * (grad_out @ v.T - delta + grad_lse[:, None]) * (1 - (s / cap) ** 2)\n"
+        "    return scale * grad_x @ k, scale * grad_x.T @ q, p.T @ grad_out\n"
     ),
     "forward_hbm_bytes": (
         "def forward_hbm_bytes(n, d, block_q, bytes_per_number):\n"
@@ -107,14 +125,16 @@ PLANTED["zoe"] = {
         "q1_merge_partial",
         "calls merge_attention_outputs, which this exercise forbids",
     ),
-    "fixed_streaming_attention": (        # not streaming at all
-        "def fixed_streaming_attention(q, k, v, block):\n"
-        "    return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), dim=-1) @ v\n",
-        "q2_find_the_bug_rescale",
-        "calls torch.softmax, which this exercise forbids",
+    "streaming_attention": (               # the tiles joined, then attention at once
+        "def streaming_attention(q, kv_tiles):\n"
+        "    k, v = (torch.cat(parts) for parts in zip(*kv_tiles))\n"
+        "    scores = q @ k.T / math.sqrt(q.shape[1])\n"
+        "    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)\n",
+        "q2_streaming_attention",
+        "calls torch.cat, which this exercise forbids",
     ),
     "attention_backward": (
-        "def attention_backward(q, k, v, out, lse, grad_out, grad_lse):\n"
+        "def attention_backward(q, k, v, out, lse, grad_out, grad_lse, cap):\n"
         "    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))\n"
         "    with torch.enable_grad():\n"
         "        o = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1) @ v\n"
