@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from attn_course.checks.answer_source import source_violations
+from attn_course.checks.answer_source import definition_source, source_violations
 from attn_course.checks.forbidden import Forbidden, violation
 from attn_course_grading import wire
 from attn_course_grading.remote import Submission
@@ -116,6 +116,12 @@ class RemoteKernel:
 
     def __getitem__(self, grid) -> RemoteFunction:
         return RemoteFunction(self._submission, self.__name__, index=grid, verdicts=self._verdicts)
+
+    @property
+    def source(self) -> str | None:
+        """The kernel's definition as handed in, read here, out of the student's reach (a check that reads
+        a kernel's code reads this where ``fn`` is None)."""
+        return definition_source(self._submission.cells, self.__name__)
 
     def __repr__(self) -> str:
         return f"<the submission's kernel {self.__name__}>"

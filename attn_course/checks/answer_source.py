@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 
 from attn_course.checks.forbidden import AUTOGRAD, CHECKS_CODE, RANDOM, Forbidden, resolve_name
 
-__all__ = ["ESCAPE", "source_violations"]
+__all__ = ["ESCAPE", "source_violations", "definition_source"]
 
 #: The rule every answer keeps, whatever its exercise forbids.
 ESCAPE = Forbidden("a way around the checks", "no exercise's answer needs it, and what runs through it (another "
@@ -231,3 +231,20 @@ def _violations(cells: tuple[str, ...], answer: str, rules: tuple[Forbidden, ...
             if broken and (written, rule) not in found:
                 found.append((written, rule))
     return tuple(found)
+
+
+def definition_source(cells: Sequence[str], name: str) -> str | None:
+    """The source of the last ``def name`` among ``cells`` (the one in force), or None when no cell defines it.
+
+    Example:
+        >>> print(definition_source(["def f(x):\\n    return x", "def f(x):\\n    return 2 * x"], "f"))
+        def f(x):
+            return 2 * x
+    """
+    found = None
+    for cell in cells:
+        tree = _parse(cell) if isinstance(cell, str) else None
+        for node in (tree.body if tree else ()):
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                found = ast.unparse(node)
+    return found

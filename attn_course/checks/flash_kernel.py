@@ -1,10 +1,13 @@
 """Check chapter 07's Triton exercise, a kernel (:mod:`attn_course.flash.small_kernel`'s frame) whose online
-softmax rescales only when it must: its output against SDPA, the maxima it ends with against the rule,
-simulated in float64 by :func:`lazy_rescaling`."""
+softmax rescales only when it must, one decision per tile (FlashAttention-4's rule): its output against
+SDPA, the maxima it ends with against the rule, simulated in float64 by :func:`lazy_rescaling`."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
+import textwrap
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +22,12 @@ TAU = 8.0
 
 
 def lazy_rescaling(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int, tau: float, *,
-                   rescale_acc: bool = True, rescale_sum: bool = True, natural_exp: bool = False,
-                   p_from_tile_max: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   per_tile: bool = True, rescale_acc: bool = True, rescale_sum: bool = True,
+                   natural_exp: bool = False, p_from_tile_max: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The exercise's loop over tiles of ``block`` keys in float64: ``(out [N_q, d_v], row_max [N_q])``, the
-    maxima in base 2, raised when a tile's exceeds them by more than ``tau`` (0: whenever larger). The
+    maxima in base 2. With ``per_tile`` (the exercise's rule) one decision per tile: when some row's tile
+    maximum exceeds its running maximum by more than ``tau``, every row's maximum is raised to the largest
+    score it has seen, else none is; without it each row decides alone (0: whenever larger). The other
     keywords do one step wrong (the mistakes; ``p_from_tile_max``: weights against the tile's own maximum).
 
     Example:
@@ -39,7 +44,10 @@ def lazy_rescaling(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: int
     for start in range(0, k.shape[0], block):
         scores = q @ k[start:start + block].T / math.sqrt(q.shape[1]) * LOG2_E          # [N_q, block], base 2
         tile_max = scores.amax(dim=1)
-        new_max = torch.where(tile_max > row_max + tau, tile_max, row_max)
+        if per_tile:
+            new_max = torch.maximum(row_max, tile_max) if (tile_max > row_max + tau).any() else row_max
+        else:
+            new_max = torch.where(tile_max > row_max + tau, tile_max, row_max)
         correction = exp(row_max - new_max)
         weights = exp(scores - (tile_max if p_from_tile_max else new_max)[:, None])
         row_sum = (row_sum * correction if rescale_sum else row_sum) + weights.sum(dim=1)
@@ -65,7 +73,7 @@ def _mistakes(q, k, v, block):
 def _cases(generator: torch.Generator):
     """(q, k, v) whose key tiles raise each row's maximum by less than TAU in some tiles, by more in others."""
     for n_q, n_k, d, growth in ((16, 64, 16, (1.0, 1.6, 4.0, 5.0)), (16, 16, 16, (1.0,)),
-                                (32, 70, 16, (1.0, 3.5, 1.2, 6.0, 6.5))):
+                                (16, 32, 16, (1.0, 1.3)), (32, 70, 16, (1.0, 3.5, 1.2, 6.0, 6.5))):
         q, k, v = (torch.randn(n, d, generator=generator) for n in (n_q, n_k, n_k))
         for tile, factor in enumerate(growth):
             k[16 * tile:16 * tile + 16] *= factor                  # later tiles hold larger scores
@@ -73,9 +81,10 @@ def _cases(generator: torch.Generator):
 
 
 def check_rescale_kernel(kernel: object) -> bool | None:
-    """Check a one-program Triton attention kernel with conditional rescaling (threshold 8, base 2), on the GPU
-    or in Triton's interpreter: 16 queries against 64 keys in tiles of 16 whose scores grow, against 16 keys,
-    and 32 queries against 70 keys. Its output must match SDPA, its final maxima the rule's.
+    """Check a one-program Triton attention kernel with conditional rescaling (threshold 8, base 2, one decision
+    per tile, taken in an ``if``), on the GPU or in Triton's interpreter: 16 queries against 64 keys in tiles
+    of 16 whose scores grow, against 16 keys, against 32 keys whose second tile raises no maximum by more than
+    the threshold, and 32 queries against 70 keys. Its output must match SDPA, its final maxima the rule's.
 
     Returns:
         True; None, after saying so, where Triton is not installed (nothing can be checked there).
@@ -83,8 +92,8 @@ def check_rescale_kernel(kernel: object) -> bool | None:
     Raises:
         CheckFailed: the kernel crashes or returns NaN (a step left out), or names the mistake
             (``tl.exp`` instead of ``tl.exp2``, ``acc`` or ``l_i`` not rescaled, weights measured
-            against the tile's maximum, the maximum raised at every tile, ``tl.dot`` in TF32 on a
-            GPU), else the first entry that differs.
+            against the tile's maximum, the maximum raised at every tile or row by row, no branch that
+            skips the rescaling, ``tl.dot`` in TF32 on a GPU), else the first entry that differs.
     """
     if triton_missing("check_rescale_kernel"):
         return None
@@ -109,9 +118,32 @@ def check_rescale_kernel(kernel: object) -> bool | None:
         check_close(got, expected, what="Your kernel's output", mistakes=_mistakes(q, k, v, 16),
                     hint="compare each line of your update with the rule of the statement, in base 2.")
         rule_max = lazy_rescaling(q, k, v, 16, TAU)[1].float()
-        always_max = lazy_rescaling(q, k, v, 16, 0.0)[1].float()
+        always_max = lazy_rescaling(q, k, v, 16, 0.0, per_tile=False)[1].float()
+        row_by_row = lazy_rescaling(q, k, v, 16, TAU, per_tile=False)[1].float()
         check_close(got_max, rule_max, what="The maximum m_i your kernel ended with", rtol=1e-5, atol=1e-4, mistakes=[
             ("Your output is right, but your kernel raised m_i whenever a tile's maximum was larger, as the "
-             "chapter's kernel does: keep m_i unless the tile's maximum exceeds m_i + tau.", always_max),
-        ], hint="m_new = the tile's maximum where it exceeds m_i + tau, else m_i.")
+             "chapter's kernel does: keep m_i unless some row's tile maximum exceeds it by more than tau.",
+             always_max),
+            ("Your output is right, but each row decided alone (tl.where row by row): then the tile is still "
+             "multiplied by alpha in every row, 1 where nothing changed. Take one decision for the whole tile "
+             "(is any row's tile maximum above m_i + tau?), and only then raise every row's maximum and "
+             "rescale l_i and acc.", row_by_row),
+        ], hint="if any row's tile maximum exceeds m_i + tau: m_i = max(m_i, tile maximum) for every row.")
+    if not _branches_in_loop(kernel):
+        raise CheckFailed("Your kernel keeps the right maxima, but its loop has no `if`: it still multiplies l_i "
+                          "and acc by alpha in every tile. Put the rescaling under `if <one condition for the "
+                          "tile>:` so that a tile which needs none skips it.")
     return True
+
+
+def _branches_in_loop(kernel: object) -> bool:
+    """Whether the kernel's source has an ``if`` statement inside its ``for`` loop (True when it cannot be read):
+    a Triton kernel's ``fn`` is the function it wraps; the grader's stand-in has none, but its ``source``."""
+    try:
+        fn = getattr(kernel, "fn", None)
+        source = inspect.getsource(fn) if fn is not None else getattr(kernel, "source", None)
+        tree = ast.parse(textwrap.dedent(source))
+    except (TypeError, OSError, SyntaxError):
+        return True
+    return any(isinstance(node, ast.If) for loop in ast.walk(tree) if isinstance(loop, ast.For)
+               for node in ast.walk(loop))

@@ -1,5 +1,6 @@
-"""Check chapter 07's find-the-bug exercise: a causal one-program Triton kernel after a KV cache, its ``N_Q``
-queries the *last* positions of ``n_k`` (query ``i`` sees key ``j <= i + n_k - N_Q``, bottom-right)."""
+"""Check chapter 07's find-the-bug exercise: a one-program Triton kernel for decoding with a sliding window,
+its ``N_Q`` queries the *last* positions of ``n_k`` (query ``i`` at position ``p = i + n_k - N_Q`` sees the
+``WINDOW`` keys ``p - WINDOW < j <= p``), whose rows that see no key in a tile must not turn into NaN."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, triton_missing
 
-__all__ = ["check_causal_kernel", "masked_attention"]
+__all__ = ["WINDOW", "check_window_kernel", "masked_attention", "window_visible"]
+
+#: The window of the exercise's kernel: each query sees its own key and the WINDOW - 1 before it.
+WINDOW = 24
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -26,51 +30,55 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v.double()
 
 
-def _visible(n_q: int, n_k: int, shift: int, strict: bool = False) -> torch.Tensor:
-    """Query i sees key j when j <= i + shift (j < i + shift when ``strict``)."""
-    i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
-    return (j < i + shift) if strict else (j <= i + shift)
+def window_visible(n_q: int, n_k: int, window: int | None, *, offset: int | None = None,
+                   widen: int = 0) -> torch.Tensor:
+    """``[n_q, n_k]``: query ``i``, at position ``p = i + offset`` (default ``n_k - n_q``), sees key ``j`` when
+    ``p - window - widen < j <= p`` (``window`` None: every ``j <= p``)."""
+    offset = n_k - n_q if offset is None else offset
+    position, j = torch.arange(n_q)[:, None] + offset, torch.arange(n_k)[None, :]
+    visible = j <= position
+    return visible if window is None else visible & (j > position - window - widen)
 
 
 def _mistakes(q, k, v, block):
     (n_q, d), n_k = q.shape, k.shape[0]
-    offset = n_k - n_q
     padded = -(-n_k // block) * block                      # keys up to the end of the last tile
     k_zero = torch.cat([k, k.new_zeros(padded - n_k, d)])  # what a masked load with other=0.0 gives
     v_zero = torch.cat([v, v.new_zeros(padded - n_k, d)])
     ways = [
-        (f"Your kernel aligns the causal mask top-left (query i sees keys j <= i). After a KV cache the "
-         f"{n_q} queries are the LAST positions: query i sits at position i + n_k - N_Q = i + {offset}, "
-         "so it sees keys j <= i + n_k - N_Q. The bug only shows when N_Q < n_k.",
-         _visible(n_q, n_k, 0)),
-        ("Your mask hides the diagonal: a query sees its own position too (j <= i + n_k - N_Q, not <).",
-         _visible(n_q, n_k, offset, strict=True)),
-        ("Your kernel applies no causal mask: each query saw keys after its own position.",
-         torch.ones(n_q, n_k, dtype=torch.bool)),
+        (f"Your window is one key too wide: a query at position p sees the {WINDOW} keys p - {WINDOW - 1} .. p, "
+         f"its own included, so key j is visible when j > p - {WINDOW} (not >=).",
+         window_visible(n_q, n_k, WINDOW, widen=1)),
+        ("Your kernel forgets the window: each query saw every key up to its position, as in plain causal "
+         "attention.", window_visible(n_q, n_k, None)),
+        ("Your kernel places the queries at positions 0 .. N_Q - 1: after n_k - N_Q cached keys, query i sits at "
+         "position i + n_k - N_Q, as the classmate's kernel had it.",
+         window_visible(n_q, n_k, WINDOW, offset=0)),
     ]
     found = [(message, masked_attention(q, k, v, visible).float()) for message, visible in ways]
     if padded > n_k:
         found.append(("The keys past n_k in the last tile count as keys with score 0: a masked load fills "
                       "them with 0.0, and a score of 0 is not a hidden key. Keep the scores of "
-                      "cols >= n_k at -inf, as well as the future ones.",
-                      masked_attention(q, k_zero, v_zero, _visible(n_q, padded, offset)).float()))
+                      "cols >= n_k at -inf, as well as the hidden ones.",
+                      masked_attention(q, k_zero, v_zero, window_visible(n_q, padded, WINDOW,
+                                                                          offset=n_k - n_q)).float()))
     return found
 
 
-def check_causal_kernel(kernel: object) -> bool | None:
-    """Check a causal one-program Triton attention kernel whose queries come after a KV cache: 16 queries
-    against 16, 40 and 64 keys in tiles of 16, on the GPU or in Triton's interpreter, against attention
-    under the bottom-right causal mask in float64.
+def check_window_kernel(kernel: object) -> bool | None:
+    """Check a one-program Triton attention kernel for decoding with a sliding window of ``WINDOW`` keys: 16
+    queries after a cache, against 16, 40 and 64 keys in tiles of 16, on the GPU or in Triton's interpreter,
+    against attention under the same mask in float64.
 
     Returns:
         True; None, after saying so, where Triton is not installed (nothing can be checked there).
 
     Raises:
-        CheckFailed: NaN or inf in the output (a row that sees no key), or the mask it matches
-            instead (top-left, the diagonal hidden, no mask, padded keys scored 0), else the
-            first entry that differs.
+        CheckFailed: NaN or inf in the output (the rows named: a tile in which a row sees no key), or
+            the mask it matches instead (the window one key too wide, no window, the queries at
+            0 .. N_Q - 1, padded keys scored 0), else the first entry that differs.
     """
-    if triton_missing("check_causal_kernel"):
+    if triton_missing("check_window_kernel"):
         return None
     from attn_course.flash.small_kernel import launch_small_attention  # imports Triton
 
@@ -78,14 +86,17 @@ def check_causal_kernel(kernel: object) -> bool | None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for n_k in (16, 40, 64):
         q, k, v = (torch.randn(n, 16, generator=generator) for n in (16, n_k, n_k))
-        got, _ = call_answer("check_causal_kernel", launch_small_attention, kernel, q.to(device), k.to(device),
+        got, _ = call_answer("check_window_kernel", launch_small_attention, kernel, q.to(device), k.to(device),
                              v.to(device), described=f"q [16, 16], k and v [{n_k}, 16], BLOCK_N = 16")
         got = got.cpu()
-        if torch.isnan(got).any() or torch.isinf(got).any():
-            raise CheckFailed(f"With n_k = {n_k} your kernel's output holds NaN or inf: some query saw no key at "
-                              "all. Query i (of N_Q) sits at position i + n_k - N_Q and sees every key up to it, "
-                              "its own included: is the diagonal hidden (< for <=), or the offset's sign reversed?")
-        expected = masked_attention(q, k, v, _visible(16, n_k, n_k - 16)).float()
+        broken = (~torch.isfinite(got)).any(dim=-1).nonzero().flatten().tolist()
+        if broken:
+            raise CheckFailed(
+                f"With n_k = {n_k} your kernel's output holds NaN or inf in rows {broken}: those queries see no key "
+                "in the first tile(s) (they lie before the window), so there m_i and the tile's maximum are both "
+                "-inf, and exp2(-inf - (-inf)) is NaN. While a row has seen nothing, measure its weights against "
+                "0 instead (tl.where), or start each row's loop where its window starts.")
+        expected = masked_attention(q, k, v, window_visible(16, n_k, WINDOW)).float()
         check_close(got, expected, what=f"Your kernel's output (n_k = {n_k})", mistakes=_mistakes(q, k, v, 16),
-                    hint="write down, for query i, the position it sits at when N_Q < n_k.")
+                    hint="write down, for query i, its position and the keys its window holds.")
     return True

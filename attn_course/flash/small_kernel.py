@@ -1,9 +1,10 @@
-"""Launch a small, one-program attention kernel: the frame of chapter 07's Triton exercises.
+"""Launch a small, one-program attention kernel: chapter 07's first kernel and the frame of its exercises.
 
-The exercise's kernel (written in the notebook) computes attention for one head: all ``N_Q``
-queries in one program, the keys in tiles of ``BLOCK_N``, with the online softmax in base 2 and
-FlashAttention-4's *conditional rescaling*: the running maximum is raised only when a tile's
-maximum exceeds it by more than ``tau`` (base 2). Its signature is fixed::
+Such a kernel computes attention for one head: all ``N_Q`` queries in one program, the keys in
+tiles of ``BLOCK_N``, with the online softmax in base 2
+(:mod:`~attn_course.flash.one_program_kernel`); exercise 2's adds FlashAttention-4's
+*conditional rescaling*, which raises the running maxima only when a tile's maximum exceeds one of
+them by more than ``tau`` (base 2), and exercise 3's a sliding window. Its signature is fixed::
 
     @triton.jit
     def kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,

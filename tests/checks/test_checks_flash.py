@@ -21,13 +21,13 @@ from attn_course.checks.flash import (  # noqa: E402
     check_merge_partial_attention,
     check_streaming_attention,
 )
-from attn_course.checks.flash_causal_kernel import check_causal_kernel  # noqa: E402
 from attn_course.checks.flash_io import check_forward_hbm_bytes  # noqa: E402
 from attn_course.checks.flash_kernel import TAU, check_rescale_kernel, lazy_rescaling  # noqa: E402
 from attn_course.checks.flash_tiles import check_window_tile_counts  # noqa: E402
+from attn_course.checks.flash_window_kernel import check_window_kernel  # noqa: E402
 
 from support.planted import planted_06, planted_07  # noqa: E402
-from support.planted.planted_07 import ALWAYS, UPDATE, kernel_with  # noqa: E402
+from support.planted.planted_07 import ALWAYS, NO_BRANCH, UPDATE, kernel_with  # noqa: E402
 
 # Chapter 06 keeps the exercises in PyTorch; chapter 07 has the tile count and the two Triton kernels.
 PLANTED = {student: {**planted_06.PLANTED.get(student, {}), **planted_07.PLANTED.get(student, {})}
@@ -37,11 +37,11 @@ SOLUTIONS = {**planted_06.SOLUTIONS, **planted_07.SOLUTIONS}
 CHECKS = {
     "merge_partial_attention": check_merge_partial_attention,
     "window_tile_counts": check_window_tile_counts,
-    "fixed_streaming_attention": check_streaming_attention,
+    "streaming_attention": check_streaming_attention,
     "small_attention_kernel": check_rescale_kernel,
     "attention_backward": check_attention_backward,
     "forward_hbm_bytes": check_forward_hbm_bytes,
-    "fixed_causal_kernel": check_causal_kernel,
+    "fixed_window_kernel": check_window_kernel,
 }
 
 
@@ -68,28 +68,42 @@ def test_planted_mistake_gets_its_hint(student, name):
     assert hint in str(failure.value)
 
 
-def test_streaming_solution_passes_and_a_softmax_over_all_keys_is_refused():
-    def fixed(q, k, v, block):                  # the statement's loop, its accumulator rescaled
-        row_max = torch.full((q.shape[0],), float("-inf"))
-        row_sum, acc = torch.zeros(q.shape[0]), torch.zeros(q.shape[0], v.shape[1])
-        for start in range(0, k.shape[0], block):
-            scores = q @ k[start:start + block].T / math.sqrt(q.shape[1])
-            new_max = torch.maximum(row_max, scores.amax(dim=1))
-            correction, weights = torch.exp(row_max - new_max), torch.exp(scores - new_max[:, None])
-            row_sum = row_sum * correction + weights.sum(dim=1)
-            acc = acc * correction[:, None] + weights @ v[start:start + block]
-            row_max = new_max
-        return acc / row_sum[:, None]
-
-    def not_streaming(q, k, v, block):
-        return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), -1) @ v
-
-    assert check_streaming_attention(fixed)
-    with pytest.raises(CheckFailed, match="calls torch.softmax, which this exercise forbids"):
-        check_streaming_attention(not_streaming)
+def streaming(q, kv_tiles, *, old_sum=True):
+    """The exercise's loop, its output kept normalised after every tile; ``old_sum=False`` is the classmate's."""
+    scale = 1 / math.sqrt(q.shape[1])
+    row_max, row_sum = torch.full((q.shape[0],), float("-inf")), torch.zeros(q.shape[0])
+    out = torch.zeros(q.shape[0], kv_tiles[0][1].shape[1])
+    for k, v in kv_tiles:
+        scores = q @ k.T * scale
+        new_max = torch.maximum(row_max, scores.amax(dim=1))
+        correction, weights = torch.exp(row_max - new_max), torch.exp(scores - new_max[:, None])
+        new_sum = row_sum * correction + weights.sum(dim=1)
+        kept = (row_sum if old_sum else 1) * correction
+        out = (out * kept[:, None] + weights @ v) / new_sum[:, None]
+        row_max, row_sum = new_max, new_sum
+    return out, row_max + torch.log(row_sum)
 
 
-KERNELS = ("small_attention_kernel", "fixed_causal_kernel")   # a kernel, not a function: refused by the launcher
+def test_streaming_solution_passes_and_joining_the_tiles_is_refused():
+    def all_at_once(q, kv_tiles):
+        k, v = (torch.stack(list(parts)).flatten(0, 1) for parts in zip(*kv_tiles))
+        return torch.softmax(q @ k.T / math.sqrt(q.shape[1]), -1) @ v, None
+
+    assert check_streaming_attention(streaming)
+    with pytest.raises(CheckFailed, match="calls torch.stack, which this exercise forbids"):
+        check_streaming_attention(all_at_once)
+
+
+def test_the_classmates_loop_is_right_on_one_tile_and_named_on_more():
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(5, 8, generator=generator), torch.randn(12, 8, generator=generator), torch.randn(12, 3)
+    out, _ = streaming(q, [(k, v)], old_sum=False)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    with pytest.raises(CheckFailed, match="multiply it back by l_old"):
+        check_streaming_attention(lambda q, kv_tiles: streaming(q, kv_tiles, old_sum=False))
+
+
+KERNELS = ("small_attention_kernel", "fixed_window_kernel")   # a kernel, not a function: refused by the launcher
 
 
 @pytest.mark.parametrize("name", [name for name in CHECKS if name not in KERNELS])
@@ -180,3 +194,48 @@ def test_forward_bytes_solution_agrees_with_a_count_program_by_program(n, d, blo
         rows = min(block_q, n - start)
         by_program += rows * d * size + 2 * n * d * size + rows * d * size + 4 * rows   # Q, K and V, O, LSE
     assert count(n, d, block_q, size) == by_program
+
+
+def capped_backward(q, k, v, out, lse, grad_out, grad_lse, cap, *, chain="right", weights_from="capped"):
+    """Exercise 3's answer, with the derivative of the cap (``chain``) or the weights' scores made wrong."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    x = q @ k.T * scale
+    s = cap * torch.tanh(x / cap)
+    p = torch.exp((s if weights_from == "capped" else x) - lse[:, None])
+    grad_s = p * (grad_out @ v.T - (grad_out * out).sum(-1, keepdim=True) + grad_lse[:, None])
+    grad_x = grad_s * {"right": 1 - (s / cap) ** 2, "unsquared": 1 - s / cap}[chain]
+    return scale * grad_x @ k, scale * grad_x.T @ q, p.T @ grad_out
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(chain="unsquared"), "the derivative of tanh is 1 - tanh²"),
+    (dict(weights_from="raw"), "the scores before the cap"),
+])
+def test_backward_through_the_cap_mistakes_are_named(options, message):
+    assert check_attention_backward(capped_backward)
+    with pytest.raises(CheckFailed, match=message):
+        check_attention_backward(lambda *args: capped_backward(*args, **options))
+
+
+@pytest.mark.parametrize(("update", "message"), [
+    (UPDATE.replace("tl.exp2", "tl.exp"), "use tl.exp2, not tl.exp"),
+    (NO_BRANCH, "its loop has no `if`"),
+])
+def test_rescale_kernel_mistakes_beyond_the_planted_ones_are_named(update, message):
+    with pytest.raises(CheckFailed, match=message):
+        check_rescale_kernel(define(kernel_with(update), "small_attention_kernel"))
+
+
+def test_the_branch_rule_reads_a_graded_kernel_from_the_cells_handed_in():
+    """Under `make grade` the check holds the grader's stand-in for the kernel (``fn`` None): the rule that
+    the rescaling sits under an ``if`` reads the definition from the submitted cells instead."""
+    from types import SimpleNamespace
+
+    from attn_course.checks.flash_kernel import _branches_in_loop
+    from attn_course_grading.proxies import RemoteKernel
+
+    for update, branches in ((UPDATE, True), (NO_BRANCH, False)):
+        cells = ["import triton", kernel_with(update)]
+        kernel = RemoteKernel(SimpleNamespace(cells=cells), "small_attention_kernel")
+        assert kernel.fn is None and "def small_attention_kernel" in kernel.source
+        assert _branches_in_loop(kernel) is branches

@@ -1,4 +1,4 @@
-"""Chapter 07's find-the-bug check: the causal one-program kernel after a KV cache."""
+"""Chapter 07's find-the-bug check: the one-program sliding-window kernel for decoding."""
 
 from __future__ import annotations
 
@@ -9,19 +9,25 @@ use_interpreter_without_gpu()     # as the chapter's first cell: before Triton i
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attn_course import causal_mask  # noqa: E402
 from attn_course.checks.diagnosis import CheckFailed  # noqa: E402
-from attn_course.checks.flash_causal_kernel import check_causal_kernel, masked_attention  # noqa: E402
+from attn_course.checks.flash_window_kernel import (  # noqa: E402
+    WINDOW,
+    check_window_kernel,
+    masked_attention,
+    window_visible,
+)
 from attn_course.flash.small_kernel import launch_small_attention  # noqa: E402
 
-from support.planted.planted_07 import causal_kernel_with  # noqa: E402
+from support.planted.planted_07 import AGAINST_NEW_MAX, VISIBLE, window_kernel_with  # noqa: E402
 
-# The causal condition of each variant: the solution, and the planted mistakes of the exercise.
-RULES = {
-    "bottom-right": "cols[None, :] <= rows[:, None] + (n_k - N_Q)",
-    "top-left": "cols[None, :] <= rows[:, None]",
-    "strict": "cols[None, :] < rows[:, None] + (n_k - N_Q)",
-    "none": "cols[None, :] >= 0",
+# Each variant: the solution, the classmate's kernel, and mistakes a fix can make.
+VARIANTS = {
+    "solution": window_kernel_with(),
+    "classmate": window_kernel_with(weights=AGAINST_NEW_MAX),
+    "wide": window_kernel_with(visible=VISIBLE.replace("> position[:, None] - window",
+                                                       ">= position[:, None] - window")),
+    "no window": window_kernel_with(visible=VISIBLE.split(" & (cols[None, :] > ")[0]),
+    "positions from 0": window_kernel_with().replace("position = rows + (n_k - N_Q)", "position = rows"),
 }
 
 
@@ -32,42 +38,51 @@ def kernels(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("kernels")
     found = {}
-    for rule, condition in RULES.items():
-        path = folder / f"causal_{rule.replace('-', '_')}.py"
-        path.write_text("import triton\nimport triton.language as tl\n\n\n" + causal_kernel_with(condition))
+    for name, source in VARIANTS.items():
+        path = folder / f"window_{name.replace(' ', '_')}.py"
+        path.write_text("import triton\nimport triton.language as tl\n\n\n" + source)
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        found[rule] = module.fixed_causal_kernel
+        found[name] = module.fixed_window_kernel
     return found
 
 
-def test_the_reference_is_sdpa_under_the_course_causal_mask():
+def test_the_reference_is_sdpa_under_a_sliding_window_after_a_cache():
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(n, 8, generator=generator, dtype=torch.float64) for n in (5, 9, 9))
-    mask = causal_mask(5, 9)                                              # bottom-right, as after a cache
+    q, k, v = (torch.randn(n, 8, generator=generator, dtype=torch.float64) for n in (5, 40, 40))
+    i, j = torch.arange(5)[:, None] + 35, torch.arange(40)[None, :]            # queries at positions 35 .. 39
+    mask = (j <= i) & (j > i - WINDOW)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    i, j = torch.arange(5)[:, None], torch.arange(9)[None, :]
-    torch.testing.assert_close(masked_attention(q, k, v, j <= i + 4), expected)
+    torch.testing.assert_close(masked_attention(q, k, v, window_visible(5, 40, WINDOW)), expected)
+    assert window_visible(5, 40, WINDOW).sum(-1).tolist() == [WINDOW] * 5
 
 
 def test_the_solution_passes(kernels):
-    assert check_causal_kernel(kernels["bottom-right"]) is True
-    out, _ = launch_small_attention(kernels["bottom-right"], *(torch.randn(n, 16) for n in (16, 50, 50)))
+    assert check_window_kernel(kernels["solution"]) is True
+    out, _ = launch_small_attention(kernels["solution"], *(torch.randn(n, 16) for n in (16, 90, 90)))
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize(("rule", "hint"), [
-    ("top-left", "aligns the causal mask top-left"),
-    ("strict", "the diagonal hidden"),
-    ("none", "applies no causal mask"),
+def test_the_classmates_kernel_turns_the_rows_before_the_window_into_nan(kernels):
+    """The chapter's statement: right with 16 keys, NaN in the last row with 40, in every row with 64."""
+    for n_k, rows in ((16, []), (40, [15]), (64, list(range(16)))):
+        out, _ = launch_small_attention(kernels["classmate"], *(torch.randn(n, 16) for n in (16, n_k, n_k)))
+        assert (~torch.isfinite(out)).any(-1).nonzero().flatten().tolist() == rows
+    with pytest.raises(CheckFailed, match=r"NaN or inf in rows \[15\]"):
+        check_window_kernel(kernels["classmate"])
+
+
+@pytest.mark.parametrize(("variant", "hint"), [
+    ("wide", "one key too wide"),
+    ("no window", "forgets the window"),
+    ("positions from 0", "places the queries at positions 0"),
 ])
-def test_each_wrong_mask_gets_its_diagnosis(kernels, rule, hint):
+def test_each_wrong_mask_gets_its_diagnosis(kernels, variant, hint):
     with pytest.raises(CheckFailed, match=hint):
-        check_causal_kernel(kernels[rule])
+        check_window_kernel(kernels[variant])
 
 
 def test_a_function_that_is_not_a_kernel_is_refused():
     with pytest.raises(CheckFailed, match="kernel must be a @triton.jit function"):
-        check_causal_kernel(lambda *args: None)
-
+        check_window_kernel(lambda *args: None)

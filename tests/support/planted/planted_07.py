@@ -32,6 +32,18 @@ small_attention_kernel = triton.jit(small_attention_kernel)
 '''
 
 UPDATE = '''        tile_max = tl.max(s, 1)
+        if tl.max(tile_max - m_i, 0) > tau:
+            m_new = tl.maximum(m_i, tile_max)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = alpha * l_i
+            acc = alpha[:, None] * acc
+            m_i = m_new
+        p = tl.exp2(s - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        acc = acc + tl.dot(p, v, input_precision="ieee")'''
+
+# Each row decides alone: right output, but every tile is multiplied by alpha (1 where nothing changed).
+ROW_BY_ROW = '''        tile_max = tl.max(s, 1)
         m_new = tl.where(tile_max > m_i + tau, tile_max, m_i)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -40,7 +52,17 @@ UPDATE = '''        tile_max = tl.max(s, 1)
         m_i = m_new'''
 
 # The chapter's own update: the maximum raised at every tile that holds a larger score.
-ALWAYS = UPDATE.replace("tl.where(tile_max > m_i + tau, tile_max, m_i)", "tl.maximum(m_i, tile_max)")
+ALWAYS = ROW_BY_ROW.replace("tl.where(tile_max > m_i + tau, tile_max, m_i)", "tl.maximum(m_i, tile_max)")
+
+# One decision per tile and the right maxima, but no branch: alpha multiplies every tile.
+NO_BRANCH = '''        tile_max = tl.max(s, 1)
+        raise_all = tl.max(tile_max - m_i, 0) > tau
+        m_new = tl.where(raise_all, tl.maximum(m_i, tile_max), m_i)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        m_i = m_new'''
 
 
 def kernel_with(update: str) -> str:
@@ -65,9 +87,9 @@ PLANTED.setdefault("linus", {})["window_tile_counts"] = (
         "You counted the tiles of plain causal attention",
     )
 PLANTED.setdefault("linus", {})["small_attention_kernel"] = (
-        kernel_with(UPDATE.replace("tl.exp2", "tl.exp")),
+        kernel_with(ROW_BY_ROW),
         "q2_triton_rescale",
-        "use tl.exp2, not tl.exp",
+        "each row decided alone",
     )
 PLANTED.setdefault("grace", {})["window_tile_counts"] = (            # key i - window counted as seen
         "def window_tile_counts(n, block_q, block_k, window):\n"
@@ -112,11 +134,14 @@ PLANTED.setdefault("zoe", {})["window_tile_counts"] = (
         "calls tile_counts, which this exercise forbids",
     )
 
-# Exercise 3: the classmate's causal kernel after a KV cache. {rule} is the causal condition.
-CAUSAL_KERNEL = '''def fixed_causal_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+# Exercise 3: the classmate's sliding-window decoding kernel. {visible} is its mask, {weights} the lines that
+# measure alpha and p against the new maximum.
+WINDOW_KERNEL = '''def fixed_window_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
                         BLOCK_N: tl.constexpr):
     rows = tl.arange(0, N_Q)                                       # the N_Q new queries (tau is not used)
     dims = tl.arange(0, HEAD_DIM)
+    position = rows + (n_k - N_Q)                                  # after n_k - N_Q cached keys
+    window = 24                                                    # its own key and the 23 before it
     q = tl.load(Q + rows[:, None] * HEAD_DIM + dims[None, :])
     m_i = tl.full([N_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([N_Q], tl.float32)
@@ -127,11 +152,10 @@ CAUSAL_KERNEL = '''def fixed_causal_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q
         k = tl.load(K + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
         v = tl.load(V + cols[:, None] * HEAD_DIM + dims[None, :], mask=inside[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * (scale * 1.4426950408889634)
-        visible = inside[None, :] & ({rule})
+        visible = {visible}
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+{weights}
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m_i = m_new
@@ -139,23 +163,31 @@ CAUSAL_KERNEL = '''def fixed_causal_kernel(Q, K, V, Out, M, n_k, scale, tau, N_Q
     tl.store(M + rows, m_i)
 
 
-fixed_causal_kernel = triton.jit(fixed_causal_kernel)
+fixed_window_kernel = triton.jit(fixed_window_kernel)
 '''
 
+VISIBLE = ("inside[None, :] & (cols[None, :] <= position[:, None]) & "
+           "(cols[None, :] > position[:, None] - window)")
+AGAINST_NEW_MAX = '''        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])'''
+SAFE_MAX = '''        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)       # a row that has seen no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])'''
 
-def causal_kernel_with(rule: str) -> str:
-    """Exercise 3's kernel cell with ``rule`` (a Triton boolean expression) as its causal condition."""
-    return CAUSAL_KERNEL.replace("{rule}", rule)
+
+def window_kernel_with(visible: str = VISIBLE, weights: str = SAFE_MAX) -> str:
+    """Exercise 3's kernel cell with ``visible`` as its mask and ``weights`` as its alpha and p lines."""
+    return WINDOW_KERNEL.replace("{visible}", visible).replace("{weights}", weights)
 
 
-SOLUTIONS["fixed_causal_kernel"] = causal_kernel_with("cols[None, :] <= rows[:, None] + (n_k - N_Q)")
-PLANTED["linus"]["fixed_causal_kernel"] = (        # the classmate's kernel handed in unchanged
-    causal_kernel_with("cols[None, :] <= rows[:, None]"),
-    "q3_find_the_bug_causal",
-    "aligns the causal mask top-left",
+SOLUTIONS["fixed_window_kernel"] = window_kernel_with()
+PLANTED["linus"]["fixed_window_kernel"] = (        # the classmate's kernel handed in unchanged
+    window_kernel_with(weights=AGAINST_NEW_MAX),
+    "q3_find_the_bug_window",
+    "exp2(-inf - (-inf)) is NaN",
 )
-PLANTED["grace"]["fixed_causal_kernel"] = (        # the offset added, the diagonal lost
-    causal_kernel_with("cols[None, :] < rows[:, None] + (n_k - N_Q)"),
-    "q3_find_the_bug_causal",
-    "the diagonal hidden",
+PLANTED["grace"]["fixed_window_kernel"] = (        # NaN mended, the window made one key wider
+    window_kernel_with(visible=VISIBLE.replace("> position[:, None] - window", ">= position[:, None] - window")),
+    "q3_find_the_bug_window",
+    "Your window is one key too wide",
 )
