@@ -1,5 +1,5 @@
-"""Check chapter 03's grouped-query exercises: attention where ``G`` query heads share one key/value head,
-and converting a multi-head checkpoint by mean-pooling its key/value heads."""
+"""Check chapter 03's grouped-query exercises: the parameters of a layer whose ``G`` query heads share one
+key/value head, its attention, and converting a multi-head checkpoint by mean-pooling its key/value heads."""
 
 from __future__ import annotations
 
@@ -10,17 +10,81 @@ import torch
 
 from attn_course.checks.diagnosis import (
     CheckFailed,
+    call_answer,
     call_student,
     check_shape,
     crash_message,
     diagnose,
+    name_mistake,
+    number,
     same,
     sentence_list,
     watched,
 )
 from attn_course.checks.forbidden import Forbidden
+from attn_course.core.multihead import MultiHeadAttention
 
-__all__ = ["check_grouped_query_attention", "check_mean_pooled_kv_heads"]
+__all__ = ["check_gqa_parameter_count", "check_grouped_query_attention", "check_mean_pooled_kv_heads"]
+
+KV_FULL_WIDTH = ("You counted W_K and W_V at the full width E, as in multi-head attention: with H_kv key/value heads "
+                 "of d = E/H numbers each, they are E × H_kv·d, not E × E.")
+KV_HEADS_TIMES_E = ("Your W_K and W_V are E × H_kv·E: a key/value head has d = E/H numbers, not E, so the two are "
+                    "E × H_kv·d = E × H_kv·E/H each.")
+NO_OUTPUT = "You left out W_O, the output projection: it is E × E (with a bias of E), whatever H_kv is."
+ONLY_ONE_SHRUNK = "Only one of W_K and W_V shrank: both have H_kv heads, E × H_kv·d each."
+NO_BIASES = ("You left out the biases: with bias=True each projection has one, E for W_Q and W_O and H_kv·d for "
+             "W_K and W_V.")
+BIASES_ANYWAY = "You counted biases although bias=False: then the four projections are weights only."
+COUNT_WRONG = ("Your count is not right for E = {E}, H = {H}, H_kv = {kv}, bias={bias}: expected {expected:,}, "
+               "got {got:,}. Count W_Q, W_K, W_V and W_O one by one, with their biases when bias=True.")
+
+_PREDICT = "a prediction follows from the shapes alone: build no layer and no tensor to count"
+#: What chapter 03's parameter prediction may not do: build what it counts.
+COUNT_RULES = (*(Forbidden(name, _PREDICT) for name in (
+    "attn_course.core.multihead.MultiHeadAttention", "torch.nn.Linear", "torch.nn.MultiheadAttention")),
+               *(Forbidden(f"torch.{name}", _PREDICT) for name in ("empty", "zeros", "ones", "full", "randn", "rand")))
+#: (E, H, H_kv, bias): multi-head, grouped, multi-query, Llama 2 70B's attention, small odd heads.
+COUNT_CASES = [(512, 8, 8, True), (512, 8, 2, True), (512, 8, 1, False), (8192, 64, 8, False), (96, 6, 3, True)]
+
+
+def check_gqa_parameter_count(count_fn: Callable) -> bool:
+    """Check ``fn(embed_dim, num_heads, num_kv_heads, bias) -> int``: the parameters of a grouped-query attention
+    layer, compared with ``MultiHeadAttention(embed_dim, num_heads, num_kv_heads=..., bias=...)`` built on the
+    meta device (no memory), for multi-head, grouped and multi-query layers, Llama 2 70B's shape among them.
+
+    Raises:
+        CheckFailed: naming W_K and W_V counted at width E or H_kv·E, W_O left out, only one of W_K and W_V
+            shrunk, biases left out or counted without them, else the case that differs.
+
+    Example (a wrong answer, which counts a multi-head layer):
+        >>> check_gqa_parameter_count(lambda embed_dim, num_heads, num_kv_heads, bias: 4 * embed_dim**2 + 4 * embed_dim)
+        Traceback (most recent call last):
+        ...
+        attn_course.checks.diagnosis.CheckFailed: You counted W_K and W_V at the full width E, as in multi-head ...
+    """
+    count_fn = watched("check_gqa_parameter_count", count_fn, COUNT_RULES)
+    for e, h, kv, bias in COUNT_CASES:
+        with torch.device("meta"):
+            layer = MultiHeadAttention(e, h, num_kv_heads=kv, bias=bias)
+        expected = sum(p.numel() for p in layer.parameters())
+        got = number(call_answer("check_gqa_parameter_count", count_fn, e, h, kv, bias),
+                     "Your function should return a number (an int), but it returned {type}.")
+        if got == expected:
+            continue
+        kv_width, b = kv * (e // h), int(bias)
+        q_and_o = 2 * (e * e + b * e)
+        mistakes = [
+            (KV_FULL_WIDTH, 4 * (e * e + b * e)),
+            (KV_HEADS_TIMES_E, q_and_o + 2 * (e * kv * e + b * kv * e)),
+            (NO_OUTPUT, e * e + b * e + 2 * (e * kv_width + b * kv_width)),
+            (ONLY_ONE_SHRUNK, q_and_o + e * e + b * e + e * kv_width + b * kv_width),
+            (NO_BIASES if bias else BIASES_ANYWAY,
+             2 * e * e + 2 * e * kv_width + (0 if bias else 2 * e + 2 * kv_width)),
+        ]
+        name_mistake(got, [(message, wrong) for message, wrong in mistakes if wrong != expected])
+        raise CheckFailed(COUNT_WRONG.format(E=e, H=h, kv=kv, bias=bias, expected=expected, got=got))
+    return True
+
 
 GQA_TILED = (
     "Query head h used key/value head h % H_kv: copying the key/value heads with .repeat tiles them "

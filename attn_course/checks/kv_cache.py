@@ -1,4 +1,4 @@
-"""Check chapter 03's prediction of a key/value cache's memory: the bytes it stores and the bytes it allocates
+"""Check chapter 04's prediction of a key/value cache's memory: the bytes it stores and the bytes it allocates
 (a :class:`~attn_course.core.kv_cache.KVCache` sizes its buffers by its first append and doubles its capacity
 when an append does not fit)."""
 
@@ -63,7 +63,7 @@ def _answer(fn: Callable, args: tuple) -> tuple[float, float]:
 
 
 _PREDICT = "a prediction follows from the rule alone: build no cache and no tensor to measure"
-#: What chapter 03's cache-size prediction may not do: build what it predicts.
+#: What chapter 04's cache-size prediction may not do: build what it predicts.
 KV_BYTES_RULES = (Forbidden("attn_course.core.kv_cache.KVCache.__init__", _PREDICT),
                   *(Forbidden(f"torch.{name}", _PREDICT)
                     for name in ("empty", "zeros", "ones", "full", "randn", "rand")))

@@ -13,6 +13,7 @@ from attn_course import causal_mask, self_attention
 from attn_course.checks.causal import check_causal_mask, check_positions_without_cache
 from attn_course.checks.decoding import check_cached_attention_step, check_decode_logits
 from attn_course.checks.diagnosis import CheckFailed
+from attn_course.checks.kv_cache import check_kv_cache_bytes
 from attn_course.core.kv_cache import KVCache
 
 from support.planted import planted_04
@@ -22,6 +23,7 @@ CHECKS = {
     "positions_without_cache": check_positions_without_cache,
     "fixed_decode_logits": check_decode_logits,
     "cached_attention_step": check_cached_attention_step,
+    "kv_cache_bytes": check_kv_cache_bytes,
 }
 
 
@@ -270,6 +272,7 @@ PLANTED = [(student, name, *entry) for student, functions in planted_04.PLANTED.
 
 @pytest.mark.parametrize("student, name, code, question, hint", PLANTED, ids=[f"{s}-{n}" for s, n, *_ in PLANTED])
 def test_each_planted_mistake_gets_its_hint(student, name, code, question, hint):
-    namespace = {"torch": torch, "math": math, "causal_mask": causal_mask, "self_attention": self_attention}
+    namespace = {"torch": torch, "math": math, "causal_mask": causal_mask, "self_attention": self_attention,
+                 "KVCache": KVCache}
     exec(code, namespace)
     fails_with(CHECKS[name], namespace[name], hint)

@@ -8,9 +8,16 @@ import pytest
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed
-from attn_course.checks.grouped_heads import check_grouped_query_attention, check_mean_pooled_kv_heads
+from attn_course.checks.grouped_heads import (
+    check_gqa_parameter_count,
+    check_grouped_query_attention,
+    check_mean_pooled_kv_heads,
+)
 from attn_course.checks.heads import check_multi_head_attention, check_split_fused_qkv
 from attn_course.core.attention import self_attention
+from attn_course.core.multihead import MultiHeadAttention
+
+from support.planted import planted_03
 
 # --- right answers, written without the package ------------------------------------------------
 
@@ -244,3 +251,30 @@ def test_a_wrong_return_type_is_named():
 def test_failures_are_assertion_errors_for_otter():
     with pytest.raises(AssertionError):
         check_mean_pooled_kv_heads(pool_with("sum"))
+
+
+# --- the parameters of a grouped-query layer ----------------------------------------------------
+
+def count_by_shapes(embed_dim, num_heads, num_kv_heads, bias):
+    """Each projection's weight and bias counted from its shape, nothing built."""
+    d = embed_dim // num_heads
+    shapes = [(embed_dim, embed_dim), (num_kv_heads * d, embed_dim), (num_kv_heads * d, embed_dim),
+              (embed_dim, embed_dim)]
+    return sum(rows * cols + (rows if bias else 0) for rows, cols in shapes)
+
+
+def test_the_parameter_count_from_the_shapes_passes_and_matches_nn_multiheadattention():
+    assert check_gqa_parameter_count(count_by_shapes) is True
+    reference = torch.nn.MultiheadAttention(64, 8, bias=True)              # H_kv = H: PyTorch's own count
+    assert count_by_shapes(64, 8, 8, True) == sum(p.numel() for p in reference.parameters())
+
+
+@pytest.mark.parametrize("student", [student for student, answers in planted_03.PLANTED.items()
+                                     if "gqa_parameter_count" in answers])
+def test_each_planted_parameter_count_gets_its_hint(student):
+    code, _, hint = planted_03.PLANTED[student]["gqa_parameter_count"]
+    namespace = {"MultiHeadAttention": MultiHeadAttention}
+    exec(code, namespace)
+    with pytest.raises(CheckFailed) as failed:
+        check_gqa_parameter_count(namespace["gqa_parameter_count"])
+    assert hint in str(failed.value)

@@ -247,8 +247,8 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
         "returns_junk": {"replace": {
             "split_fused_qkv": "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
                                "    return (torch.full_like(qkv, float('nan')),) * 3\n",
-            "kv_cache_bytes": "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
-                              "    return 'big'\n",
+            "gqa_parameter_count": "def gqa_parameter_count(embed_dim, num_heads, num_kv_heads, bias):\n"
+                                   "    return 'many'\n",
             "fixed_multi_head_attention": "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
                                           "    return lambda: x\n",
             "grouped_query_attention": "def grouped_query_attention(q, k, v):\n    return q.half()\n",

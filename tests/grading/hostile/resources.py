@@ -28,13 +28,10 @@ _SLOW = {
         "    d = width // (num_heads + 2 * num_kv_heads)\n"
         "    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)\n"
         "    return tuple(part.reshape(batch, tokens, -1, d).transpose(1, 2) for part in (q, k, v))\n"),
-    "kv_cache_bytes": (
-        "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n" + _SLEEP +
-        "    per_token = 2 * batch * num_kv_heads * head_dim * (torch.finfo(dtype).bits // 8)\n"
-        "    capacity = prompt_tokens\n"
-        "    while capacity < prompt_tokens + new_tokens:\n"
-        "        capacity *= 2\n"
-        "    return per_token * (prompt_tokens + new_tokens), per_token * capacity\n"),
+    "gqa_parameter_count": (
+        "def gqa_parameter_count(embed_dim, num_heads, num_kv_heads, bias):\n" + _SLEEP +
+        "    kv_width = num_kv_heads * (embed_dim // num_heads)\n"
+        "    return 2 * embed_dim * (embed_dim + kv_width) + (2 * (embed_dim + kv_width) if bias else 0)\n"),
     "fixed_multi_head_attention": (
         "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n" + _SLEEP +
         "    batch, tokens, width = x.shape\n"

@@ -19,13 +19,11 @@ PLANTED = {
             "q1_split_fused_qkv",
             "the three parts are not equal",
         ),
-        "kv_cache_bytes": (
-            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
-            "    tokens = prompt_tokens + new_tokens\n"
-            "    size = 2 * batch * num_kv_heads * tokens * head_dim * torch.finfo(dtype).bits // 8\n"
-            "    return size, size\n",
-            "q2_predict_kv_cache",
-            "the cache allocates ahead",
+        "gqa_parameter_count": (          # a multi-head layer's count, whatever H_kv is
+            "def gqa_parameter_count(embed_dim, num_heads, num_kv_heads, bias):\n"
+            "    return 4 * embed_dim * embed_dim + (4 * embed_dim if bias else 0)\n",
+            "q2_predict_parameters",
+            "at the full width E",
         ),
         "fixed_multi_head_attention": (
             "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
@@ -67,15 +65,12 @@ PLANTED = {
             "q1_split_fused_qkv",
             "scrambles tokens and heads",
         ),
-        "kv_cache_bytes": (
-            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
-            "    per_token = batch * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8\n"
-            "    capacity = prompt_tokens\n"
-            "    while capacity < prompt_tokens + new_tokens:\n"
-            "        capacity *= 2\n"
-            "    return per_token * (prompt_tokens + new_tokens), per_token * capacity\n",
-            "q2_predict_kv_cache",
-            "counted only the keys",
+        "gqa_parameter_count": (          # key/value heads E wide, not d
+            "def gqa_parameter_count(embed_dim, num_heads, num_kv_heads, bias):\n"
+            "    kv_width = num_kv_heads * embed_dim\n"
+            "    return 2 * embed_dim * (embed_dim + kv_width) + (2 * (embed_dim + kv_width) if bias else 0)\n",
+            "q2_predict_parameters",
+            "a key/value head has d = E/H numbers",
         ),
         "fixed_multi_head_attention": (
             "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
@@ -106,15 +101,11 @@ PLANTED = {
         ),
     },
     "linus": {
-        "kv_cache_bytes": (
-            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
-            "    per_token = 2 * batch * num_kv_heads * head_dim * torch.finfo(dtype).bits\n"
-            "    capacity = prompt_tokens\n"
-            "    while capacity < prompt_tokens + new_tokens:\n"
-            "        capacity *= 2\n"
-            "    return per_token * (prompt_tokens + new_tokens), per_token * capacity\n",
-            "q2_predict_kv_cache",
-            "counted bits, not bytes",
+        "gqa_parameter_count": (          # the biases forgotten
+            "def gqa_parameter_count(embed_dim, num_heads, num_kv_heads, bias):\n"
+            "    return 2 * embed_dim * (embed_dim + num_kv_heads * (embed_dim // num_heads))\n",
+            "q2_predict_parameters",
+            "You left out the biases",
         ),
         "fixed_multi_head_attention": (
             "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"
@@ -139,17 +130,12 @@ PLANTED = {
             "q1_split_fused_qkv",
             "your answer calls split_heads, which this exercise forbids",
         ),
-        "kv_cache_bytes": (
-            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
-            "    cache = KVCache()\n"
-            "    shape = (batch, num_kv_heads, prompt_tokens, head_dim)\n"
-            "    cache.append(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))\n"
-            "    for _ in range(new_tokens):\n"
-            "        step = (batch, num_kv_heads, 1, head_dim)\n"
-            "        cache.append(torch.zeros(step, dtype=dtype), torch.zeros(step, dtype=dtype))\n"
-            "    return 0, cache.memory_bytes\n",
-            "q2_predict_kv_cache",
-            "which this exercise forbids: a prediction follows from the rule alone",
+        "gqa_parameter_count": (
+            "def gqa_parameter_count(embed_dim, num_heads, num_kv_heads, bias):\n"
+            "    layer = MultiHeadAttention(embed_dim, num_heads, num_kv_heads=num_kv_heads, bias=bias)\n"
+            "    return sum(p.numel() for p in layer.parameters())\n",
+            "q2_predict_parameters",
+            "which this exercise forbids: a prediction follows from the shapes alone",
         ),
         "fixed_multi_head_attention": (
             "def fixed_multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):\n"

@@ -8,6 +8,14 @@ CHAPTER = "04_causal"
 
 PLANTED = {
     "ada": {
+        "kv_cache_bytes": (
+            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+            "    tokens = prompt_tokens + new_tokens\n"
+            "    size = 2 * batch * num_kv_heads * tokens * head_dim * torch.finfo(dtype).bits // 8\n"
+            "    return size, size\n",
+            "q5_predict_kv_cache",
+            "the cache allocates ahead",
+        ),
         "my_causal_mask": (
             "def my_causal_mask(n_q, n_k):\n"
             "    return torch.ones(n_q, n_k, dtype=torch.bool).tril()\n",
@@ -41,6 +49,16 @@ PLANTED = {
         ),
     },
     "grace": {
+        "kv_cache_bytes": (
+            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+            "    per_token = batch * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8\n"
+            "    capacity = prompt_tokens\n"
+            "    while capacity < prompt_tokens + new_tokens:\n"
+            "        capacity *= 2\n"
+            "    return per_token * (prompt_tokens + new_tokens), per_token * capacity\n",
+            "q5_predict_kv_cache",
+            "counted only the keys",
+        ),
         "my_causal_mask": (
             "def my_causal_mask(n_q, n_k):\n"
             "    query_position = torch.arange(n_q)[:, None] + (n_k - n_q)\n"
@@ -77,6 +95,16 @@ PLANTED = {
         ),
     },
     "linus": {
+        "kv_cache_bytes": (
+            "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+            "    per_token = 2 * batch * num_kv_heads * head_dim * torch.finfo(dtype).bits\n"
+            "    capacity = prompt_tokens\n"
+            "    while capacity < prompt_tokens + new_tokens:\n"
+            "        capacity *= 2\n"
+            "    return per_token * (prompt_tokens + new_tokens), per_token * capacity\n",
+            "q5_predict_kv_cache",
+            "counted bits, not bytes",
+        ),
         "cached_attention_step": (
             "def cached_attention_step(q, k, v, past_keys, past_values, lengths):\n"
             "    keys = torch.cat([past_keys, k], dim=-2)\n"
@@ -109,6 +137,18 @@ PLANTED["bea"] = {
 
 # Shortcuts the statements forbid: each is refused by name.
 PLANTED["zoe"] = {
+    "kv_cache_bytes": (
+        "def kv_cache_bytes(batch, num_kv_heads, head_dim, dtype, prompt_tokens, new_tokens):\n"
+        "    cache = KVCache()\n"
+        "    shape = (batch, num_kv_heads, prompt_tokens, head_dim)\n"
+        "    cache.append(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))\n"
+        "    for _ in range(new_tokens):\n"
+        "        step = (batch, num_kv_heads, 1, head_dim)\n"
+        "        cache.append(torch.zeros(step, dtype=dtype), torch.zeros(step, dtype=dtype))\n"
+        "    return 0, cache.memory_bytes\n",
+        "q5_predict_kv_cache",
+        "which this exercise forbids: a prediction follows from the rule alone",
+    ),
     "my_causal_mask": (
         "def my_causal_mask(n_q, n_k):\n"
         "    from attn_course import causal_mask\n"
