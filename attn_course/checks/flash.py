@@ -1,5 +1,5 @@
 """Check chapter 06's exercises (FlashAttention in PyTorch) against PyTorch (SDPA, ``torch.logsumexp``,
-autograd in float64): merging two partial attentions, the online-softmax loop over tiles that arrive once,
+autograd in float64): merging two partial attentions, the tile loop that keeps its output normalised,
 the backward pass of soft-capped scores from the log-sum-exp (the fourth, HBM traffic:
 :mod:`attn_course.checks.flash_io`)."""
 
