@@ -22,7 +22,7 @@ attention: the bytes one layer keeps per sequence to decode, a row per variant.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from attn_course import _validate
@@ -182,13 +182,49 @@ class CacheSize:
         return self.elements_per_token * num_tokens * batch * bits / 8
 
 
+#: Where a config may say how many key/value heads it has, besides ``num_key_value_heads``: a name that contains one
+#: of these and that :func:`cache_size_from_config` does not read is refused, not taken for multi-head attention.
+KV_HEAD_MARKS = ("kv_head", "key_value", "multi_query", "query_group")
+#: Falcon's config names (``RefinedWeb*``: its first checkpoints' own code).
+FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+
+
+def _kv_heads(where: str, config: Mapping[str, Any], heads: int, field: Callable[..., int]) -> int:
+    """The key/value heads a config declares, in each of the ways Hugging Face's configs declare them."""
+    if config.get("num_key_value_heads") is not None:                   # Llama, Mistral, Qwen, Gemma, ...
+        return field("num_key_value_heads")
+    falcon_names = ("new_decoder_architecture", "num_kv_heads", "n_head_kv")
+    if config.get("model_type") in FALCON_TYPES or any(name in config for name in falcon_names):
+        # FalconConfig: num_kv_heads (n_head_kv in the first checkpoints) under the new decoder
+        # architecture (Falcon-40B) or without multi-query; one head with multi_query, its default (Falcon-7B).
+        new = _validate.boolean(where, "new_decoder_architecture", config.get("new_decoder_architecture") or False)
+        multi_query = _validate.boolean(where, "multi_query", config.get("multi_query", True))
+        if new or not multi_query:
+            return field("num_kv_heads" if "num_kv_heads" in config else "n_head_kv", heads)
+        return 1
+    if config.get("multi_query_attention"):                             # ChatGLM: groups of query heads
+        return field("multi_query_group_num")
+    if "multi_query" in config:                                         # GPT-BigCode (StarCoder)
+        return 1 if _validate.boolean(where, "multi_query", config["multi_query"]) else heads
+    unread = sorted(name for name in config if any(mark in name for mark in KV_HEAD_MARKS)
+                    and name != "multi_query_attention")
+    if unread:
+        raise ValueError(f"{where}: the config marks its key/value heads with {', '.join(unread)}, which this "
+                         "function does not read; give num_key_value_heads")
+    return heads
+
+
 def cache_size_from_config(config: Mapping[str, Any] | Any) -> CacheSize:
     """The per-token cache of a model described by a Hugging Face config.
 
     MLA when the config has a ``kv_lora_rank`` (DeepSeek-V2/V3); otherwise a key and a value per
-    key/value head (``num_key_value_heads``, default ``num_attention_heads``): MHA when that is every
-    head, MQA when it is one, GQA in between. ``d_h`` is ``head_dim`` or ``hidden_size /
-    num_attention_heads``. A full cache is assumed (no sliding window).
+    key/value head: MHA when that is every head, MQA when it is one, GQA in between. The key/value
+    heads are read where each family writes them: ``num_key_value_heads`` (most), Falcon's
+    ``multi_query``, ``new_decoder_architecture`` and ``num_kv_heads`` (``n_head_kv``), ChatGLM's
+    ``multi_query_group_num``, GPT-BigCode's ``multi_query``; with none of them, every head has its
+    own, unless the config names its key/value heads some other way, which is refused. ``d_h`` is
+    ``head_dim`` or ``hidden_size / num_attention_heads``; GPT-2's names (``n_layer``, ``n_head``,
+    ``n_embd``) are read too. A full cache is assumed (no sliding window).
 
     Args:
         config: the parsed ``config.json``, or a ``transformers`` config (anything with ``to_dict()``).
@@ -198,32 +234,36 @@ def cache_size_from_config(config: Mapping[str, Any] | Any) -> CacheSize:
 
     Raises:
         TypeError: ``config`` neither a mapping nor a config object, or a field of the wrong type.
-        ValueError: a missing field (named), or a hidden size not divisible by the heads.
+        ValueError: a missing field (named), a hidden size not divisible by the heads, or key/value
+            heads marked in a way this function does not read (named).
 
     Example:
         >>> cache_size_from_config(DEEPSEEK_V2)
         CacheSize(kind='MLA', per_layer=576, num_layers=60)
         >>> cache_size_from_config(DEEPSEEK_67B)
         CacheSize(kind='GQA', per_layer=2048, num_layers=95)
+        >>> cache_size_from_config({"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544,
+        ...                         "num_attention_heads": 71, "multi_query": True})     # Falcon-7B
+        CacheSize(kind='MQA', per_layer=128, num_layers=32)
     """
     where = "cache_size_from_config"
     config = _validate.config_mapping(where, "config", config)
 
-    def field(name: str, default: Any = None) -> int:
-        value = config.get(name, default)
+    def field(name: str, default: Any = None, *, alias: str | None = None) -> int:
+        value = config.get(name, config.get(alias, default) if alias else default)
         if value is None:
             raise ValueError(f"{where}: the config lacks {name}")
         return _validate.integer(where, name, value, minimum=1)
 
-    layers = field("num_hidden_layers")
+    layers = field("num_hidden_layers", alias="n_layer")
     if config.get("kv_lora_rank") is not None:
         return CacheSize("MLA", field("kv_lora_rank") + field("qk_rope_head_dim"), layers)
-    heads = field("num_attention_heads")
-    kv_heads = field("num_key_value_heads", heads)
+    heads = field("num_attention_heads", alias="n_head")
+    kv_heads = _kv_heads(where, config, heads, field)
     if config.get("head_dim") is not None:
         head_dim = field("head_dim")
     else:
-        hidden = field("hidden_size")
+        hidden = field("hidden_size", alias="n_embd")
         if hidden % heads:
             raise ValueError(f"{where}: hidden_size={hidden} is not divisible by num_attention_heads={heads}; "
                              "give head_dim")

@@ -81,3 +81,54 @@ def test_cache_size_functions_check_their_arguments():
         cache_bytes_rows(heads=2, kv_heads=4)
     with pytest.raises(ValueError, match=r"^cache_bytes_rows: kv_lora_rank must be >= 1"):
         cache_bytes_rows(kv_lora_rank=0)
+
+
+# --- every way a published config names its key/value heads, against Hugging Face's own reading ----------
+
+FALCON_7B = {"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71,
+             "multi_query": True, "new_decoder_architecture": False}          # tiiuae/falcon-7b's config.json
+FALCON_40B = {"model_type": "falcon", "num_hidden_layers": 60, "hidden_size": 8192, "num_attention_heads": 128,
+              "num_kv_heads": 8, "new_decoder_architecture": True}            # tiiuae/falcon-40b's
+
+
+@pytest.mark.parametrize("config", [
+    FALCON_7B, FALCON_40B,
+    {**FALCON_7B, "multi_query": False},                                     # Falcon-RW: every head its own
+    {key: value for key, value in FALCON_7B.items() if key != "multi_query"},   # multi_query's default: True
+    {**FALCON_40B, "new_decoder_architecture": False, "multi_query": True},  # num_kv_heads then ignored
+])
+def test_falcon_configs_are_read_as_hugging_faces_falcon_config_reads_them(config):
+    from transformers import FalconConfig
+
+    expected = FalconConfig(**config).num_key_value_heads
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    found = cache_size_from_config(config)
+    assert found.per_layer == 2 * expected * head_dim and found.num_layers == config["num_hidden_layers"]
+
+
+def test_falcon_7b_is_multi_query_not_multi_head():
+    """The issue's numbers: 4,096 cached elements per token, not 290,816 (71 heads of 64, 32 layers)."""
+    found = cache_size_from_config(FALCON_7B)
+    assert (found.kind, found.elements_per_token) == ("MQA", 4096)
+
+
+@pytest.mark.parametrize("multi_query", [True, False])
+def test_gpt_bigcode_configs_with_gpt2_names_are_read_as_hugging_face_reads_them(multi_query):
+    from transformers import GPTBigCodeConfig
+
+    config = {"model_type": "gpt_bigcode", "n_layer": 40, "n_embd": 6144, "n_head": 48, "multi_query": multi_query}
+    expected = GPTBigCodeConfig(**config).num_key_value_heads                 # StarCoder: 1
+    found = cache_size_from_config(config)
+    assert (found.per_layer, found.num_layers) == (2 * expected * 128, 40)
+
+
+def test_chatglm_query_groups_are_read():
+    config = {"num_hidden_layers": 28, "hidden_size": 4096, "num_attention_heads": 32,
+              "multi_query_attention": True, "multi_query_group_num": 2}     # ChatGLM2's two fields
+    assert cache_size_from_config(config).per_layer == 2 * 2 * 128
+
+
+def test_a_way_of_naming_key_value_heads_it_cannot_read_is_refused():
+    config = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_query_groups": 2}
+    with pytest.raises(ValueError, match="marks its key/value heads with num_query_groups"):
+        cache_size_from_config(config)

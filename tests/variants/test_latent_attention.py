@@ -206,6 +206,9 @@ def test_config_and_inputs_are_checked_with_errors_that_name_the_argument():
         mla_config_from_hugging_face({k: v for k, v in values.items() if k != "kv_lora_rank"})
     with pytest.raises(ValueError, match="num_key_value_heads=2"):
         mla_config_from_hugging_face({**values, "num_key_value_heads": 2})
+    with pytest.raises(ValueError, match="rope_interleave=False is not supported"):     # DeepSeek-V3's option
+        mla_config_from_hugging_face({**values, "rope_interleave": False})
+    assert mla_config_from_hugging_face({**values, "rope_interleave": True}) == mla_config_from_hugging_face(values)
     with pytest.raises(TypeError, match="values must be a mapping"):
         mla_config_from_hugging_face([1, 2])
     mla = MultiHeadLatentAttention(mla_config_from_hugging_face(values))

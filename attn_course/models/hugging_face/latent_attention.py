@@ -38,16 +38,17 @@ def mla_config_from_hugging_face(values: Mapping[str, Any] | Any) -> MLAConfig:
             ``num_attention_heads``, ``kv_lora_rank``, ``q_lora_rank`` (may be null),
             ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim`` (all required),
             ``attention_bias``, ``num_key_value_heads`` (must equal the heads: MLA has no
-            grouping), and the rotary settings, ``rope_parameters`` (transformers 5) or
-            ``rope_theta`` + ``rope_scaling``.
+            grouping), ``rope_interleave`` (DeepSeek-V3's; must be true), and the rotary settings,
+            ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``.
 
     Returns:
         the :class:`~attn_course.variants.latent_attention.MLAConfig`.
 
     Raises:
         TypeError: ``values`` neither a mapping nor a config object.
-        ValueError: a missing field, grouped key/value heads, or a rotary type other than
-            ``"default"`` and ``"yarn"``; the field is named.
+        ValueError: a missing field, grouped key/value heads, half-split rotary pairs
+            (``rope_interleave`` false), or a rotary type other than ``"default"`` and ``"yarn"``; the
+            field is named.
 
     Example:
         >>> config = mla_config_from_hugging_face({
@@ -71,6 +72,12 @@ def mla_config_from_hugging_face(values: Mapping[str, Any] | Any) -> MLAConfig:
     if kv_heads is not None and kv_heads != heads:
         raise ValueError(f"{where}: num_key_value_heads={kv_heads} differs from num_attention_heads={heads}; "
                          "MLA projects a key and a value for every head from the latent")
+    interleave = values.get("rope_interleave", True)
+    if interleave is not True:
+        # DeepSeek-V3's configs may pair the two halves of the rotary features (rotate_half) instead of
+        # neighbours: read as neighbours, every rotary score would be wrong without an error.
+        raise ValueError(f"{where}: rope_interleave={interleave!r} is not supported; the course's MLA pairs "
+                         "neighbouring rotary features (rope_interleave=true, DeepSeek-V2's and V3's default)")
     field, parameters, rope_type = rope_parameters(values, where=where)
     if rope_type not in MLA_ROPE_TYPES:
         raise ValueError(f"{where}: {field} rope_type={rope_type!r} is not supported; DeepSeek-V2's "
