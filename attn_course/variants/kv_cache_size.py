@@ -206,8 +206,8 @@ def _kv_heads(where: str, config: Mapping[str, Any], heads: int, field: Callable
         return field("multi_query_group_num")
     if "multi_query" in config:                                         # GPT-BigCode (StarCoder)
         return 1 if _validate.boolean(where, "multi_query", config["multi_query"]) else heads
-    unread = sorted(name for name in config if any(mark in name for mark in KV_HEAD_MARKS)
-                    and name != "multi_query_attention")
+    unread = sorted(name for name, value in config.items() if any(mark in name for mark in KV_HEAD_MARKS)
+                    and value not in (None, False) and name != "num_key_value_heads")
     if unread:
         raise ValueError(f"{where}: the config marks its key/value heads with {', '.join(unread)}, which this "
                          "function does not read; give num_key_value_heads")

@@ -132,3 +132,9 @@ def test_a_way_of_naming_key_value_heads_it_cannot_read_is_refused():
     config = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_query_groups": 2}
     with pytest.raises(ValueError, match="marks its key/value heads with num_query_groups"):
         cache_size_from_config(config)
+
+
+def test_key_value_heads_left_null_mean_every_head_its_own():
+    config = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": None,
+              "multi_query_attention": False}
+    assert cache_size_from_config(config).kind == "MHA"
