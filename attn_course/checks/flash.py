@@ -99,10 +99,10 @@ def _normalised_stream(q, tiles, *, old_sum=True, correction=True):
     for k, v in tiles:
         scores = q @ k.double().T * scale
         new_max = torch.maximum(row_max, scores.amax(dim=-1))
-        factor = torch.exp(row_max - new_max) if correction else torch.ones_like(row_max)
+        rescale = torch.exp(row_max - new_max)
         weights = torch.exp(scores - new_max[:, None])
-        new_sum = row_sum * torch.exp(row_max - new_max) + weights.sum(-1)
-        kept = (row_sum if old_sum else torch.ones_like(row_sum)) * factor
+        new_sum = row_sum * rescale + weights.sum(-1)
+        kept = (row_sum if old_sum else 1.0) * (rescale if correction else 1.0)
         out = (out * kept[:, None] + weights @ v.double()) / new_sum[:, None]
         row_max, row_sum = new_max, new_sum
     return out, row_max + torch.log(row_sum)

@@ -9,8 +9,10 @@ import math
 import torch
 
 from attn_course.checks.diagnosis import CheckFailed, call_answer, check_close, triton_missing
+from attn_course.core.masks import causal_mask
+from attn_course.variants.masks import sliding_window_mask
 
-__all__ = ["WINDOW", "check_window_kernel", "masked_attention", "window_visible"]
+__all__ = ["WINDOW", "check_window_kernel", "masked_attention"]
 
 #: The window of the exercise's kernel: each query sees its own key and the WINDOW - 1 before it.
 WINDOW = 24
@@ -30,16 +32,6 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v.double()
 
 
-def window_visible(n_q: int, n_k: int, window: int | None, *, offset: int | None = None,
-                   widen: int = 0) -> torch.Tensor:
-    """``[n_q, n_k]``: query ``i``, at position ``p = i + offset`` (default ``n_k - n_q``), sees key ``j`` when
-    ``p - window - widen < j <= p`` (``window`` None: every ``j <= p``)."""
-    offset = n_k - n_q if offset is None else offset
-    position, j = torch.arange(n_q)[:, None] + offset, torch.arange(n_k)[None, :]
-    visible = j <= position
-    return visible if window is None else visible & (j > position - window - widen)
-
-
 def _mistakes(q, k, v, block):
     (n_q, d), n_k = q.shape, k.shape[0]
     padded = -(-n_k // block) * block                      # keys up to the end of the last tile
@@ -48,20 +40,20 @@ def _mistakes(q, k, v, block):
     ways = [
         (f"Your window is one key too wide: a query at position p sees the {WINDOW} keys p - {WINDOW - 1} .. p, "
          f"its own included, so key j is visible when j > p - {WINDOW} (not >=).",
-         window_visible(n_q, n_k, WINDOW, widen=1)),
+         sliding_window_mask(n_q, n_k, window=WINDOW + 1)),
         ("Your kernel forgets the window: each query saw every key up to its position, as in plain causal "
-         "attention.", window_visible(n_q, n_k, None)),
+         "attention.", causal_mask(n_q, n_k)),
         ("Your kernel places the queries at positions 0 .. N_Q - 1: after n_k - N_Q cached keys, query i sits at "
          "position i + n_k - N_Q, as the classmate's kernel had it.",
-         window_visible(n_q, n_k, WINDOW, offset=0)),
+         sliding_window_mask(n_q, n_k, window=WINDOW, offset=0)),
     ]
     found = [(message, masked_attention(q, k, v, visible).float()) for message, visible in ways]
     if padded > n_k:
         found.append(("The keys past n_k in the last tile count as keys with score 0: a masked load fills "
                       "them with 0.0, and a score of 0 is not a hidden key. Keep the scores of "
                       "cols >= n_k at -inf, as well as the hidden ones.",
-                      masked_attention(q, k_zero, v_zero, window_visible(n_q, padded, WINDOW,
-                                                                          offset=n_k - n_q)).float()))
+                      masked_attention(q, k_zero, v_zero, sliding_window_mask(n_q, padded, window=WINDOW,
+                                                                               offset=n_k - n_q)).float()))
     return found
 
 
@@ -96,7 +88,7 @@ def check_window_kernel(kernel: object) -> bool | None:
                 "in the first tile(s) (they lie before the window), so there m_i and the tile's maximum are both "
                 "-inf, and exp2(-inf - (-inf)) is NaN. While a row has seen nothing, measure its weights against "
                 "0 instead (tl.where), or start each row's loop where its window starts.")
-        expected = masked_attention(q, k, v, window_visible(16, n_k, WINDOW)).float()
+        expected = masked_attention(q, k, v, sliding_window_mask(16, n_k, window=WINDOW)).float()
         check_close(got, expected, what=f"Your kernel's output (n_k = {n_k})", mistakes=_mistakes(q, k, v, 16),
                     hint="write down, for query i, its position and the keys its window holds.")
     return True

@@ -10,13 +10,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attn_course.checks.diagnosis import CheckFailed  # noqa: E402
-from attn_course.checks.flash_window_kernel import (  # noqa: E402
-    WINDOW,
-    check_window_kernel,
-    masked_attention,
-    window_visible,
-)
+from attn_course.checks.flash_window_kernel import WINDOW, check_window_kernel, masked_attention  # noqa: E402
 from attn_course.flash.small_kernel import launch_small_attention  # noqa: E402
+from attn_course.variants.masks import sliding_window_mask  # noqa: E402
 
 from support.planted.planted_07 import AGAINST_NEW_MAX, VISIBLE, window_kernel_with  # noqa: E402
 
@@ -54,8 +50,8 @@ def test_the_reference_is_sdpa_under_a_sliding_window_after_a_cache():
     i, j = torch.arange(5)[:, None] + 35, torch.arange(40)[None, :]            # queries at positions 35 .. 39
     mask = (j <= i) & (j > i - WINDOW)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(masked_attention(q, k, v, window_visible(5, 40, WINDOW)), expected)
-    assert window_visible(5, 40, WINDOW).sum(-1).tolist() == [WINDOW] * 5
+    torch.testing.assert_close(masked_attention(q, k, v, sliding_window_mask(5, 40, window=WINDOW)), expected)
+    assert sliding_window_mask(5, 40, window=WINDOW).sum(-1).tolist() == [WINDOW] * 5
 
 
 def test_the_solution_passes(kernels):
