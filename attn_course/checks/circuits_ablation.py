@@ -1,11 +1,13 @@
 """Check chapter 11's prediction: which head's ablation hurts most, predicted from the heads' scores alone.
 
 The check measures, on the chapter's cached models (seeds 0 and 1: a previous-token route and a duplicate-token
-route), every head's three scores on repeated random tokens and how much zeroing it raises the loss on the
-repeated half; and again on each model with one harmless layer-0 head made dead (its queries, keys and output
+route), every head's three scores on the data they were trained on and how much zeroing it raises the loss on the
+repeat; and again on each model with one harmless layer-0 head made dead (its queries, keys and output
 zeroed: it attends uniformly and writes nothing). The heads are shown to the answer shuffled within each layer,
 scores and losses alike: a prediction has to follow from the scores, and a rule that fits one model (the
-layer-0 head with the lowest induction score, the strongest previous-token head) fails on another.
+strongest previous-token head, or duplicate-token head) fails on the other. One proxy passes on these models:
+the layer-0 head with the lowest induction score, since a head focused on one key has little weight left for
+``i − P + 1``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from attn_course._threads import one_thread
 from attn_course.checks.diagnosis import CheckFailed, call_answer
 from attn_course.checks.forbidden import RANDOM, Forbidden, forbid
 from attn_course.circuits.ablation import ablate_head
-from attn_course.circuits.losses import repeated_span, span_loss
+from attn_course.circuits.losses import span_loss
 from attn_course.circuits.recording import record_patterns
 from attn_course.circuits.scores import duplicate_token_score, induction_score, previous_token_score
 from attn_course.circuits.trained import load_trained, trained_seeds
-from attn_course.data.repeated_tokens import repeated_random_tokens
+from attn_course.circuits.training import InductionSetup
 
 __all__ = ["check_ablation_prediction", "ablation_effects"]
 
@@ -50,7 +52,7 @@ FIXED_HEAD = ("You name layer {layer}, head {head} whatever the scores. The chec
               "the scores which head it is.")
 SWAPPED = "You return (head, layer); the check wants (layer, head)."
 WRONG = ("On seed {seed}'s model{dead}, you named layer {layer}, head {head} (previous-token {prev:.2f}, "
-         "duplicate-token {dup:.2f}, induction {ind:.2f}): zeroing it raised the loss on the repeated half by "
+         "duplicate-token {dup:.2f}, induction {ind:.2f}): zeroing it raised the loss on the repeat by "
          "{rise:.2f} nats. Zeroing layer {best_layer}, head {best_head} (previous-token {best_prev:.2f}, "
          "duplicate-token {best_dup:.2f}, induction {best_ind:.2f}) raised it by {best_rise:.2f}.")
 DEAD = " with one layer-0 head made dead (queries, keys and output zeroed)"
@@ -66,10 +68,11 @@ ONE_ROUTE = (" You looked at one of layer 0's scores only, and this model has no
 def ablation_effects(seed: int, dead_head: int | None = None) -> tuple[torch.Tensor, ...]:
     """``(previous-token, duplicate-token and induction scores, loss rises)``, each ``[L, H]``, of the cached model
     of ``seed``, with layer-0 head ``dead_head`` (if given) made dead: its query, key and output weights zeroed.
-    The course's scores averaged over 64 sequences of 20 random tokens repeated, and how much zeroing each head
-    raises the loss of the repeated half (nats). Computed once per model."""
+    The course's scores averaged over 128 sequences of the data it was trained on (a segment said twice at a
+    random place), and how much zeroing each head raises the loss of the repeat's predictable tokens (nats).
+    Computed once per model."""
     model = load_trained(seed)
-    layers, heads, half = model.config.n_layers, model.config.n_heads, model.config.max_len // 2
+    layers, heads = model.config.n_layers, model.config.n_heads
     if dead_head is not None:
         attention = model.layers[0].attention
         rows = slice(dead_head * attention.head_dim, (dead_head + 1) * attention.head_dim)
@@ -77,14 +80,14 @@ def ablation_effects(seed: int, dead_head: int | None = None) -> tuple[torch.Ten
             attention.q_proj.weight[rows] = 0.0                      # equal logits: uniform causal attention
             attention.k_proj.weight[rows] = 0.0
             attention.out_proj.weight[:, rows] = 0.0                 # and nothing written to the stream
-    draws = torch.Generator().manual_seed(2024 + seed)
-    tokens = repeated_random_tokens(64, half, model.config.vocab_size, generator=draws)          # [64, 2L]
+    batch = InductionSetup().repeats(128, torch.Generator().manual_seed(2024 + seed))   # the data it was trained on
+    tokens, span = batch.tokens, batch.predictable
     with one_thread():
         patterns = record_patterns(model, tokens)                                  # {layer: [B, H, N, N]}
     scores = [torch.stack([score(patterns[layer]).mean(0) for layer in range(layers)]).float()     # [L, H] each
-              for score in (previous_token_score, lambda p: duplicate_token_score(p, half),
-                            lambda p: induction_score(p, half))]
-    span = repeated_span(half)
+              for score in (previous_token_score,
+                            lambda p: duplicate_token_score(p, batch.periods, batch.second_copy),
+                            lambda p: induction_score(p, batch.periods, batch.second_copy))]
     rises = torch.zeros(layers, heads, dtype=torch.float64)
     with one_thread():                                          # small runs: a second thread mostly waits
         intact = span_loss(model, tokens, span)
@@ -110,7 +113,7 @@ def _as_head(answer: object) -> tuple[int, int]:
 def check_ablation_prediction(predict_fn: Callable, *, seed: int = 0, shuffles: int = 3,
                               models: tuple[int, ...] = MODELS) -> bool:
     """Check ``fn(previous_token_scores, duplicate_token_scores, induction_scores) -> (layer, head)``, each score
-    ``[L, H]``: the head whose zero ablation raises the loss on the repeated half the most, predicted from the
+    ``[L, H]``: the head whose zero ablation raises the loss on the repeat the most, predicted from the
     scores alone.
 
     The cached model of each seed in ``models`` is shown as trained and with one harmless layer-0 head made

@@ -99,7 +99,7 @@ class PatchResult(NamedTuple):
 
 
 def patch_head(model: AttentionOnlyTransformer, layer: int, head: int, clean_tokens: torch.Tensor,
-               corrupted_tokens: torch.Tensor, *, span: tuple[int, int] | None = None,
+               corrupted_tokens: torch.Tensor, *, span: tuple[int, int] | torch.Tensor | None = None,
                targets: torch.Tensor | None = None, positions: slice | None = None) -> PatchResult:
     """Activation patching: run ``clean_tokens``, keep one head's output, run ``corrupted_tokens`` with it put back.
 
@@ -110,7 +110,8 @@ def patch_head(model: AttentionOnlyTransformer, layer: int, head: int, clean_tok
         model: an :class:`~attn_course.models.attention_only.AttentionOnlyTransformer`.
         layer, head: which head's output ``[B, N, E]`` is carried over.
         clean_tokens, corrupted_tokens: ``[B, N]`` ids of the same shape.
-        span: ``(start, stop)``, the tokens whose loss is measured (default ``(1, N)``).
+        span: ``(start, stop)``, the tokens whose loss is measured (default ``(1, N)``), or a bool mask
+            ``[B, N]`` of them.
         targets: ``[B, N]``, the tokens scored (default ``clean_tokens``).
         positions: which positions of the head's output are patched (default all).
 
@@ -141,7 +142,7 @@ def patch_head(model: AttentionOnlyTransformer, layer: int, head: int, clean_tok
                          f"{_validate.shape_str(targets)}")
     if positions is not None and not isinstance(positions, slice):
         raise TypeError(f"{where}: positions must be a slice or None, got {type(positions).__name__}")
-    span = check_span(where, (1, clean_tokens.shape[1]) if span is None else span, clean_tokens.shape[1])
+    span = check_span(where, (1, clean_tokens.shape[1]) if span is None else span, tuple(clean_tokens.shape))
     where_patched = slice(None) if positions is None else positions
     clean_output = record(model, clean_tokens, "result")[layer][:, head]      # [B, N, E]
 

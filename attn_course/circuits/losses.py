@@ -1,11 +1,11 @@
 """Next-token losses token by token, and over a span of tokens: what the ablations and the training history measure.
 
 Conventions: "the loss of token ``t``" is the cross-entropy of ``tokens[:, t]`` under the logits at position
-``t − 1`` (so token 0 has none). A span ``(start, stop)`` is the tokens ``start .. stop − 1``, ``start ≥ 1``.
-On :func:`~attn_course.data.repeated_tokens.repeated_random_tokens` of period ``L`` (``N = 2L``),
-:func:`repeated_span` is ``(L + 1, 2L)``, the tokens an induction head can predict (token ``L``, the first of
-the repeat, cannot be: it follows token ``L − 1``, which has not occurred before), and :func:`first_half_span`
-is ``(1, L)``, tokens no model can predict better than chance (``ln V``).
+``t − 1`` (so token 0 has none). The tokens scored are a span ``(start, stop)``, the tokens ``start .. stop − 1``
+(``start ≥ 1``), or a bool mask ``[B, N]`` that picks them sequence by sequence, such as
+:attr:`~attn_course.data.repeated_tokens.PlacedRepeats.predictable`: the tokens of a repeat that an induction
+head can predict (the first token of the second copy cannot be: it follows a token that has not occurred
+before).
 """
 
 from __future__ import annotations
@@ -16,25 +16,39 @@ from torch import nn
 
 from attn_course import _validate
 
-__all__ = ["token_losses", "span_loss", "loss_from_logits", "repeated_span", "first_half_span", "check_span"]
+__all__ = ["token_losses", "span_loss", "loss_from_logits", "check_span"]
 
 
-def check_span(where: str, span: object, tokens: int) -> tuple[int, int]:
-    """``span`` as ``(start, stop)`` with ``1 <= start < stop <= tokens``, else a clear error."""
+def check_span(where: str, span: object, shape: tuple[int, int]) -> torch.Tensor:
+    """The tokens scored, ``[B, N]`` bool, from ``span``: ``(start, stop)`` with ``1 <= start < stop <= N``,
+    or a bool mask ``[B, N]`` (``shape``) that leaves token 0 out and picks at least one token in each row;
+    else a clear error."""
+    batch, tokens = shape
+    if isinstance(span, torch.Tensor):
+        if span.dtype != torch.bool or span.shape != (batch, tokens):
+            raise ValueError(f"{where}: span must be (start, stop) or a bool mask [B, N] = [{batch}, {tokens}], "
+                             f"got a {span.dtype} tensor of shape {_validate.shape_str(span)}")
+        if span[:, 0].any() or not span.any(dim=1).all():
+            raise ValueError(f"{where}: a span mask must leave token 0 out (nothing predicts it) and pick at least "
+                             "one token in every sequence")
+        return span
     pair = _validate.integer_sequence(where, "span", span)
     if len(pair) != 2 or not 1 <= pair[0] < pair[1] <= tokens:
         raise ValueError(f"{where}: span must be (start, stop) with 1 <= start < stop <= N = {tokens} "
                          f"(the tokens predicted), got {tuple(pair)}")
-    return pair[0], pair[1]
+    position = torch.arange(tokens)[None, :]                                    # [1, N]
+    return ((position >= pair[0]) & (position < pair[1])).expand(batch, tokens)
 
 
-def loss_from_logits(logits: torch.Tensor, targets: torch.Tensor, span: tuple[int, int] | None = None) -> torch.Tensor:
+def loss_from_logits(logits: torch.Tensor, targets: torch.Tensor,
+                     span: tuple[int, int] | torch.Tensor | None = None) -> torch.Tensor:
     """Mean next-token cross-entropy of ``targets`` under ``logits`` over the tokens of ``span``.
 
     Args:
         logits: ``[B, N, V]``; position ``t − 1`` predicts token ``t``.
         targets: ``[B, N]`` ids.
-        span: ``(start, stop)``, the tokens scored (default ``(1, N)``: all that have a prediction).
+        span: ``(start, stop)``, the tokens scored (default ``(1, N)``: all that have a prediction), or a bool
+            mask ``[B, N]`` of them.
 
     Returns:
         a scalar tensor (nats).
@@ -53,9 +67,9 @@ def loss_from_logits(logits: torch.Tensor, targets: torch.Tensor, span: tuple[in
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(f"{where}: logits must be [B, N, V] and targets [B, N], got shapes "
                          f"{_validate.shape_str(logits)} and {_validate.shape_str(targets)}")
-    start, stop = check_span(where, (1, logits.shape[1]) if span is None else span, logits.shape[1])
-    predicted = logits[:, start - 1:stop - 1]                                   # [B, S, V]
-    return F.cross_entropy(predicted.flatten(0, 1), targets[:, start:stop].flatten())
+    scored = check_span(where, (1, logits.shape[1]) if span is None else span, tuple(targets.shape))[:, 1:]
+    losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets[:, 1:], reduction="none")   # [B, N - 1]
+    return losses.masked_select(scored.expand_as(losses)).mean()
 
 
 def token_losses(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -94,34 +108,13 @@ def token_losses(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return losses.view(tokens.shape[0], tokens.shape[1] - 1)                    # [B, N - 1]
 
 
-def span_loss(model: nn.Module, tokens: torch.Tensor, span: tuple[int, int] | None = None) -> float:
-    """The mean loss of the tokens ``span = (start, stop)`` (default all but the first) under ``model``.
+def span_loss(model: nn.Module, tokens: torch.Tensor, span: tuple[int, int] | torch.Tensor | None = None) -> float:
+    """The mean loss of the tokens of ``span`` under ``model``: ``(start, stop)`` (default all but the first),
+    or a bool mask ``[B, N]`` of the tokens scored.
 
     Raises:
-        TypeError, ValueError: as :func:`token_losses`, or a span outside ``1 .. N``.
+        TypeError, ValueError: as :func:`token_losses`, or a span outside ``1 .. N`` (a mask of another shape).
     """
     losses = token_losses(model, tokens)                                        # [B, N - 1]
-    start, stop = check_span("span_loss", (1, tokens.shape[1]) if span is None else span, tokens.shape[1])
-    return losses[:, start - 1:stop - 1].mean().item()
-
-
-def repeated_span(half_length: int) -> tuple[int, int]:
-    """``(L + 1, 2L)``: the tokens of a period-``L`` repeat that an induction head can predict.
-
-    Example:
-        >>> repeated_span(20)
-        (21, 40)
-    """
-    half_length = _validate.integer("repeated_span", "half_length", half_length, minimum=2)
-    return half_length + 1, 2 * half_length
-
-
-def first_half_span(half_length: int) -> tuple[int, int]:
-    """``(1, L)``: the tokens of the first half that have a prediction (all random: ``ln V`` at best).
-
-    Example:
-        >>> first_half_span(20)
-        (1, 20)
-    """
-    half_length = _validate.integer("first_half_span", "half_length", half_length, minimum=2)
-    return 1, half_length
+    scored = check_span("span_loss", (1, tokens.shape[1]) if span is None else span, tuple(tokens.shape))[:, 1:]
+    return losses.masked_select(scored.expand_as(losses)).mean().item()

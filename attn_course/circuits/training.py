@@ -1,10 +1,10 @@
 """Training an attention-only model until an induction head forms, measuring it along the way (chapter 11).
 
-The model reads :func:`~attn_course.data.repeated_tokens.repeated_segment_tokens`: random tokens ending in a
-segment said twice, its length drawn per sequence, so the repeat can be found only from the tokens (by an
-induction head), not learnt as a fixed offset. Every ``record_every`` steps it is scored on one fixed
-evaluation batch of :func:`~attn_course.data.repeated_tokens.repeated_random_tokens` (period
-``L = half_length``, ``N = 2L``).
+The model reads :func:`~attn_course.data.repeated_tokens.placed_repeats`: random tokens holding a segment
+said twice, its length and its place drawn per sequence, so the repeat can be found only from the tokens (by
+an induction head), not learnt as a distance or a position. Every ``record_every`` steps it is scored on one
+fixed evaluation batch of the same kind and on its no-repeat control (the same batch with the first copy
+replaced by fresh tokens): every loss and score is recorded on both.
 
 :func:`train_induction_model` is deterministic for a seed on a CPU: the weights come from
 ``torch.manual_seed(seed)`` (the caller's random state is restored afterwards), the batches from
@@ -25,15 +25,15 @@ import torch.nn.functional as F
 
 from attn_course import _validate
 from attn_course._threads import one_thread
-from attn_course.circuits.losses import first_half_span, repeated_span, token_losses
+from attn_course.circuits.losses import span_loss
 from attn_course.circuits.recording import record_patterns
 from attn_course.circuits.scores import duplicate_token_score, induction_score, previous_token_score
-from attn_course.data.repeated_tokens import repeated_random_tokens, repeated_segment_tokens
+from attn_course.data.repeated_tokens import PlacedRepeats, placed_repeats
 from attn_course.models.attention_only import AttentionOnlyTransformer
 from attn_course.models.training import optimizer_step, warmed_up_adamw
 
-__all__ = ["AttentionOnlySetup", "InductionSetup", "RecordedHistory", "InductionHistory", "olsson_positions",
-           "train_and_record", "train_induction_model", "phase_change_step", "state_digest", "EVALUATION_SEED"]
+__all__ = ["AttentionOnlySetup", "InductionSetup", "RecordedHistory", "InductionHistory", "train_and_record",
+           "train_induction_model", "phase_change_step", "state_digest", "EVALUATION_SEED"]
 
 EVALUATION_SEED = 12345          # the one evaluation batch every seed is scored on
 
@@ -75,18 +75,25 @@ class InductionSetup(AttentionOnlySetup):
 
     Attributes:
         vocab_size: ``V``.
-        half_length: ``L``, the evaluation period; sequences have ``N = 2L`` tokens.
-        min_period: the shortest training period (the longest is ``L``).
+        length: ``N``, tokens per sequence.
+        min_period, max_period: the lengths of the repeated segment (both included, ``2·max_period ≤ N``).
+        evaluation_batch: sequences in the evaluation batch (and in its control).
     """
 
     vocab_size: int = 48
-    half_length: int = 20
-    min_period: int = 16
+    length: int = 40
+    min_period: int = 4
+    max_period: int = 20
+    evaluation_batch: int = 128
 
-    def evaluation_tokens(self) -> torch.Tensor:
-        """The fixed evaluation batch ``[evaluation_batch, 2L]`` (period ``L``), the same for every seed."""
-        return repeated_random_tokens(self.evaluation_batch, self.half_length, self.vocab_size,
-                                      generator=torch.Generator().manual_seed(EVALUATION_SEED))
+    def repeats(self, batch: int, generator: torch.Generator | None = None) -> PlacedRepeats:
+        """``batch`` sequences of this setup's kind (:func:`~attn_course.data.repeated_tokens.placed_repeats`)."""
+        return placed_repeats(batch, self.length, self.vocab_size, periods=(self.min_period, self.max_period),
+                              generator=generator)
+
+    def evaluation_repeats(self) -> PlacedRepeats:
+        """The fixed evaluation batch and its control, the same for every seed."""
+        return self.repeats(self.evaluation_batch, torch.Generator().manual_seed(EVALUATION_SEED))
 
 
 @dataclass
@@ -119,35 +126,22 @@ class RecordedHistory:
 
 @dataclass
 class InductionHistory(RecordedHistory):
-    """What :func:`train_induction_model` measured: :class:`RecordedHistory`'s lists, on the evaluation batch
-    (``repeated_loss``: tokens ``L + 1 .. 2L − 1``), and these.
+    """What :func:`train_induction_model` measured on the evaluation batch: :class:`RecordedHistory`'s lists
+    (``repeated_loss``: the :attr:`~attn_course.data.repeated_tokens.PlacedRepeats.predictable` tokens; the scores
+    over the second copy, each sequence at its own period), and the same on the no-repeat control.
 
     Attributes:
-        first_half_loss: mean loss of tokens ``1 .. L − 1`` (random: ``ln V`` at best).
         duplicate_token_scores: ``[layer][head]`` at each record, as the other scores.
-        icl_score: Olsson et al.'s in-context-learning score, loss of token ``late`` minus loss of token
-            ``early`` (:func:`olsson_positions`), on the evaluation batch.
+        control_loss: the loss of the same tokens in the control, where nothing earlier repeats them.
+        control_induction_scores, control_duplicate_token_scores, control_previous_token_scores: the scores
+            read at the same queries and keys of the control.
     """
 
-    first_half_loss: list[float] = field(default_factory=list)
     duplicate_token_scores: list[list[list[float]]] = field(default_factory=list)
-    icl_score: list[float] = field(default_factory=list)
-
-
-def olsson_positions(length: int) -> tuple[int, int]:
-    """The early and late tokens of the in-context-learning score, scaled from Olsson et al.'s 50 and 500 of 512.
-
-    ``(round(50/512 · N), min(N − 1, round(500/512 · N)))``: for ``N = 40``, tokens 4 and 39.
-
-    Raises:
-        TypeError: not an int. ValueError: ``length`` below 12 (the two would meet or leave the sequence).
-
-    Example:
-        >>> olsson_positions(40), olsson_positions(512)
-        ((4, 39), (50, 500))
-    """
-    length = _validate.integer("olsson_positions", "length", length, minimum=12)
-    return max(1, round(50 / 512 * length)), min(length - 1, round(500 / 512 * length))
+    control_loss: list[float] = field(default_factory=list)
+    control_induction_scores: list[list[list[float]]] = field(default_factory=list)
+    control_duplicate_token_scores: list[list[list[float]]] = field(default_factory=list)
+    control_previous_token_scores: list[list[list[float]]] = field(default_factory=list)
 
 
 def state_digest(model: torch.nn.Module) -> str:
@@ -159,21 +153,19 @@ def state_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _measure(model: AttentionOnlyTransformer, tokens: torch.Tensor, setup: InductionSetup) -> dict:
-    """The evaluation batch's losses and every head's scores."""
-    half = setup.half_length
-    losses = token_losses(model, tokens)                                         # [B, N - 1], column t - 1: token t
-    early, late = olsson_positions(tokens.shape[1])
-    (r0, r1), (f0, f1) = repeated_span(half), first_half_span(half)
-    patterns = record_patterns(model, tokens)                                    # {layer: [B, H, N, N]}
-    return {
-        "repeated_loss": losses[:, r0 - 1:r1 - 1].mean().item(),
-        "first_half_loss": losses[:, f0 - 1:f1 - 1].mean().item(),
-        "induction_scores": [induction_score(p, half).mean(0).tolist() for p in patterns.values()],
-        "previous_token_scores": [previous_token_score(p).mean(0).tolist() for p in patterns.values()],
-        "duplicate_token_scores": [duplicate_token_score(p, half).mean(0).tolist() for p in patterns.values()],
-        "icl_score": (losses[:, late - 1].mean() - losses[:, early - 1].mean()).item(),
-    }
+def _measure(model: AttentionOnlyTransformer, batch: PlacedRepeats) -> dict:
+    """The evaluation batch's and its control's losses and every head's scores."""
+    measured = {}
+    for prefix, tokens in (("", batch.tokens), ("control_", batch.control)):
+        patterns = record_patterns(model, tokens)                                # {layer: [B, H, N, N]}
+        loss = span_loss(model, tokens, batch.predictable)
+        measured["repeated_loss" if not prefix else "control_loss"] = loss
+        for name, score in (("induction_scores", induction_score), ("duplicate_token_scores", duplicate_token_score)):
+            measured[prefix + name] = [score(p, batch.periods, batch.second_copy).mean(0).tolist()
+                                       for p in patterns.values()]
+        measured[prefix + "previous_token_scores"] = [previous_token_score(p).mean(0).tolist()
+                                                      for p in patterns.values()]
+    return measured
 
 
 def train_and_record(seed: int, steps: int, record_every: int, setup: AttentionOnlySetup, history: RecordedHistory,
@@ -238,9 +230,9 @@ def train_and_record(seed: int, steps: int, record_every: int, setup: AttentionO
     return model.eval()
 
 
-def train_induction_model(seed: int, steps: int = 1000, *, setup: InductionSetup | None = None,
+def train_induction_model(seed: int, steps: int = 2000, *, setup: InductionSetup | None = None,
                           record_every: int = 25) -> tuple[AttentionOnlyTransformer, InductionHistory]:
-    """Train a two-layer attention-only model on repeating random tokens, scoring it every ``record_every`` steps.
+    """Train a two-layer attention-only model on random tokens with a repeat, scoring it every ``record_every`` steps.
 
     Args:
         seed: the weights' and the batches' seed (an int ≥ 0).
@@ -257,25 +249,24 @@ def train_induction_model(seed: int, steps: int = 1000, *, setup: InductionSetup
 
     Example:
         >>> model, history = train_induction_model(0, steps=4, record_every=2)
-        >>> history.steps, len(history.induction_scores[0]), len(history.induction_scores[0][1])
+        >>> history.steps, len(history.induction_scores[0]), len(history.control_induction_scores[0][1])
         ([0, 2, 4], 2, 4)
     """
     setup = InductionSetup() if setup is None else setup
     if not isinstance(setup, InductionSetup):
         raise TypeError(f"train_induction_model: setup must be an InductionSetup or None, got {type(setup).__name__}")
-    evaluation = setup.evaluation_tokens()                                       # [B_eval, 2L]
-    length = 2 * setup.half_length
+    evaluation = setup.evaluation_repeats()
 
     def batch_loss(model: torch.nn.Module, batches: torch.Generator) -> torch.Tensor:
-        tokens, _ = repeated_segment_tokens(setup.batch_size, length, setup.vocab_size,
-                                           periods=(setup.min_period, setup.half_length), generator=batches)
+        tokens = setup.repeats(setup.batch_size, batches).tokens                # [B, N]
         logits = model(tokens)                                                   # [B, N, V]
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
     history = InductionHistory(seed=seed, setup=dataclasses.asdict(setup))
     model = train_and_record(seed, steps, record_every, setup, history,
-                             build_model=lambda: setup.build_model(setup.vocab_size, length), batch_loss=batch_loss,
-                             measure=lambda model: _measure(model, evaluation, setup), caller="train_induction_model")
+                             build_model=lambda: setup.build_model(setup.vocab_size, setup.length),
+                             batch_loss=batch_loss, measure=lambda model: _measure(model, evaluation),
+                             caller="train_induction_model")
     return model, history
 
 
@@ -284,8 +275,8 @@ def phase_change_step(history: InductionHistory | dict, *, threshold: float = 0.
 
     Args:
         history: an :class:`InductionHistory` (or its dict).
-        threshold: in ``(0, 1)``. 0.3 is about nine times what uniform causal attention gives at ``N = 40``
-            (mean of ``1/(i+1)`` over ``i = 20 .. 39``: 0.035) and, in the runs measured, is crossed in the
+        threshold: in ``(0, 1)``. 0.3 is several times what uniform causal attention gives on chapter 11's
+            evaluation batch (its control's scores, about 0.06) and, in the runs measured, is crossed in the
             middle of the loss drop.
         layer: whose heads (default 1, where induction heads sit in a two-layer model).
 

@@ -4,7 +4,7 @@ tokenizers, and the bank/river sentence of chapters 01-03.
 - :mod:`~attn_course.data.rhymes`: :func:`load_rhymes`, :func:`load_more_rhymes`, :func:`held_out_split`,
   and chapter 08's :func:`load_pretraining_text`, :func:`split_rhymes`;
 - :mod:`~attn_course.data.repeated_tokens`: chapter 11's random tokens that repeat (:func:`repeated_random_tokens`,
-  :func:`repeated_segment_tokens`) and random windows of a character text (:func:`character_windows`);
+  :func:`placed_repeats`) and random windows of a character text (:func:`character_windows`);
 - :mod:`~attn_course.data.stories`: :func:`story_splits`, chapter 08's little stories, whose blanks other
   words of the sentence decide;
 - :mod:`~attn_course.data.tokenizers`: :class:`CharTokenizer`, :class:`WordVocabulary`, :func:`pad_batch`;

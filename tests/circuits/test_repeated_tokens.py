@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from attn_course.circuits import first_half_span, loss_from_logits, repeated_span, span_loss, token_losses
-from attn_course.data.repeated_tokens import character_windows, repeated_random_tokens, repeated_segment_tokens
+from attn_course.circuits import loss_from_logits, span_loss, token_losses
+from attn_course.data.repeated_tokens import character_windows, placed_repeats, repeated_random_tokens
 
 
 def test_the_second_half_repeats_the_first_and_tokens_are_uniform():
@@ -27,13 +27,28 @@ def test_a_generator_makes_the_draw_repeatable():
     assert torch.equal(first, again)
 
 
-def test_repeated_segments_end_the_sequence_and_their_lengths_cover_the_range():
-    tokens, periods = repeated_segment_tokens(500, 20, 50, periods=(4, 10), generator=torch.Generator().manual_seed(1))
-    assert tokens.shape == (500, 20) and set(periods.tolist()) == set(range(4, 11))
-    for row, p in zip(tokens, periods.tolist()):
-        assert torch.equal(row[20 - p:], row[20 - 2 * p:20 - p])
-    full, _ = repeated_segment_tokens(3, 8, 5, periods=(4, 4), generator=torch.Generator().manual_seed(2))
-    assert torch.equal(full[:, 4:], full[:, :4])
+def test_placed_repeats_hold_one_segment_twice_anywhere_and_the_control_only_removes_its_first_copy():
+    batch = placed_repeats(2000, 20, 50, periods=(2, 10), generator=torch.Generator().manual_seed(1))
+    tokens, control, periods, starts = batch.tokens, batch.control, batch.periods, batch.starts
+    assert tokens.shape == control.shape == (2000, 20) and set(periods.tolist()) == set(range(2, 11))
+    assert bool((starts >= 0).all() and (starts + 2 * periods <= 20).all())
+    assert set(starts[periods == 2].tolist()) == set(range(0, 17))          # every place a period-2 repeat fits
+    for row, other, p, s, second, predictable in zip(tokens[:200], control[:200], periods.tolist(), starts.tolist(),
+                                                     batch.second_copy[:200], batch.predictable[:200]):
+        assert torch.equal(row[s + p:s + 2 * p], row[s:s + p])
+        assert second.nonzero().flatten().tolist() == list(range(s + p, s + 2 * p))
+        assert predictable.nonzero().flatten().tolist() == list(range(s + p + 1, s + 2 * p))
+        outside = torch.ones(20, dtype=torch.bool)
+        outside[s:s + p] = False
+        assert torch.equal(other[outside], row[outside])                       # only the first copy differs
+    first_copy = (torch.arange(20) >= starts[:, None]) & (torch.arange(20) < (starts + periods)[:, None])
+    same = (control == tokens)[first_copy].double().mean().item()
+    assert same == pytest.approx(1 / 50, abs=0.01)                           # fresh draws: equal by chance only
+
+
+def test_placed_repeats_with_a_fixed_half_period_are_repeated_random_tokens_in_layout():
+    batch = placed_repeats(3, 8, 5, periods=(4, 4), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(batch.tokens[:, 4:], batch.tokens[:, :4]) and batch.starts.tolist() == [0, 0, 0]
 
 
 def test_character_windows_are_consecutive_slices():
@@ -49,10 +64,11 @@ def test_character_windows_are_consecutive_slices():
     (lambda: repeated_random_tokens(2, 3, 1), ValueError, "vocab_size"),
     (lambda: repeated_random_tokens(2, 3.0, 5), TypeError, "half_length"),
     (lambda: repeated_random_tokens(2, 3, 5, generator=0), TypeError, "generator"),
-    (lambda: repeated_segment_tokens(2, 10, 5, periods=(3, 6)), ValueError, "periods"),
-    (lambda: repeated_segment_tokens(2, 10, 5, periods=(4, 3)), ValueError, "periods"),
-    (lambda: repeated_segment_tokens(2, 10, 5, periods=(0, 3)), ValueError, "periods"),
-    (lambda: repeated_segment_tokens(2, 10, 5, periods=3), TypeError, "periods"),
+    (lambda: placed_repeats(2, 10, 5, periods=(3, 6)), ValueError, "periods"),
+    (lambda: placed_repeats(2, 10, 5, periods=(4, 3)), ValueError, "periods"),
+    (lambda: placed_repeats(2, 10, 5, periods=(0, 3)), ValueError, "periods"),
+    (lambda: placed_repeats(2, 10, 5, periods=3), TypeError, "periods"),
+    (lambda: placed_repeats(2, 10, 1, periods=(2, 3)), ValueError, "vocab_size"),
     (lambda: character_windows(torch.arange(5), 2, 6), ValueError, "length"),
     (lambda: character_windows(torch.arange(5.0), 2, 3), TypeError, "integer"),
 ])
@@ -75,16 +91,19 @@ class Copier(torch.nn.Module):
         return logits
 
 
-def test_span_losses_separate_the_predictable_repeat_from_the_random_first_half():
+def test_span_losses_separate_the_predictable_repeat_from_the_random_tokens():
     half, vocab = 5, 11
     tokens = repeated_random_tokens(4, half, vocab, generator=torch.Generator().manual_seed(4))
     copier = Copier(half, vocab)
-    assert span_loss(copier, tokens, repeated_span(half)) == pytest.approx(0.0, abs=1e-6)
-    assert span_loss(copier, tokens, first_half_span(half)) == pytest.approx(math.log(vocab))
+    position = torch.arange(2 * half).expand(4, -1)
+    assert span_loss(copier, tokens, (half + 1, 2 * half)) == pytest.approx(0.0, abs=1e-6)
+    assert span_loss(copier, tokens, position > half) == pytest.approx(0.0, abs=1e-6)         # the same, as a mask
+    assert span_loss(copier, tokens, (1, half)) == pytest.approx(math.log(vocab))
     losses = token_losses(copier, tokens)
     assert losses.shape == (4, 9)
     assert losses[:, half - 1].tolist() == pytest.approx([math.log(vocab)] * 4)   # token L: nothing to copy yet
-    assert repeated_span(half) == (6, 10) and first_half_span(half) == (1, 5)
+    mixed = (position > half) | (position == 1)                                   # 4 copied tokens, 1 random
+    assert span_loss(copier, tokens, mixed) == pytest.approx(math.log(vocab) / 5)
 
 
 def test_loss_from_logits_scores_only_the_span():
@@ -97,3 +116,9 @@ def test_loss_from_logits_scores_only_the_span():
         loss_from_logits(logits, targets, (0, 2))
     with pytest.raises(ValueError, match="span"):
         loss_from_logits(logits, targets, (2, 5))
+    assert loss_from_logits(logits, targets, torch.tensor([[False, True, False, False]])).item() == pytest.approx(
+        0.0, abs=1e-6)
+    with pytest.raises(ValueError, match="token 0"):
+        loss_from_logits(logits, targets, torch.tensor([[True, True, False, False]]))
+    with pytest.raises(ValueError, match="span"):
+        loss_from_logits(logits, targets, torch.tensor([[0, 1, 0, 0]]))

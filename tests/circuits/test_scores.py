@@ -99,3 +99,37 @@ def test_a_duplicate_token_head_scores_one_where_the_induction_score_is_zero():
     assert duplicate_token_score(_causal_uniform(n), period).item() == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ValueError, match="period"):
         duplicate_token_score(twin, n)
+
+
+def test_a_period_per_sequence_and_chosen_queries_read_each_sequence_at_its_own_offset():
+    from attn_course.data.repeated_tokens import placed_repeats
+
+    batch = placed_repeats(40, 16, 30, periods=(2, 8), generator=torch.Generator().manual_seed(5))
+    pattern = torch.softmax(torch.randn(40, 3, 16, 16, generator=torch.Generator().manual_seed(6),
+                                        dtype=torch.float64), dim=-1)
+    for score, back in ((induction_score, 0), (duplicate_token_score, 1)):
+        got = score(pattern, batch.periods, batch.second_copy)                        # [B, H]
+        for b in range(40):                                                          # a loop, one sequence at a time
+            p = batch.periods[b].item()
+            queries = batch.second_copy[b].nonzero().flatten().tolist()
+            expected = torch.stack([pattern[b, :, i, i - p + 1 - back] for i in queries]).mean(0)
+            torch.testing.assert_close(got[b], expected)
+    # an int period with the default queries is the classic score
+    torch.testing.assert_close(induction_score(pattern, torch.full((40,), 5)), induction_score(pattern, 5))
+
+
+@pytest.mark.parametrize("period, queries, error, words", [
+    (torch.full((3,), 2), None, ValueError, "pattern"),                           # [N, N]: no batch to index
+    (torch.full((4,), 2), None, ValueError, "one per sequence"),
+    (torch.full((2,), 2.0), None, TypeError, "period"),
+    (2, torch.ones(2, 6, dtype=torch.long), TypeError, "queries"),
+    (2, torch.ones(2, 5, dtype=torch.bool), ValueError, "queries"),
+    (2, torch.ones(2, 6, dtype=torch.bool), ValueError, "i < P"),
+    (2, torch.zeros(2, 6, dtype=torch.bool), ValueError, "at least one query"),
+])
+def test_per_sequence_periods_and_queries_are_checked(period, queries, error, words):
+    pattern = torch.softmax(torch.randn(2, 6, 6), dim=-1)
+    if words == "pattern":
+        pattern = pattern[0]
+    with pytest.raises(error, match=words):
+        induction_score(pattern, period, queries)

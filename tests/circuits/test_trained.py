@@ -13,9 +13,7 @@ from safetensors.torch import save_file
 from attn_course.circuits import (
     InductionSetup,
     ablate_head,
-    first_half_span,
     phase_change_step,
-    repeated_span,
     span_loss,
     train_induction_model,
 )
@@ -79,14 +77,15 @@ def test_an_induction_head_formed_in_every_cached_seed():
     for seed, history in trained_histories().items():
         assert phase_change_step(history) is not None, seed
         assert max(history["induction_scores"][-1][1]) > 0.5, seed
+        assert max(history["control_induction_scores"][-1][1]) < 0.15, seed      # on the control: no stripe
 
 
 def test_ablating_the_previous_token_head_destroys_induction_and_a_bystander_does_not():
     model = load_trained(0)
     setup = InductionSetup()
-    tokens = setup.evaluation_tokens()
-    repeated, first = repeated_span(setup.half_length), first_half_span(setup.half_length)
-    baseline, unrepeated = span_loss(model, tokens, repeated), span_loss(model, tokens, first)
+    batch = setup.evaluation_repeats()
+    tokens, repeated = batch.tokens, batch.predictable
+    baseline, unrepeated = span_loss(model, tokens, repeated), span_loss(model, batch.control, repeated)
     previous = trained_histories()[0]["previous_token_scores"][-1][0]
     previous_head = max(range(setup.n_heads), key=previous.__getitem__)
     bystander = min(range(setup.n_heads), key=previous.__getitem__)
