@@ -7,8 +7,9 @@ What it makes (`attn_course.circuits.trained` reads it):
 
 - the histories of `train_induction_model` for seeds 0 .. 9 (`--seeds`), each `--steps` steps recorded every
   `--record-every`, and of `train_rhymes_model` for seed 0, in `histories.json`;
-- the weights of the induction runs of seeds 0 and 1 (`--keep-weights`; seed 0's layer 0 has a previous-token
-  head, seed 1's a duplicate-token head instead) and of the rhymes run, as safetensors.
+- the weights of the induction runs of seeds 0, 1 and 6 (`--keep-weights`; seed 0's layer 0 has a
+  previous-token head, seed 1's a duplicate-token head instead, seed 6's both) and of the rhymes run, as
+  safetensors.
 
 Every run is deterministic on one CPU (one thread, its own generators; see `attn_course.circuits.training`):
 where the cache was made, `--check` finds the histories float for float and the weights' SHA-256 (the last
@@ -40,7 +41,7 @@ from attn_course.circuits.training import InductionSetup, state_digest, train_in
 # in any weight, where the bits differ (another CPU's kernels). On an AMD EPYC, with ATen's AVX-512 and its AVX2
 # kernels, seed 0 ended 1.1e-05 and 1.7e-05 from the cache after 1000 steps.
 TOLERANCE = 1e-3
-DEFAULTS = {"seeds": list(range(10)), "steps": 2000, "record_every": 25, "keep_weights": [0, 1],
+DEFAULTS = {"seeds": list(range(10)), "steps": 2000, "record_every": 25, "keep_weights": [0, 1, 6],
             "rhymes_seeds": [0], "rhymes_steps": 1500, "rhymes_record_every": 100}
 
 

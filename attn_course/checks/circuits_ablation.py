@@ -1,13 +1,12 @@
 """Check chapter 11's prediction: which head's ablation hurts most, predicted from the heads' scores alone.
 
-The check measures, on the chapter's cached models (seeds 0 and 1: a previous-token route and a duplicate-token
-route), every head's three scores on the data they were trained on and how much zeroing it raises the loss on the
+The check measures, on the chapter's cached models (seeds 0, 1 and 6: a previous-token route, a duplicate-token
+route, and both grown, the previous-token head the one the model relies on), every head's three scores on the data they were trained on and how much zeroing it raises the loss on the
 repeat; and again on each model with one harmless layer-0 head made dead (its queries, keys and output
 zeroed: it attends uniformly and writes nothing). The heads are shown to the answer shuffled within each layer,
 scores and losses alike: a prediction has to follow from the scores, and a rule that fits one model (the
-strongest previous-token head, or duplicate-token head) fails on the other. One proxy passes on these models:
-the layer-0 head with the lowest induction score, since a head focused on one key has little weight left for
-``i − P + 1``.
+strongest previous-token head, or duplicate-token head, or the layer-0 head with the lowest induction score,
+which a head focused on one key has on seeds 0 and 1) fails on another.
 """
 
 from __future__ import annotations
@@ -40,8 +39,8 @@ ABLATION_RULES = (Forbidden(RANDOM, _PREDICT),
                           "attn_course.circuits.training.train_induction_model"))
 #: A head counts as "hurting most" when its ablation costs at least this share of the worst one's.
 NEAR_WORST = 0.9
-#: The models the check asks about: the cached seeds of the two routes.
-MODELS = (0, 1)
+#: The models the check asks about: the cached seeds of the two routes, and one that grew both.
+MODELS = (0, 1, 6)
 
 NOT_A_HEAD = "Your prediction should be (layer, head), two ints, got {what}."
 NO_SUCH_HEAD = "There is no layer {layer}, head {head}: the model has {layers} layers of {heads} heads, counted from 0."
@@ -60,6 +59,9 @@ TOP_INDUCTION = (" You picked the head that copies best. How many heads of its l
                  "them need, at the earlier copy, to find it?")
 DEAD_PICKED = (" That head is the dead one: it attends evenly and writes nothing, so removing it changes nothing. "
                "Which scores say what a layer-0 head does for layer 1?")
+LOWEST_INDUCTION = (" You picked layer 0's lowest induction score. A head that attends sharply to one key has little "
+                    "weight left for i − P + 1, whichever key that is: a low induction score does not say what a "
+                    "layer-0 head does for layer 1.")
 ONE_ROUTE = (" You looked at one of layer 0's scores only, and this model has no {kind} head (at most {best:.2f}): "
              "how else can a layer-1 head find the earlier copy of the current token?")
 
@@ -185,6 +187,8 @@ def check_ablation_prediction(predict_fn: Callable, *, seed: int = 0, shuffles: 
         message += TOP_INDUCTION
     elif layer == 0 and head == shown_dead:
         message += DEAD_PICKED
+    elif layer == 0 and head == int(ind[0].argmin()):
+        message += LOWEST_INDUCTION
     else:
         for kind, score in (("previous-token", prev[0]), ("duplicate-token", dup[0])):
             if layer == 0 and head == int(score.argmax()) and score.max() < 0.3:

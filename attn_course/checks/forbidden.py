@@ -152,7 +152,12 @@ def _code_of(found: object) -> list[tuple[str, object]]:
         members = [(name, getattr(member, "fget", member)) for name, member in vars(found).items()
                    if not isinstance(member, type)]
         return [(f"{found.__name__}.{name}", code) for name, member in members for _, code in _code_of(member)]
-    code = getattr(getattr(found, "__func__", found), "__code__", None)
+    function = getattr(found, "__func__", found)
+    code = getattr(function, "__code__", None)
+    if code is not None and code.co_filename == contextlib.__file__ and hasattr(function, "__wrapped__"):
+        # A @contextlib.contextmanager function's code is a helper that every such function shares (PyTorch's
+        # own dispatch calls one): watch its generator instead, which runs when the block is entered.
+        code = function.__wrapped__.__code__
     return [(getattr(found, "__qualname__", code.co_name), code)] if code is not None else []
 
 

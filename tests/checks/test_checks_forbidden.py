@@ -152,3 +152,21 @@ def test_a_course_functions_unchecked_core_is_seen_when_called_directly():
 
     q = torch.randn(1, 3, 4)
     assert called([COURSE], lambda: attention._self_attention(q, q, q, None, 0.5)) == ["_self_attention"]
+
+
+def test_a_forbidden_context_manager_is_seen_when_entered_and_no_other_is_mistaken_for_it():
+    # A @contextlib.contextmanager function's own code is a helper that every such function shares, PyTorch's
+    # dispatch under the watch's function mode included: the rule watches the generator it wraps.
+    from attn_course.circuits import ablate_head
+    from attn_course.models.attention_only import AttentionOnlyTransformer
+
+    rule = Forbidden("attn_course.circuits.ablation.ablate_head", "write the ablation yourself")
+    x = torch.randn(2, 3, 4)
+    assert called([rule], lambda: torch.einsum("bij,bkj->bik", x, x)) == []     # a Python-level torch function
+    model = AttentionOnlyTransformer(10, n_heads=2, d_model=8, max_len=6)
+
+    def ablated():
+        with ablate_head(model, 0, 1):
+            model(torch.zeros(1, 4, dtype=torch.long))
+
+    assert called([rule], ablated)[:1] == ["ablate_head"]

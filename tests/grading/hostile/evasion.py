@@ -40,21 +40,35 @@ _EVASIONS_02 = {
 }
 
 _EVASIONS_11 = {
-    # 3. the watch switched off: the profile hook that sees the course's functions
-    "induction_score_by_hand": ("import sys\n\n"
-                                "def induction_score_by_hand(pattern, period):\n    sys.setprofile(None)\n"
-                                "    from attn_course.circuits.scores import induction_score\n"
-                                "    return induction_score(pattern, period)\n"),
+    # 3. the watch switched off: the profile hook that sees the course's functions (the model, under ablate_head)
+    "logits_without_head": ("import sys\n\n"
+                            "def logits_without_head(weights, tokens, layer, head):\n    sys.setprofile(None)\n"
+                            "    from attn_course.circuits import ablate_head\n"
+                            "    from attn_course.models.attention_only import AttentionOnlyTransformer\n"
+                            "    layers, heads, width, d = weights['W_Q'].shape\n"
+                            "    model = AttentionOnlyTransformer(weights['W_E'].shape[0], n_layers=layers, "
+                            "n_heads=heads, d_model=width, max_len=weights['W_pos'].shape[0])\n"
+                            "    state = {'embed.weight': weights['W_E'], 'pos_embed.weight': weights['W_pos'], "
+                            "'unembed.weight': weights['W_U'].T}\n"
+                            "    for at in range(layers):\n"
+                            "        for name in 'qkv':\n"
+                            "            state[f'layers.{at}.attention.{name}_proj.weight'] = "
+                            "weights['W_' + name.upper()][at].transpose(1, 2).reshape(heads * d, width)\n"
+                            "        state[f'layers.{at}.attention.out_proj.weight'] = "
+                            "weights['W_O'][at].reshape(heads * d, width).T\n"
+                            "    model.load_state_dict(state)\n"
+                            "    with ablate_head(model, layer, head), torch.no_grad():\n"
+                            "        return model(tokens)\n"),
     # 3. the watch switched off: PyTorch's function modes
-    "fixed_induction_scores": ("def fixed_induction_scores(patterns, period):\n"
-                               "    with torch._C.DisableTorchFunction():\n"
-                               "        from attn_course.circuits.scores import induction_score\n"
-                               "        return induction_score(patterns, period).mean(dim=1)\n"),
+    "k_composition": ("def k_composition(W_Q, W_K, W_V, W_O):\n"
+                      "    with torch._C.DisableTorchFunction():\n"
+                      "        from attn_course.circuits import composition_score\n"
+                      "        return composition_score(W_Q @ W_K.T, (W_V @ W_O).T)\n"),
     # 6. the answer looked up at cell time: the check's own measurements of every model it may show, read
     # back by matching the scores shown (the heads are shuffled), so the call itself measures nothing
     "most_harmful_head": ("from attn_course.checks.circuits_ablation import ablation_effects\n\n"
                           "_TABLES = [ablation_effects(seed, dead)\n"
-                          "           for seed in (0, 1) for dead in (None, 0, 1, 2, 3)]\n\n"
+                          "           for seed in (0, 1, 6) for dead in (None, 0, 1, 2, 3)]\n\n"
                           "def most_harmful_head(previous_token_scores, duplicate_token_scores, induction_scores):\n"
                           "    for *_, induction, rises in _TABLES:\n"
                           "        if torch.equal(induction.sort(dim=1).values, induction_scores.sort(dim=1).values):\n"
@@ -63,9 +77,9 @@ _EVASIONS_11 = {
                           "            return layer, int(shown.nonzero()[0])\n"
                           "    return 0, 0\n"),
     # 7. no evasion at all: the forbidden function, which the hidden test calls outside any watch
-    "previous_token_detector": ("def previous_token_detector(pattern):\n"
-                                "    from attn_course.circuits.scores import previous_token_score\n"
-                                "    return previous_token_score(pattern)\n"),
+    "fixed_copying_score": ("def fixed_copying_score(W_E, W_V, W_O, W_U):\n"
+                            "    from attn_course.circuits import copying_scores\n"
+                            "    return copying_scores(W_O @ W_U @ W_E @ W_V).positive_fraction\n"),
 }
 
 #: {student: {"chapter", "replace": {answer: code}, "expect": {"score": 0.0, "stopped": None}}}, as

@@ -6,65 +6,89 @@ Each entry: student -> function name -> (the planted code, the question, a phras
 
 CHAPTER = "11_induction_heads"
 
-# The solution's induction score, with the stripe (the key read for query i) or the queries changed.
-_INDUCTION = (
-    "def induction_score_by_hand(pattern, period):\n"
-    "    queries = torch.arange({start}, pattern.shape[-1])\n"
-    "    return {weights}[..., queries, queries - {back}].mean(dim=-1)\n"
+# The solution's forward pass, with one of its steps changed.
+_FORWARD = (
+    "def logits_without_head(weights, tokens, layer, head):\n"
+    "    n = tokens.shape[1]\n"
+    "    stream = {start}\n"
+    "    future = torch.ones(n, n, dtype=torch.bool).triu(1)\n"
+    "    for l in range({layers}):\n"
+    "        q, k, v = (torch.einsum('bne,hed->bhnd', stream, weights[name][l]) for name in ('W_Q', 'W_K', 'W_V'))\n"
+    "        scores = (q @ k.transpose(-2, -1) / {scale}){mask}\n"
+    "        out = torch.einsum('bhnd,hde->bhne', torch.softmax(scores, dim={dim}) @ v, weights['W_O'][l])\n"
+    "        if {removed}:\n"
+    "            {ablate}\n"
+    "        stream = stream + out.sum(dim=1)\n"
+    "    return stream @ weights['W_U']\n"
 )
 
 
-def _induction(start="period", back="(period - 1)", weights="pattern") -> str:
-    return _INDUCTION.format(start=start, back=back, weights=weights)
+def _forward(start="weights['W_E'][tokens] + weights['W_pos'][:n]", layers="weights['W_Q'].shape[0]",
+             scale="math.sqrt(q.shape[-1])", mask=".masked_fill(future, -math.inf)", dim="-1", removed="l == layer",
+             ablate="out[:, head] = 0") -> str:
+    return _FORWARD.format(start=start, layers=layers, scale=scale, mask=mask, dim=dim, removed=removed, ablate=ablate)
 
 
-_DETECTOR = (
-    "def previous_token_detector(pattern):\n"
-    "    queries = torch.arange({start}, pattern.shape[-1])\n"
-    "    return {weights}[..., queries, queries - {back}].{reduce}\n"
+# The solution's K-composition score, with its matrices, their product or its normalisation changed.
+_COMPOSITION = (
+    "def k_composition(W_Q, W_K, W_V, W_O):\n"
+    "    qk, ov = {qk}, {ov}\n"
+    "    norm = torch.linalg.matrix_norm\n"
+    "    return {score}\n"
 )
 
 
-def _detector(start="1", back="1", weights="pattern", reduce="mean(dim=-1)") -> str:
-    return _DETECTOR.format(start=start, back=back, weights=weights, reduce=reduce)
+def _composition(qk="W_Q @ W_K.T", ov="W_V @ W_O", score="norm(qk @ ov.T) / (norm(qk) * norm(ov))") -> str:
+    return _COMPOSITION.format(qk=qk, ov=ov, score=score)
 
 
-_FIXED = (
-    "def fixed_induction_scores(patterns, period):\n"
-    "    stripe = patterns.diagonal(offset={offset}, dim1=-2, dim2=-1){first}\n"
-    "    return stripe.mean(dim={dims})\n"
+# The classmate's copying score, with its eigenvalues or what it counts of them changed.
+_COPYING = (
+    "def fixed_copying_score(W_E, W_V, W_O, W_U):\n"
+    "    eigenvalues = torch.linalg.{eig}({circuit})\n"
+    "    return {share}\n"
 )
 
 
-def _fixed(offset="1 - period", first="[..., 1:]", dims="(1, -1)") -> str:
-    return _FIXED.format(offset=offset, first=first, dims=dims)
+def _copying(eig="eigvals", circuit="W_O @ W_U @ W_E @ W_V", share="(eigenvalues.real > 0).double().mean().item()"):
+    return _COPYING.format(eig=eig, circuit=circuit, share=share)
 
 
 _HEAD = "def most_harmful_head(previous_token_scores, duplicate_token_scores, induction_scores):\n"
 
 PLANTED = {
     "ada": {
-        "induction_score_by_hand": (               # the earlier copy itself: i - period
-            _induction(back="period"),
-            "q1_induction_score",
-            "the earlier copy of token i itself",
+        "logits_without_head": (                   # the intact model: no head left out
+            _forward(removed="False"),
+            "q1_logits_without_head",
+            "no head was left out",
         ),
-        "fixed_induction_scores": (                # the classmate's code, handed in as it was
-            _fixed(offset="-period", first=""),
-            "q4_find_the_bug_induction",
-            "the classmate's scores, unchanged",
+        "k_composition": (                         # the writer's output in the queries
+            _composition(score="norm(ov @ qk) / (norm(qk) * norm(ov))"),
+            "q3_k_composition",
+            "Q-composition",
+        ),
+        "fixed_copying_score": (                   # the classmate's code, handed in as it was
+            _copying(circuit="W_E @ W_V @ W_O @ W_U", share="(eigenvalues.real > 0).float().mean().item()"),
+            "q4_find_the_bug_copying",
+            "the classmate's score, unchanged",
         ),
     },
     "grace": {
-        "induction_score_by_hand": (               # the diagonal from its first entry, i = period - 1
-            _induction(start="period - 1"),
-            "q1_induction_score",
-            "includes i = period − 1",
+        "logits_without_head": (                   # the head left out of every layer
+            _forward(removed="True"),
+            "q1_logits_without_head",
+            "of every layer",
         ),
-        "previous_token_detector": (               # each token's weight on itself
-            _detector(back="0"),
-            "q3_previous_token_detector",
-            "reads the diagonal",
+        "k_composition": (                         # the paper's W_QK W_OV with the course's row matrices
+            _composition(score="norm(qk @ ov) / (norm(qk) * norm(ov))"),
+            "q3_k_composition",
+            "column convention",
+        ),
+        "fixed_copying_score": (                   # how many, not what share
+            _copying(share="int((eigenvalues.real > 0).sum())"),
+            "q4_find_the_bug_copying",
+            "is a count",
         ),
         "most_harmful_head": (                     # the head that copies best
             _HEAD + "    return 1, int(induction_scores[1].argmax())\n",
@@ -73,34 +97,37 @@ PLANTED = {
         ),
     },
     "bea": {
-        "induction_score_by_hand": (               # rows read as keys
-            _induction(weights="pattern.transpose(-2, -1)"),
-            "q1_induction_score",
-            "transposed",
+        "logits_without_head": (                   # no positions
+            _forward(start="weights['W_E'][tokens]"),
+            "q1_logits_without_head",
+            "token embeddings alone",
         ),
-        "previous_token_detector": (               # torch.roll: token 0's previous token is the last one
-            "def previous_token_detector(pattern):\n"
-            "    shifted = torch.eye(pattern.shape[-1], dtype=pattern.dtype).roll(-1, dims=1)\n"
-            "    return (pattern * shifted).sum(dim=-1).mean(dim=-1)\n",
-            "q3_previous_token_detector",
-            "wrapped around",
+        "k_composition": (                         # not normalised
+            _composition(score="norm(qk @ ov.T)"),
+            "q3_k_composition",
+            "divide it by ‖W_QK‖ ‖W_OV‖",
         ),
-        "fixed_induction_scores": (                # the offset fixed, the diagonal's first entry kept
-            _fixed(first=""),
-            "q4_find_the_bug_induction",
-            "includes i = period − 1",
+        "fixed_copying_score": (                   # a symmetric matrix assumed
+            _copying(eig="eigvalsh"),
+            "q4_find_the_bug_copying",
+            "assumes a symmetric matrix",
         ),
     },
     "linus": {
-        "previous_token_detector": (               # key i seen from query i - 1
-            _detector(weights="pattern.transpose(-2, -1)"),
-            "q3_previous_token_detector",
-            "pattern[..., i − 1, i]",
+        "logits_without_head": (                   # each key's weights over the queries
+            _forward(dim="-2"),
+            "q1_logits_without_head",
+            "runs over the queries",
         ),
-        "fixed_induction_scores": (                # averaged over the heads, not the batch
-            _fixed(dims="(2, -1)"),
-            "q4_find_the_bug_induction",
-            "you averaged over the heads",
+        "k_composition": (                         # W_O @ W_V: it fits only where d = E
+            _composition(ov="W_O @ W_V"),
+            "q3_k_composition",
+            "W_O @ W_V",
+        ),
+        "fixed_copying_score": (                   # the chapter's other summary
+            _copying(share="(eigenvalues.sum().real / eigenvalues.abs().sum()).item()"),
+            "q4_find_the_bug_copying",
+            "Σλ / Σ|λ|",
         ),
         "most_harmful_head": (                     # one head, remembered from section 7
             _HEAD + "    return 1, 0\n",
@@ -109,18 +136,20 @@ PLANTED = {
         ),
     },
     "katherine": {
-        "induction_score_by_hand": (               # the period taken to be half the length
-            "def induction_score_by_hand(pattern, period):\n"
-            "    half = pattern.shape[-1] // 2\n"
-            "    queries = torch.arange(half, pattern.shape[-1])\n"
-            "    return pattern[..., queries, queries - half + 1].mean(dim=-1)\n",
-            "q1_induction_score",
-            "not half the length",
+        "logits_without_head": (                   # no 1/√d
+            _forward(scale="1"),
+            "q1_logits_without_head",
+            "without the 1/√d",
         ),
-        "previous_token_detector": (               # divided by N: token 0 counted as a zero
-            _detector(reduce="sum(dim=-1) / pattern.shape[-1]"),
-            "q3_previous_token_detector",
-            "You divided by N",
+        "k_composition": (                         # spectral norms
+            _composition(score="norm(qk @ ov.T, 2) / (norm(qk, 2) * norm(ov, 2))"),
+            "q3_k_composition",
+            "spectral norms",
+        ),
+        "fixed_copying_score": (                   # |λ| for Re λ
+            _copying(circuit="W_E @ W_V @ W_O @ W_U", share="(eigenvalues.abs() > 0).float().mean().item()"),
+            "q4_find_the_bug_copying",
+            "|λ| > 0 holds",
         ),
         "most_harmful_head": (                     # (head, layer)
             _HEAD + "    return int(previous_token_scores[0].argmax()), 0\n",
@@ -129,50 +158,89 @@ PLANTED = {
         ),
     },
     "emmy": {
-        "fixed_induction_scores": (                # one past the right key
-            _fixed(offset="2 - period", first="[..., 2:]"),
-            "q4_find_the_bug_induction",
-            "one past the right key",
+        "logits_without_head": (                   # layers counted from the end
+            _forward(removed="l == weights['W_Q'].shape[0] - 1 - layer"),
+            "q1_logits_without_head",
+            "not of layer",
         ),
-        "previous_token_detector": (               # two tokens back
-            _detector(start="2", back="2"),
-            "q3_previous_token_detector",
-            "two tokens back",
+        "k_composition": (                         # W_QK transposed: the same number as Q-composition
+            _composition(qk="W_K @ W_Q.T"),
+            "q3_k_composition",
+            "W_K @ W_Q.T",
+        ),
+        "fixed_copying_score": (                   # a tolerance of a hundredth of the largest
+            _copying(circuit="(W_E @ W_V @ W_O @ W_U).double()",
+                     share="(eigenvalues.real[eigenvalues.abs() > 1e-2 * eigenvalues.abs().max()] > 0)"
+                           ".double().mean().item()"),
+            "q4_find_the_bug_copying",
+            "drops real eigenvalues",
         ),
         "most_harmful_head": (                     # a rule that fits seed 0 and seed 1 as trained (issue 44)
             _HEAD + "    return 0, int(induction_scores[0].argmin())\n",
             "q2_predict_ablation",
-            "That head is the dead one",
+            "lowest induction score",
+        ),
+    },
+    "hedy": {
+        "logits_without_head": (                   # the whole layer
+            _forward(ablate="out = torch.zeros_like(out)"),
+            "q1_logits_without_head",
+            "all of layer",
+        ),
+        "k_composition": (                         # the four factors' norms
+            _composition(score="norm(qk @ ov.T) / (norm(W_Q) * norm(W_K) * norm(W_V) * norm(W_O))"),
+            "q3_k_composition",
+            "the four factors",
+        ),
+        "fixed_copying_score": (                   # the negative ones
+            _copying(share="(eigenvalues.real < 0).double().mean().item()"),
+            "q4_find_the_bug_copying",
+            "negative real part",
+        ),
+    },
+    "barbara": {
+        "logits_without_head": (                   # no causal mask
+            _forward(mask=""),
+            "q1_logits_without_head",
+            "not causal",
+        ),
+        "k_composition": (                         # the paper's Q-composition formula
+            _composition(score="norm(qk.T @ ov) / (norm(qk) * norm(ov))"),
+            "q3_k_composition",
+            "the paper's Q-composition formula",
         ),
     },
 }
 
 # Shortcuts the statements forbid: each is refused by name.
 PLANTED["zoe"] = {
-    "induction_score_by_hand": (
-        "def induction_score_by_hand(pattern, period):\n"
-        "    from attn_course.circuits import induction_score\n"
-        "    return induction_score(pattern, period)\n",
-        "q1_induction_score",
-        "calls induction_score, which this exercise forbids",
+    "logits_without_head": (                       # the cached model under ablate_head
+        "def logits_without_head(weights, tokens, layer, head):\n"
+        "    from attn_course.circuits import ablate_head\n"
+        "    from attn_course.circuits.trained import load_trained\n"
+        "    model = load_trained(0)\n"
+        "    with ablate_head(model, layer, head):\n"
+        "        return model(tokens)\n",
+        "q1_logits_without_head",
+        "calls load_trained, which this exercise forbids",
     ),
-    "previous_token_detector": (
-        "def previous_token_detector(pattern):\n"
-        "    from attn_course.circuits import previous_token_score\n"
-        "    return previous_token_score(pattern)\n",
-        "q3_previous_token_detector",
-        "calls previous_token_score, which this exercise forbids",
+    "k_composition": (
+        "def k_composition(W_Q, W_K, W_V, W_O):\n"
+        "    from attn_course.circuits import composition_score\n"
+        "    return composition_score(W_Q @ W_K.T, (W_V @ W_O).T)\n",
+        "q3_k_composition",
+        "calls composition_score, which this exercise forbids",
     ),
-    "fixed_induction_scores": (
-        "def fixed_induction_scores(patterns, period):\n"
-        "    from attn_course.circuits import induction_score\n"
-        "    return induction_score(patterns, period).mean(dim=1)\n",
-        "q4_find_the_bug_induction",
-        "calls induction_score, which this exercise forbids",
+    "fixed_copying_score": (
+        "def fixed_copying_score(W_E, W_V, W_O, W_U):\n"
+        "    from attn_course.circuits import copying_scores\n"
+        "    return copying_scores(W_O @ W_U @ W_E @ W_V).positive_fraction\n",
+        "q4_find_the_bug_copying",
+        "calls copying_scores, which this exercise forbids",
     ),
     "most_harmful_head": (                         # measured, not predicted: every head ablated on seed 0's model
         _HEAD +
-        "    from attn_course.circuits import ablate_head, repeated_span, span_loss\n"
+        "    from attn_course.circuits import ablate_head, span_loss\n"
         "    from attn_course.circuits.trained import load_trained\n"
         "    model = load_trained(0)\n"
         "    tokens = torch.arange(40).remainder(20).repeat(8, 1)\n"
@@ -180,7 +248,7 @@ PLANTED["zoe"] = {
         "    for layer in range(2):\n"
         "        for head in range(4):\n"
         "            with ablate_head(model, layer, head):\n"
-        "                losses[layer, head] = span_loss(model, tokens, repeated_span(20))\n"
+        "                losses[layer, head] = span_loss(model, tokens, (21, 40))\n"
         "    return max(losses, key=losses.get)\n",
         "q2_predict_ablation",
         "calls load_trained, which this exercise forbids",
@@ -188,6 +256,11 @@ PLANTED["zoe"] = {
 }
 
 PLANTED["alan"] = {
+    "logits_without_head": (                       # a loop written for this chapter's two layers
+        _forward(layers="2"),
+        "q1_logits_without_head",
+        "runs 2 of the 3 layers",
+    ),
     "most_harmful_head": (                         # a guess
         _HEAD + "    return 0, int(torch.randint(4, ()))\n",
         "q2_predict_ablation",
@@ -197,16 +270,16 @@ PLANTED["alan"] = {
 
 # An answer that computes nothing (issue 31): an empty tensor fails every test of its question.
 PLANTED["eve"] = {
-    "induction_score_by_hand": (
-        "def induction_score_by_hand(pattern, period):\n"
-        "    return pattern.new_empty(0)\n",
-        "q1_induction_score",
-        "should have shape",
+    "logits_without_head": (
+        "def logits_without_head(weights, tokens, layer, head):\n"
+        "    return weights['W_U'].new_empty(0)\n",
+        "q1_logits_without_head",
+        "is empty",
     ),
-    "previous_token_detector": (
-        "def previous_token_detector(pattern):\n"
-        "    return pattern.new_empty(0)\n",
-        "q3_previous_token_detector",
-        "should have shape",
+    "k_composition": (
+        "def k_composition(W_Q, W_K, W_V, W_O):\n"
+        "    return W_Q.new_empty(0)\n",
+        "q3_k_composition",
+        "should be one number",
     ),
 }
