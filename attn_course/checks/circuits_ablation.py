@@ -1,12 +1,13 @@
 """Check chapter 11's prediction: which head's ablation hurts most, predicted from the heads' scores alone.
 
 The check measures, on the chapter's cached models (seeds 0, 1 and 6: a previous-token route, a duplicate-token
-route, and both grown, the previous-token head the one the model relies on), every head's three scores on the data they were trained on and how much zeroing it raises the loss on the
-repeat; and again on each model with one harmless layer-0 head made dead (its queries, keys and output
-zeroed: it attends uniformly and writes nothing). The heads are shown to the answer shuffled within each layer,
-scores and losses alike: a prediction has to follow from the scores, and a rule that fits one model (the
-strongest previous-token head, or duplicate-token head, or the layer-0 head with the lowest induction score,
-which a head focused on one key has on seeds 0 and 1) fails on another.
+route, and both grown, the previous-token head the one the model relies on), every head's three scores on the
+data they were trained on and how much zeroing it raises the loss on the repeat; and again on each model with
+one harmless layer-0 head made dead (its queries, keys and output zeroed: it attends uniformly and writes
+nothing). The heads are shown to the answer shuffled within each layer, scores and losses alike: a prediction
+has to follow from the scores, and a rule that fits one model (the strongest previous-token head, or
+duplicate-token head, or the layer-0 head with the lowest induction score, which a head focused on one key has
+on seeds 0 and 1) fails on another.
 """
 
 from __future__ import annotations
