@@ -10,5 +10,8 @@ tokenizers, and the bank/river sentence of chapters 01-03.
 - :mod:`~attn_course.data.tokenizers`: :class:`CharTokenizer`, :class:`WordVocabulary`, :func:`pad_batch`;
 - :mod:`~attn_course.data.toy_sentence`: :func:`bank_sentence`, the worked example's embeddings;
 - ``small_bert_mlm.safetensors``: chapter 08's small BERT as trained on the stories (weights, vocabulary,
-  history), read by :func:`~attn_course.models.bert.load_saved_run`, made by ``tools/train_small_bert.py``.
+  history), read by :func:`~attn_course.models.bert.load_saved_run`, made by ``tools/train_small_bert.py``;
+- ``published_configs/``: the attention fields of four 2025 models' ``config.json`` (Qwen3-8B, Gemma 3 27B,
+  gpt-oss-120b, Qwen3-Next-80B-A3B), each with its source in the folder's README, read by
+  :func:`~attn_course.variants.layout_cache_size.published_config`.
 """

@@ -16,7 +16,9 @@ Multiply by the number of layers for a whole model, by the tokens and the batch 
 and by the bits per element for its size. :func:`cache_size_from_config` reads the numbers from a
 Hugging Face ``config.json``; :data:`DEEPSEEK_V2` and :data:`DEEPSEEK_67B` are the two models the
 DeepSeek-V2 paper compares. :func:`cache_bytes_rows` sets them beside a sliding window and linear
-attention: the bytes one layer keeps per sequence to decode, a row per variant.
+attention: the bytes one layer keeps per sequence to decode, a row per variant. A whole model whose layers
+mix full, sliding-window and linear attention is counted layer kind by layer kind in
+:mod:`~attn_course.variants.layout_cache_size`.
 """
 
 from __future__ import annotations
