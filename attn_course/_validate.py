@@ -67,6 +67,13 @@ def existing_file(where: str, name: str, value: object, *, what: str = "file") -
     return found
 
 
+def floating_dtype(where: str, name: str, value: object) -> torch.dtype:
+    """Require a floating ``torch.dtype`` (``torch.float32``, ``torch.bfloat16``, ...)."""
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise TypeError(f"{where}: {name} must be a floating torch.dtype (e.g. torch.float32), got {value!r}")
+    return value
+
+
 def same_dtype_and_device(where: str, **tensors: torch.Tensor) -> None:
     """Require that all named tensors share one dtype and one device."""
     dtypes = {name: t.dtype for name, t in tensors.items()}

@@ -7,7 +7,9 @@
 - :mod:`~attn_course.core.kv_cache`: :class:`KVCache`, the keys and values of past tokens, and the protocol
   every cache speaks with the attention (``attended_length``, ``new_positions``, ``update``);
 - :mod:`~attn_course.core.transformer`: the encoder and decoder blocks around the attention;
-- :mod:`~attn_course.core.norms`: :class:`RMSNorm`.
+- :mod:`~attn_course.core.norms`: :class:`RMSNorm`, and Gemma's :class:`GemmaRMSNorm` (a weight of ``1 + w``);
+- :mod:`~attn_course.core.qk_norm`: :class:`HeadNormLinear`, a projection whose heads are RMS-normalised (QK-norm,
+  ``MultiHeadAttention(qk_norm=True)``).
 
 The core imports nothing of the course but its input checks (``attn_course._validate``); later
 chapters extend it, it never imports them.

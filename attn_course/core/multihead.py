@@ -5,7 +5,10 @@
 The H query projections are stored as one ``[E, E]`` linear layer and split into heads
 by a reshape; the same for keys and values. With grouped-query attention
 (``num_kv_heads < num_heads``) several query heads share one key/value head; with
-``num_kv_heads = 1`` it is multi-query attention.
+``num_kv_heads = 1`` it is multi-query attention. A head size other than ``E / H`` (``head_dim``, as
+Qwen3 and Gemma 3 have) makes the query projection ``[H·d, E]`` and the output one ``[E, H·d]``; with
+``qk_norm`` each head's query and key are RMS-normalised by the projection itself
+(:class:`~attn_course.core.qk_norm.HeadNormLinear`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from attn_course import _validate
 from attn_course.core.backends import check_backend_name, choose_attention_backend
 from attn_course.core.kv_cache import KVCache
 from attn_course.core.masks import to_score_shape
+from attn_course.core.qk_norm import HeadNormLinear
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "check_model_input"]
 
@@ -69,14 +73,18 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         embed_dim: model width ``E``.
-        num_heads: number of query heads ``H``; must divide ``E``. Head size ``d = E / H``.
+        num_heads: number of query heads ``H``; must divide ``E`` unless ``head_dim`` is given.
         num_kv_heads: number of key/value heads ``H_kv`` (default ``H``); must divide ``H``.
             ``1`` is multi-query attention, ``1 < H_kv < H`` grouped-query attention.
+        head_dim: the head size ``d``; default ``E / H``.
         bias: whether the four projections have biases.
+        qk_norm: RMS-normalise each head's query and key before RoPE (Qwen3): ``q_proj`` and ``k_proj``
+            are then :class:`~attn_course.core.qk_norm.HeadNormLinear` s.
+        qk_norm_eps: those norms' ``eps``.
         dropout: probability of dropping an attention weight while training.
         rope: rotate queries and keys by their positions (chapter 05): a
             :class:`~attn_course.positions.rope.RotaryEmbedding` (or any module with a ``head_dim`` of
-            ``E / H`` and a ``rotate(x, positions) -> x`` on checked inputs); None (default) or False for
+            ``d`` and a ``rotate(x, positions) -> x`` on checked inputs); None (default) or False for
             none. Self-attention only.
         attention_backend: which attention computes the heads (:mod:`attn_course.core.backends`):
             ``"eager"`` (the course's own, with weights), ``"sdpa"`` (PyTorch's fused one),
@@ -87,10 +95,11 @@ class MultiHeadAttention(nn.Module):
             is an error listing why.
 
     Raises:
-        TypeError: non-int sizes, a non-number dropout, a ``rope`` that is no rotation, or a non-str backend.
-        ValueError: ``E`` not divisible by ``H``, ``H`` not divisible by ``H_kv``, sizes
-            below 1, dropout outside ``[0, 1)``, a ``rope.head_dim`` other than ``E / H``, or a
-            backend that is not registered.
+        TypeError: non-int sizes, a non-number dropout, a non-bool ``qk_norm``, a ``rope`` that is no
+            rotation, or a non-str backend.
+        ValueError: ``E`` not divisible by ``H`` (without ``head_dim``), ``H`` not divisible by ``H_kv``,
+            sizes below 1, dropout outside ``[0, 1)``, a ``qk_norm_eps`` that is not positive, a
+            ``rope.head_dim`` other than ``d``, or a backend that is not registered.
 
     Example:
         >>> attention = MultiHeadAttention(embed_dim=16, num_heads=4)
@@ -106,7 +115,10 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         *,
         num_kv_heads: int | None = None,
+        head_dim: int | None = None,
         bias: bool = True,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-6,
         dropout: float = 0.0,
         rope: nn.Module | None = None,
         attention_backend: str = "auto",
@@ -118,7 +130,9 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else _validate.integer(
             where, "num_kv_heads", num_kv_heads, minimum=1
         )
-        if embed_dim % num_heads:
+        if head_dim is not None:
+            head_dim = _validate.integer(where, "head_dim", head_dim, minimum=1)
+        elif embed_dim % num_heads:
             raise ValueError(
                 f"{where}: embed_dim={embed_dim} must be divisible by num_heads={num_heads} "
                 f"(each head gets embed_dim / num_heads features)"
@@ -129,14 +143,19 @@ class MultiHeadAttention(nn.Module):
                 f"(each key/value head serves the same number of query heads)"
             )
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
         self.dropout = _validate.dropout(where, dropout)
-        kv_width = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, kv_width, bias=bias)
+        width, kv_width = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        if _validate.boolean(where, "qk_norm", qk_norm):
+            eps = _validate.positive_finite(where, "qk_norm_eps", qk_norm_eps)
+            self.q_proj = HeadNormLinear(embed_dim, num_heads, self.head_dim, bias=bias, eps=eps)
+            self.k_proj = HeadNormLinear(embed_dim, num_kv_heads, self.head_dim, bias=bias, eps=eps)
+        else:
+            self.q_proj = nn.Linear(embed_dim, width, bias=bias)
+            self.k_proj = nn.Linear(embed_dim, kv_width, bias=bias)
         self.v_proj = nn.Linear(embed_dim, kv_width, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.rope = _rotation(where, rope, self.head_dim)
+        self.out_proj = nn.Linear(width, embed_dim, bias=bias)
+        self.rope = _rotation(where, rope, self.head_dim, "E / H" if head_dim is None else "head_dim")
         self.attention_backend = check_backend_name(where, attention_backend)
 
     def extra_repr(self) -> str:
@@ -358,7 +377,7 @@ def check_model_input(attention: MultiHeadAttention, x: object, *, caller: str, 
 
 
 
-def _rotation(where: str, rope: object, head_dim: int) -> nn.Module | None:
+def _rotation(where: str, rope: object, head_dim: int, size: str) -> nn.Module | None:
     """``rope`` checked: None, or a rotation ``(x [..., N, d], positions) -> x`` for heads of size ``head_dim``."""
     if rope is None or rope is False:
         return None
@@ -369,5 +388,5 @@ def _rotation(where: str, rope: object, head_dim: int) -> nn.Module | None:
             f"got {type(rope).__name__}"
         )
     if rope.head_dim != head_dim:
-        raise ValueError(f"{where}: rope.head_dim={rope.head_dim} must equal E / H = {head_dim}")
+        raise ValueError(f"{where}: rope.head_dim={rope.head_dim} must equal {size} = {head_dim}")
     return rope

@@ -13,7 +13,7 @@ from torch import nn
 
 from attn_course import _validate
 
-__all__ = ["RMSNorm"]
+__all__ = ["RMSNorm", "GemmaRMSNorm"]
 
 
 class RMSNorm(nn.Module):
@@ -69,3 +69,58 @@ class RMSNorm(nn.Module):
         mean_square = wide.pow(2).mean(dim=-1, keepdim=True)               # [..., 1]
         normalised = wide * torch.rsqrt(mean_square + self.eps)            # [..., E]
         return self.weight * normalised.to(x.dtype)                        # [..., E]
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm whose weight is stored as an offset from one: ``x / sqrt(mean(x²) + eps) · (1 + weight)``.
+
+    Gemma (and Qwen3-Next, whose norm is Gemma's) stores ``weight`` initialised at zero, so a freshly
+    built norm is the identity scale. Precision, as Hugging Face's ``Gemma3RMSNorm`` (transformers 5.25):
+    everything, the product with ``1 + weight`` included, in float32, and the result cast back to the
+    input's dtype afterwards (:class:`RMSNorm` casts before multiplying; the two differ only in half
+    precision).
+
+    Args:
+        dim: ``E``, the size of the last dimension.
+        eps: added to the mean of squares (``rms_norm_eps``, ``1e-6`` in Gemma 3).
+
+    Raises:
+        TypeError, ValueError: ``dim`` not a positive int, ``eps`` not a positive finite number.
+
+    Example:
+        >>> norm = GemmaRMSNorm(4)                                        # weight 0: scale 1 + 0
+        >>> norm(torch.tensor([[2.0, -2.0, 2.0, -2.0]])).tolist()
+        [[0.9999998807907104, -0.9999998807907104, 0.9999998807907104, -0.9999998807907104]]
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        where = "GemmaRMSNorm"
+        self.dim = _validate.integer(where, "dim", dim, minimum=1)
+        self.eps = _validate.positive_finite(where, "eps", eps)
+        self.weight = nn.Parameter(torch.zeros(self.dim))                # [E], the offset from 1
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps:g}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x``.
+
+        Args:
+            x: ``[..., E]`` floating point.
+
+        Returns:
+            ``[..., E]``, in ``x``'s dtype.
+
+        Raises:
+            TypeError: ``x`` not a floating tensor.
+            ValueError: ``x``'s last dimension is not ``E``.
+        """
+        where = "GemmaRMSNorm.forward"
+        x = _validate.floating_tensor(where, "x", x, min_dim=1)
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"{where}: x must be [..., E] with E = {self.dim}, got shape {_validate.shape_str(x)}")
+        wide = x.to(torch.float32)                                        # [..., E]
+        mean_square = wide.pow(2).mean(dim=-1, keepdim=True)               # [..., 1]
+        normalised = wide * torch.rsqrt(mean_square + self.eps)            # [..., E]
+        return (normalised * (1.0 + self.weight.float())).to(x.dtype)      # [..., E]

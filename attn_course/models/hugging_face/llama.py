@@ -1,6 +1,8 @@
-"""Hugging Face Llama and Mistral checkpoints: our parameter names to theirs (:data:`NAMES`), and tied heads.
+"""Hugging Face Llama, Mistral and Qwen3 checkpoints: our parameter names to theirs (:data:`NAMES`), and tied heads.
 
-Mistral's weights have Llama's names and shapes. A bare ``LlamaModel`` checkpoint has no ``model.``
+Mistral's weights have Llama's names and shapes; Qwen3's add each layer's ``self_attn.q_norm`` and
+``self_attn.k_norm`` (ours: the norm inside ``attention.q_proj`` and ``attention.k_proj``) and, with
+``attention_bias``, the projections' biases. A bare ``LlamaModel`` checkpoint has no ``model.``
 prefix; old checkpoints store ``rotary_emb.inv_freq`` buffers (not read: the frequencies come from the
 config); with tied embeddings Hugging Face leaves ``lm_head.weight`` out.
 
@@ -9,6 +11,8 @@ Example:
     'model.layers.3.mlp.gate_proj.weight'
     >>> hugging_face_name("model.final_norm.weight")
     'model.norm.weight'
+    >>> hugging_face_name("model.blocks.0.attention.k_proj.norm.weight")              # Qwen3's QK-norm
+    'model.layers.0.self_attn.k_norm.weight'
 """
 
 from __future__ import annotations
@@ -22,17 +26,19 @@ from attn_course.models.hugging_face.checkpoint import NameMap, match_hugging_fa
 
 __all__ = ["NAMES", "hugging_face_name", "match_llama"]
 
-#: Our parameter names to Hugging Face's (no biases anywhere): outside the blocks, then each decoder block's
-#: modules, for :func:`~attn_course.models.hugging_face.checkpoint.match_hugging_face`.
+#: Our parameter names to Hugging Face's (biases only on the attention's projections, Qwen3's ``attention_bias``):
+#: outside the blocks, then each decoder block's modules, for
+#: :func:`~attn_course.models.hugging_face.checkpoint.match_hugging_face`.
 NAMES = NameMap(
     "LlamaForCausalLM",
     top={"model.embedding": "model.embed_tokens", "model.final_norm": "model.norm", "lm_head": "lm_head"},
     layer={"attention_norm": "input_layernorm", "attention.q_proj": "self_attn.q_proj",
            "attention.k_proj": "self_attn.k_proj", "attention.v_proj": "self_attn.v_proj",
-           "attention.out_proj": "self_attn.o_proj", "feed_forward_norm": "post_attention_layernorm",
+           "attention.out_proj": "self_attn.o_proj", "attention.q_proj.norm": "self_attn.q_norm",
+           "attention.k_proj.norm": "self_attn.k_norm", "feed_forward_norm": "post_attention_layernorm",
            "feed_forward.gate": "mlp.gate_proj", "feed_forward.up": "mlp.up_proj",
            "feed_forward.down": "mlp.down_proj"},
-    ours_layers="model.blocks", theirs_layers="model.layers", parameters=("weight",))
+    ours_layers="model.blocks", theirs_layers="model.layers", parameters=("weight", "bias"))
 
 #: ``hugging_face_name(name)``: the Hugging Face name of a ``LlamaForCausalLM`` parameter (example above).
 hugging_face_name = NAMES.hugging_face_name
@@ -46,7 +52,7 @@ def match_llama(
     source: str,
     caller: str = "match_llama",
 ) -> dict[str, torch.Tensor]:
-    """Rename a Hugging Face Llama checkpoint's tensors to our names, checking every name and shape.
+    """Rename a Hugging Face Llama, Mistral or Qwen3 checkpoint's tensors to our names, checking every name and shape.
 
     Accepted beside the exact names: a bare ``LlamaModel`` checkpoint (names without the
     ``model.`` prefix), the ``rotary_emb.inv_freq`` buffers that old checkpoints stored (ignored:

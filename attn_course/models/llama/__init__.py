@@ -1,7 +1,7 @@
 """A Llama-style decoder built from the course's own blocks, and a loader for Hugging Face checkpoints.
 
     x = embedding[input_ids]                                      # [B, N, E]
-    x = x + Attention(RMSNorm(x))    # grouped-query, causal, RoPE (half split), no biases
+    x = x + Attention(RMSNorm(x))    # grouped-query, causal, RoPE (half split); Qwen3: QK-norm
     x = x + SwiGLU(RMSNorm(x))       # ... for each of the L blocks
     logits = lm_head(RMSNorm(x))                                  # [B, N, V]
 
@@ -11,11 +11,15 @@
 left-padded batches and greedy decoding with a KV cache. A Mistral folder loads into the same
 classes with ``config.sliding_window`` set: every block then masks to the window, and generation
 keeps a :class:`~attn_course.variants.sliding_window.RollingKVCache` per block; it agrees with
-``MistralForCausalLM`` within 1e-5 (``tests/variants/test_sliding_window.py``).
+``MistralForCausalLM`` within 1e-5 (``tests/variants/test_sliding_window.py``). A Qwen3 folder loads
+into them too: each head's query and key RMS-normalised before RoPE (``config.qk_norm``), a head size of
+its own (``config.head_dim``), optional attention biases, and a window on the layers ``config.layer_types``
+marks; it agrees with ``Qwen3ForCausalLM`` (``tests/models/test_loading.py``).
 
 One idea per module; every name below can be imported from ``attn_course.models.llama`` itself:
 
-- ``config``: :class:`LlamaConfig`, the sizes (Hugging Face's ``config.json``);
+- ``config``: :class:`LlamaConfig`, the sizes (Hugging Face's ``config.json``), and :data:`MODEL_TYPES`, the
+  ``model_type`` values it reads;
 - ``feed_forward``: :class:`SwiGLU`;
 - ``block``: :class:`LlamaDecoderBlock`, :func:`positions_from_attention_mask`, :func:`rotary_embedding`;
 - ``model``: :class:`LlamaModel`, :class:`LlamaForCausalLM` (with greedy :meth:`~LlamaForCausalLM.generate`);
@@ -28,10 +32,11 @@ Face's (:mod:`attn_course.models.hugging_face.llama`) live with the other checkp
 """
 
 from attn_course.models.llama.block import LlamaDecoderBlock, positions_from_attention_mask, rotary_embedding
-from attn_course.models.llama.config import LlamaConfig
+from attn_course.models.llama.config import LAYER_TYPES, MODEL_TYPES, LlamaConfig
 from attn_course.models.llama.feed_forward import SwiGLU
 from attn_course.models.llama.loading import load_pretrained
 from attn_course.models.llama.model import CausalLMOutput, GreedyOutput, LlamaForCausalLM, LlamaModel, LlamaOutput
 
-__all__ = ["LlamaConfig", "SwiGLU", "LlamaDecoderBlock", "positions_from_attention_mask", "rotary_embedding",
-           "LlamaModel", "LlamaForCausalLM", "LlamaOutput", "CausalLMOutput", "GreedyOutput", "load_pretrained"]
+__all__ = ["LlamaConfig", "MODEL_TYPES", "LAYER_TYPES", "SwiGLU", "LlamaDecoderBlock", "positions_from_attention_mask",
+           "rotary_embedding", "LlamaModel", "LlamaForCausalLM", "LlamaOutput", "CausalLMOutput", "GreedyOutput",
+           "load_pretrained"]

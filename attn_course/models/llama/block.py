@@ -1,5 +1,5 @@
-"""One Llama block: RMSNorm, attention with RoPE (grouped-query, causal, the sliding window if any), residual;
-RMSNorm, SwiGLU, residual; and the positions and rotary embedding it is given.
+"""One Llama block: RMSNorm, attention with RoPE (grouped-query, causal, the sliding window if any, Qwen3's
+QK-norm if the config asks), residual; RMSNorm, SwiGLU, residual; and the positions and rotary embedding it is given.
 
 :class:`LlamaDecoderBlock` is what :class:`~attn_course.models.llama.model.LlamaModel` stacks;
 :func:`rotary_embedding` builds the one RoPE every block of a model shares, and
@@ -59,14 +59,21 @@ def positions_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 class LlamaDecoderBlock(nn.Module):
     """One pre-norm Llama block: RMSNorm, attention, residual; RMSNorm, SwiGLU, residual.
 
+    The attention is the core's :class:`~attn_course.core.multihead.MultiHeadAttention` with the config's
+    head size, biases and QK-norm (Qwen3: ``attention.q_proj`` and ``attention.k_proj`` normalise each head).
+
     Args:
         config: the sizes (:class:`~attn_course.models.llama.LlamaConfig`).
         rope: the rotary embedding to use (shared by every block of a model; it holds no
             weights); default one built from ``config``.
+        layer_index: which layer of the model this block is; it picks the window,
+            :meth:`config.layer_window(layer_index) <attn_course.models.llama.LlamaConfig.layer_window>`.
 
     Raises:
-        TypeError: ``config`` not a :class:`LlamaConfig`, ``rope`` not a RotaryEmbedding.
-        ValueError: a ``rope`` whose ``head_dim`` is not ``config.head_dim``.
+        TypeError: ``config`` not a :class:`LlamaConfig`, ``rope`` not a RotaryEmbedding, ``layer_index``
+            not an int.
+        ValueError: a ``rope`` whose ``head_dim`` is not ``config.head_dim``, a ``layer_index`` outside the
+            config's layers.
 
     Example:
         >>> config = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32,
@@ -76,7 +83,7 @@ class LlamaDecoderBlock(nn.Module):
         torch.Size([2, 5, 16])
     """
 
-    def __init__(self, config: LlamaConfig, rope: RotaryEmbedding | None = None) -> None:
+    def __init__(self, config: LlamaConfig, rope: RotaryEmbedding | None = None, *, layer_index: int = 0) -> None:
         super().__init__()
         where = "LlamaDecoderBlock"
         if not isinstance(config, LlamaConfig):
@@ -85,14 +92,19 @@ class LlamaDecoderBlock(nn.Module):
             rope = rotary_embedding(config)
         elif not isinstance(rope, RotaryEmbedding):
             raise TypeError(f"{where}: rope must be a RotaryEmbedding or None, got {type(rope).__name__}")
+        layer_index = _validate.integer(where, "layer_index", layer_index, minimum=0)
+        if layer_index >= config.num_hidden_layers:
+            raise ValueError(f"{where}: layer_index must be < num_hidden_layers={config.num_hidden_layers}, "
+                             f"got {layer_index}")
         self.attention_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.attention = MultiHeadAttention(
             config.hidden_size, config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
-            bias=False, dropout=config.attention_dropout, rope=rope,
+            head_dim=config.head_dim, bias=config.attention_bias, qk_norm=config.qk_norm,
+            qk_norm_eps=config.rms_norm_eps, dropout=config.attention_dropout, rope=rope,
         )
         self.feed_forward_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.feed_forward = SwiGLU(config.hidden_size, config.intermediate_size)
-        self.sliding_window = config.sliding_window
+        self.sliding_window = config.layer_window(layer_index)              # None: every earlier token
 
     def forward(
         self,

@@ -1,9 +1,11 @@
-"""Hugging Face Llama and Mistral checkpoints into a :class:`~attn_course.models.llama.LlamaForCausalLM`,
+"""Hugging Face Llama, Mistral and Qwen3 checkpoints into a :class:`~attn_course.models.llama.LlamaForCausalLM`,
 checked by name.
 
 Mistral's weights have Llama's names and shapes; its config adds ``sliding_window``, which the
 model applies in every block (``tests/variants/test_sliding_window.py`` checks it against
-``MistralForCausalLM``).
+``MistralForCausalLM``). Qwen3's add a norm of each head's query and key, and its config a head size,
+attention biases and the layers that slide (``tests/models/test_loading.py`` checks it against
+``Qwen3ForCausalLM``).
 
 A checkpoint folder holds ``config.json`` and ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``). The config is checked field by field
@@ -20,7 +22,7 @@ import os
 import torch
 
 from attn_course import _validate
-from attn_course.models.hugging_face.checkpoint import read_checkpoint
+from attn_course.models.hugging_face.checkpoint import checkpoint_folder, read_checkpoint
 from attn_course.models.hugging_face.llama import match_llama
 from attn_course.models.llama.config import LlamaConfig
 from attn_course.models.llama.model import LlamaForCausalLM
@@ -29,12 +31,14 @@ __all__ = ["load_pretrained"]
 
 
 def load_pretrained(folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """Load a Hugging Face Llama or Mistral checkpoint folder into a
+    """Load a Hugging Face Llama, Mistral or Qwen3 checkpoint folder into a
     :class:`~attn_course.models.llama.LlamaForCausalLM`.
 
     Offline: nothing is read from the network. A Mistral folder (``model_type`` ``"mistral"``)
     gives a model whose ``config.sliding_window`` is the checkpoint's window (None for full causal
-    attention).
+    attention); a Qwen3 folder (``"qwen3"``) one with ``config.qk_norm`` and the checkpoint's
+    ``head_dim``, ``attention_bias`` and ``layer_types``. :func:`attn_course.models.load_pretrained`
+    picks this loader by the folder's ``model_type``.
 
     Args:
         folder: holds ``config.json`` and ``model.safetensors`` (or ``model.safetensors.index.json``
@@ -66,16 +70,8 @@ def load_pretrained(folder: str | os.PathLike, *, dtype: torch.dtype = torch.flo
         (2, False)
     """
     where = "load_pretrained"
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"{where}: dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
-    folder = _validate.path(where, "folder", folder)
-    if not folder.exists():
-        raise FileNotFoundError(f"{where}: the model folder {folder} does not exist")
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{where}: {folder} is not a folder; pass the folder that holds "
-                                 "config.json and model.safetensors")
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{where}: {folder} lacks config.json")
+    dtype = _validate.floating_dtype(where, "dtype", dtype)
+    folder = checkpoint_folder(folder, caller=where)
     config = LlamaConfig.from_json_file(folder / "config.json")
     stored, source = read_checkpoint(folder, caller=where)
 

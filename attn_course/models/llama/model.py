@@ -16,7 +16,9 @@ Mistral is this decoder with ``config.sliding_window = W``: every block adds
 :func:`~attn_course.variants.masks.sliding_window_mask` to its causal mask, and :meth:`LlamaForCausalLM.generate`
 decodes with one :class:`~attn_course.variants.sliding_window.RollingKVCache` per block, which holds only
 the last ``W - 1`` tokens (Hugging Face's ``DynamicCache`` keeps the same for Mistral). The window
-is counted over the indices of the (padded) sequence, as Hugging Face counts it.
+is counted over the indices of the (padded) sequence, as Hugging Face counts it. Qwen3 slides on the
+layers its ``config.layer_types`` marks: those blocks mask and cache as Mistral's, the others as Llama's.
+Its QK-norm and head size live in the attention (:class:`~attn_course.models.llama.block.LlamaDecoderBlock`).
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ class LlamaModel(nn.Module):
         self.config = config
         rope = rotary_embedding(config)                                     # no weights: one for all blocks
         self.embedding = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.blocks = nn.ModuleList(LlamaDecoderBlock(config, rope) for _ in range(config.num_hidden_layers))
+        self.blocks = nn.ModuleList(LlamaDecoderBlock(config, rope, layer_index=index)
+                                    for index in range(config.num_hidden_layers))
         self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
@@ -126,8 +129,9 @@ class LlamaModel(nn.Module):
                 from ``attention_mask`` by :func:`positions_from_attention_mask` (each sequence's
                 real tokens at ``0, 1, ...``), else ``len(cache) .. len(cache) + N - 1``.
             kv_caches: one :class:`~attn_course.core.kv_cache.KVCache` per block, all of one length;
-                the new keys and values are appended. With ``config.sliding_window = W`` they may be
-                :class:`~attn_course.variants.sliding_window.RollingKVCache` s of a window ``>= W``.
+                the new keys and values are appended. A block with a window ``W`` (its
+                ``sliding_window``) may have a :class:`~attn_course.variants.sliding_window.RollingKVCache`
+                of a window ``>= W``.
             output_hidden_states: also return the embeddings and every block's output.
             output_attentions: also return every block's attention weights.
 
@@ -139,7 +143,7 @@ class LlamaModel(nn.Module):
                 are not ``KVCache``, flags that are not bool.
             ValueError: shapes that do not fit, ids out of ``0..V-1``, the wrong number of caches,
                 caches of different lengths, or caches that forgot keys the attention still needs (a
-                rolling cache without a sliding window, or with a smaller one).
+                rolling cache on a block without a sliding window, or with a smaller one).
 
         Example:
             >>> config = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32,
@@ -161,7 +165,7 @@ class LlamaModel(nn.Module):
             raise ValueError(f"{where}: input_ids must lie in 0..{config.vocab_size - 1}, got values from "
                              f"{int(input_ids.min())} to {int(input_ids.max())}")
         batch, tokens = input_ids.shape
-        cached, attended = self._check_caches(where, kv_caches, tokens)
+        cached, attended = self._check_caches(where, kv_caches, tokens)                 # attended: per block
         real = None
         if attention_mask is not None:
             attention_mask = _validate.tensor(where, "attention_mask", attention_mask)
@@ -181,13 +185,13 @@ class LlamaModel(nn.Module):
             if positions.shape not in ((tokens,), (batch, tokens)):
                 raise ValueError(f"{where}: positions must be [N] = [{tokens}] or [B, N] = [{batch}, {tokens}], "
                                  f"got shape {_validate.shape_str(positions)}")
-        # A rolling cache returns only its last keys: the padding mask's last N_k columns.
-        key_mask = None if real is None else real[:, None, cached + tokens - attended:]  # [B, 1, N_k]
+        # A rolling cache returns only its last keys: the padding mask's last N_k columns, block by block.
+        key_masks = [None if real is None else real[:, None, cached + tokens - n_k:] for n_k in attended]  # [B, 1, N_k]
 
         x = self.embedding(input_ids)                                                  # [B, N, E]
         all_hidden_states, attentions = [x], []
         for index, block in enumerate(self.blocks):
-            x, weights = block(x, mask=key_mask, positions=positions,
+            x, weights = block(x, mask=key_masks[index], positions=positions,
                                kv_cache=None if kv_caches is None else kv_caches[index],
                                need_weights=output_attentions)                         # [B, N, E]
             all_hidden_states.append(x)
@@ -198,10 +202,11 @@ class LlamaModel(nn.Module):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    def _check_caches(self, where: str, kv_caches: object, tokens: int) -> tuple[int, int]:
-        """``(tokens seen, keys attended to)`` (``(0, tokens)`` without caches), after checking the caches."""
+    def _check_caches(self, where: str, kv_caches: object, tokens: int) -> tuple[int, list[int]]:
+        """``(tokens seen, keys each block attends to)`` (``(0, [tokens, ...])`` without caches), after checking
+        the caches."""
         if kv_caches is None:
-            return 0, tokens
+            return 0, [tokens] * len(self.blocks)
         if isinstance(kv_caches, KVCache) or not isinstance(kv_caches, (list, tuple)) \
                 or not all(isinstance(cache, KVCache) for cache in kv_caches):
             raise TypeError(f"{where}: kv_caches must be a list of KVCache, one per block, "
@@ -212,19 +217,18 @@ class LlamaModel(nn.Module):
         lengths = sorted({len(cache) for cache in kv_caches})
         if len(lengths) > 1:
             raise ValueError(f"{where}: the caches must all hold the same number of tokens, got lengths {lengths}")
-        seen, window = lengths[0], self.config.sliding_window
-        # The first new query (position `seen`) reads back to `seen - (W - 1)`, or to 0 without a window.
-        needed = tokens + (seen if window is None else min(seen, window - 1))
-        attended = sorted({cache.attended_length(tokens) for cache in kv_caches})
-        if attended[0] < needed:
-            short = next(cache for cache in kv_caches if cache.attended_length(tokens) < needed)
-            what = "no sliding window" if window is None else f"sliding_window={window}"
-            raise ValueError(f"{where}: {short!r} returns {short.attended_length(tokens)} keys for {tokens} new "
-                             f"token(s), but with {what} the attention reads {needed}; use a KVCache, or a "
-                             "RollingKVCache whose window is at least the config's sliding_window")
-        if len(attended) > 1:
-            raise ValueError(f"{where}: the caches must all return the same number of keys, got {attended}")
-        return seen, attended[0]
+        seen, attended = lengths[0], []
+        for index, (block, cache) in enumerate(zip(self.blocks, kv_caches)):
+            window = block.sliding_window
+            # The first new query (position `seen`) reads back to `seen - (W - 1)`, or to 0 without a window.
+            needed = tokens + (seen if window is None else min(seen, window - 1))
+            attended.append(cache.attended_length(tokens))
+            if attended[-1] < needed:
+                what = "no sliding window" if window is None else f"sliding_window={window}"
+                raise ValueError(f"{where}: {cache!r} (block {index}) returns {attended[-1]} keys for {tokens} new "
+                                 f"token(s), but with {what} the attention reads {needed}; use a KVCache, or a "
+                                 "RollingKVCache whose window is at least the block's sliding_window")
+        return seen, attended
 
 
 class LlamaForCausalLM(nn.Module):
@@ -285,9 +289,9 @@ class LlamaForCausalLM(nn.Module):
         """Greedy decoding: add the most likely token ``max_new_tokens`` times, with a KV cache.
 
         The prompt runs once through the model, filling one :class:`~attn_course.core.kv_cache.KVCache`
-        per block (with ``config.sliding_window = W``, a
+        per block (for a block with a window ``W``, a
         :class:`~attn_course.variants.sliding_window.RollingKVCache` that holds only the last ``W - 1``
-        tokens, as Hugging Face's Mistral does); every later step feeds only the newest token, at
+        tokens, as Hugging Face's Mistral and Qwen3 do); every later step feeds only the newest token, at
         the position after its sequence's last one. No end-of-sequence handling: exactly ``max_new_tokens`` tokens are
         added to every sequence (Hugging Face's ``generate(do_sample=False)`` with no
         ``eos_token_id``). Dropout applies if the model is in training mode: call ``eval()`` first.
@@ -326,9 +330,8 @@ class LlamaForCausalLM(nn.Module):
         else:
             real = key_padding_to_boolean(attention_mask, batch, prompt_length, device=input_ids.device,
                                           caller=where, name="attention_mask")          # [B, N]
-        window = self.config.sliding_window
-        caches = [KVCache(max_length=prompt_length + max_new_tokens) if window is None else RollingKVCache(window)
-                  for _ in self.model.blocks]
+        caches = [KVCache(max_length=prompt_length + max_new_tokens) if block.sliding_window is None
+                  else RollingKVCache(block.sliding_window) for block in self.model.blocks]
         positions = positions_from_attention_mask(real)                                  # [B, N]
         sequences, new_ids, step_logits = input_ids, input_ids, []
         for _ in range(max_new_tokens):
