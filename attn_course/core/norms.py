@@ -61,17 +61,19 @@ class RMSNorm(nn.Module):
             TypeError: ``x`` not a floating tensor.
             ValueError: ``x``'s last dimension is not ``E``.
         """
-        where = "RMSNorm.forward"
+        return self.weight * self._normalised("RMSNorm.forward", x).to(x.dtype)     # [..., E]
+
+    def _normalised(self, where: str, x: object) -> torch.Tensor:
+        """``x / sqrt(mean(x²) + eps)`` in float32, after checking ``x``."""
         x = _validate.floating_tensor(where, "x", x, min_dim=1)
         if x.shape[-1] != self.dim:
             raise ValueError(f"{where}: x must be [..., E] with E = {self.dim}, got shape {_validate.shape_str(x)}")
         wide = x.to(torch.float32)                                        # [..., E]
         mean_square = wide.pow(2).mean(dim=-1, keepdim=True)               # [..., 1]
-        normalised = wide * torch.rsqrt(mean_square + self.eps)            # [..., E]
-        return self.weight * normalised.to(x.dtype)                        # [..., E]
+        return wide * torch.rsqrt(mean_square + self.eps)                  # [..., E]
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """RMSNorm whose weight is stored as an offset from one: ``x / sqrt(mean(x²) + eps) · (1 + weight)``.
 
     Gemma (and Qwen3-Next, whose norm is Gemma's) stores ``weight`` initialised at zero, so a freshly
@@ -94,14 +96,8 @@ class GemmaRMSNorm(nn.Module):
     """
 
     def __init__(self, dim: int, *, eps: float = 1e-6) -> None:
-        super().__init__()
-        where = "GemmaRMSNorm"
-        self.dim = _validate.integer(where, "dim", dim, minimum=1)
-        self.eps = _validate.positive_finite(where, "eps", eps)
-        self.weight = nn.Parameter(torch.zeros(self.dim))                # [E], the offset from 1
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps:g}"
+        super().__init__(dim, eps=eps)
+        nn.init.zeros_(self.weight)                                        # [E], the offset from 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise ``x``.
@@ -116,11 +112,5 @@ class GemmaRMSNorm(nn.Module):
             TypeError: ``x`` not a floating tensor.
             ValueError: ``x``'s last dimension is not ``E``.
         """
-        where = "GemmaRMSNorm.forward"
-        x = _validate.floating_tensor(where, "x", x, min_dim=1)
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"{where}: x must be [..., E] with E = {self.dim}, got shape {_validate.shape_str(x)}")
-        wide = x.to(torch.float32)                                        # [..., E]
-        mean_square = wide.pow(2).mean(dim=-1, keepdim=True)               # [..., 1]
-        normalised = wide * torch.rsqrt(mean_square + self.eps)            # [..., E]
+        normalised = self._normalised("GemmaRMSNorm.forward", x)          # [..., E], float32
         return (normalised * (1.0 + self.weight.float())).to(x.dtype)      # [..., E]
