@@ -71,7 +71,7 @@ ONE_ROUTE = (" You looked at one of layer 0's scores only, and this model has no
 def ablation_effects(seed: int, dead_head: int | None = None) -> tuple[torch.Tensor, ...]:
     """``(previous-token, duplicate-token and induction scores, loss rises)``, each ``[L, H]``, of the cached model
     of ``seed``, with layer-0 head ``dead_head`` (if given) made dead: its query, key and output weights zeroed.
-    The course's scores averaged over 64 sequences of the data it was trained on (a segment said twice at a
+    The course's scores averaged over 48 sequences of the data it was trained on (a segment said twice at a
     random place), and how much zeroing each head raises the loss of the repeat's predictable tokens (nats).
     Computed once per model."""
     model = load_trained(seed)
@@ -83,7 +83,7 @@ def ablation_effects(seed: int, dead_head: int | None = None) -> tuple[torch.Ten
             attention.q_proj.weight[rows] = 0.0                      # equal logits: uniform causal attention
             attention.k_proj.weight[rows] = 0.0
             attention.out_proj.weight[:, rows] = 0.0                 # and nothing written to the stream
-    batch = InductionSetup().repeats(64, torch.Generator().manual_seed(2024 + seed))   # the data it was trained on
+    batch = InductionSetup().repeats(48, torch.Generator().manual_seed(2024 + seed))   # the data it was trained on
     tokens, span = batch.tokens, batch.predictable
     with one_thread():
         patterns = record_patterns(model, tokens)                                  # {layer: [B, H, N, N]}

@@ -468,7 +468,7 @@ def test_ablation_effects_are_those_of_an_independent_float64_forward(dead_head)
             for weight in (attention.q_proj.weight, attention.k_proj.weight):
                 weight[dead_head * d:(dead_head + 1) * d] = 0.0
             attention.out_proj.weight[:, dead_head * d:(dead_head + 1) * d] = 0.0
-    batch = InductionSetup().repeats(64, torch.Generator().manual_seed(2024))        # as the check draws it
+    batch = InductionSetup().repeats(48, torch.Generator().manual_seed(2024))        # as the check draws it
     tokens = batch.tokens
 
     def repeated_loss(zero_heads=()):

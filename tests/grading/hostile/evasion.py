@@ -67,8 +67,11 @@ _EVASIONS_11 = {
     # 6. the answer looked up at cell time: the check's own measurements of every model it may show, read
     # back by matching the scores shown (the heads are shuffled), so the call itself measures nothing
     "most_harmful_head": ("from attn_course.checks.circuits_ablation import ablation_effects\n\n"
-                          "_TABLES = [ablation_effects(seed, dead)\n"
-                          "           for seed in (0, 1, 6) for dead in (None, 0, 1, 2, 3)]\n\n"
+                          "_TABLES = []\n"
+                          "for seed in (0, 1, 6):                # as trained, and each harmless head made dead\n"
+                          "    rises = ablation_effects(seed)[-1]\n"
+                          "    _TABLES += [ablation_effects(seed, dead) for dead in [None] + [\n"
+                          "        head for head in range(4) if rises[0, head] < 0.1 * rises.max()]]\n\n"
                           "def most_harmful_head(previous_token_scores, duplicate_token_scores, induction_scores):\n"
                           "    for *_, induction, rises in _TABLES:\n"
                           "        if torch.equal(induction.sort(dim=1).values, induction_scores.sort(dim=1).values):\n"
