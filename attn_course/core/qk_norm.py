@@ -37,12 +37,15 @@ class HeadNormLinear(nn.Linear):
         head_dim: ``d``, the features of one head (the norm's size).
         bias: a bias on the projection (before the norm).
         eps: the norm's ``eps`` (``rms_norm_eps``).
+        norm: the norm's class, :class:`~attn_course.core.norms.RMSNorm` (Qwen3) or a subclass such as
+            :class:`~attn_course.core.norms.GemmaRMSNorm` (Gemma 3, Qwen3-Next: a weight of ``1 + w``).
 
     Attributes:
         norm: the :class:`~attn_course.core.norms.RMSNorm` over ``d`` (Hugging Face's ``q_norm`` or ``k_norm``).
 
     Raises:
-        TypeError, ValueError: sizes that are not positive ints, ``eps`` not a positive finite number.
+        TypeError, ValueError: sizes that are not positive ints, ``eps`` not a positive finite number,
+            ``norm`` not an RMSNorm class.
 
     Example:
         >>> projection = HeadNormLinear(16, num_heads=2, head_dim=4)
@@ -52,13 +55,15 @@ class HeadNormLinear(nn.Linear):
     """
 
     def __init__(self, in_features: int, num_heads: int, head_dim: int, *, bias: bool = False,
-                 eps: float = 1e-6) -> None:
+                 eps: float = 1e-6, norm: type[RMSNorm] = RMSNorm) -> None:
         where = "HeadNormLinear"
+        if not (isinstance(norm, type) and issubclass(norm, RMSNorm)):
+            raise TypeError(f"{where}: norm must be RMSNorm or a subclass of it, got {norm!r}")
         in_features, num_heads, head_dim = _validate.integers(where, minimum=1, in_features=in_features,
                                                               num_heads=num_heads, head_dim=head_dim)
         super().__init__(in_features, num_heads * head_dim, bias=_validate.boolean(where, "bias", bias))
         self.num_heads, self.head_dim = num_heads, head_dim
-        self.norm = RMSNorm(head_dim, eps=eps)
+        self.norm = norm(head_dim, eps=eps)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_heads={self.num_heads}"

@@ -33,6 +33,7 @@ from attn_course.core.attention import self_attention
 from attn_course.core.masks import causal_mask, to_additive
 from attn_course.core.multihead import merge_heads, split_heads
 from attn_course.core.norms import GemmaRMSNorm, RMSNorm
+from attn_course.core.qk_norm import HeadNormLinear
 from attn_course.positions.rope import RotaryEmbedding
 from attn_course.positions.rope_scaling import SCALINGS, LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 from attn_course.variants.masks import sliding_window_mask
@@ -134,8 +135,10 @@ class DecoderAttention(nn.Module):
     """Causal self-attention of a modern decoder layer: GQA, QK-norm, RoPE, a window, sinks, an output gate.
 
     Parameters carry Hugging Face's names: ``q_proj`` ``[H·d, E]``, ``k_proj`` and ``v_proj`` ``[H_kv·d, E]``,
-    ``o_proj`` ``[E, H·d]``, with ``gate_proj`` ``[H·d, E]`` (``output_gate``), ``q_norm`` and ``k_norm``
-    ``[d]`` (``qk_norm``) and ``sinks`` ``[H]`` (``sinks``; zero at initialisation). ``rope`` is a half-split
+    ``o_proj`` ``[E, H·d]``, with ``gate_proj`` ``[H·d, E]`` (``output_gate``), ``sinks`` ``[H]`` (``sinks``;
+    zero at initialisation), and with ``qk_norm`` the projections of queries and keys are
+    :class:`~attn_course.core.qk_norm.HeadNormLinear`, their norms ``q_proj.norm`` and ``k_proj.norm`` ``[d]``
+    (Hugging Face's ``q_norm`` and ``k_norm``). ``rope`` is a half-split
     :class:`~attn_course.positions.rope.RotaryEmbedding`. No dropout: a layer to read and check.
 
     Args:
@@ -159,14 +162,17 @@ class DecoderAttention(nn.Module):
     def __init__(self, config: DecoderAttentionConfig) -> None:
         super().__init__()
         self.config = c = _validate.instance("DecoderAttention", "config", config, DecoderAttentionConfig)
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.bias)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.bias)
+        norm = QK_NORMS[c.qk_norm]
+        if norm is None:
+            self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.bias)
+            self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.bias)
+        else:                                                          # QK-norm: each head normalised, before RoPE
+            self.q_proj = HeadNormLinear(c.hidden_size, c.num_heads, c.head_dim, bias=c.bias, eps=c.norm_eps, norm=norm)
+            self.k_proj = HeadNormLinear(c.hidden_size, c.num_kv_heads, c.head_dim, bias=c.bias, eps=c.norm_eps,
+                                         norm=norm)
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.bias)
         self.gate_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.bias) if c.output_gate else None
-        norm = QK_NORMS[c.qk_norm]
-        self.q_norm = None if norm is None else norm(c.head_dim, eps=c.norm_eps)
-        self.k_norm = None if norm is None else norm(c.head_dim, eps=c.norm_eps)
         self.sinks = nn.Parameter(torch.zeros(c.num_heads)) if c.sinks else None
         self.rope = RotaryEmbedding(c.head_dim, base=c.rope_base, scaling=c.rope_scaling,
                                     rotary_fraction=c.rotary_fraction)
@@ -202,12 +208,10 @@ class DecoderAttention(nn.Module):
         tokens = x.shape[1]                                                       # N
         positions = torch.arange(tokens, device=x.device)                         # [N]
 
-        # Project, split into heads, normalise each head's query and key (before RoPE, as Qwen3 and Gemma 3).
+        # Project and split into heads (with QK-norm, q_proj and k_proj normalise each head, before RoPE).
         q = split_heads(self.q_proj(x), c.num_heads)                              # [B, H, N, d]
         k = split_heads(self.k_proj(x), c.num_kv_heads)                           # [B, H_kv, N, d]
         v = split_heads(self.v_proj(x), c.num_kv_heads)                           # [B, H_kv, N, d]
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)                                 # over d, per head and token
 
         # Rotate: position enters the scores only through the offset between query and key.
         q, k = self.rope.rotate(q, positions), self.rope.rotate(k, positions)    # [B, H|H_kv, N, d]

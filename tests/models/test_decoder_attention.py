@@ -29,11 +29,18 @@ def random_attention(**options) -> DecoderAttention:
 def reference(attention: DecoderAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The formulas head by head and query by query, written from the definitions (float64)."""
     c = attention.config
-    q = attention.q_proj(x).unflatten(-1, (H, D))                      # [B, N, H, d]
-    k = attention.k_proj(x).unflatten(-1, (H_KV, D))
-    v = attention.v_proj(x).unflatten(-1, (H_KV, D))
-    if attention.q_norm is not None:
-        q, k = attention.q_norm(q), attention.k_norm(k)
+    def project(module, heads):                                        # x W + b, then each head's norm, written out
+        out = torch.nn.functional.linear(x, module.weight, module.bias).unflatten(-1, (heads, D))   # [B, N, h, d]
+        norm = getattr(module, "norm", None)
+        if norm is None:
+            return out
+        wide = out.float()                                             # the norms compute in float32, as HF's
+        normalised = wide * (wide.pow(2).mean(-1, keepdim=True) + norm.eps).rsqrt()
+        if c.qk_norm == "gemma":                                       # the weight as 1 + w, cast back afterwards
+            return (normalised * (1.0 + norm.weight.float())).to(out.dtype)
+        return norm.weight * normalised.to(out.dtype)                  # cast back, then the weight
+
+    q, k, v = project(attention.q_proj, H), project(attention.k_proj, H_KV), project(attention.v_proj, H_KV)
     positions = torch.arange(x.shape[1])
     q = attention.rope(q.transpose(1, 2), positions)                   # [B, H, N, d]
     k = attention.rope(k.transpose(1, 2), positions)

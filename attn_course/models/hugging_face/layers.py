@@ -302,6 +302,8 @@ def _hugging_face_shapes(c: DecoderAttentionConfig) -> dict[str, tuple[int, ...]
 def _our_weights(state: Mapping[str, torch.Tensor], c: DecoderAttentionConfig) -> dict[str, torch.Tensor]:
     """Hugging Face's weights under the course's names: the same, but Qwen3-Next's ``q_proj`` cut in two."""
     ours = {name: state[name] for name in _hugging_face_shapes(c)}
+    for kind in ("q", "k") if c.qk_norm is not None else ():
+        ours[f"{kind}_proj.norm.weight"] = ours.pop(f"{kind}_norm.weight")       # the norm inside the projection
     if c.output_gate:
         for kind in ("weight", "bias") if c.bias else ("weight",):
             fused = ours.pop(f"q_proj.{kind}")                                    # [H·2d, E] or [H·2d]
