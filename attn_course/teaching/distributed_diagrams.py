@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from attn_course.distributed.schedule import causal_pair_grid, ring_schedule
 
-__all__ = ["plot_causal_pairs", "plot_ring_schedule"]
+__all__ = ["plot_causal_pairs", "causal_pairs_legend", "plot_ring_schedule"]
 
 
 def plot_ring_schedule(world_size: int, ax=None):
@@ -28,17 +28,36 @@ def plot_ring_schedule(world_size: int, ax=None):
 
 def plot_causal_pairs(world_size: int, layout: str, ax=None):
     """Draw :func:`~attn_course.distributed.schedule.causal_pair_grid`, each visible (query chunk, key chunk) pair
-    coloured by the rank computing it; return the matplotlib Axes."""
+    coloured by the rank computing it, the half of a pair that causality masks (keys after the query) hatched;
+    return the matplotlib Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Polygon
 
     grid = causal_pair_grid(world_size, layout)
     if ax is None:
         _, ax = plt.subplots(figsize=(4, 4))
     colours = ["white"] + [plt.get_cmap("tab10")(r) for r in range(world_size)]
     ax.imshow((grid + 1).numpy(), cmap=ListedColormap(colours), vmin=0, vmax=world_size)
+    chunks = grid.shape[0]
+    # Contiguous and zigzag chunks hold consecutive tokens: only a diagonal pair is half masked. Striped chunks
+    # interleave tokens, so every pair is.
+    every = [(r, c) for r in range(chunks) for c in range(chunks)]
+    cut = every if layout == "striped" else [(c, c) for c in range(chunks)]
+    for row, col in cut:
+        ax.add_patch(Polygon([(col - 0.5, row - 0.5), (col + 0.5, row - 0.5), (col + 0.5, row + 0.5)],
+                             facecolor="white", edgecolor="0.45", hatch="///", lw=0))
     work = [int((grid == r).sum()) for r in range(world_size)]
     ax.set_title(f"{layout}: chunk pairs per rank {work}", fontsize=10)
-    ax.set_xlabel("key chunk")
-    ax.set_ylabel("query chunk")
+    ax.set(xlabel="key chunk", ylabel="query chunk", xticks=range(chunks), yticks=range(chunks))
     return ax
+
+
+def causal_pairs_legend(world_size: int) -> list:
+    """The legend handles of :func:`plot_causal_pairs`: a colour per rank, the hatched half, the empty pair."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    ranks = [Patch(color=plt.get_cmap("tab10")(r), label=f"rank {r}") for r in range(world_size)]
+    return ranks + [Patch(facecolor="white", edgecolor="0.45", hatch="///", label="half a pair,\nmasked by causality"),
+                    Patch(facecolor="white", edgecolor="0.45", label="whole pair masked:\nnot computed")]
