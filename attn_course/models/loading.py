@@ -2,12 +2,15 @@
 ``model_type`` and builds the course's own model of that family.
 
 - ``"llama"``, ``"mistral"``, ``"qwen3"``: a :class:`~attn_course.models.llama.LlamaForCausalLM`, by
-  :func:`attn_course.models.llama.load_pretrained`.
+  :func:`attn_course.models.llama.load_pretrained`;
+- ``"gemma3_text"``, ``"gemma3"`` (its language model only): a :class:`~attn_course.models.gemma3.Gemma3ForCausalLM`,
+  by :func:`attn_course.models.gemma3.load_pretrained`.
 
 Each family keeps its loader, which checks the config field by field and the weights name by name; this
 module only chooses among them (:data:`LOADERS`), as ``transformers``' ``AutoModelForCausalLM`` chooses by
 ``model_type``. Every model it returns takes ``model(input_ids)`` and returns an object whose ``.logits`` are
-``[B, N, V]``, and decodes greedily with ``model.generate(input_ids, max_new_tokens)``.
+``[B, N, V]``, and decodes greedily with ``model.generate(input_ids, max_new_tokens)`` (a Llama with a KV cache
+and left padding; a Gemma 3 without either).
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import torch
 from torch import nn
 
 from attn_course import _validate
-from attn_course.models import llama
+from attn_course.models import gemma3, llama
 from attn_course.models.hugging_face.checkpoint import checkpoint_folder
 
 __all__ = ["LOADERS", "load_pretrained"]
 
 #: The ``model_type`` values :func:`load_pretrained` reads, and the loader each goes to.
-LOADERS: dict[str, Callable[..., nn.Module]] = dict.fromkeys(llama.MODEL_TYPES, llama.load_pretrained)
+LOADERS: dict[str, Callable[..., nn.Module]] = {**dict.fromkeys(llama.MODEL_TYPES, llama.load_pretrained),
+                                                **dict.fromkeys(gemma3.MODEL_TYPES, gemma3.load_pretrained)}
 
 
 def load_pretrained(folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -41,7 +45,9 @@ def load_pretrained(folder: str | os.PathLike, *, dtype: torch.dtype = torch.flo
 
     Returns:
         the model, in eval mode: a :class:`~attn_course.models.llama.LlamaForCausalLM` for ``"llama"``,
-        ``"mistral"`` and ``"qwen3"``.
+        ``"mistral"`` and ``"qwen3"``; a :class:`~attn_course.models.gemma3.Gemma3ForCausalLM` for
+        ``"gemma3_text"``, and for ``"gemma3"`` (a multimodal checkpoint: its ``text_config`` and language model,
+        not its vision tower).
 
     Raises:
         TypeError: ``folder`` not a str or path, ``dtype`` not a floating ``torch.dtype``.

@@ -138,9 +138,9 @@ def write_config(folder, values) -> None:
 
 
 def test_an_unknown_model_type_is_refused_with_the_ones_it_reads(tmp_path):
-    write_config(tmp_path, {"model_type": "gemma3_text", "hidden_size": 64})
-    with pytest.raises(ValueError, match="load_pretrained: .*config.json has model_type='gemma3_text'; this course "
-                                         "loads model_type 'llama', 'mistral', 'qwen3'$"):
+    write_config(tmp_path, {"model_type": "gpt_oss", "hidden_size": 64})
+    with pytest.raises(ValueError, match="load_pretrained: .*config.json has model_type='gpt_oss'; this course "
+                                         "loads model_type 'llama', 'mistral', 'qwen3', 'gemma3_text', 'gemma3'$"):
         load_pretrained(tmp_path)
     write_config(tmp_path, {"hidden_size": 64})
     with pytest.raises(ValueError, match="has model_type=None"):

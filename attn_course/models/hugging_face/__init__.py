@@ -1,5 +1,6 @@
-"""Loading Hugging Face checkpoints into the course's models: one place for BERT, Llama/Mistral and DeepSeek-V2's
-latent attention, kept apart from the models themselves (as Hugging Face's own modelling files keep loading apart).
+"""Loading Hugging Face checkpoints into the course's models: one place for BERT, Llama/Mistral, Gemma 3 and
+DeepSeek-V2's latent attention, kept apart from the models themselves (as Hugging Face's own modelling files keep
+loading apart).
 
 - ``checkpoint``: :func:`checkpoint_folder` (a folder holding ``config.json``), :func:`read_safetensors` and
   :func:`read_checkpoint` (``safetensors`` only, never pickle),
@@ -7,8 +8,10 @@ latent attention, kept apart from the models themselves (as Hugging Face's own m
   (every name and shape checked one by one, every problem named);
 - ``config``: :class:`HuggingFaceConfig` (``from_json_file``), :func:`check_supported`, :func:`check_required`,
   and the rotary settings, :func:`rope_parameters` and :func:`rope_from_hugging_face`;
-- ``bert``, ``llama``: each model's table of names (:data:`~attn_course.models.hugging_face.bert.NAMES`,
-  :data:`~attn_course.models.hugging_face.llama.NAMES`) and what else its checkpoints hold;
+- ``bert``, ``llama``, ``gemma3``: each model's table of names (:data:`~attn_course.models.hugging_face.bert.NAMES`,
+  :data:`~attn_course.models.hugging_face.llama.NAMES`, :data:`~attn_course.models.hugging_face.gemma3.NAMES`) and
+  what else its checkpoints hold (Gemma 3: a multimodal checkpoint's language model, and its ``config.json`` filled
+  in as ``transformers`` fills it in, :func:`~attn_course.models.hugging_face.gemma3.text_config_values`);
 - ``latent_attention``: :func:`mla_config_from_hugging_face` and :func:`from_hugging_face_weights`, which cut
   ``DeepseekV2Attention``'s fused matrices apart;
 - ``layers``: :func:`convert_layer`, one attention layer of Llama, Mistral, Qwen3, Gemma 3, gpt-oss, Qwen3-Next
@@ -17,7 +20,8 @@ latent attention, kept apart from the models themselves (as Hugging Face's own m
   :class:`~attn_course.models.decoder_attention.DecoderAttentionConfig`.
 
 The loaders that build a model from a folder are the models' own: :func:`attn_course.models.bert.load_pretrained`,
-:func:`attn_course.models.llama.load_pretrained` (Llama, Mistral, Qwen3); :func:`attn_course.models.load_pretrained`
+:func:`attn_course.models.llama.load_pretrained` (Llama, Mistral, Qwen3),
+:func:`attn_course.models.gemma3.load_pretrained` (Gemma 3's text model); :func:`attn_course.models.load_pretrained`
 picks a decoder's by the folder's ``model_type``.
 """
 
