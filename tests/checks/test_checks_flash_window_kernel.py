@@ -6,11 +6,14 @@ from attn_course.flash import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()     # as the chapter's first cell: before Triton is imported, these kernels too
 
+import inspect  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attn_course.checks.diagnosis import CheckFailed  # noqa: E402
 from attn_course.checks.flash_window_kernel import WINDOW, check_window_kernel, masked_attention  # noqa: E402
+from attn_course.flash.classmate_window_kernel import buggy_window_kernel  # noqa: E402
 from attn_course.flash.small_kernel import launch_small_attention  # noqa: E402
 from attn_course.variants.masks import sliding_window_mask  # noqa: E402
 
@@ -60,13 +63,23 @@ def test_the_solution_passes(kernels):
     assert torch.isfinite(out).all()
 
 
-def test_the_classmates_kernel_turns_the_rows_before_the_window_into_nan(kernels):
+def test_the_package_keeps_the_classmates_kernel_as_planted():
+    """The kernel the chapter lists and runs (attn_course/flash/classmate_window_kernel.py) is the one handed
+    in unchanged by the planted students, under its own name."""
+    planted = VARIANTS["classmate"].split("\n\n\nfixed_window_kernel = ")[0] + "\n"
+    listed = inspect.getsource(buggy_window_kernel.fn)
+    assert listed == "@triton.jit\n" + planted.replace("def fixed_window_kernel(", "def buggy_window_kernel(")
+
+
+@pytest.mark.parametrize("where", ["package", "planted"])
+def test_the_classmates_kernel_turns_the_rows_before_the_window_into_nan(kernels, where):
     """The chapter's statement: right with 16 keys, NaN in the last row with 40, in every row with 64."""
+    classmate = buggy_window_kernel if where == "package" else kernels["classmate"]
     for n_k, rows in ((16, []), (40, [15]), (64, list(range(16)))):
-        out, _ = launch_small_attention(kernels["classmate"], *(torch.randn(n, 16) for n in (16, n_k, n_k)))
+        out, _ = launch_small_attention(classmate, *(torch.randn(n, 16) for n in (16, n_k, n_k)))
         assert (~torch.isfinite(out)).any(-1).nonzero().flatten().tolist() == rows
     with pytest.raises(CheckFailed, match=r"NaN or inf in rows \[15\]"):
-        check_window_kernel(kernels["classmate"])
+        check_window_kernel(classmate)
 
 
 @pytest.mark.parametrize(("variant", "hint"), [

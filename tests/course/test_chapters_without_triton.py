@@ -44,7 +44,7 @@ def test_chapter_07_runs_top_to_bottom_without_triton_and_says_what_that_changes
     assert "so the kernels' algorithm runs in PyTorch instead: chapter 06's tiled_attention" in everything
     # The kernels' listings are read from their files: the same text as with Triton.
     listings = [cell for cell in committed.cells if cell.cell_type == "code" and "show_source(" in cell.source]
-    assert len(listings) == 5
+    assert len(listings) == 6
     for cell in listings:
         assert cells[cell.source] == text_of(cell)
     # The Triton exercises' checks skip with their sentence, and the classmate's kernel is not run.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from support.without_triton import run_without_triton
 
 KERNEL_MODULES = ["attn_course.flash.kernels", "attn_course.flash.kernels_backward", "attn_course.flash.kernels_tma",
-                  "attn_course.flash.one_program_kernel"]
+                  "attn_course.flash.one_program_kernel", "attn_course.flash.classmate_window_kernel"]
 
 
 def test_every_module_but_the_kernels_imports_without_triton(tmp_path):
