@@ -251,3 +251,14 @@ def dropout(where: str, value: object, name: str = "dropout") -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{where}: {name} must lie in [0, 1), got {value}")
     return float(value)
+
+
+def token_ids(where: str, name: str, value: object, vocab_size: int) -> torch.Tensor:
+    """``value`` as ``[B, N]`` integer ids in ``0 .. vocab_size - 1`` with ``N >= 1``."""
+    ids = integer_tensor(where, name, value)
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"{where}: {name} must be [B, N] token ids with N >= 1, got shape {shape_str(ids)}")
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{where}: {name} must lie in 0 .. {vocab_size - 1} (the vocabulary), got ids from "
+                         f"{int(ids.min())} to {int(ids.max())}")
+    return ids

@@ -231,6 +231,24 @@ class DecoderAttention(nn.Module):
             merged = merged * torch.sigmoid(self.gate_proj(x))                    # [B, N, H·d]
         return self.o_proj(merged), weights                                       # [B, N, E]
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The scores ``q kᵀ · scale`` of the real keys, before the softmax: what QK-norm keeps bounded.
+
+        Args:
+            x: ``[B, N, E]``, as for :meth:`forward`.
+
+        Returns:
+            ``[B, H, N, N]``, ``-inf`` where the mask hides a key (the sink logit is not among them).
+        """
+        c = self.config
+        x = self._check_input(x)
+        positions = torch.arange(x.shape[1], device=x.device)                     # [N]
+        q = self.rope.rotate(split_heads(self.q_proj(x), c.num_heads), positions)  # [B, H, N, d]
+        k = self.rope.rotate(split_heads(self.k_proj(x), c.num_kv_heads), positions)  # [B, H_kv, N, d]
+        k = k.repeat_interleave(c.groups, dim=1)                                  # [B, H, N, d]
+        scores = q @ k.transpose(-2, -1) * c.softmax_scale                        # [B, H, N, N]
+        return scores.masked_fill(~self._mask(x.shape[1], x.device), float("-inf"))
+
     def _mask(self, tokens: int, device: torch.device) -> torch.Tensor:
         """``[N, N]``: causal, and within the last ``window`` keys on a sliding layer."""
         window = self.config.window

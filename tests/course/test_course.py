@@ -29,8 +29,9 @@ def header(path: pathlib.Path) -> str:
     return next(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
 
 
-def test_there_are_eleven_chapters():
-    assert [path.name[:2] for path in CHAPTERS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11"]
+def test_there_are_twelve_chapters():
+    assert [path.name[:2] for path in CHAPTERS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11",
+                                                    "12"]
 
 
 def test_readme_chapter_map_links_every_chapter_with_its_run_time():
@@ -50,6 +51,16 @@ def test_each_chapter_states_prerequisites_run_time_and_next(path):
     index = CHAPTERS.index(path)
     if index + 1 < len(CHAPTERS):
         assert f"]({CHAPTERS[index + 1].name})" in text, f"{path.name} must link to the next chapter"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_code_cell_does_one_step_in_at_most_15_lines(path):
+    """A reader follows a chapter cell by cell: a longer cell is split, or its code moves into the package and is
+    shown with show_source. Worked solutions (# BEGIN SOLUTION) are the exception: an answer is one function."""
+    cells = nbformat.read(path, as_version=4).cells
+    long = {index: len(cell.source.splitlines()) for index, cell in enumerate(cells) if cell.cell_type == "code"
+            and "# BEGIN SOLUTION" not in cell.source and len(cell.source.splitlines()) > 15}
+    assert not long, f"{path.name}: code cells longer than 15 lines, {{cell index: lines}} {long}"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)

@@ -85,10 +85,39 @@ _EVASIONS_11 = {
                             "    return copying_scores(W_O @ W_U @ W_E @ W_V).positive_fraction\n"),
 }
 
+_EVASIONS_12 = {
+    # 1. RMSNorm under another spelling: PyTorch's functional form, through a module alias
+    "qk_norm_scores": ("import torch.nn.functional as G\n\n"
+                       "def qk_norm_scores(q, k, q_weight, k_weight, eps, rope):\n    d = q_weight.shape[0]\n"
+                       "    def normed(t, weight):\n"
+                       "        return rope(G.rms_norm(t.unflatten(-1, (-1, d)), (d,), weight, eps).transpose(1, 2))\n"
+                       "    return normed(q, q_weight) @ normed(k, k_weight).transpose(-2, -1) / math.sqrt(d)\n"),
+    # 3. the watch switched off: the softmax over the scores and the sink, under PyTorch's function modes disabled
+    "fixed_softmax_with_sink": ("def fixed_softmax_with_sink(scores, sinks):\n"
+                                "    with torch._C.DisableTorchFunction():\n"
+                                "        sink = sinks.view(-1, 1, 1).expand(*scores.shape[:-1], 1)\n"
+                                "        logits = torch.cat((scores, sink), -1)\n"
+                                "        return torch.softmax(logits, dim=-1)[..., :-1]\n"),
+    # 7. no evasion at all: the forbidden layer, which the hidden test calls outside any watch
+    "gated_output": ("def gated_output(heads, x, w_gate, w_out):\n"
+                     "    from attn_course.models.decoder_attention import DecoderAttention, DecoderAttentionConfig\n"
+                     "    layer = DecoderAttention(DecoderAttentionConfig(x.shape[-1], 1, 1, heads.shape[-1], "
+                     "output_gate=True))\n"
+                     "    return (heads * torch.sigmoid(x @ w_gate.T)) @ w_out.T\n"),
+    # 6. the answer computed at cell time, so that the call itself counts nothing
+    "cache_ranking": ("from attn_course.variants.layout_cache_size import PUBLISHED_CONFIGS as _NAMES\n"
+                      "from attn_course.variants.layout_cache_size import cache_elements_by_layout as _count\n"
+                      "from attn_course.variants.layout_cache_size import published_config as _config\n\n"
+                      "_SIZES = {name: _count(_config(name), 131072).elements for name in _NAMES}\n\n"
+                      "def cache_ranking(names):\n    return sorted(names, key=_SIZES.get)\n"),
+}
+
 #: {student: {"chapter", "replace": {answer: code}, "expect": {"score": 0.0, "stopped": None}}}, as
 #: tests/grading/hostile/checks.py's ATTACKS: a notebook of the chapter's imports and these answers.
 ATTACKS = {
     "evasions_02": {"chapter": "02_formula", "replace": _EVASIONS_02, "expect": {"score": 0.0, "stopped": None}},
     "evasions_11": {"chapter": "11_induction_heads", "replace": _EVASIONS_11,
+                    "expect": {"score": 0.0, "stopped": None}},
+    "evasions_12": {"chapter": "12_open_models", "replace": _EVASIONS_12,
                     "expect": {"score": 0.0, "stopped": None}},
 }
