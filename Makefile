@@ -157,10 +157,11 @@ test: lint tools-venv
 # an AVX2 one (tools/other_cpu_path.py). Float32 training rounds differently there, as on another machine, so
 # this fails where a printed number or a test depends on the last bits. .ci/run runs it after `make test`.
 OTHER_CPU_PATH_CHAPTERS := $(addprefix notebooks/,04_causal.ipynb 08_transformer_bert.ipynb 09_modern_variants.ipynb \
-	11_induction_heads.ipynb)
+	11_induction_heads.ipynb 12_open_models.ipynb)
 test-other-cpu-path: tools-venv
 	@other=$$(env -u ATEN_CPU_CAPABILITY $(BIN)/python tools/other_cpu_path.py) && echo "ATEN_CPU_CAPABILITY=$$other" && \
-		ATEN_CPU_CAPABILITY=$$other $(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) tests/circuits tests/models $(OTHER_CPU_PATH_CHAPTERS)
+		ATEN_CPU_CAPABILITY=$$other $(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) tests/circuits tests/models tests/open_models \
+		$(OTHER_CPU_PATH_CHAPTERS)
 
 # Instructors (INSTRUCTORS.md): student notebooks + autograders into dist/ (CHAPTERS="02 05": some only), then grading, each
 # notebook in a bubblewrap sandbox (TRUSTED=1: without one, for trusted submissions only;
