@@ -237,9 +237,8 @@ def test_gemma3s_multimodal_config_and_dropout_in_training_are_refused_with_what
 
 def test_a_module_it_does_not_know_is_refused_by_name():
     config, model = hugging_face_model("qwen3-next")
-    linear_attention = model.model.layers[0].linear_attn
-    with pytest.raises(ValueError, match="a Qwen3NextGatedDeltaNet is not an attention module this course reads"):
-        convert_layer(linear_attention, config)
+    with pytest.raises(ValueError, match="a Qwen3NextSparseMoeBlock is not an attention module this course reads"):
+        convert_layer(model.model.layers[0].mlp, config)
     with pytest.raises(ValueError, match=r"layer_types\[0\]='linear_attention' is not supported"):
         decoder_config_from_hugging_face(config, "Qwen3NextAttention", 0)
 

@@ -31,10 +31,13 @@ from attn_course import _validate
 from attn_course.models.decoder_attention import QK_NORMS, DecoderAttention, DecoderAttentionConfig
 from attn_course.models.hugging_face.checkpoint import check_weights
 from attn_course.models.hugging_face.config import rope_from_hugging_face, rope_parameters
+from attn_course.models.hugging_face.gated_deltanet import LINEAR_ATTENTIONS, gated_deltanet_from_hugging_face
 from attn_course.models.hugging_face.latent_attention import from_hugging_face_weights, mla_config_from_hugging_face
+from attn_course.variants.gated_deltanet import GatedDeltaNet
 from attn_course.variants.latent_attention import MultiHeadLatentAttention
 
-__all__ = ["Architecture", "ARCHITECTURES", "LATENT_ATTENTIONS", "decoder_config_from_hugging_face", "convert_layer"]
+__all__ = ["Architecture", "ARCHITECTURES", "LATENT_ATTENTIONS", "LINEAR_ATTENTIONS", "READS",
+           "decoder_config_from_hugging_face", "convert_layer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +93,9 @@ ARCHITECTURES = {
 }
 #: The latent attentions, read into :class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention`.
 LATENT_ATTENTIONS = ("DeepseekV2Attention", "DeepseekV3Attention")
+
+#: Every module class :func:`convert_layer` reads.
+READS = (*ARCHITECTURES, *LATENT_ATTENTIONS, *LINEAR_ATTENTIONS)
 
 _SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -147,17 +153,21 @@ def decoder_config_from_hugging_face(values: Mapping[str, Any] | Any, module_typ
         rope_scaling=scaling, rotary_fraction=fraction)
 
 
-def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any) -> DecoderAttention | MultiHeadLatentAttention:
+def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any
+                  ) -> DecoderAttention | MultiHeadLatentAttention | GatedDeltaNet:
     """The course's module holding a Hugging Face attention layer's weights, computing what it computes.
 
     ``convert_layer(layer.self_attn, config)(x)`` is ``(output [B, N, E], weights [B, H, N, N])`` of causal
     self-attention over positions ``0 .. N-1`` of ``x [B, N, E]``, as that layer computes it inside the
-    model (in evaluation mode: no dropout). The module comes in the Hugging Face module's dtype and device.
+    model (in evaluation mode: no dropout); for Qwen3-Next's linear layer (``layer.linear_attn``) it is
+    ``(output [B, N, E], state [B, h_v, d_k, d_v])``. The module comes in the Hugging Face module's dtype and
+    device.
 
     Args:
         hf_module: a ``transformers`` attention module: a class of :data:`ARCHITECTURES` (into a
             :class:`~attn_course.models.decoder_attention.DecoderAttention`) or of :data:`LATENT_ATTENTIONS`
-            (into a :class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention`).
+            (into a :class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention`) or of
+            :data:`LINEAR_ATTENTIONS` (into a :class:`~attn_course.variants.gated_deltanet.GatedDeltaNet`).
         config: the model's config (Gemma 3: its text config), or the parsed ``config.json``.
 
     Returns:
@@ -165,7 +175,7 @@ def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any) -> Deco
 
     Raises:
         TypeError: ``hf_module`` not a ``torch.nn.Module``, or ``config`` neither a mapping nor a config.
-        ValueError: a module class it does not know (``Qwen3NextGatedDeltaNet``, ...), a setting it does not
+        ValueError: a module class it does not know (``DeepseekV32Attention``, ...), a setting it does not
             reproduce (``longrope``, Gemma 3's bidirectional attention or ``attn_logit_softcapping``, a module in
             training mode with dropout), or weights whose names or shapes do not fit the config: each named.
 
@@ -185,12 +195,14 @@ def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any) -> Deco
     _validate.instance(where, "hf_module", hf_module, nn.Module)
     values = _validate.config_mapping(where, "config", config)
     module_type = type(hf_module).__name__
-    if module_type not in (*ARCHITECTURES, *LATENT_ATTENTIONS):
+    if module_type not in READS:
         raise ValueError(f"{where}: a {module_type} is not an attention module this course reads; it reads "
-                         f"{', '.join((*ARCHITECTURES, *LATENT_ATTENTIONS))}")
+                         f"{', '.join(READS)}")
     if hf_module.training and values.get("attention_dropout", 0.0):
         raise ValueError(f"{where}: the {module_type} is in training mode with attention_dropout="
                          f"{values['attention_dropout']}; the course's module has no dropout: call .eval() first")
+    if module_type in LINEAR_ATTENTIONS:
+        return gated_deltanet_from_hugging_face(hf_module, values, where)
     state = hf_module.state_dict()
     if module_type in LATENT_ATTENTIONS:
         latent = mla_config_from_hugging_face(values)
