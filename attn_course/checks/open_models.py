@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from attn_course.checks.diagnosis import CheckFailed, call_student, diagnose, watched
 from attn_course.checks.forbidden import forbid
-from attn_course.positions.rope import RotaryEmbedding
 
 __all__ = ["check_qk_norm_scores", "check_sink_softmax", "check_gated_output"]
 
@@ -31,7 +30,8 @@ NORM_EPS_OUTSIDE = ("You add eps after the square root, q / (sqrt(mean(q²)) + e
 NORM_AFTER_ROPE = ("You rotate first and normalise afterwards. The norm comes first, then RoPE: the rotation keeps "
                    "each head's root mean square, but not the per-feature weight, which Qwen3 applies to the features "
                    "as projected (before they are mixed in pairs by the rotation).")
-NO_ROPE = "Your scores carry no positions: rotate the normalised q and k with `rope` before the dot product."
+NO_ROPE = ("Your scores carry no positions: rotate the normalised q and k with "
+           "`RotaryEmbedding(d, base=rope_base)` before the dot product.")
 SCORE_SCALE = ("Your scores are √d times too large: divide q·k by √d after the norm. (A 1/√d applied to q or k before "
                "the norm is undone by it: the norm brings every head back to a root mean square of about 1.)")
 ONLY_Q = "You normalise the queries only: QK-norm normalises the keys too, with their own weight k_weight."
@@ -115,9 +115,9 @@ def _qk_cases() -> list[tuple]:
 
 
 def check_qk_norm_scores(scores_fn: Callable[..., torch.Tensor]) -> bool:
-    """Check ``fn(q [B, N, H·d], k [B, N, H·d], q_weight [d], k_weight [d], eps, rope) -> [B, H, N, N]``: each head's
-    q and k RMS-normalised over its ``d`` features and scaled by its weight, then rotated by ``rope`` (positions
-    ``0 .. N-1``), then ``q·k / √d``, against a float64 reference written out here.
+    """Check ``fn(q [B, N, H·d], k [B, N, H·d], q_weight [d], k_weight [d], eps, rope_base) -> [B, H, N, N]``: each
+    head's q and k RMS-normalised over its ``d`` features and scaled by its weight, then rotated by RoPE of base
+    ``rope_base`` (positions ``0 .. N-1``), then ``q·k / √d``, against a float64 reference written out here.
 
     Raises:
         CheckFailed: naming a norm over the whole H·d vector, heads split without a transpose, the weight
@@ -125,8 +125,10 @@ def check_qk_norm_scores(scores_fn: Callable[..., torch.Tensor]) -> bool:
             before the norm, only q or only k normalised, or the first entry that differs.
 
     Example (a wrong answer, and what it is told):
-        >>> def whole(q, k, q_weight, k_weight, eps, rope):
+        >>> from attn_course.positions.rope import RotaryEmbedding
+        >>> def whole(q, k, q_weight, k_weight, eps, rope_base):
         ...     d = q_weight.shape[0]
+        ...     rope = RotaryEmbedding(d, base=rope_base)
         ...     def norm(t, w):
         ...         t = t / (t.pow(2).mean(-1, keepdim=True) + eps).sqrt()
         ...         return rope(t.unflatten(-1, (-1, d)).transpose(1, 2) * w)
@@ -139,8 +141,7 @@ def check_qk_norm_scores(scores_fn: Callable[..., torch.Tensor]) -> bool:
     where = "check_qk_norm_scores"
     scores_fn = watched(where, scores_fn, QK_NORM_RULES)
     for q, k, q_weight, k_weight, eps, base in _qk_cases():
-        d = q_weight.shape[0]
-        got = call_student(where, scores_fn, q, k, q_weight, k_weight, eps, RotaryEmbedding(d, base=base))
+        got = call_student(where, scores_fn, q, k, q_weight, k_weight, eps, base)
         reference = qk_norm_reference(q, k, q_weight, k_weight, eps, base)
         diagnose(got, reference, [(message, qk_norm_reference(q, k, q_weight, k_weight, eps, base, plant=plant))
                                   for plant, message in _QK_PLANTS], _SCORE_AXES, "Your scores")

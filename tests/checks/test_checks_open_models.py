@@ -38,12 +38,13 @@ def hint(check, fn) -> str:
 
 
 def answer(name: str, code: str):
-    namespace = {"torch": torch, "math": math, "F": F}
+    namespace = {"torch": torch, "math": math, "F": F, "RotaryEmbedding": RotaryEmbedding}   # the chapter's imports
     exec(compile(code, f"<{name}>", "exec"), namespace)
     return namespace[name]
 
 
-def qk_norm_scores(q, k, q_weight, k_weight, eps, rope):
+def qk_norm_scores(q, k, q_weight, k_weight, eps, rope_base):
+    rope = RotaryEmbedding(q_weight.shape[0], base=rope_base)
     d = q_weight.shape[0]
 
     def normed(t, weight):
@@ -108,9 +109,9 @@ def test_the_qk_norm_reference_gives_hugging_faces_qwen3_attention_weights():
         scores = qk_norm_reference(q, k, layer.q_norm.weight, layer.k_norm.weight, config.rms_norm_eps,
                                    config.rope_parameters["rope_theta"])
     assert torch.allclose((scores + causal(n)).softmax(-1).float(), weights, atol=1e-5)
-    rope = RotaryEmbedding(8, base=config.rope_parameters["rope_theta"])
     with torch.no_grad():
-        ours = qk_norm_scores(q, k, layer.q_norm.weight, layer.k_norm.weight, config.rms_norm_eps, rope)
+        ours = qk_norm_scores(q, k, layer.q_norm.weight, layer.k_norm.weight, config.rms_norm_eps,
+                              config.rope_parameters["rope_theta"])
     assert torch.allclose((ours + causal(n)).softmax(-1), weights, atol=1e-5)
 
 
@@ -191,7 +192,8 @@ def test_each_planted_mistake_gets_its_hint_from_the_check(student, name):
 
 
 def qk_variant(*, only=None, swapped=False, scale_first=False, unscaled=False, no_rope=False):
-    def scores(q, k, q_weight, k_weight, eps, rope):
+    def scores(q, k, q_weight, k_weight, eps, rope_base):
+        rope = RotaryEmbedding(q_weight.shape[0], base=rope_base)
         d = q_weight.shape[0]
         wq, wk = (k_weight, q_weight) if swapped else (q_weight, k_weight)
 
@@ -211,7 +213,7 @@ def qk_variant(*, only=None, swapped=False, scale_first=False, unscaled=False, n
     (qk_variant(only="k"), "keys only"), (qk_variant(swapped=True), "k_weight and the keys by q_weight"),
     (qk_variant(unscaled=True), "√d times too large"), (qk_variant(scale_first=True), "√d times too large"),
     (qk_variant(no_rope=True), "carry no positions"),
-    (lambda q, k, qw, kw, eps, rope: torch.zeros(q.shape[0], q.shape[-1] // qw.shape[0], q.shape[1], q.shape[1]),
+    (lambda q, k, qw, kw, eps, rope_base: torch.zeros(q.shape[0], q.shape[-1] // qw.shape[0], q.shape[1], q.shape[1]),
      "Your scores differs from the reference"),
 ])
 def test_each_qk_norm_mistake_gets_its_hint(fn, fragment):

@@ -232,7 +232,8 @@ NOT_TRIED = {"attn_course.distributed.launch": "starts worker processes and wait
 SECONDS = 6
 TRAINING_RUNS = {"attn_course.circuits.rhymes.train_rhymes_model",
                  "attn_course.circuits.training.train_induction_model",
-                 "attn_course.models.two_relations.train_two_relation_model"}
+                 "attn_course.models.two_relations.train_two_relation_model",
+                 "attn_course.open_models.training.train_small_decoder"}
 
 
 class OutOfTime(BaseException):

@@ -88,7 +88,8 @@ _EVASIONS_11 = {
 _EVASIONS_12 = {
     # 1. RMSNorm under another spelling: PyTorch's functional form, through a module alias
     "qk_norm_scores": ("import torch.nn.functional as G\n\n"
-                       "def qk_norm_scores(q, k, q_weight, k_weight, eps, rope):\n    d = q_weight.shape[0]\n"
+                       "def qk_norm_scores(q, k, q_weight, k_weight, eps, rope_base):\n"
+                       "    d = q_weight.shape[0]\n    rope = RotaryEmbedding(d, base=rope_base)\n"
                        "    def normed(t, weight):\n"
                        "        return rope(G.rms_norm(t.unflatten(-1, (-1, d)), (d,), weight, eps).transpose(1, 2))\n"
                        "    return normed(q, q_weight) @ normed(k, k_weight).transpose(-2, -1) / math.sqrt(d)\n"),

@@ -8,7 +8,8 @@ CHAPTER = "12_open_models"
 
 # The solution's QK-norm scores, with one of its steps changed.
 _QK = (
-    "def qk_norm_scores(q, k, q_weight, k_weight, eps, rope):\n"
+    "def qk_norm_scores(q, k, q_weight, k_weight, eps, rope_base):\n"
+    "    rope = RotaryEmbedding(q_weight.shape[0], base=rope_base)\n"
     "    d = q_weight.shape[0]\n"
     "    def normed(t, weight):\n"
     "        heads = {split}\n"
@@ -156,7 +157,8 @@ PLANTED = {
 # Shortcuts the statements forbid: each is refused by name.
 PLANTED["zoe"] = {
     "qk_norm_scores": (
-        "def qk_norm_scores(q, k, q_weight, k_weight, eps, rope):\n"
+        "def qk_norm_scores(q, k, q_weight, k_weight, eps, rope_base):\n"
+    "    rope = RotaryEmbedding(q_weight.shape[0], base=rope_base)\n"
         "    d = q_weight.shape[0]\n"
         "    def normed(t, weight):\n"
         "        norm = torch.nn.RMSNorm(d, eps=eps)\n"
