@@ -200,7 +200,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope = RotaryEmbedding(c.qk_rope_head_dim, base=c.rope_base, interleaved=True, scaling=c.rope_scaling)
 
     def forward(self, x: torch.Tensor, cache: LatentCache | None = None, *, positions: torch.Tensor | None = None,
-                absorbed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                absorbed: bool = False, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Attend causally over the cached tokens and ``x``; append ``x``'s latents to ``cache``.
 
         Args:
@@ -211,6 +211,8 @@ class MultiHeadLatentAttention(nn.Module):
             absorbed: run attention against the latent itself, with ``W_UK`` folded into the query
                 projection and ``W_UV`` into the output projection (:meth:`absorbed_projections`),
                 instead of rebuilding every head's keys and values. Same result, up to rounding.
+            key_mask: ``[B, N, N_k]`` bool, the keys each query may read besides the causal mask (``True``:
+                may): DeepSeek-V3.2's top-k selection (:mod:`~attn_course.variants.sparse_attention`).
 
         Returns:
             ``(output [B, N, E], attention_weights [B, H, N, N_k])`` with ``N_k = len(cache)`` after
@@ -244,6 +246,11 @@ class MultiHeadLatentAttention(nn.Module):
         if cache is not None:
             latent, rope_key = cache.append(latent, rope_key)                    # [B, N_k, d_c], [B, N_k, d_R]
         mask = causal_mask(tokens, latent.shape[1], device=x.device)             # [N, N_k]
+        if key_mask is not None:
+            if key_mask.dtype != torch.bool or key_mask.shape != (x.shape[0], *mask.shape):
+                raise ValueError(f"{where}: key_mask must be a bool [B, N, N_k] = [{x.shape[0]}, {tokens}, "
+                                 f"{mask.shape[1]}] tensor, got {key_mask.dtype} {_validate.shape_str(key_mask)}")
+            mask = (mask & key_mask)[:, None]                                    # [B, 1, N, N_k]
 
         if absorbed:
             return self._attend_to_latent(query_in, q_rope, latent, rope_key, mask)

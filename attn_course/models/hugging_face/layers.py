@@ -33,10 +33,12 @@ from attn_course.models.hugging_face.checkpoint import check_weights
 from attn_course.models.hugging_face.config import rope_from_hugging_face, rope_parameters
 from attn_course.models.hugging_face.gated_deltanet import LINEAR_ATTENTIONS, gated_deltanet_from_hugging_face
 from attn_course.models.hugging_face.latent_attention import from_hugging_face_weights, mla_config_from_hugging_face
+from attn_course.models.hugging_face.sparse_attention import SPARSE_ATTENTIONS, sparse_attention_from_hugging_face
 from attn_course.variants.gated_deltanet import GatedDeltaNet
 from attn_course.variants.latent_attention import MultiHeadLatentAttention
+from attn_course.variants.sparse_attention import SparseLatentAttention
 
-__all__ = ["Architecture", "ARCHITECTURES", "LATENT_ATTENTIONS", "LINEAR_ATTENTIONS", "READS",
+__all__ = ["Architecture", "ARCHITECTURES", "LATENT_ATTENTIONS", "LINEAR_ATTENTIONS", "SPARSE_ATTENTIONS", "READS",
            "decoder_config_from_hugging_face", "convert_layer"]
 
 
@@ -95,7 +97,7 @@ ARCHITECTURES = {
 LATENT_ATTENTIONS = ("DeepseekV2Attention", "DeepseekV3Attention")
 
 #: Every module class :func:`convert_layer` reads.
-READS = (*ARCHITECTURES, *LATENT_ATTENTIONS, *LINEAR_ATTENTIONS)
+READS = (*ARCHITECTURES, *LATENT_ATTENTIONS, *LINEAR_ATTENTIONS, *SPARSE_ATTENTIONS)
 
 _SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -154,7 +156,7 @@ def decoder_config_from_hugging_face(values: Mapping[str, Any] | Any, module_typ
 
 
 def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any
-                  ) -> DecoderAttention | MultiHeadLatentAttention | GatedDeltaNet:
+                  ) -> DecoderAttention | MultiHeadLatentAttention | GatedDeltaNet | SparseLatentAttention:
     """The course's module holding a Hugging Face attention layer's weights, computing what it computes.
 
     ``convert_layer(layer.self_attn, config)(x)`` is ``(output [B, N, E], weights [B, H, N, N])`` of causal
@@ -167,7 +169,9 @@ def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any
         hf_module: a ``transformers`` attention module: a class of :data:`ARCHITECTURES` (into a
             :class:`~attn_course.models.decoder_attention.DecoderAttention`) or of :data:`LATENT_ATTENTIONS`
             (into a :class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention`) or of
-            :data:`LINEAR_ATTENTIONS` (into a :class:`~attn_course.variants.gated_deltanet.GatedDeltaNet`).
+            :data:`LINEAR_ATTENTIONS` (into a :class:`~attn_course.variants.gated_deltanet.GatedDeltaNet`) or of
+            :data:`SPARSE_ATTENTIONS` (DeepSeek-V3.2, into a
+            :class:`~attn_course.variants.sparse_attention.SparseLatentAttention`).
         config: the model's config (Gemma 3: its text config), or the parsed ``config.json``.
 
     Returns:
@@ -175,7 +179,7 @@ def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any
 
     Raises:
         TypeError: ``hf_module`` not a ``torch.nn.Module``, or ``config`` neither a mapping nor a config.
-        ValueError: a module class it does not know (``DeepseekV32Attention``, ...), a setting it does not
+        ValueError: a module class it does not know (``Qwen3NextSparseMoeBlock``, ...), a setting it does not
             reproduce (``longrope``, Gemma 3's bidirectional attention or ``attn_logit_softcapping``, a module in
             training mode with dropout), or weights whose names or shapes do not fit the config: each named.
 
@@ -203,6 +207,8 @@ def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any
                          f"{values['attention_dropout']}; the course's module has no dropout: call .eval() first")
     if module_type in LINEAR_ATTENTIONS:
         return gated_deltanet_from_hugging_face(hf_module, values, where)
+    if module_type in SPARSE_ATTENTIONS:
+        return sparse_attention_from_hugging_face(hf_module, values, where)
     state = hf_module.state_dict()
     if module_type in LATENT_ATTENTIONS:
         latent = mla_config_from_hugging_face(values)
