@@ -148,9 +148,10 @@ unit: tools-venv
 notebooks: tools-venv
 	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) notebooks
 
-# What CI runs (.ci/run): lint, every test and Example, slow ones included, and every chapter.
+# What CI runs (.ci/run): lint, every test and Example, slow ones included, and every chapter. The run ends
+# with its 25 slowest tests, setups included: what to look at first when make test nears its 15 minutes.
 test: lint tools-venv
-	$(BIN)/python -m pytest $(XDIST) $(NBVAL_FLAGS) tests attn_course attn_course_grading notebooks
+	$(BIN)/python -m pytest $(XDIST) --durations=25 $(NBVAL_FLAGS) tests attn_course attn_course_grading notebooks
 
 # The chapters that train live, and the training tests, once more with ATen's vectorised kernels (softmax, layer
 # norm, GELU, reductions) on another path than this CPU's own: AVX2 on an AVX-512 CPU, the scalar default on
