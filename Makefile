@@ -134,13 +134,10 @@ lint: tools-venv
 # committed one; round-off in "max difference" lines is normalised (see the .cfg file).
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/course/nbval_sanitize.cfg
 
-# pytest-xdist: one worker per core, and one more: many tests wait (on a sandbox's time limits, a hub's
-# servers, a browser), and the extra worker uses the core a waiting one leaves idle. --dist loadfile keeps
-# each file on one worker: a chapter's cells share one kernel and run in order, and a test file's module
-# fixtures are built once. (Session fixtures, e.g. conftest.py's `dist`, are built once per worker that
-# needs them.)
-WORKERS ?= $(shell $(PYTHON) -c 'import os; print((os.cpu_count() or 1) + 1)')
-XDIST := -n $(WORKERS) --dist loadfile
+# pytest-xdist: one worker per core. --dist loadfile keeps each file on one worker: a chapter's
+# cells share one kernel and run in order, and a test file's module fixtures are built once.
+# (Session fixtures, e.g. conftest.py's `dist`, are built once per worker that needs them.)
+XDIST := -n auto --dist loadfile
 
 # The quick loop while editing (README says how long it takes): the tests and the docstrings'
 # Examples (pyproject.toml's testpaths), but those marked slow (browser, otter grading, Triton's
