@@ -1,10 +1,11 @@
 """Instructor tooling: otter assign builds clean student notebooks; make grade grades them.
 
 These tests build every chapter's assignment once (tools/assign.py) and grade a small class
-(tools/grade.py, each notebook in its sandbox): the solutions, and submissions with the mistakes
-that attn_course.checks diagnoses, as whole notebooks of two chapters (WHOLE_NOTEBOOK_CHAPTERS,
-whose other questions are left untouched) and as notebooks of their answers of two more
-(ANSWERS_ONLY_CHAPTERS, whose other answers are the solutions). One planted notebook is also
+(tools/grade.py, each notebook in its sandbox): the solutions (whole notebooks of two chapters,
+WHOLE_NOTEBOOK_CHAPTERS, and the answers of two more, ANSWERS_ONLY_CHAPTERS), and submissions with
+the mistakes that attn_course.checks diagnoses, as a whole notebook of chapter 01 (WHOLE_PLANTED_CHAPTERS,
+whose other questions are left untouched) and as notebooks of answers of three chapters
+(ANSWERS_PLANTED_CHAPTERS, whose other answers are the solutions). One planted notebook is also
 graded by `otter run`, which must give the same scores and feedback. For every chapter, every
 planted mistake and every untouched answer is also run against its question's public tests
 without otter.
@@ -251,14 +252,19 @@ WHOLE_NOTEBOOK_CHAPTERS = ("01_intuition", "10_distributed")
 ANSWERS_ONLY_CHAPTERS = ("04_causal", "07_flash_triton")
 
 
-def most_planted(planted: dict, chapters: tuple[str, ...]) -> dict[str, dict[str, dict]]:
+def most_planted(planted: dict, chapters: tuple[str, ...], *, leaving_one_untouched: bool = False
+                 ) -> dict[str, dict[str, dict]]:
     """The planted students graded: per chapter, the one who planted the most mistakes (the first
-    by name if several). Every planted mistake is matched with its hint by
+    by name if several; with ``leaving_one_untouched``, among those who leave a question untouched, for
+    test_untouched_questions_score_zero_without_crashing). Every planted mistake is matched with its hint by
     test_planted_mistake_fails_its_public_check_with_the_hint below; this class shows that the
     hints reach the feedback through make grade."""
     chosen: dict[str, dict[str, dict]] = {}
     for chapter in chapters:
-        student = max(sorted(s for s in planted if chapter in planted[s]), key=lambda s: len(planted[s][chapter]))
+        everything = {name for name, _ in questions(ROOT / "notebooks" / f"{chapter}.ipynb")}
+        candidates = sorted(s for s in planted if chapter in planted[s] and not (
+            leaving_one_untouched and {q for _, q, _ in planted[s][chapter].values()} >= everything))
+        student = max(candidates, key=lambda s: len(planted[s][chapter]))
         chosen.setdefault(student, {})[chapter] = planted[student][chapter]
     return chosen
 
@@ -277,7 +283,16 @@ def merged(*classes: dict) -> dict[str, dict[str, dict]]:
     return together
 
 
-GRADED_PLANTED = merged(most_planted(PLANTED, WHOLE_NOTEBOOK_CHAPTERS), every_planted(PLANTED, ANSWERS_ONLY_CHAPTERS))
+# The planted students graded as whole notebooks: two of chapter 01's (a few seconds each), the one with the most
+# mistakes and the one with the most that leaves a question untouched. Chapter 10's solutions are graded whole (a
+# chapter that starts processes of its own), its planted student as answers, as 04's and 07's: its whole chapter ran
+# for half a minute a notebook, the longest of this class.
+WHOLE_PLANTED_CHAPTERS = ("01_intuition",)
+ANSWERS_PLANTED_CHAPTERS = (*ANSWERS_ONLY_CHAPTERS, "10_distributed")
+GRADED_PLANTED = merged(most_planted(PLANTED, WHOLE_PLANTED_CHAPTERS),
+                        most_planted(PLANTED, WHOLE_PLANTED_CHAPTERS, leaving_one_untouched=True),
+                        most_planted(PLANTED, ("10_distributed",)),
+                        every_planted(PLANTED, ANSWERS_ONLY_CHAPTERS))
 GRADED_MASTERS = [m for m in CHAPTERS if m.stem in WHOLE_NOTEBOOK_CHAPTERS + ANSWERS_ONLY_CHAPTERS]
 
 
@@ -334,7 +349,7 @@ def graded(dist, tmp_path_factory) -> pathlib.Path:
     for student, chapters in GRADED_PLANTED.items():
         for chapter, functions in chapters.items():
             destination = submissions / student / f"{chapter}.ipynb"
-            if chapter in WHOLE_NOTEBOOK_CHAPTERS:
+            if chapter in WHOLE_PLANTED_CHAPTERS:
                 plant(dist / "student" / f"{chapter}.ipynb", functions, destination)
             else:
                 replaced = {name: code for name, (code, _, _) in functions.items()}
@@ -390,7 +405,7 @@ def test_untouched_questions_score_zero_without_crashing(graded):
     # (the student notebook's "..."): otter must run the whole notebook and give them 0.
     rows = grade_rows(graded)
     untouched = []
-    for student, chapter, planted_questions in planted_in(WHOLE_NOTEBOOK_CHAPTERS):
+    for student, chapter, planted_questions in planted_in(WHOLE_PLANTED_CHAPTERS):
         master = ROOT / "notebooks" / f"{chapter}.ipynb"
         untouched += [float(rows[student][f"{chapter}:{name}"]) for name, _ in questions(master)
                       if name not in planted_questions]
@@ -435,7 +450,7 @@ def test_a_planted_mistake_costs_only_its_own_question(graded):
     # In the answers-only notebooks every other answer is the solution: full marks for those.
     rows = grade_rows(graded)
     kept = []
-    for student, chapter, planted_questions in planted_in(ANSWERS_ONLY_CHAPTERS):
+    for student, chapter, planted_questions in planted_in(ANSWERS_PLANTED_CHAPTERS):
         feedback = json.loads((graded / student / f"{chapter}.json").read_text())["questions"]
         kept += [(float(rows[student][f"{chapter}:{q['name']}"]), q["max_score"]) for q in feedback
                  if q["name"] not in planted_questions]
