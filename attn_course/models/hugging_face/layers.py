@@ -38,7 +38,7 @@ from attn_course.variants.gated_deltanet import GatedDeltaNet
 from attn_course.variants.latent_attention import MultiHeadLatentAttention
 from attn_course.variants.sparse_attention import SparseLatentAttention
 
-__all__ = ["Architecture", "ARCHITECTURES", "LATENT_ATTENTIONS", "LINEAR_ATTENTIONS", "SPARSE_ATTENTIONS", "READS",
+__all__ = ["Architecture", "ARCHITECTURES", "LATENT_ATTENTIONS", "READS",
            "decoder_config_from_hugging_face", "convert_layer"]
 
 
@@ -169,8 +169,9 @@ def convert_layer(hf_module: nn.Module, config: Mapping[str, Any] | Any
         hf_module: a ``transformers`` attention module: a class of :data:`ARCHITECTURES` (into a
             :class:`~attn_course.models.decoder_attention.DecoderAttention`) or of :data:`LATENT_ATTENTIONS`
             (into a :class:`~attn_course.variants.latent_attention.MultiHeadLatentAttention`) or of
-            :data:`LINEAR_ATTENTIONS` (into a :class:`~attn_course.variants.gated_deltanet.GatedDeltaNet`) or of
-            :data:`SPARSE_ATTENTIONS` (DeepSeek-V3.2, into a
+            :data:`~attn_course.models.hugging_face.gated_deltanet.LINEAR_ATTENTIONS` (into a
+            :class:`~attn_course.variants.gated_deltanet.GatedDeltaNet`) or of
+            :data:`~attn_course.models.hugging_face.sparse_attention.SPARSE_ATTENTIONS` (DeepSeek-V3.2, into a
             :class:`~attn_course.variants.sparse_attention.SparseLatentAttention`).
         config: the model's config (Gemma 3: its text config), or the parsed ``config.json``.
 
