@@ -22,14 +22,16 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import functools
 import hashlib
+import multiprocessing
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 
 import nbformat
 
@@ -139,13 +141,19 @@ def assign(master: pathlib.Path, out: pathlib.Path, *, run_tests: bool) -> None:
         source = pathlib.Path(scratch) / "source"
         source.mkdir()
         nbformat.write(with_exception_tests(nbformat.read(master, as_version=4)), source / master.name)
-        command = otter_command() + ["assign", master.name, str(result)]
-        if not run_tests:
-            command.append("--no-run-tests")
-        completed = subprocess.run(command, cwd=source, env=lab_environment(), capture_output=True, text=True)
-        if completed.returncode != 0:
-            sys.stderr.write(completed.stdout + completed.stderr)
-            raise SystemExit(f"otter assign failed for {master.name}")
+        if run_tests:                # otter runs the solutions' tests in kernels of its own: its command line
+            command = otter_command() + ["assign", master.name, str(result)]
+            completed = subprocess.run(command, cwd=source, env=lab_environment(), capture_output=True, text=True)
+            if completed.returncode != 0:
+                sys.stderr.write(completed.stdout + completed.stderr)
+                raise SystemExit(f"otter assign failed for {master.name}")
+        else:                        # in this process, which imported otter once for all its chapters
+            import otter.assign
+
+            try:
+                otter.assign.main(str(source / master.name), str(result), no_run_tests=True)
+            except Exception as error:
+                raise SystemExit(f"otter assign failed for {master.name}: {error!r}") from error
         (out / "student").mkdir(parents=True, exist_ok=True)
         (out / "autograder").mkdir(parents=True, exist_ok=True)
         student = out / "student" / master.name
@@ -186,10 +194,15 @@ def main() -> int:
     chapters = find_chapters(args.chapters)
     if args.jobs < 1:
         raise SystemExit(f"assign: --jobs must be at least 1, got {args.jobs}")
-    # Each chapter is its own `otter assign` process; threads only wait for them, in chapter order.
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        done = pool.map(lambda master: assign(master, args.out.resolve(), run_tests=not args.no_run_tests), chapters)
-        for master, _ in zip(chapters, done):
+    # --jobs processes, each running `otter assign` for one chapter at a time (otter changes the working
+    # folder while it works), in chapter order; started after the environment is the lab's (PYTHONHASHSEED, which
+    # otter's output depends on, is read when a Python starts). Importing otter took 3 s of the 5 s a chapter took
+    # as a process of its own each.
+    os.environ.update(lab_environment())
+    build = functools.partial(assign, out=args.out.resolve(), run_tests=not args.no_run_tests)
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(chapters)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        for master, _ in zip(chapters, pool.map(build, chapters)):
             print(f"{master.name}: dist/student/{master.name}, dist/autograder/{master.stem}.zip", flush=True)
     return 0
 
