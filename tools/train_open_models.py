@@ -24,6 +24,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from attn_course._reproducible import largest_difference
 from attn_course.open_models.trained import EXPERIMENTS, HISTORIES, trained_folder
 from attn_course.open_models.training import RunSetup, train_small_decoder
 
@@ -45,15 +46,6 @@ def run(job: tuple[str, RunSetup, int]) -> tuple[str, dict, float]:
     started = time.monotonic()
     _, history = train_small_decoder(seed, setup)
     return experiment, history.as_dict(), time.monotonic() - started
-
-
-def largest_difference(a: object, b: object) -> float:
-    """The largest |a − b| over two nested lists of numbers of the same shape (inf if the shapes differ)."""
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return float("inf")
-        return max((largest_difference(x, y) for x, y in zip(a, b)), default=0.0)
-    return abs(a - b) if a != b else 0.0
 
 
 def main() -> int:

@@ -22,7 +22,6 @@ the weights at every record to check it. A run whose loss is no longer finite st
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_course import _validate
+from attn_course._reproducible import state_digest
 from attn_course._threads import one_thread
 from attn_course.open_models.small_decoder import SmallDecoder, SmallDecoderConfig
 from attn_course.open_models.tasks import TASKS, StartTokenBatch, start_token_batch, vocab_size
@@ -97,14 +97,6 @@ class RunHistory:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def state_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of every parameter's bytes, in the state dict's order."""
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 @torch.no_grad()
