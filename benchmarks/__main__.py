@@ -5,6 +5,8 @@
     python -m benchmarks flash --dry-run   # the GPU code path on the CPU (--profile long: the whole sweep;
                                            # --max-minutes 4.5: the GPU run, bounded in time)
     python -m benchmarks variants      # attn_course.measure.variants (--quick: tiny sizes)
+    python -m benchmarks sparse        # attn_course.measure.sparse_timing: top-k and MoBA against dense (--quick),
+                                       # with the scores each computes and chapter 13's retrieval accuracy
     python -m benchmarks distributed   # attn_course.measure.distributed, P = 1, 2, 4 processes (--quick)
     python -m benchmarks grading --autograders dist/autograder   # benchmarks.grading (--quick: overhead only)
 
@@ -67,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         status 2 on bad arguments.
     """
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "distributed", "grading"])
+    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "sparse", "distributed", "grading"])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
                         help="folder for the CSV and PNG (default: bench-results)")
     parser.add_argument("--lengths", type=_length, nargs="+",
-                        help="sequence lengths N for flash and variants; numbers of new tokens for kv-cache")
+                        help="sequence lengths N for flash, variants and sparse; numbers of new tokens for kv-cache")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="flash on a GPU: start no new measurement after this many minutes (default: no limit)")
     parser.add_argument("--profile", choices=["essential", "long"], default=None,
@@ -80,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="flash: run the GPU benchmark's code on the CPU at tiny sizes (Triton's interpreter)")
     parser.add_argument("--quick", action="store_true",
-                        help="variants and distributed: tiny sizes and one timing each")
+                        help="variants, sparse and distributed: tiny sizes and one timing each")
     parser.add_argument("--threads", type=_length, default=None,
-                        help="variants: CPU threads for torch while measuring (default: 1, the steadiest timings)")
+                        help="variants and sparse: CPU threads for torch while measuring (default: 1, the steadiest "
+                             "timings)")
     parser.add_argument("--autograders", type=pathlib.Path, default=None,
                         help="grading: the autograders of `make assignments` (dist/autograder) to grade a class with")
     parser.add_argument("--students", type=_length, default=2, help="grading: students in the measured class")
@@ -94,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_minutes is not None and not 0 < args.max_minutes < float("inf"):
         parser.error(f"--max-minutes must be a positive number of minutes, got {args.max_minutes:g}")
     if args.name == "distributed" and args.threads is not None:
-        parser.error("--threads is an option of variants (distributed runs one thread per process)")
-    if args.name not in ("variants", "distributed", "grading") and (args.quick or args.threads is not None):
-        parser.error("--quick and --threads are options of variants (--quick also of distributed and grading)")
+        parser.error("--threads is an option of variants and sparse (distributed runs one thread per process)")
+    if args.name not in ("variants", "sparse", "distributed", "grading") and (args.quick or args.threads is not None):
+        parser.error("--quick and --threads are options of variants and sparse (--quick also of distributed and "
+                     "grading)")
     if args.name == "grading" and args.threads is not None:
-        parser.error("--threads is an option of variants (grading shares the cores out between its jobs)")
+        parser.error("--threads is an option of variants and sparse (grading shares the cores out between its jobs)")
     if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
         os.environ["TRITON_INTERPRET"] = "1"           # the dry run's kernels run in the interpreter, GPU or not
     description = machine_description()
@@ -112,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.name == "variants":
         return _variants(args, description)
+    if args.name == "sparse":
+        return _sparse(args, description)
     if args.name == "distributed":
         return _distributed(args, description)
     if args.name == "grading":
@@ -171,6 +177,49 @@ def _variants(args: argparse.Namespace, description: str) -> int:
     plot = args.out / "variants.png"
     try:
         variants.plot_variants(rows, plot, title=f"Causal attention variants ({threads} thread(s)): {description}")
+    except ImportError:   # the CSV holds the numbers
+        print("matplotlib is not installed: no plot")
+    else:
+        print(f"wrote {plot}")
+    return 0
+
+
+def _sparse(args: argparse.Namespace, description: str) -> int:
+    """``sparse``: scores counted, retrieval accuracy, then top-k and MoBA timed against dense attention."""
+    from attn_course.measure import sparse_retrieval, sparse_timing
+    from attn_course.variants.sparse_score_counts import score_count_rows
+
+    print("# query-key scores per sequence, one layer: DeepSeek-V3.2's sizes (128 heads of d_k=192; indexer 64 "
+          "heads of 128, k=2048), MoBA B=512, 3 blocks")
+    _show(score_count_rows(), args.out / "sparse-score-counts.csv", digits={"of dense": 3},
+          columns={"scheme": "scheme", "n": "N", "selection_scores": "selection scores",
+                   "attention_scores": "attention scores", "multiply_adds": "multiply-adds", "of_dense": "of dense"})
+    retrieval = (dict(n=128, head_dim=16, ks=(1, 4, 16), block_size=16, top_blocks=(1, 3), seeds=(0,))
+                 if args.quick else {})
+    print("# retrieval with no training: does the attention output decode to the needle's value? (seeds averaged)")
+    _show(sparse_retrieval.retrieval_accuracy(**retrieval), args.out / "sparse-retrieval.csv", digits=3,
+          columns={"selection": "selection", "budget": "k or blocks", "keys_read": "keys read",
+                   "needle_kept": "needle kept", "accuracy": "accuracy"})
+    default = sparse_timing.QUICK_LENGTHS if args.quick else sparse_timing.DEFAULT_LENGTHS
+    lengths = tuple(args.lengths) if args.lengths else default
+    sizes = (dict(heads=2, head_dim=16, top_k=16, block_size=16, top_blocks=1, indexer_dim=4, repeats=1, budget_s=0)
+             if args.quick else {})
+    threads = args.threads or 1
+    shape = ("B=1, H=2, d=16, k=16, MoBA B=16 top 1, indexer 2 heads of 4" if args.quick else
+             "B=1, H=2, d=64, k=256, MoBA B=64 top 3, indexer 2 heads of 16")
+    print(f"# measured on {threads} thread(s); {shape}; float32, causal")
+    rows = sparse_timing.measure_sparse(lengths, threads=threads, **sizes)
+    _show(rows, args.out / "sparse.csv", digits={"seconds": 6})
+    if len(set(lengths)) >= 2:
+        crossovers = [sparse_timing.sparse_crossover(rows, name) for name in sparse_timing.SPARSE_VARIANTS[1:]]
+        for found in crossovers:
+            print(found.describe())
+        print(f"wrote {write_csv(crossovers, args.out / 'sparse-crossover.csv')}")
+    else:
+        print("one N only: no crossover")
+    plot = args.out / "sparse.png"
+    try:
+        sparse_timing.plot_sparse(rows, plot, title=f"Sparse attention ({threads} thread(s)): {description}")
     except ImportError:   # the CSV holds the numbers
         print("matplotlib is not installed: no plot")
     else:
