@@ -28,14 +28,21 @@ SMALL_MODELS = {
     "qwen3_next": ("Qwen3NextConfig", dict(_SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                            shared_expert_intermediate_size=32, linear_num_key_heads=2,
                                            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16)),
+    # DeepSeek-V3.2: latent attention whose indexer keeps 5 of the 12 tokens of chapter 13's check.
+    "deepseek_v32": ("DeepseekV32Config", dict(
+        _SMALL, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=4,
+        v_head_dim=8, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=1, topk_group=1, num_hidden_layers=2, first_k_dense_replace=1, index_n_heads=2, index_head_dim=16,
+        index_topk=5)),
 }
 
 
 def small_random_model(model_type: str, *, seed: int = 0):
     """A small random Hugging Face causal LM of ``model_type`` (a key of :data:`SMALL_MODELS`), eager attention.
 
-    Its QK-norm weights and sink logits are moved away from their initial values (ones, zeros), so that
-    a converter that forgot them would show.
+    Its norms' weights and biases (QK-norm, the indexer's key norm, the linear layers' output norm), sink
+    logits and the linear layers' ``dt_bias`` are moved away from their initial values (ones, zeros), so
+    that a converter that forgot one would show.
 
     Raises:
         ValueError: another ``model_type``.
@@ -54,18 +61,19 @@ def small_random_model(model_type: str, *, seed: int = 0):
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
         with torch.no_grad():
             for name, parameter in model.named_parameters():
-                if "self_attn" in name and ("norm" in name or name.endswith("sinks")):
+                if ("self_attn" in name or "linear_attn" in name) and (
+                        "norm" in name or name.endswith(("sinks", "dt_bias"))):
                     parameter.add_(0.5 * torch.randn_like(parameter))
     return model
 
 
 @torch.no_grad()
 def attention_layer_errors(model, input_ids: torch.Tensor) -> list[tuple[str, float]]:
-    """``[(layer kind, max |ours − theirs| / max |theirs|)]`` for every softmax-attention layer of ``model``.
+    """``[(layer kind, max |ours − theirs| / max |theirs|)]`` for every attention layer of ``model``, softmax or linear.
 
     Args:
-        model: a Hugging Face causal LM whose layers hold ``self_attn`` (layers without one, such as
-            Qwen3-Next's linear attention, are skipped).
+        model: a Hugging Face causal LM whose layers hold ``self_attn`` or (Qwen3-Next's linear layers)
+            ``linear_attn``.
         input_ids: ``[B, N]`` token ids.
 
     Raises:
@@ -77,10 +85,11 @@ def attention_layer_errors(model, input_ids: torch.Tensor) -> list[tuple[str, fl
     seen = []
 
     def record(module, args, kwargs, output):
-        seen.append((module, kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], output[0]))
+        output = output if isinstance(output, torch.Tensor) else output[0]         # a linear layer returns a tensor
+        seen.append((module, kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], output))
 
-    layers = [layer for layer in model.model.layers if hasattr(layer, "self_attn")]
-    hooks = [layer.self_attn.register_forward_hook(record, with_kwargs=True) for layer in layers]
+    modules = [getattr(layer, "self_attn", None) or layer.linear_attn for layer in model.model.layers]
+    hooks = [module.register_forward_hook(record, with_kwargs=True) for module in modules]
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()          # Qwen3-Next says it runs its reference PyTorch kernels
     try:
@@ -89,10 +98,9 @@ def attention_layer_errors(model, input_ids: torch.Tensor) -> list[tuple[str, fl
         transformers.logging.set_verbosity(verbosity)
         for hook in hooks:
             hook.remove()
-    kinds = getattr(model.config, "layer_types", None) or ["full_attention"] * len(model.model.layers)
-    indices = [i for i, layer in enumerate(model.model.layers) if hasattr(layer, "self_attn")]
+    kinds = getattr(model.config, "layer_types", None) or ["full_attention"] * len(modules)
     errors = []
-    for index, (module, hidden, theirs) in zip(indices, seen):
+    for kind, (module, hidden, theirs) in zip(kinds, seen):
         ours, _ = convert_layer(module, model.config)(hidden)
-        errors.append((kinds[index], ((ours - theirs).abs().max() / theirs.abs().max()).item()))
+        errors.append((kind, ((ours - theirs).abs().max() / theirs.abs().max()).item()))
     return errors
