@@ -358,7 +358,9 @@ def with_tolerance(relative):
 @pytest.mark.parametrize("fn, fragment", [
     (classmate, "the classmate's score, unchanged"),
     (lambda *w: (torch.linalg.eigvals((w[0] @ w[1] @ w[2] @ w[3]).double()).real > 0).double().mean().item(),
-     "round-off"),                                           # the classmate's, in float64: still all V
+     ("round-off", "classmate's score, unchanged")),         # the classmate's, in float64: still all V (where
+                                                              # LAPACK gives the float32 round-off's signs again, the
+                                                              # classmate's score itself: that diagnosis is right too)
     (lambda *w: int((d_by_d(*w).real > 0).sum()), "is a count"),
     (lambda *w: (d_by_d(*w).sum().real / d_by_d(*w).abs().sum()).item(), "Σλ / Σ|λ|"),
     (lambda W_E, W_V, W_O, W_U: (torch.linalg.eigvalsh(W_E @ W_V @ W_O @ W_U) > 0).float().mean(), "eigvalsh"),
@@ -377,7 +379,8 @@ def with_tolerance(relative):
     (lambda *w: d_by_d(*w).real, "should be one number"),
 ])
 def test_each_copying_mistake_gets_its_hint(fn, fragment):
-    assert fragment in hint(check_fixed_copying_score, fn)
+    told = hint(check_fixed_copying_score, fn)
+    assert any(f in told for f in ((fragment,) if isinstance(fragment, str) else fragment)), told
 
 
 def test_a_sensible_tolerance_on_the_v_by_v_circuit_passes():

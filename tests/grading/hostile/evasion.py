@@ -113,6 +113,39 @@ _EVASIONS_12 = {
                       "def cache_ranking(names):\n    return sorted(names, key=_SIZES.get)\n"),
 }
 
+_EVASIONS_13 = {
+    # 2. the course's gated delta rule in a thread, which the guard on the calling thread does not see
+    "gated_delta_recurrence": ("import threading\n\n"
+                               "def gated_delta_recurrence(q, k, v, g, beta, state, scale):\n    box = []\n\n"
+                               "    def run():\n"
+                               "        from attn_course.variants.delta_rule import gated_delta_rule\n"
+                               "        box.append(gated_delta_rule(q, k, v, g, beta, scale=scale,\n"
+                               "                                    initial_state=state))\n\n"
+                               "    thread = threading.Thread(target=run)\n    thread.start()\n    thread.join()\n"
+                               "    return box[0]\n"),
+    # 1. the same selection under another name: block selection's private top-k, handed the causal mask
+    "fixed_causal_top_k": ("from attn_course.variants import block_selection as _blocks\n\n"
+                           "def fixed_causal_top_k(scores, k):\n"
+                           "    causal = torch.ones(scores.shape[-1], scores.shape[-1], dtype=torch.bool).tril()\n"
+                           "    return _blocks._top_blocks(scores, causal.expand_as(scores), k)\n"),
+    # 6. the answer measured at cell time, with random memories, so that the call itself draws nothing
+    "better_memory": ("import torch.nn.functional as _F\n\n"
+                      "def _recalled(pairs):\n"
+                      "    keys, values = (_F.normalize(torch.randn(16, pairs, 32, dtype=torch.float64), dim=-1)\n"
+                      "                    for _ in range(2))\n"
+                      "    state = torch.zeros(16, 32, 32, dtype=torch.float64)\n"
+                      "    for t in range(pairs):\n"
+                      "        k, v = keys[:, t, :, None], values[:, t, :, None]\n"
+                      "        state = state + k @ (v - state.transpose(1, 2) @ k).transpose(1, 2)\n"
+                      "    right = lambda s: ((keys @ s) @ values.transpose(1, 2)).argmax(-1) == torch.arange(pairs)\n"
+                      "    return right(keys.transpose(1, 2) @ values).double(), right(state).double()\n\n"
+                      "_MEASURED = {pairs: _recalled(pairs) for pairs in (32, 64, 128)}\n\n"
+                      "def better_memory(pairs, which):\n"
+                      "    group = {'all': slice(None), 'oldest': slice(0, 8), 'newest': slice(-8, None)}[which]\n"
+                      "    linear, delta = (recalled[:, group].mean() for recalled in _MEASURED[pairs])\n"
+                      "    return 'delta' if delta > linear else 'linear'\n"),
+}
+
 #: {student: {"chapter", "replace": {answer: code}, "expect": {"score": 0.0, "stopped": None}}}, as
 #: tests/grading/hostile/checks.py's ATTACKS: a notebook of the chapter's imports and these answers.
 ATTACKS = {
@@ -120,5 +153,7 @@ ATTACKS = {
     "evasions_11": {"chapter": "11_induction_heads", "replace": _EVASIONS_11,
                     "expect": {"score": 0.0, "stopped": None}},
     "evasions_12": {"chapter": "12_open_models", "replace": _EVASIONS_12,
+                    "expect": {"score": 0.0, "stopped": None}},
+    "evasions_13": {"chapter": "13_sparse_recurrent", "replace": _EVASIONS_13,
                     "expect": {"score": 0.0, "stopped": None}},
 }
