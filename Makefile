@@ -136,8 +136,9 @@ NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with tests/course/nb
 
 # pytest-xdist: one worker per core. --dist loadfile keeps each file on one worker: a chapter's
 # cells share one kernel and run in order, and a test file's module fixtures are built once.
-# (Session fixtures, e.g. conftest.py's `dist`, are built once per worker that needs them.)
-XDIST := -n auto --dist loadfile
+# (Session fixtures, e.g. conftest.py's `dist`, are built once per worker that needs them.) Files are handed
+# out in collection order, the longest first (tests/conftest.py's LONG_FILES_FIRST), not by number of tests.
+XDIST := -n auto --dist loadfile --no-loadscope-reorder
 
 # The quick loop while editing (README says how long it takes): the tests and the docstrings'
 # Examples (pyproject.toml's testpaths), but those marked slow (browser, otter grading, Triton's

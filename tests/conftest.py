@@ -95,13 +95,22 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-#: Test files that run a minute or more on one core, each a single piece of work: collected first, so that under
-#: pytest-xdist's --dist loadfile they start at once, beside each other, instead of ending the run alone on one
-#: core while the other waits (a fresh clone's make test ended with the hub test, 70 s, and the other core idle
-#: for 76 s). Everything else keeps its order.
-LONG_FILES_FIRST = ("tests/hub/test_hub.py", "tests/grading/test_grading_across_machines.py")
+#: The test files that take longest, longest first (a full run's --durations, summed per file). Under pytest-xdist's
+#: --dist loadfile each file is one piece of work, and the Makefile's --no-loadscope-reorder keeps this order
+#: (xdist's default hands out the files with the most tests first, which left the hub test, one test of over a
+#: minute, to end the run alone on one core while the other waited): the longest start first and the many short
+#: files fill in around them. Everything else keeps its collection order.
+LONG_FILES_FIRST = (
+    "tests/grading/test_assignments.py", "tests/grading/test_sandbox_grading.py",
+    "tests/checks/test_nothing_answers_an_exercise.py", "tests/course/test_browser.py", "tests/hub/test_hub.py",
+    "tests/grading/test_grader_resources.py", "tests/grading/test_grading_across_machines.py",
+    "tests/course/test_site.py", "tests/measure/test_measure_timing.py", "notebooks/08_transformer_bert.ipynb",
+    "notebooks/03_multi_head.ipynb", "notebooks/10_distributed.ipynb", "notebooks/04_causal.ipynb",
+    "notebooks/09_modern_variants.ipynb", "tests/course/test_student_copies.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
     root = pathlib.Path(config.rootpath)
-    items.sort(key=lambda item: not any(item.path == root / name for name in LONG_FILES_FIRST))
+    rank = {root / name: place for place, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path, len(LONG_FILES_FIRST)))
