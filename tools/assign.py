@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ProcessPoolExecutor
 
 import nbformat
@@ -133,6 +134,10 @@ def with_exception_tests(notebook: nbformat.NotebookNode) -> nbformat.NotebookNo
     return notebook
 
 
+#: One in-process `otter assign` at a time per process (tools/student_copies.py calls assign from threads).
+IN_PROCESS = threading.Lock()
+
+
 def assign(master: pathlib.Path, out: pathlib.Path, *, run_tests: bool) -> None:
     """Run ``otter assign`` on one chapter and copy its results into ``out``."""
     name = master.stem
@@ -147,13 +152,14 @@ def assign(master: pathlib.Path, out: pathlib.Path, *, run_tests: bool) -> None:
             if completed.returncode != 0:
                 sys.stderr.write(completed.stdout + completed.stderr)
                 raise SystemExit(f"otter assign failed for {master.name}")
-        else:                        # in this process, which imported otter once for all its chapters
+        else:                        # in this process, which imports otter once for all its chapters
             import otter.assign
 
-            try:
-                otter.assign.main(str(source / master.name), str(result), no_run_tests=True)
-            except Exception as error:
-                raise SystemExit(f"otter assign failed for {master.name}: {error!r}") from error
+            with IN_PROCESS:         # otter changes the process's working folder while it works
+                try:
+                    otter.assign.main(str(source / master.name), str(result), no_run_tests=True)
+                except Exception as error:
+                    raise SystemExit(f"otter assign failed for {master.name}: {error!r}") from error
         (out / "student").mkdir(parents=True, exist_ok=True)
         (out / "autograder").mkdir(parents=True, exist_ok=True)
         student = out / "student" / master.name

@@ -233,7 +233,8 @@ SECONDS = 6
 TRAINING_RUNS = {"attn_course.circuits.rhymes.train_rhymes_model",
                  "attn_course.circuits.training.train_induction_model",
                  "attn_course.models.two_relations.train_two_relation_model",
-                 "attn_course.open_models.training.train_small_decoder"}
+                 "attn_course.open_models.training.train_small_decoder",
+                 "attn_course.recall.training.train_recall_model"}
 
 
 class OutOfTime(BaseException):
