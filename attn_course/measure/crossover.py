@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from attn_course.measure.rows import check_rows
 from attn_course.measure.variants import VariantRow, check_name
 
-__all__ = ["Crossover", "crossover_from_rows"]
+__all__ = ["Crossover", "crossover_from_rows", "first_below_one"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +56,17 @@ class Crossover:
         return "\n".join(lines)
 
 
-def _first_below_one(lengths: list[int], values: list[float]) -> tuple[int | None, float | None]:
+def first_below_one(lengths: list[int], values: list[float]) -> tuple[int | None, float | None]:
     """``(N, crossing)``: the smallest grid N from which every ratio is below 1 and where ``log ratio`` crosses 0,
-    linear in ``log N``; ``(None, None)`` if the last ratio is not below 1, ``(lengths[0], None)`` if every is."""
+    linear in ``log N``; ``(None, None)`` if the last ratio is not below 1, ``(lengths[0], None)`` if every is.
+    Chapter 09's crossover (linear against softmax attention) and chapter 13's (sparse against dense) both read it.
+
+    Raises:
+        ValueError: ``lengths`` and ``values`` empty or of different lengths.
+    """
+    if not lengths or len(lengths) != len(values):
+        raise ValueError(f"first_below_one: lengths and values must be equally long and not empty, got "
+                         f"{len(lengths)} lengths and {len(values)} values")
     index = len(values)
     while index > 0 and values[index - 1] < 1:
         index -= 1
@@ -106,8 +114,8 @@ def crossover_from_rows(rows: Sequence[VariantRow], *, softmax: str = "softmax s
                          f"got {lengths}")
     seconds = [found[linear, n].seconds / found[softmax, n].seconds for n in lengths]
     memory = [found[linear, n].peak_bytes / found[softmax, n].peak_bytes for n in lengths]
-    time_n, time_between = _first_below_one(lengths, seconds)
-    memory_n, memory_between = _first_below_one(lengths, memory)
+    time_n, time_between = first_below_one(lengths, seconds)
+    memory_n, memory_between = first_below_one(lengths, memory)
     return Crossover(softmax=softmax, linear=linear, lengths=tuple(lengths), time_n=time_n,
                      time_n_interpolated=time_between, memory_n=memory_n, memory_n_interpolated=memory_between,
                      seconds_ratio=tuple(seconds), memory_ratio=tuple(memory))

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from attn_course import _validate
 from attn_course._threads import threads as threads_of_torch
 from attn_course.core.masks import causal_mask
+from attn_course.measure.crossover import first_below_one
 from attn_course.measure.rows import check_rows, pyplot_for
 from attn_course.measure.timing import best_time
 from attn_course.measure.variants import check_name
@@ -229,21 +230,6 @@ def measure_sparse(lengths: Sequence[int] = DEFAULT_LENGTHS, *, batch: int = 1, 
     return rows
 
 
-def _faster_from(lengths: list[int], ratios: list[float]) -> tuple[int | None, float | None]:
-    """``(N, crossing)``: the smallest grid N from which every ratio is below 1, and where ``log ratio`` crosses 0,
-    linear in ``log N`` (as chapter 09's :func:`~attn_course.measure.crossover.crossover_from_rows` reads it)."""
-    index = len(ratios)
-    while index > 0 and ratios[index - 1] < 1:
-        index -= 1
-    if index == len(ratios):
-        return None, None
-    if index == 0:
-        return lengths[0], None
-    (n0, r0), (n1, r1) = (lengths[index - 1], ratios[index - 1]), (lengths[index], ratios[index])
-    x0, x1, y0, y1 = math.log(n0), math.log(n1), math.log(r0), math.log(r1)
-    return lengths[index], math.exp(x0 + (x1 - x0) * y0 / (y0 - y1))
-
-
 @dataclasses.dataclass(frozen=True)
 class SparseCrossover:
     """Where a sparse variant becomes faster than dense attention (:func:`sparse_crossover`).
@@ -300,7 +286,7 @@ def sparse_crossover(rows: Sequence[SparseRow], sparse: str, *, dense: str = "de
     if len(lengths) < 2:
         raise ValueError(f"{where}: rows must hold {dense!r} and {sparse!r} at two or more common N, got {lengths}")
     ratios = [found[sparse, n] / found[dense, n] for n in lengths]
-    time_n, between = _faster_from(lengths, ratios)
+    time_n, between = first_below_one(lengths, ratios)
     return SparseCrossover(dense, sparse, tuple(lengths), time_n, between, tuple(ratios))
 
 
