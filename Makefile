@@ -73,19 +73,27 @@ $(CREATED):
 # with scikit-learn and SciPy (the loader that comes with the all-MiniLM-L6-v2 weights; the course reads
 # the weights itself). The tests' extra installs them back.
 NOT_FOR_STUDENTS := playwright sentence-transformers scikit-learn scipy
+# And after every pip run, rfc3987-syntax (jupyter-events asks for jsonschema's format checkers): jsonschema
+# imports it whenever it is installed, and it builds some 35 Lark parsers as it is imported, 1.4 s of every
+# process that imports nbformat or JupyterLab (a JupyterLab server, each tool, and each `make grade` and its
+# fork server). No schema that Jupyter or the course validates has an "iri" format, the one it checks;
+# without it jsonschema leaves that format unchecked. (binder/postBuild removes it too.)
+SLOW_TO_IMPORT := rfc3987-syntax
 $(COURSE): pyproject.toml $(CREATED)
 	$(PIP) --no-compile --no-deps --retries 2 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" || $(PIP_FAILED)
 	$(PIP) --no-compile -e ".[notebooks]" || $(PIP_FAILED)
-	$(BIN)/python -m pip uninstall --quiet --yes $(NOT_FOR_STUDENTS)
+	$(BIN)/python -m pip uninstall --quiet --yes $(NOT_FOR_STUDENTS) $(SLOW_TO_IMPORT)
 	touch $@
 
 $(VENV)/.installed-%: pyproject.toml $(COURSE)
 	$(PIP) -e ".[notebooks,$*]" || $(PIP_FAILED)
+	$(BIN)/python -m pip uninstall --quiet --yes $(SLOW_TO_IMPORT)
 	touch $@
 
 # Every tool's extra in one pip run (each run re-resolves everything): the single extras' stamps too.
 $(TOOLS): pyproject.toml $(COURSE)
 	$(PIP) -e ".[notebooks,test,site,hub,cluster]" || $(PIP_FAILED)
+	$(BIN)/python -m pip uninstall --quiet --yes $(SLOW_TO_IMPORT)
 	touch $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $(VENV)/.installed-cluster $@
 
 # Every module's bytecode, written once where the course runs as someone who cannot write into .venv:
