@@ -54,7 +54,7 @@ PIP_FAILED := { echo "make: pip failed (above); fix what it says and run make ag
 # What a student needs (make lab); the instructors' grading runs on it too.
 venv: $(COURSE) $(KERNEL) $(OVERRIDES)
 # Everything: the tests, the website and the hub.
-tools-venv: venv $(TOOLS) $(COMPILED) $(PROXY)
+tools-venv: $(TOOLS) venv $(COMPILED) $(PROXY)
 
 $(CREATED):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { \
@@ -79,8 +79,10 @@ NOT_FOR_STUDENTS := playwright sentence-transformers scikit-learn scipy
 # fork server). No schema that Jupyter or the course validates has an "iri" format, the one it checks;
 # without it jsonschema leaves that format unchecked. (binder/postBuild removes it too.)
 SLOW_TO_IMPORT := rfc3987-syntax
+TORCH_INSTALL = $(PIP) --no-compile --no-deps --retries 2 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" \
+	|| $(PIP_FAILED)
 $(COURSE): pyproject.toml $(CREATED)
-	$(PIP) --no-compile --no-deps --retries 2 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" || $(PIP_FAILED)
+	$(TORCH_INSTALL)
 	$(PIP) --no-compile -e ".[notebooks]" || $(PIP_FAILED)
 	$(BIN)/python -m pip uninstall --quiet --yes $(NOT_FOR_STUDENTS) $(SLOW_TO_IMPORT)
 	touch $@
@@ -90,11 +92,14 @@ $(VENV)/.installed-%: pyproject.toml $(COURSE)
 	$(BIN)/python -m pip uninstall --quiet --yes $(SLOW_TO_IMPORT)
 	touch $@
 
-# Every tool's extra in one pip run (each run re-resolves everything): the single extras' stamps too.
-$(TOOLS): pyproject.toml $(COURSE)
-	$(PIP) -e ".[notebooks,test,site,hub,cluster]" || $(PIP_FAILED)
+# Every tool's extra in one pip run (each run re-resolves everything), the course's packages with them: the
+# single extras' stamps too, and the course's. A first `make test` so resolves and installs once, not the course
+# first and then again with the tools (which put back what the course had just removed). Bytecode: $(COMPILED).
+$(TOOLS): pyproject.toml $(CREATED)
+	$(TORCH_INSTALL)
+	$(PIP) --no-compile -e ".[notebooks,test,site,hub,cluster]" || $(PIP_FAILED)
 	$(BIN)/python -m pip uninstall --quiet --yes $(SLOW_TO_IMPORT)
-	touch $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $(VENV)/.installed-cluster $@
+	touch $(COURSE) $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $(VENV)/.installed-cluster $@
 
 # Every module's bytecode, written once where the course runs as someone who cannot write into .venv:
 # the grader's sandboxes (make grade, and the tests) and the hub's students. Its status is not checked:
