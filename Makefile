@@ -15,6 +15,11 @@ export JUPYTER_PATH := $(CURDIR)/$(VENV)/share/jupyter
 # Keep runs offline and reproducible.
 export HF_HUB_OFFLINE := 1
 export PYTHONHASHSEED := 0
+# Python writes each module's bytecode (__pycache__/) as it does by default, even where the environment says
+# not to (PYTHONDONTWRITEBYTECODE, set on this course's 2-core test machine): without it every process compiled
+# the course again, and pytest rewrote every test module's asserts again (collecting every test took 31 s of CPU
+# instead of 21 s, in each worker). __pycache__/ is in .gitignore.
+unexport PYTHONDONTWRITEBYTECODE
 # OpenMP threads that wait for work sleep instead of spinning. The tests run two workers on two
 # cores, each with its own kernels and subprocesses of two threads: spinning threads took the cores
 # from the ones with work (a float64 training test took 237 s in the suite, 22 s alone; the whole
@@ -101,13 +106,15 @@ $(TOOLS): pyproject.toml $(CREATED)
 	$(BIN)/python -m pip uninstall --quiet --yes $(SLOW_TO_IMPORT)
 	touch $(COURSE) $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $(VENV)/.installed-cluster $@
 
-# Every module's bytecode, written once where the course runs as someone who cannot write into .venv:
-# the grader's sandboxes (make grade, and the tests) and the hub's students. Its status is not checked:
-# a few files are written for a newer Python than this one (torch's testing/_internal/py312_intrinsics.py)
-# and never imported, and compileall fails on them.
+# Every module's bytecode, written once where the course runs as someone who cannot write into .venv or the
+# checkout: the grader's sandboxes (make grade, and the tests) and the hub's students. (A module edited since is
+# compiled again where it is imported.) The first command's status is not checked: a few files are written for a
+# newer Python than this one (torch's testing/_internal/py312_intrinsics.py) and never imported, and compileall
+# fails on them.
 $(COMPILED): $(COURSE)
 	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
 		> /dev/null || true
+	$(BIN)/python -m compileall -q -j 0 attn_course attn_course_grading > /dev/null
 	touch $@
 
 # Re-registered when the Makefile changes, so an existing .venv picks up a new display name.
