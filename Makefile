@@ -51,6 +51,7 @@ OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 HUB_DIR := deploy/jupyterhub
 PROXY := $(HUB_DIR)/node_modules/.attn-course-installed
 PIP := $(BIN)/python -m pip install --quiet
+PIP_REMOVE := $(BIN)/python -m pip uninstall --quiet --yes
 PIP_FAILED := { echo "make: pip failed (above); fix what it says and run make again, which goes on from here (make clean starts over)"; exit 1; }
 
 .PHONY: venv tools-venv lab test test-other-cpu-path lint unit notebooks execute assignments grade site clean hub \
@@ -76,7 +77,7 @@ $(CREATED):
 # writes it for each module a chapter imports), and two packages that others ask for but no chapter runs
 # are removed again: playwright (otter's PDF export, through nbconvert[webpdf]) and sentence-transformers
 # with scikit-learn and SciPy (the loader that comes with the all-MiniLM-L6-v2 weights; the course reads
-# the weights itself). The tests' extra installs them back.
+# the weights itself). The tools' pip run (make test) keeps them, or installs them back.
 NOT_FOR_STUDENTS := playwright sentence-transformers scikit-learn scipy
 # And after every pip run, rfc3987-syntax (jupyter-events asks for jsonschema's format checkers): jsonschema
 # imports it whenever it is installed, and it builds some 35 Lark parsers as it is imported, 1.4 s of every
@@ -89,12 +90,12 @@ TORCH_INSTALL = $(PIP) --no-compile --no-deps --retries 2 $(if $(TORCH_INDEX),--
 $(COURSE): pyproject.toml $(CREATED)
 	$(TORCH_INSTALL)
 	$(PIP) --no-compile -e ".[notebooks]" || $(PIP_FAILED)
-	$(BIN)/python -m pip uninstall --quiet --yes $(NOT_FOR_STUDENTS) $(SLOW_TO_IMPORT)
+	$(PIP_REMOVE) $(NOT_FOR_STUDENTS) $(SLOW_TO_IMPORT)
 	touch $@
 
 $(VENV)/.installed-%: pyproject.toml $(COURSE)
 	$(PIP) -e ".[notebooks,$*]" || $(PIP_FAILED)
-	$(BIN)/python -m pip uninstall --quiet --yes $(SLOW_TO_IMPORT)
+	$(PIP_REMOVE) $(SLOW_TO_IMPORT)
 	touch $@
 
 # Every tool's extra in one pip run (each run re-resolves everything), the course's packages with them: the
@@ -103,7 +104,7 @@ $(VENV)/.installed-%: pyproject.toml $(COURSE)
 $(TOOLS): pyproject.toml $(CREATED)
 	$(TORCH_INSTALL)
 	$(PIP) --no-compile -e ".[notebooks,test,site,hub,cluster]" || $(PIP_FAILED)
-	$(BIN)/python -m pip uninstall --quiet --yes $(SLOW_TO_IMPORT)
+	$(PIP_REMOVE) $(SLOW_TO_IMPORT)
 	touch $(COURSE) $(VENV)/.installed-test $(VENV)/.installed-site $(VENV)/.installed-hub $(VENV)/.installed-cluster $@
 
 # Every module's bytecode, written once where the course runs as someone who cannot write into .venv or the
