@@ -28,7 +28,6 @@ from hostile import checks as hostile_checks
 from hostile import collect as hostile_collect
 from hostile import evasion as hostile_evasion
 from hostile import protocol as hostile_protocol
-from hostile import resources as hostile_resources
 from test_assignments import answers_only, write_notebook
 
 from attn_course.core.kv_cache import KVCache
@@ -165,13 +164,13 @@ def results(grades: pathlib.Path) -> tuple[dict, dict]:
 # --- a class of hostile students -----------------------------------------------------------------
 # Each hands in chapter 03's answers (11 points when right; its checks take a tenth of a second)
 # and one attack, placed before them unless it replaces them. LIMITS are tight so that the class
-# is graded in a minute or two, but not so tight that a loaded machine trips them on honest work:
-# the first cell imports torch and the course, which took over 3 s under the full suite on CI's
-# two cores (with a 3 s cell limit, the honest student lost 6 of 11 points to a cut-short import
-# cell), and starting torch and filling a few GiB of pages took most of 15 s of a notebook's time.
+# is graded in a few minutes, but not so tight that a loaded machine trips them on honest work.
+# On CI's two cores, beside the rest of the suite, the first cell (it imports torch and the course)
+# ran past a 10 s cell limit, and so did chapter 11's evasion that measures twelve models at cell
+# time; and a notebook ran past 30 s in all.
 CHAPTER = "03_multi_head"
-CELL_SECONDS, CALL_SECONDS = 10, 8
-LIMITS = ["--seconds", "30", "--cell-seconds", str(CELL_SECONDS), "--call-seconds", str(CALL_SECONDS),
+NOTEBOOK_SECONDS, CELL_SECONDS, CALL_SECONDS = 45, 20, 8
+LIMITS = ["--seconds", str(NOTEBOOK_SECONDS), "--cell-seconds", str(CELL_SECONDS), "--call-seconds", str(CALL_SECONDS),
           "--memory-gib", "2", "--processes", "32", "--jobs", "3"]
 
 
@@ -183,9 +182,10 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
                "/usr/pwned.txt"]
     wrong_split = "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n    return qkv, qkv, qkv\n"
     return {
-        "loops_forever": {"cell": "while True:\n    pass\n"},
+        # At the lowest priority, so that its 20 s of spinning do not slow the notebooks graded beside it.
+        "loops_forever": {"cell": "import os\nos.nice(19)\nwhile True:\n    pass\n"},
         # It waits rather than spins: the clock is what it tests, and a spinning loop would take a
-        # core from the notebooks graded beside it for the whole 30 s.
+        # core from the notebooks graded beside it for the whole notebook's time.
         "ignores_the_clock": {"cell": "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
                                       "while True:\n    time.sleep(1)\n"},
         "hangs_when_called": {"replace": {"split_fused_qkv": "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
@@ -259,10 +259,10 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
 
 
 #: Issue 31's attacks, each module's for its part of the grader: the protocol with the sandbox
-#: (hostile/protocol.py), the grader's own resources (hostile/resources.py), the tests themselves
+#: (hostile/protocol.py; the grader's own resources are test_grader_resources.py's), the tests themselves
 #: (hostile/checks.py: answers that mutate their inputs, return empty or broadcasting tensors, or
 #: measure where they must predict). Each says its chapter and what grading must give it.
-GRADER_ATTACKS = {**hostile_protocol.ATTACKS, **hostile_resources.ATTACKS}
+GRADER_ATTACKS = hostile_protocol.ATTACKS
 TEST_ATTACKS = hostile_checks.ATTACKS
 #: Issue 44's: the forbidden operation, hidden (another spelling, a thread, the garbage collector, the checks).
 EVASIONS = hostile_evasion.ATTACKS
@@ -393,7 +393,8 @@ def test_the_whole_class_is_graded_in_bounded_time(hostile_class):
                                           *EVASIONS, *hostile_class["folders"]} - {hostile_collect.FORMULA_NAME} | {
                                               "'" + hostile_collect.FORMULA_NAME}
     for (student, chapter), result in hostile_class["feedback"].items():
-        assert result["run"]["seconds"] < 30 + 10 + 30, (student, chapter)  # the notebook's 30 s, its calls' 30 s
+        # the notebook's time, then its calls' (the same again), and the grace of a kill
+        assert result["run"]["seconds"] < 2 * NOTEBOOK_SECONDS + 10, (student, chapter)
     assert hostile_class["seconds"] < 420
 
 
@@ -497,7 +498,7 @@ def test_a_failed_import_costs_the_answers_that_need_it(hostile_class):
 def test_a_notebook_past_its_time_is_killed_with_the_reason(hostile_class):
     run = run_of(hostile_class, "ignores_the_clock")
     assert score(hostile_class, "ignores_the_clock") == 0
-    assert run["stopped"] == "stopped after 30 s, the time limit of the whole notebook"
+    assert run["stopped"] == f"stopped after {NOTEBOOK_SECONDS} s, the time limit of the whole notebook"
 
 
 @pytest.mark.slow
@@ -506,7 +507,7 @@ def test_a_fork_bomb_is_stopped_at_its_process_limit(hostile_class):
     run = run_of(hostile_class, "fork_bomb")
     assert score(hostile_class, "fork_bomb") == 0
     assert run["stopped"] == "it reached its limit of 32 processes and threads"
-    assert run["seconds"] < 30                                 # before the notebook's clock
+    assert run["seconds"] < NOTEBOOK_SECONDS                   # before the notebook's clock
 
 
 @pytest.mark.slow
