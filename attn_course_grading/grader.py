@@ -83,8 +83,9 @@ def grade(assignment: Assignment, notebook: pathlib.Path, limits: sandbox.Limits
     shipped = assignment.shipped_context()
     server = forkserver.context()
     receiving, sending = server.Pipe(duplex=False)
+    installed = sandbox.installed_special_files() if sandboxed else {}     # walked here once, not per notebook
     child = server.Process(target=_grade_in_child, name=f"grade {assignment.name}", daemon=True,
-                           args=(assignment, shipped, cells, limits, sandboxed, sending))
+                           args=(assignment, shipped, installed, cells, limits, sandboxed, sending))
     child.start()
     sending.close()                # the child holds the only writing end: its end of the pipe is an EOF here
     try:
@@ -176,8 +177,8 @@ def _read_messages(receiving, child, limits: sandbox.Limits) -> tuple[list[dict]
     return questions, run, stopped, failure
 
 
-def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], limits: sandbox.Limits,
-                    sandboxed: bool, sending) -> None:
+def _grade_in_child(assignment: Assignment, shipped: bytes, installed: dict, cells: list[str],
+                    limits: sandbox.Limits, sandboxed: bool, sending) -> None:
     """One submission's grading, in a process of its own (started by :func:`grade`).
 
     Each message to :func:`grade` is ``[kind, value]`` as JSON: ``started`` (the tests' context
@@ -186,6 +187,8 @@ def _grade_in_child(assignment: Assignment, shipped: bytes, cells: list[str], li
     went), ``failed`` (the grader's own traceback).
     """
     forkserver.die_with_parent()
+    if installed:
+        sandbox.use_installed_special_files(installed)
     sending_lock = threading.Lock()
 
     def send(kind: str, value: object) -> None:
