@@ -1,9 +1,11 @@
 """Serving attention (chapter 14).
 
 ``block_manager``: the paged KV cache's bookkeeping (the free list, a block table per request,
-reference counts and the names of cached prefixes).
+reference counts and the names of cached prefixes). ``paged_cache``: the cache's tensors, and each
+layer's view of them for one forward pass, a ``KVCache`` the course's models run on unchanged.
 """
 
 from attn_course.serving.block_manager import Block, BlockManager, prefix_hash
+from attn_course.serving.paged_cache import KVPool, PagedKVCache
 
-__all__ = ["Block", "BlockManager", "prefix_hash"]
+__all__ = ["Block", "BlockManager", "KVPool", "PagedKVCache", "prefix_hash"]
