@@ -1,8 +1,10 @@
 """The engine loop: schedule a step, run the model on it over the paged cache, sample, repeat.
 
-The model runs unchanged (:class:`~attn_course.serving.paged_cache.PagedKVCache` is a ``KVCache``): each
-prompt chunk is one forward pass of one sequence; every decoding request together is one more, its
-sequences of different lengths padded to the longest, the padding hidden by the attention mask.
+The model runs unchanged (:class:`~attn_course.serving.paged_cache.PagedKVCache` is a ``KVCache``). Each
+step is at most two forward passes: the step's prompt chunks together, then every decoding request
+together. Rows of different lengths are padded on the left, queries and keys alike, so that the causal
+mask, aligned bottom right, is right for every row; the attention mask hides the padded keys, and the
+padded tokens' keys and values go to a slot of their own past the pool's blocks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ class Engine:
 
     Args:
         model: a :class:`~attn_course.models.llama.LlamaForCausalLM` (e.g. from ``load_pretrained``), used in
-            eval mode; a model with sliding-window layers is not supported yet.
+            eval mode, its attention set to PyTorch's SDPA (``attention_backend="sdpa"``); a model with
+            sliding-window layers is not supported yet.
         block_size: tokens per cache block.
         num_blocks: blocks in the pool (the cache holds ``num_blocks * block_size`` tokens of every layer).
         max_batch_size: requests running at once.
@@ -55,10 +58,15 @@ class Engine:
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
         self.scheduler = Scheduler(self.blocks, max_batch_size=max_batch_size, max_tokens_per_step=max_tokens_per_step)
         parameter = next(model.parameters())
-        self.pool = KVPool(config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads,
+        self.pad_slot = num_blocks * block_size                  # where padding writes, and what it reads
+        self.pool = KVPool(config.num_hidden_layers, self.pad_slot + 1, config.num_key_value_heads,
                            config.head_dim, dtype=parameter.dtype)
+        for block in model.model.blocks:
+            block.attention.attention_backend = "sdpa"           # PyTorch's fused attention, on every layer
         self.steps = 0
         self._request_ids = itertools.count()
+        self._offsets = torch.arange(block_size)
+        self._slot_rows: dict[int, tuple] = {}       # request -> (its block table, the slots of its blocks)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], *, temperature: float = 0.0,
@@ -87,15 +95,18 @@ class Engine:
         while self.scheduler.waiting or self.scheduler.running:
             step = self.scheduler.schedule()
             self.steps += 1
-            ran = [(request, self._prefill(request, count)) for request, count in step.prefills]
+            ran = []
+            if step.prefills:
+                ran += zip([request for request, _ in step.prefills], self._prefill(step.prefills))
             if step.decodes:
-                ran += zip(step.decodes, self._decode(step.decodes))
+                ran += zip(step.decodes, self._forward([(request, 1) for request in step.decodes]))
             for request, logits in ran:
                 if logits is not None:
                     request.output.append(_sample(logits, temperature, generator))
                 self.blocks.cache_full_blocks(request.request_id, request.tokens[:request.computed])
                 if request.finished:
                     self.scheduler.finish(request)
+                    del self._slot_rows[request.request_id]
         return [request.output for request in requests]
 
     def _requests(self, prompts: object, max_new_tokens: object) -> list[Request]:
@@ -122,39 +133,44 @@ class Engine:
             requests.append(Request(next(self._request_ids), prompt, count))
         return requests
 
-    def _slots(self, request: Request, stop: int, start: int = 0) -> torch.Tensor:
-        """The cache slots of ``request``'s tokens ``start .. stop - 1``."""
-        table = torch.tensor(self.blocks.block_table(request.request_id))
-        size = self.blocks.block_size
-        return (table[:, None] * size + torch.arange(size)).flatten()[start:stop]
+    def _slots(self, request: Request, stop: int) -> torch.Tensor:
+        """The cache slots of ``request``'s tokens ``0 .. stop - 1`` (made again only when its blocks change)."""
+        table = tuple(self.blocks.block_table(request.request_id))
+        made_for, slots = self._slot_rows.get(request.request_id, ((), None))
+        if made_for != table:
+            slots = (torch.tensor(table)[:, None] * self.blocks.block_size + self._offsets).flatten()
+            self._slot_rows[request.request_id] = table, slots
+        return slots[:stop]
 
     def _caches(self, written: torch.Tensor, read: torch.Tensor) -> list[PagedKVCache]:
         return [PagedKVCache(self.pool, layer, written, read) for layer in range(len(self.pool.keys))]
 
-    def _prefill(self, request: Request, count: int) -> torch.Tensor | None:
-        """Run ``count`` of ``request``'s uncomputed tokens; the next token's logits if they were its last."""
-        start, stop = request.computed, request.computed + count
-        read = self._slots(request, stop)[None]                                  # [1, N_k]
-        logits = self.model(torch.tensor([request.tokens[start:stop]]), positions=torch.arange(start, stop),
-                            kv_caches=self._caches(read[:, start:], read)).logits  # [1, n, V]
-        request.computed = stop
-        return logits[0, -1] if stop == len(request.tokens) else None
+    def _prefill(self, chunks: list[tuple[Request, int]]) -> list[torch.Tensor | None]:
+        """Run each request's next ``count`` tokens; for a request whose chunk ends its tokens, the next
+        token's logits, else None (the rest of its prompt comes in later steps)."""
+        ends = [request.computed + count == len(request.tokens) for request, count in chunks]
+        return [row if end else None for row, end in zip(self._forward(chunks), ends)]
 
-    def _decode(self, requests: list[Request]) -> torch.Tensor:
-        """One token for each of ``requests``, together: the next tokens' logits, ``[B, V]``."""
-        lengths = torch.tensor([len(request.tokens) for request in requests])   # [B], the new token included
-        longest = int(lengths.max())
-        read = torch.zeros(len(requests), longest, dtype=torch.long)            # padded with slot 0, masked
-        for row, request in enumerate(requests):
-            read[row, :lengths[row]] = self._slots(request, int(lengths[row]))
-        written = read.gather(1, (lengths - 1)[:, None])                        # [B, 1]
-        real = torch.arange(longest)[None] < lengths[:, None]                   # [B, N_k]
-        last = torch.tensor([[request.tokens[-1]] for request in requests])     # [B, 1]
-        logits = self.model(last, real.long(), positions=(lengths - 1)[:, None],
-                            kv_caches=self._caches(written, read)).logits       # [B, 1, V]
-        for request in requests:
-            request.computed += 1
-        return logits[:, -1]
+    def _forward(self, chunks: list[tuple[Request, int]]) -> torch.Tensor:
+        """One forward pass over ``count`` uncomputed tokens of each request: the logits after each row's
+        last token, ``[B, V]``. Rows are padded on the left to the longest chunk and the longest context."""
+        new = max(count for _, count in chunks)
+        context = max(request.computed + count for request, count in chunks)
+        ids = torch.zeros(len(chunks), new, dtype=torch.long)
+        positions = torch.zeros(len(chunks), new, dtype=torch.long)
+        read = torch.full((len(chunks), context), self.pad_slot)                # [B, N_k]
+        written = torch.full((len(chunks), new), self.pad_slot)                 # [B, N_new]
+        for row, (request, count) in enumerate(chunks):
+            start, stop = request.computed, request.computed + count
+            slots = self._slots(request, stop)
+            ids[row, new - count:] = torch.tensor(request.tokens[start:stop])
+            positions[row, new - count:] = torch.arange(start, stop)
+            read[row, context - stop:] = slots
+            written[row, new - count:] = slots[start:]
+            request.computed = stop
+        real = (read != self.pad_slot).long()                                    # [B, N_k]
+        logits = self.model(ids, real, positions=positions, kv_caches=self._caches(written, read)).logits
+        return logits[:, -1]                                                     # [B, V]
 
 
 def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:

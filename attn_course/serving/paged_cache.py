@@ -112,6 +112,9 @@ class PagedKVCache(KVCache):
             raise ValueError(f"PagedKVCache: {keys.shape[2]} new tokens, but write_slots has "
                              f"{self.write_slots.shape[1]} per sequence")
         pool_keys, pool_values = self.pool.keys[self.layer], self.pool.values[self.layer]   # [S, H_kv, d]
-        pool_keys[self.write_slots] = keys.transpose(1, 2)              # [B, N_new, H_kv, d] into their slots
-        pool_values[self.write_slots] = values.transpose(1, 2)
-        return pool_keys[self.read_slots].transpose(1, 2), pool_values[self.read_slots].transpose(1, 2)
+        written, read = self.write_slots.flatten(), self.read_slots.flatten()
+        pool_keys.index_copy_(0, written, keys.transpose(1, 2).flatten(0, 1))        # [B * N_new, H_kv, d]
+        pool_values.index_copy_(0, written, values.transpose(1, 2).flatten(0, 1))
+        shape = (*self.read_slots.shape, *pool_keys.shape[1:])                       # [B, N_k, H_kv, d]
+        return (pool_keys.index_select(0, read).view(shape).transpose(1, 2),
+                pool_values.index_select(0, read).view(shape).transpose(1, 2))
