@@ -9,6 +9,8 @@
                                        # with the scores each computes and chapter 13's retrieval accuracy
     python -m benchmarks distributed   # attn_course.measure.distributed, P = 1, 2, 4 processes (--quick)
     python -m benchmarks grading --autograders dist/autograder   # benchmarks.grading (--quick: overhead only)
+    python -m benchmarks serving       # attn_course.measure.serving: the engine against Hugging Face's generate
+                                       # (--quick: 4 small requests, without generate_batch)
 
 Files go to ``bench-results/``; ``--lengths`` sets the N values (for ``kv-cache`` the numbers of generated
 tokens); ``--help`` lists the rest.
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         status 2 on bad arguments.
     """
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "sparse", "distributed", "grading"])
+    parser.add_argument("name", choices=["kv-cache", "flash", "variants", "sparse", "distributed", "grading",
+                                                 "serving"])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench-results"),
                         help="folder for the CSV and PNG (default: bench-results)")
     parser.add_argument("--lengths", type=_length, nargs="+",
@@ -98,9 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-minutes must be a positive number of minutes, got {args.max_minutes:g}")
     if args.name == "distributed" and args.threads is not None:
         parser.error("--threads is an option of variants and sparse (distributed runs one thread per process)")
-    if args.name not in ("variants", "sparse", "distributed", "grading") and (args.quick or args.threads is not None):
-        parser.error("--quick and --threads are options of variants and sparse (--quick also of distributed and "
-                     "grading)")
+    if args.name not in ("variants", "sparse", "distributed", "grading", "serving") and (
+            args.quick or args.threads is not None):
+        parser.error("--quick and --threads are options of variants, sparse and serving (--quick also of distributed "
+                     "and grading)")
     if args.name == "grading" and args.threads is not None:
         parser.error("--threads is an option of variants and sparse (grading shares the cores out between its jobs)")
     if args.dry_run and "triton" not in sys.modules:   # before machine_description imports Triton:
@@ -122,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         return _distributed(args, description)
     if args.name == "grading":
         return _grading(args)
+    if args.name == "serving":
+        return _serving(args)
 
     # Imported only for flash: it loads the FlashAttention package (and Triton).
     from attn_course.measure import flash
@@ -148,6 +154,20 @@ def main(argv: list[str] | None = None) -> int:
     print("# forward + backward")
     _show(training, args.out / "flash-cpu-training.csv", digits={"seconds": 3, "peak_mib": 1})
     _memory_saving(training, "forward+backward")
+    return 0
+
+
+def _serving(args: argparse.Namespace) -> int:
+    """``serving``: useful tokens per second of the engine and of Hugging Face's generate, then the cache's memory."""
+    from attn_course.measure.serving import measure_serving
+
+    sizes = dict(requests=4, hidden_size=32, num_layers=2, vocab_size=64, repeats=1, generate_batch=False) \
+        if args.quick else {}
+    threads = args.threads or 2
+    print(f"# a random Llama, float32, greedy, {threads} thread(s); prompts of 3-64 tokens, 4-64 new tokens each")
+    rows, memory = measure_serving(threads=threads, **sizes)
+    _show(rows, args.out / "serving.csv", digits={"seconds": 3, "tokens_per_second": 0})
+    _show([memory], args.out / "serving-memory.csv", digits={"prefix_hit_rate": 3})
     return 0
 
 

@@ -64,6 +64,7 @@ class Engine:
         for block in model.model.blocks:
             block.attention.attention_backend = "sdpa"           # PyTorch's fused attention, on every layer
         self.steps = 0
+        self.peak_blocks = 0                                         # most blocks held at once
         self._request_ids = itertools.count()
         self._offsets = torch.arange(block_size)
         self._slot_rows: dict[int, tuple] = {}       # request -> (its block table, the slots of its blocks)
@@ -95,6 +96,7 @@ class Engine:
         while self.scheduler.waiting or self.scheduler.running:
             step = self.scheduler.schedule()
             self.steps += 1
+            self.peak_blocks = max(self.peak_blocks, self.blocks.num_blocks - self.blocks.num_free_blocks)
             ran = []
             if step.prefills:
                 ran += zip([request for request, _ in step.prefills], self._prefill(step.prefills))

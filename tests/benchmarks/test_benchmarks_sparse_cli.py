@@ -30,7 +30,7 @@ def test_main_sparse_writes_counts_accuracy_times_and_crossovers(tmp_path, capsy
 @pytest.mark.parametrize("argv, message", [
     (["sparse", "--threads", "0"], "must be >= 1, got 0"),
     (["sparse", "--dry-run"], "--dry-run, --max-minutes and --profile are options of flash"),
-    (["kv-cache", "--threads", "1"], "--quick and --threads are options of variants and sparse"),
+    (["kv-cache", "--threads", "1"], "--quick and --threads are options of variants, sparse and serving"),
 ])
 def test_main_sparse_refuses_what_is_not_its_option(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

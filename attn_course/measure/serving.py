@@ -1,0 +1,197 @@
+"""Serving on this CPU (``python -m benchmarks serving``): the course's engine against Hugging Face's own.
+
+One random Llama, saved to a folder by ``transformers`` and loaded by the course; the same requests (prompts of
+3 to 64 tokens, 4 to 64 new tokens each), greedy, float32:
+
+* ``engine``: :class:`~attn_course.serving.Engine`, every request at once (continuous batching, paged cache);
+* ``hf static batch``: ``generate`` on the whole batch, left-padded, with its KV cache, run to the longest
+  request (the tokens past a request's own count are computed and thrown away);
+* ``hf generate_batch``: Hugging Face's continuous batching (``generate_batch``, transformers 5.x), every
+  request run to the longest count (it takes one ``max_new_tokens``).
+
+Useful tokens are each request's own count; every method's tokens are compared with the engine's. The
+memory rows: the engine's blocks at their peak against contiguous caches (one per request, reserving its
+prompt and the longest answer allowed; and the static batch's, every row as long as the longest prompt plus
+the longest answer), and the prefix cache's hit rate when every request starts with the same 48-token system
+prompt: the share of prompt tokens found cached, the first request computing it alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import random
+import tempfile
+import time
+import warnings
+
+import torch
+
+from attn_course import _validate
+from attn_course._threads import threads as threads_of_torch
+from attn_course.models.llama import load_pretrained
+from attn_course.serving import Engine
+
+__all__ = ["ServingMemory", "ServingRow", "measure_serving", "serving_requests"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingRow:
+    """One method: useful tokens, the best of its timed runs, and how many requests got the engine's tokens."""
+
+    method: str
+    requests: int
+    useful_tokens: int
+    seconds: float
+    tokens_per_second: float
+    same_as_engine: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingMemory:
+    """The engine's cache at its peak against contiguous caches, and the prefix cache's hit rate with a shared
+    system prompt of ``system_prompt`` tokens."""
+
+    block_size: int
+    peak_blocks: int
+    peak_tokens: int
+    contiguous_per_request_tokens: int
+    static_batch_tokens: int
+    system_prompt: int
+    prefix_hit_rate: float
+
+
+def serving_requests(count: int, vocab_size: int, *, seed: int = 0, prompt_lengths: tuple[int, int] = (3, 64),
+                     new_tokens: tuple[int, int] = (4, 64),
+                     system_prompt: int = 0) -> tuple[list[list[int]], list[int]]:
+    """``count`` random prompts (token ids ``1 .. vocab_size - 1``; 0 is the padding) and their new-token counts,
+    lengths drawn uniformly within the bounds; every prompt starts with the same ``system_prompt`` tokens.
+
+    Example:
+        >>> prompts, counts = serving_requests(3, 10, prompt_lengths=(2, 4), new_tokens=(1, 2))
+        >>> [2 <= len(prompt) <= 4 for prompt in prompts], all(1 <= count <= 2 for count in counts)
+        ([True, True, True], True)
+    """
+    where = "serving_requests"
+    count, vocab_size = _validate.integers(where, minimum=1, count=count, vocab_size=vocab_size)
+    system_prompt = _validate.integer(where, "system_prompt", system_prompt, minimum=0)
+    rng = random.Random(_validate.integer(where, "seed", seed, minimum=0))
+    shared = [rng.randrange(1, vocab_size) for _ in range(system_prompt)]
+    prompts = [shared + [rng.randrange(1, vocab_size) for _ in range(rng.randint(*prompt_lengths))]
+               for _ in range(count)]
+    return prompts, [rng.randint(*new_tokens) for _ in range(count)]
+
+
+def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: int = 4, vocab_size: int = 512,
+                    block_size: int = 16, repeats: int = 2, threads: int = 2, generate_batch: bool = True,
+                    seed: int = 0) -> tuple[list[ServingRow], ServingMemory]:
+    """Time the engine, Hugging Face's static batch and (if ``generate_batch``) its continuous batching.
+
+    Args:
+        requests: requests in the workload (:func:`serving_requests`).
+        hidden_size, num_layers, vocab_size: the random Llama's sizes (4 query heads, 2 key/value heads,
+            a feed-forward of ``8/3`` the width).
+        block_size: the engine's block size; the pool holds every request's tokens at once.
+        repeats: timed runs of the engine and the static batch (the best counts); ``generate_batch`` runs once.
+        threads: torch's CPU threads while measuring.
+        generate_batch: also time Hugging Face's ``generate_batch`` (slow on a CPU: minutes for 32 requests).
+        seed: the weights' and the workload's seed.
+
+    Returns:
+        ``(rows, memory)``.
+
+    Raises:
+        TypeError, ValueError: sizes that are not ints ``>= 1`` (``hidden_size`` a multiple of 4), a
+            ``generate_batch`` that is not a bool.
+    """
+    where = "measure_serving"
+    requests, hidden_size, num_layers, vocab_size, block_size, repeats, threads = _validate.integers(
+        where, minimum=1, requests=requests, hidden_size=hidden_size, num_layers=num_layers, vocab_size=vocab_size,
+        block_size=block_size, repeats=repeats, threads=threads)
+    generate_batch = _validate.boolean(where, "generate_batch", generate_batch)
+    if hidden_size % 4:
+        raise ValueError(f"{where}: hidden_size must be a multiple of 4 (the heads), got {hidden_size}")
+    import transformers
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_validate.integer(where, "seed", seed, minimum=0))
+        config = transformers.LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                                          intermediate_size=hidden_size * 8 // 3, num_hidden_layers=num_layers,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                          bos_token_id=None, eos_token_id=None, pad_token_id=0)
+        reference = transformers.LlamaForCausalLM(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        with contextlib.redirect_stderr(io.StringIO()):
+            reference.save_pretrained(folder)
+        ours = load_pretrained(folder)
+    prompts, counts = serving_requests(requests, vocab_size, seed=seed)
+    useful = sum(counts)
+    blocks_needed = sum(-(-(len(prompt) + count) // block_size) for prompt, count in zip(prompts, counts))
+    rows = []
+    with threads_of_torch(threads), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engines = []
+
+        def engine_run() -> list[list[int]]:
+            engines.append(Engine(ours, block_size=block_size, num_blocks=blocks_needed, max_batch_size=requests))
+            return engines[-1].generate(prompts, counts)
+
+        seconds, served = _best(engine_run, repeats)
+        rows.append(ServingRow("engine", requests, useful, seconds, useful / seconds, requests))
+
+        longest = max(map(len, prompts))
+        ids = torch.zeros(requests, longest, dtype=torch.long)
+        mask = torch.zeros(requests, longest, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, longest - len(prompt):], mask[row, longest - len(prompt):] = torch.tensor(prompt), 1
+
+        def static_run() -> list[list[int]]:
+            out = reference.generate(ids, attention_mask=mask, max_new_tokens=max(counts), min_new_tokens=max(counts),
+                                     do_sample=False)
+            return [out[row, longest:longest + count].tolist() for row, count in enumerate(counts)]
+
+        seconds, tokens = _best(static_run, repeats)
+        rows.append(ServingRow("hf static batch", requests, useful, seconds, useful / seconds,
+                               sum(a == b for a, b in zip(tokens, served))))
+        if generate_batch:
+            settings = transformers.GenerationConfig(max_new_tokens=max(counts), do_sample=False, eos_token_id=None,
+                                                     pad_token_id=0)
+
+            def continuous_run() -> list[list[int]]:
+                quiet = logging.getLogger("ContinuousBatchingLogger")      # "eos_token_id not set": as meant
+                level = quiet.level
+                quiet.setLevel(logging.ERROR)
+                try:
+                    out = reference.generate_batch(prompts, generation_config=settings, warmup=False)
+                finally:
+                    quiet.setLevel(level)
+                by_prompt = {tuple(result.prompt_ids): result.generated_tokens for result in out.values()}
+                return [list(by_prompt[tuple(prompt)][:count]) for prompt, count in zip(prompts, counts)]
+
+            seconds, tokens = _best(continuous_run, 1)
+            rows.append(ServingRow("hf generate_batch", requests, useful, seconds, useful / seconds,
+                                   sum(a == b for a, b in zip(tokens, served))))
+
+        shared_prompts, _ = serving_requests(requests, vocab_size, seed=seed + 1, system_prompt=48)
+        # The first request alone computes the system prompt; the rest, together, find its blocks cached.
+        sharing = Engine(ours, block_size=block_size, num_blocks=blocks_needed + 4 * requests, max_batch_size=requests)
+        sharing.generate(shared_prompts[:1], counts[:1])
+        sharing.generate(shared_prompts[1:], counts[1:])
+    memory = ServingMemory(
+        block_size=block_size, peak_blocks=engines[-1].peak_blocks, peak_tokens=engines[-1].peak_blocks * block_size,
+        contiguous_per_request_tokens=sum(len(prompt) + max(counts) for prompt in prompts),
+        static_batch_tokens=requests * (longest + max(counts)), system_prompt=48,
+        prefix_hit_rate=sharing.blocks.cached_tokens / sharing.blocks.prompt_tokens)
+    return rows, memory
+
+
+def _best(run, repeats: int) -> tuple[float, list[list[int]]]:
+    """The best time of ``repeats`` calls of ``run``, and what the last call returned."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = run()
+        best = min(best, time.perf_counter() - started)
+    return best, result
