@@ -90,6 +90,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"{where}: NTK scaling needs more than 2 rotated features, got {rotary_dim}")
         self.head_dim, self.base, self.interleaved = head_dim, base, interleaved
         self.scaling, self.rotary_fraction, self.rotary_dim = scaling, rotary_fraction, rotary_dim
+        # The last positions rotated, with their cosines and sines (see _cos_sin).
+        self._last: tuple[torch.Tensor, int, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def extra_repr(self) -> str:
         text = f"head_dim={self.head_dim}, base={self.base:g}, interleaved={self.interleaved}"
@@ -179,13 +181,11 @@ class RotaryEmbedding(nn.Module):
         Returns:
             The rotated tensor, same shape and dtype as ``x``.
         """
-        angles = self._angles(positions)                               # [N, P/2] or [B, N, P/2]
-        if angles.dim() == 3:                                          # [B, 1, ..., 1, N, P/2] like x
-            angles = angles.view(angles.shape[0], *([1] * (x.dim() - 3)), *angles.shape[1:])
         # Half precision rotates in float32; float32 and float64 keep their own precision.
         compute_dtype = torch.promote_types(x.dtype, torch.float32)
-        scale = self.attention_scaling
-        cos, sin = (angles.cos() * scale).to(compute_dtype), (angles.sin() * scale).to(compute_dtype)
+        cos, sin = self._cos_sin(positions, compute_dtype)             # [N, P/2] or [B, N, P/2]
+        if cos.dim() == 3:                                             # [B, 1, ..., 1, N, P/2] like x
+            cos, sin = (t.view(t.shape[0], *([1] * (x.dim() - 3)), *t.shape[1:]) for t in (cos, sin))
         xc = x.to(compute_dtype)
         xr, passed = xc[..., : self.rotary_dim], xc[..., self.rotary_dim :]   # rotated, passed through
         if self.interleaved:
@@ -195,6 +195,19 @@ class RotaryEmbedding(nn.Module):
             first, second = xr.chunk(2, dim=-1)                        # [..., N, P/2] each
             rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
         return torch.cat((rotated, passed), dim=-1).to(x.dtype)        # [..., N, d]
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and ``sin`` of the angles (times YaRN's scale), in ``dtype``. A model's forward pass rotates
+        every layer's queries and keys at the same positions tensor: they are computed once for it, and again
+        only for another tensor, or for this one changed in place (its version counter)."""
+        last = self._last
+        if last is not None and last[0] is positions and last[1] == positions._version and last[2] == dtype:
+            return last[3], last[4]
+        angles = self._angles(positions)
+        scale = self.attention_scaling
+        cos, sin = (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+        self._last = (positions, positions._version, dtype, cos, sin)
+        return cos, sin
 
     @staticmethod
     def _check_positions(where: str, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
