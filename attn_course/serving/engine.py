@@ -61,6 +61,8 @@ class Engine:
         self.pad_slot = num_blocks * block_size                  # where padding writes, and what it reads
         self.pool = KVPool(config.num_hidden_layers, self.pad_slot + 1, config.num_key_value_heads,
                            config.head_dim, dtype=parameter.dtype)
+        # Masked keys get zero weight, but zero times a NaN left in memory is NaN: the pad slot is read, so cleared.
+        self.pool.keys[:, self.pad_slot] = self.pool.values[:, self.pad_slot] = 0.0
         for block in model.model.blocks:
             block.attention.attention_backend = "sdpa"           # PyTorch's fused attention, on every layer
         self.steps = 0

@@ -23,7 +23,11 @@ __all__ = ["KVPool", "PagedKVCache"]
 
 
 class KVPool:
-    """Every layer's keys and values, slot by slot: ``keys[layer]`` and ``values[layer]`` are ``[num_slots, H_kv, d]``.
+    """Every layer's keys and values, slot by slot: ``keys`` and ``values`` are ``[num_layers, num_slots, H_kv, d]``,
+    so ``keys[layer]`` is one layer's ``[num_slots, H_kv, d]``.
+
+    The memory is allocated, not cleared: a slot holds whatever was there until a token is written into it,
+    and nothing reads a slot before writing it.
 
     Args:
         num_layers, num_slots, num_kv_heads, head_dim: the sizes (``num_slots = num_blocks * block_size``).
@@ -31,6 +35,7 @@ class KVPool:
 
     Raises:
         TypeError, ValueError: a size that is not an int ``>= 1``, a dtype that is not floating.
+        RuntimeError: more memory than the machine can give (PyTorch's allocation error).
 
     Example:
         >>> pool = KVPool(num_layers=2, num_slots=8, num_kv_heads=1, head_dim=4)
@@ -44,13 +49,13 @@ class KVPool:
         num_layers, num_slots, num_kv_heads, head_dim = _validate.integers(
             where, minimum=1, num_layers=num_layers, num_slots=num_slots, num_kv_heads=num_kv_heads, head_dim=head_dim)
         dtype = _validate.floating_dtype(where, "dtype", dtype)
-        self.keys = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self.values = [torch.zeros(num_slots, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
+        self.keys = torch.empty(num_layers, num_slots, num_kv_heads, head_dim, dtype=dtype)
+        self.values = torch.empty(num_layers, num_slots, num_kv_heads, head_dim, dtype=dtype)
 
     @property
     def memory_bytes(self) -> int:
         """Bytes of every key and value slot."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
 class PagedKVCache(KVCache):
@@ -75,8 +80,8 @@ class PagedKVCache(KVCache):
         >>> pool = KVPool(num_layers=1, num_slots=8, num_kv_heads=1, head_dim=2)
         >>> cache = PagedKVCache(pool, 0, write_slots=torch.tensor([[5, 2]]), read_slots=torch.tensor([[5, 2]]))
         >>> keys, _ = cache.append(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
-        >>> keys.shape, pool.keys[0][[2, 5]].sum().item(), pool.keys[0].sum().item()
-        (torch.Size([1, 1, 2, 2]), 4.0, 4.0)
+        >>> keys.shape, pool.keys[0][[2, 5]].sum().item()
+        (torch.Size([1, 1, 2, 2]), 4.0)
     """
 
     def __init__(self, pool: KVPool, layer: int, write_slots: torch.Tensor, read_slots: torch.Tensor) -> None:

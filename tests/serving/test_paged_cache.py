@@ -32,6 +32,7 @@ def test_chunked_prefill_and_batched_decode_equal_the_whole_sequence(block_size)
     manager = BlockManager(num_blocks=64 // block_size + 8, block_size=block_size, prefix_caching=False)
     pool = KVPool(CONFIG.num_hidden_layers, manager.num_blocks * block_size, CONFIG.num_key_value_heads,
                   CONFIG.head_dim, dtype=torch.float64)
+    pool.keys.zero_(), pool.values.zero_()          # padded reads below read slot 0: finite, whatever it holds
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(50, (n,), generator=generator).tolist() for n in (7, 2, 11)]
     tokens = {}
