@@ -24,13 +24,13 @@ import io
 import logging
 import random
 import tempfile
-import time
 import warnings
 
 import torch
 
 from attn_course import _validate
 from attn_course._threads import threads as threads_of_torch
+from attn_course.measure.timing import best_time
 from attn_course.models.llama import load_pretrained
 from attn_course.serving import Engine
 
@@ -138,7 +138,7 @@ def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: in
             engines.append(Engine(ours, block_size=block_size, num_blocks=blocks_needed, max_batch_size=requests))
             return engines[-1].generate(prompts, counts)
 
-        seconds, served = _best(engine_run, repeats)
+        seconds, served = _timed(engine_run, repeats)
         rows.append(ServingRow("engine", requests, useful, seconds, useful / seconds, requests))
 
         longest = max(map(len, prompts))
@@ -152,7 +152,7 @@ def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: in
                                      do_sample=False)
             return [out[row, longest:longest + count].tolist() for row, count in enumerate(counts)]
 
-        seconds, tokens = _best(static_run, repeats)
+        seconds, tokens = _timed(static_run, repeats)
         rows.append(ServingRow("hf static batch", requests, useful, seconds, useful / seconds,
                                sum(a == b for a, b in zip(tokens, served))))
         if generate_batch:
@@ -170,7 +170,7 @@ def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: in
                 by_prompt = {tuple(result.prompt_ids): result.generated_tokens for result in out.values()}
                 return [list(by_prompt[tuple(prompt)][:count]) for prompt, count in zip(prompts, counts)]
 
-            seconds, tokens = _best(continuous_run, 1)
+            seconds, tokens = _timed(continuous_run, 1)
             rows.append(ServingRow("hf generate_batch", requests, useful, seconds, useful / seconds,
                                    sum(a == b for a, b in zip(tokens, served))))
 
@@ -187,11 +187,7 @@ def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: in
     return rows, memory
 
 
-def _best(run, repeats: int) -> tuple[float, list[list[int]]]:
-    """The best time of ``repeats`` calls of ``run``, and what the last call returned."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = run()
-        best = min(best, time.perf_counter() - started)
-    return best, result
+def _timed(run, repeats: int) -> tuple[float, list[list[int]]]:
+    """:func:`~attn_course.measure.timing.best_time` of ``run`` over ``repeats`` calls, and what it returned."""
+    returned = []
+    return best_time(lambda: returned.append(run()), repeats), returned[-1]

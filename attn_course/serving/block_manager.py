@@ -240,6 +240,19 @@ class BlockManager:
                              f"{len(table)} blocks of {self.block_size}")
         return table[position // self.block_size] * self.block_size + position % self.block_size
 
+    def slots(self, sequence: Hashable, stop: int) -> list[int]:
+        """:meth:`slot` of each of ``sequence``'s positions ``0 .. stop - 1``, in order.
+
+        Raises:
+            ValueError: ``stop`` beyond the sequence's blocks.
+        """
+        table = self.block_table(sequence)
+        stop = _validate.integer("BlockManager.slots", "stop", stop, minimum=0)
+        if stop > len(table) * self.block_size:
+            raise ValueError(f"BlockManager.slots: stop {stop} is beyond sequence {sequence!r}'s "
+                             f"{len(table)} blocks of {self.block_size}")
+        return [block * self.block_size + offset for block in table for offset in range(self.block_size)][:stop]
+
     # --- the free list ------------------------------------------------------------------------
 
     def _hold(self, block_id: int) -> None:

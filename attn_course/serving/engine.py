@@ -68,8 +68,6 @@ class Engine:
         self.steps = 0
         self.peak_blocks = 0                                         # most blocks held at once
         self._request_ids = itertools.count()
-        self._offsets = torch.arange(block_size)
-        self._slot_rows: dict[int, tuple] = {}       # request -> (its block table, the slots of its blocks)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], *, temperature: float = 0.0,
@@ -110,7 +108,6 @@ class Engine:
                 self.blocks.cache_full_blocks(request.request_id, request.tokens[:request.computed])
                 if request.finished:
                     self.scheduler.finish(request)
-                    del self._slot_rows[request.request_id]
         return [request.output for request in requests]
 
     def _requests(self, prompts: object, max_new_tokens: object) -> list[Request]:
@@ -137,15 +134,6 @@ class Engine:
             requests.append(Request(next(self._request_ids), prompt, count))
         return requests
 
-    def _slots(self, request: Request, stop: int) -> torch.Tensor:
-        """The cache slots of ``request``'s tokens ``0 .. stop - 1`` (made again only when its blocks change)."""
-        table = tuple(self.blocks.block_table(request.request_id))
-        made_for, slots = self._slot_rows.get(request.request_id, ((), None))
-        if made_for != table:
-            slots = (torch.tensor(table)[:, None] * self.blocks.block_size + self._offsets).flatten()
-            self._slot_rows[request.request_id] = table, slots
-        return slots[:stop]
-
     def _caches(self, written: torch.Tensor, read: torch.Tensor) -> list[PagedKVCache]:
         return [PagedKVCache(self.pool, layer, written, read) for layer in range(len(self.pool.keys))]
 
@@ -166,7 +154,7 @@ class Engine:
         written = torch.full((len(chunks), new), self.pad_slot)                 # [B, N_new]
         for row, (request, count) in enumerate(chunks):
             start, stop = request.computed, request.computed + count
-            slots = self._slots(request, stop)
+            slots = torch.tensor(self.blocks.slots(request.request_id, stop))
             ids[row, new - count:] = torch.tensor(request.tokens[start:stop])
             positions[row, new - count:] = torch.arange(start, stop)
             read[row, context - stop:] = slots

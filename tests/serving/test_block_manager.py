@@ -80,6 +80,9 @@ def test_slots_at_block_edges():
     assert [manager.slot("x", p) for p in (3, 4, 8)] == [table[0] * 4 + 3, table[1] * 4, table[2] * 4]
     with pytest.raises(ValueError, match="position 12 is beyond sequence 'x'"):
         manager.slot("x", 12)
+    assert manager.slots("x", 9) == [manager.slot("x", p) for p in range(9)]
+    with pytest.raises(ValueError, match="stop 13 is beyond sequence 'x'"):
+        manager.slots("x", 13)
 
 
 def test_a_hit_never_covers_the_last_prompt_token():
