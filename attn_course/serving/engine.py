@@ -1,10 +1,12 @@
 """The engine loop: schedule a step, run the model on it over the paged cache, sample, repeat.
 
 The model runs unchanged (:class:`~attn_course.serving.paged_cache.PagedKVCache` is a ``KVCache``). Each
-step is at most two forward passes: the step's prompt chunks together, then every decoding request
-together. Rows of different lengths are padded on the left, queries and keys alike, so that the causal
+step runs the step's prompt chunks together in one forward pass, then every decoding request together in
+another. Rows of different lengths are padded on the left, queries and keys alike, so that the causal
 mask, aligned bottom right, is right for every row; the attention mask hides the padded keys, and the
-padded tokens' keys and values go to a slot of their own past the pool's blocks.
+padded tokens' keys and values go to a slot of their own past the pool's blocks. With a draft model
+(speculative decoding), a decoding step is ``k`` small passes of the draft, one per guessed token, then one
+pass of the model over the last token and all ``k`` guesses.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from attn_course.models.llama import LlamaForCausalLM
 from attn_course.serving.block_manager import BlockManager
 from attn_course.serving.paged_cache import KVPool, PagedKVCache
 from attn_course.serving.scheduler import Request, Scheduler
+from attn_course.serving.speculative import verify_greedy, verify_sampled
 
 __all__ = ["Engine"]
 
@@ -32,11 +35,16 @@ class Engine:
         block_size: tokens per cache block.
         num_blocks: blocks in the pool (the cache holds ``num_blocks * block_size`` tokens of every layer).
         max_batch_size: requests running at once.
+        draft: a smaller ``LlamaForCausalLM`` with the same vocabulary, for speculative decoding: it guesses
+            ``num_speculative_tokens`` tokens, one at a time, and ``model`` checks them all in one pass. It
+            keeps its own pool of the same blocks (each request's block table serves both).
+        num_speculative_tokens: tokens the draft guesses per step (``>= 1`` with a draft, 0 without).
         prefix_caching: share the blocks of prompts' common prefixes.
         max_tokens_per_step: tokens one step computes, decodes and prompt chunks together.
 
     Raises:
-        TypeError, ValueError: a model that is not the course's Llama or has sliding windows, sizes that are
+        TypeError, ValueError: a model or draft that is not the course's Llama or has sliding windows, a draft
+            with another vocabulary, a draft without ``num_speculative_tokens`` or the reverse, sizes that are
             not ints ``>= 1``.
 
     Example:
@@ -49,24 +57,28 @@ class Engine:
     """
 
     def __init__(self, model: LlamaForCausalLM, *, block_size: int = 16, num_blocks: int, max_batch_size: int,
-                 prefix_caching: bool = True, max_tokens_per_step: int = 256) -> None:
+                 draft: LlamaForCausalLM | None = None, num_speculative_tokens: int = 0, prefix_caching: bool = True,
+                 max_tokens_per_step: int = 256) -> None:
         where = "Engine"
-        self.model = _validate.instance(where, "model", model, LlamaForCausalLM)
-        config = model.config
-        if any(config.layer_window(index) is not None for index in range(config.num_hidden_layers)):
-            raise ValueError(f"{where}: model has sliding-window layers, which this engine does not support yet")
+        self.model = _servable(where, "model", model)
+        self.draft = None if draft is None else _servable(where, "draft", draft)
+        num_speculative_tokens = _validate.integer(where, "num_speculative_tokens", num_speculative_tokens, minimum=0)
+        if draft is not None and draft.config.vocab_size != model.config.vocab_size:
+            raise ValueError(f"{where}: draft has a vocabulary of {draft.config.vocab_size} tokens, the model "
+                             f"{model.config.vocab_size}: the draft must propose the model's tokens")
+        if (draft is None) != (num_speculative_tokens == 0):
+            raise ValueError(f"{where}: speculative decoding needs both a draft and num_speculative_tokens >= 1, "
+                             f"got draft={type(draft).__name__} and num_speculative_tokens={num_speculative_tokens}")
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
-        self.scheduler = Scheduler(self.blocks, max_batch_size=max_batch_size, max_tokens_per_step=max_tokens_per_step)
-        parameter = next(model.parameters())
+        self.scheduler = Scheduler(self.blocks, max_batch_size=max_batch_size, max_tokens_per_step=max_tokens_per_step,
+                                   num_speculative_tokens=num_speculative_tokens)
         self.pad_slot = num_blocks * block_size                  # where padding writes, and what it reads
-        self.pool = KVPool(config.num_hidden_layers, self.pad_slot + 1, config.num_key_value_heads,
-                           config.head_dim, dtype=parameter.dtype)
-        # Masked keys get zero weight, but zero times a NaN left in memory is NaN: the pad slot is read, so cleared.
-        self.pool.keys[:, self.pad_slot] = self.pool.values[:, self.pad_slot] = 0.0
-        for block in model.model.blocks:
-            block.attention.attention_backend = "sdpa"           # PyTorch's fused attention, on every layer
+        self.pools = {id(self.model): _pool(self.model, self.pad_slot)}
+        if self.draft is not None:
+            self.pools[id(self.draft)] = _pool(self.draft, self.pad_slot)
         self.steps = 0
-        self.peak_blocks = 0                                         # most blocks held at once
+        self.peak_blocks = 0                                     # most blocks held at once
+        self.proposed_tokens = self.accepted_tokens = 0          # the draft's guesses, and those the model kept
         self._request_ids = itertools.count()
 
     @torch.no_grad()
@@ -90,25 +102,36 @@ class Engine:
             raise ValueError(f"Engine.generate: temperature must be a number >= 0, got {temperature!r}")
         if generator is not None:
             _validate.instance("Engine.generate", "generator", generator, torch.Generator)
-        self.model.eval()
+        for model in (self.model, self.draft):
+            if model is not None:
+                model.eval()
         for request in requests:
             self.scheduler.add(request)
         while self.scheduler.waiting or self.scheduler.running:
             step = self.scheduler.schedule()
             self.steps += 1
             self.peak_blocks = max(self.peak_blocks, self.blocks.num_blocks - self.blocks.num_free_blocks)
-            ran = []
             if step.prefills:
-                ran += zip([request for request, _ in step.prefills], self._prefill(step.prefills))
-            if step.decodes:
-                ran += zip(step.decodes, self._forward([(request, 1) for request in step.decodes]))
-            for request, logits in ran:
-                if logits is not None:
+                self._prefill(step.prefills, temperature, generator)
+            if step.decodes and self.draft is None:
+                rows = [(request, request.tokens, request.computed, len(request.tokens)) for request in step.decodes]
+                for request, logits in zip(step.decodes, self._forward(self.model, rows)[:, -1]):
+                    request.computed += 1
                     request.output.append(_sample(logits, temperature, generator))
-                self.blocks.cache_full_blocks(request.request_id, request.tokens[:request.computed])
+            elif step.decodes:
+                self._speculate(step.decodes, temperature, generator)
+            for request in [request for request, _ in step.prefills] + step.decodes:
+                # Name the blocks both caches hold: a later request that finds them reads both.
+                known = request.computed if self.draft is None else min(request.computed, request.draft_computed)
+                self.blocks.cache_full_blocks(request.request_id, request.tokens[:known])
                 if request.finished:
                     self.scheduler.finish(request)
         return [request.output for request in requests]
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The share of the draft's guesses the model kept, over every ``generate`` so far (NaN before any)."""
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else float("nan")
 
     def _requests(self, prompts: object, max_new_tokens: object) -> list[Request]:
         where = "Engine.generate"
@@ -134,35 +157,102 @@ class Engine:
             requests.append(Request(next(self._request_ids), prompt, count))
         return requests
 
-    def _caches(self, written: torch.Tensor, read: torch.Tensor) -> list[PagedKVCache]:
-        return [PagedKVCache(self.pool, layer, written, read) for layer in range(len(self.pool.keys))]
+    def _prefill(self, chunks: list[tuple[Request, int]], temperature: float,
+                 generator: torch.Generator | None) -> None:
+        """Run each request's next ``count`` tokens (through the draft too, when there is one); a request whose
+        chunk ends its tokens samples its next one (the rest of a longer prompt comes in later steps)."""
+        rows = [(request, request.tokens, request.computed, request.computed + count) for request, count in chunks]
+        logits = self._forward(self.model, rows)[:, -1]
+        if self.draft is not None:
+            self._forward(self.draft, [(request, tokens, request.draft_computed, stop)
+                                       for request, tokens, _, stop in rows])
+        for (request, tokens, _, stop), row in zip(rows, logits):
+            request.computed = request.draft_computed = stop
+            if stop == len(tokens):
+                request.output.append(_sample(row, temperature, generator))
 
-    def _prefill(self, chunks: list[tuple[Request, int]]) -> list[torch.Tensor | None]:
-        """Run each request's next ``count`` tokens; for a request whose chunk ends its tokens, the next
-        token's logits, else None (the rest of its prompt comes in later steps)."""
-        ends = [request.computed + count == len(request.tokens) for request, count in chunks]
-        return [row if end else None for row, end in zip(self._forward(chunks), ends)]
+    def _speculate(self, requests: list[Request], temperature: float, generator: torch.Generator | None) -> None:
+        """One speculative step for decoding requests: the draft guesses up to ``k`` tokens of each, one pass
+        per guess; the model scores every guess in one pass; each request keeps the guesses the verification
+        accepts, then one token of the model's own (:mod:`~attn_course.serving.speculative`)."""
+        counts = [request.speculative_tokens(self.scheduler.num_speculative_tokens) for request in requests]
+        guesses: list[list[int]] = [[] for _ in requests]
+        draft_probabilities: list[list[torch.Tensor]] = [[] for _ in requests]
+        for turn in range(max(counts)):
+            active = [index for index, count in enumerate(counts) if count > turn]
+            rows = [(requests[index], requests[index].tokens + guesses[index], requests[index].draft_computed,
+                     len(requests[index].tokens) + turn) for index in active]
+            for index, (request, _, _, stop), logits in zip(active, rows, self._forward(self.draft, rows)[:, -1]):
+                request.draft_computed = stop
+                if temperature == 0:
+                    guesses[index].append(int(logits.argmax()))
+                else:
+                    probabilities = torch.softmax(logits.double() / temperature, dim=-1)
+                    guesses[index].append(int(torch.multinomial(probabilities, 1, generator=generator)))
+                    draft_probabilities[index].append(probabilities)
+        rows = [(request, request.tokens + guess, request.computed, len(request.tokens) + len(guess))
+                for request, guess in zip(requests, guesses)]
+        width = max(counts) + 1
+        logits = self._forward(self.model, rows, last=width)                       # [B, width, V]
+        for request, guess, probabilities, scores in zip(requests, guesses, draft_probabilities, logits):
+            scores = scores[width - len(guess) - 1:]                                 # [k + 1, V], this row's
+            if temperature == 0:
+                kept = verify_greedy(guess, scores)
+            else:
+                target = torch.softmax(scores.double() / temperature, dim=-1)
+                kept = verify_sampled(guess, torch.stack(probabilities) if guess else target[:0], target,
+                                      generator=generator)
+            self.proposed_tokens += len(guess)
+            self.accepted_tokens += len(kept) - 1
+            # The cache now holds the last token and every guess, but only those kept are the request's: the
+            # rest are overwritten by the next pass. The draft cached the guesses before the last one.
+            request.computed = len(request.tokens) + len(kept) - 1
+            request.draft_computed = min(request.draft_computed, request.computed)
+            request.output += kept
 
-    def _forward(self, chunks: list[tuple[Request, int]]) -> torch.Tensor:
-        """One forward pass over ``count`` uncomputed tokens of each request: the logits after each row's
-        last token, ``[B, V]``. Rows are padded on the left to the longest chunk and the longest context."""
-        new = max(count for _, count in chunks)
-        context = max(request.computed + count for request, count in chunks)
-        ids = torch.zeros(len(chunks), new, dtype=torch.long)
-        positions = torch.zeros(len(chunks), new, dtype=torch.long)
-        read = torch.full((len(chunks), context), self.pad_slot)                # [B, N_k]
-        written = torch.full((len(chunks), new), self.pad_slot)                 # [B, N_new]
-        for row, (request, count) in enumerate(chunks):
-            start, stop = request.computed, request.computed + count
+    def _forward(self, model: LlamaForCausalLM, rows: list[tuple[Request, list[int], int, int]], *,
+                 last: int = 1) -> torch.Tensor:
+        """One forward pass of ``model`` over ``tokens[start:stop]`` of each row ``(request, tokens, start,
+        stop)``, with the keys and values of ``tokens[:start]`` read from that model's pool: the logits after
+        each row's last ``last`` tokens, ``[B, last, V]``. Rows are padded on the left to the longest chunk
+        and the longest context."""
+        pool = self.pools[id(model)]
+        new = max(stop - start for _, _, start, stop in rows)
+        context = max(stop for _, _, _, stop in rows)
+        ids = torch.zeros(len(rows), new, dtype=torch.long)
+        positions = torch.zeros(len(rows), new, dtype=torch.long)
+        read = torch.full((len(rows), context), self.pad_slot)                  # [B, N_k]
+        written = torch.full((len(rows), new), self.pad_slot)                   # [B, N_new]
+        for row, (request, tokens, start, stop) in enumerate(rows):
             slots = torch.tensor(self.blocks.slots(request.request_id, stop))
-            ids[row, new - count:] = torch.tensor(request.tokens[start:stop])
-            positions[row, new - count:] = torch.arange(start, stop)
+            ids[row, new - (stop - start):] = torch.tensor(tokens[start:stop])
+            positions[row, new - (stop - start):] = torch.arange(start, stop)
             read[row, context - stop:] = slots
-            written[row, new - count:] = slots[start:]
-            request.computed = stop
+            written[row, new - (stop - start):] = slots[start:]
         real = (read != self.pad_slot).long()                                    # [B, N_k]
-        logits = self.model(ids, real, positions=positions, kv_caches=self._caches(written, read)).logits
-        return logits[:, -1]                                                     # [B, V]
+        caches = [PagedKVCache(pool, layer, written, read) for layer in range(len(pool.keys))]
+        return model(ids, real, positions=positions, kv_caches=caches).logits[:, -last:]
+
+
+def _servable(where: str, name: str, model: object) -> LlamaForCausalLM:
+    """``model``, checked, with its attention set to PyTorch's SDPA on every layer."""
+    model = _validate.instance(where, name, model, LlamaForCausalLM)
+    config = model.config
+    if any(config.layer_window(index) is not None for index in range(config.num_hidden_layers)):
+        raise ValueError(f"{where}: {name} has sliding-window layers, which this engine does not support yet")
+    for block in model.model.blocks:
+        block.attention.attention_backend = "sdpa"
+    return model
+
+
+def _pool(model: LlamaForCausalLM, pad_slot: int) -> KVPool:
+    """A pool for ``model``'s keys and values with ``pad_slot + 1`` slots, the last (padding's) cleared: masked
+    keys get zero weight, but zero times a NaN left in memory is NaN."""
+    config = model.config
+    pool = KVPool(config.num_hidden_layers, pad_slot + 1, config.num_key_value_heads, config.head_dim,
+                  dtype=next(model.parameters()).dtype)
+    pool.keys[:, pad_slot] = pool.values[:, pad_slot] = 0.0
+    return pool
 
 
 def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:

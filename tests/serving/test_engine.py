@@ -109,3 +109,86 @@ def test_a_model_it_cannot_serve_is_refused():
         Engine(LlamaForCausalLM(config), num_blocks=4, max_batch_size=1)
     with pytest.raises(TypeError, match="model must be a LlamaForCausalLM"):
         Engine(torch.nn.Linear(2, 2), num_blocks=4, max_batch_size=1)
+
+
+# --- speculative decoding: the draft changes the speed, never the tokens ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def hugging_face_answers(models):
+    prompts, counts = requests(11, 10)
+    return prompts, counts, [hugging_face_tokens(models[0], prompt, count) for prompt, count in zip(prompts, counts)]
+
+
+def small_draft(vocab: int, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2))
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.3)
+    return draft
+
+
+@pytest.mark.parametrize("draft_kind, k, num_blocks", [("another model", 3, 64), ("another model", 2, 12),
+                                                       ("the model itself", 4, 64), ("the model itself", 1, 12)])
+def test_speculative_greedy_tokens_equal_hugging_face(models, hugging_face_answers, draft_kind, k, num_blocks):
+    prompts, counts, expected = hugging_face_answers
+    draft = models[1] if draft_kind == "the model itself" else small_draft(VOCAB, seed=1)
+    engine = Engine(models[1], block_size=4, num_blocks=num_blocks, max_batch_size=8, draft=draft,
+                    num_speculative_tokens=k)
+    assert engine.generate(prompts, counts) == expected
+    assert engine.proposed_tokens > 0 and engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    if draft_kind == "the model itself":
+        assert engine.acceptance_rate == 1.0              # every guess is the model's own: each step keeps k + 1
+    else:
+        assert engine.acceptance_rate < 0.5               # a random draft: most guesses are rejected
+    if num_blocks == 12:
+        assert engine.scheduler.preemptions > 0
+
+
+def test_speculative_sampling_keeps_the_models_distribution():
+    """4,000 requests of one prompt, 3 tokens each, from a model over 4 tokens with a draft that disagrees:
+    the 64 possible answers must come out as often as the model alone would give them (chi-square at 0.001),
+    and the same counts must fail the test against the draft's own distribution (the test can fail)."""
+    from test_speculative import chi_square_holds
+
+    vocab, prompt, runs = 4, [1, 3, 0], 4000
+    target, draft = small_draft(vocab, seed=2), small_draft(vocab, seed=3)
+    engine = Engine(target, block_size=4, num_blocks=2 * 256, max_batch_size=256, draft=draft,
+                    num_speculative_tokens=2)
+    answers = engine.generate([prompt] * runs, 3, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    counts = torch.zeros(vocab ** 3, dtype=torch.float64)
+    for first, second, third in answers:
+        counts[(first * vocab + second) * vocab + third] += 1
+    assert 0 < engine.acceptance_rate < 1
+
+    def answer_probabilities(model):                      # [64]: p(first) p(second | first) p(third | first, second)
+        pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))             # [16, 2]
+        ids = torch.cat([torch.tensor(prompt).expand(len(pairs), -1), pairs], dim=1)          # [16, 5]
+        with torch.no_grad():
+            p = torch.softmax(model(ids).logits.double(), dim=-1)[:, len(prompt) - 1:]       # [16, 3, V]
+        joint = p[:, 0].gather(1, pairs[:, :1]) * p[:, 1].gather(1, pairs[:, 1:]) * p[:, 2]  # [16, V]
+        return joint.reshape(-1)
+
+    assert chi_square_holds(counts, answer_probabilities(target)), counts
+    assert not chi_square_holds(counts, answer_probabilities(draft))
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(num_speculative_tokens=2), ValueError, "needs both a draft and num_speculative_tokens >= 1"),
+    (dict(draft="self"), ValueError, "needs both a draft and num_speculative_tokens >= 1"),
+    (dict(draft="small vocabulary", num_speculative_tokens=2), ValueError,
+     f"draft has a vocabulary of 10 tokens, the model {VOCAB}"),
+    (dict(draft=torch.nn.Linear(2, 2), num_speculative_tokens=2), TypeError, "draft must be a LlamaForCausalLM"),
+    (dict(draft="self", num_speculative_tokens=-1), ValueError, "num_speculative_tokens must be >= 0, got -1"),
+])
+def test_a_bad_draft_is_refused_by_name(models, options, error, message):
+    options = dict(options)
+    if options.get("draft") == "self":
+        options["draft"] = models[1]
+    elif options.get("draft") == "small vocabulary":
+        options["draft"] = small_draft(10, seed=0)
+    with pytest.raises(error, match=message):
+        Engine(models[1], block_size=4, num_blocks=8, max_batch_size=2, **options)
