@@ -76,8 +76,10 @@ def best_time(fn: Callable[..., object], repeats: int = 1, *, setup: Callable[[]
     left = budget_s - sum(samples)
     if left > 0 and setup is None:
         samples += blocks.blocked_autorange(min_run_time=left).times        # seconds per call, block by block
-    while setup is not None and sum(samples) < budget_s:
+    spent = sum(samples)
+    while setup is not None and spent < budget_s:
         samples += single.repeat(repeat=1, number=1)
+        spent += samples[-1]
     return min(samples)
 
 

@@ -219,19 +219,19 @@ class Engine:
         pool = self.pools[id(model)]
         new = max(stop - start for _, _, start, stop in rows)
         context = max(stop for _, _, _, stop in rows)
-        ids = torch.zeros(len(rows), new, dtype=torch.long)
-        positions = torch.zeros(len(rows), new, dtype=torch.long)
-        read = torch.full((len(rows), context), self.pad_slot)                  # [B, N_k]
-        written = torch.full((len(rows), new), self.pad_slot)                   # [B, N_new]
-        for row, (request, tokens, start, stop) in enumerate(rows):
-            slots = torch.tensor(self.blocks.slots(request.request_id, stop))
-            ids[row, new - (stop - start):] = torch.tensor(tokens[start:stop])
-            positions[row, new - (stop - start):] = torch.arange(start, stop)
-            read[row, context - stop:] = slots
-            written[row, new - (stop - start):] = slots[start:]
+        ids, positions, read, written = [], [], [], []      # built as lists, one tensor each: rows are many
+        for request, tokens, start, stop in rows:
+            slots = self.blocks.slots(request.request_id, stop)
+            padding = [self.pad_slot] * (new - (stop - start))
+            ids.append([0] * len(padding) + tokens[start:stop])
+            positions.append([0] * len(padding) + list(range(start, stop)))
+            read.append([self.pad_slot] * (context - stop) + slots)                # [N_k]
+            written.append(padding + slots[start:])                                # [N_new]
+        ids, positions, read, written = (torch.tensor(table) for table in (ids, positions, read, written))
         real = (read != self.pad_slot).long()                                    # [B, N_k]
         caches = [PagedKVCache(pool, layer, written, read) for layer in range(len(pool.keys))]
-        return model(ids, real, positions=positions, kv_caches=caches).logits[:, -last:]
+        hidden = model.model(ids, real, positions=positions, kv_caches=caches).hidden_states     # [B, N_new, E]
+        return model.lm_head(hidden[:, -last:])                 # only the logits sampled from: a prompt's are not
 
 
 def _servable(where: str, name: str, model: object) -> LlamaForCausalLM:
