@@ -188,7 +188,9 @@ def attacks(paths: dict[str, str], port: int) -> dict[str, dict]:
         # core from the notebooks graded beside it for the whole notebook's time.
         "ignores_the_clock": {"cell": "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
                                       "while True:\n    time.sleep(1)\n"},
+        # It spins at the lowest priority too: its call's 8 s of CPU go to no one else's work.
         "hangs_when_called": {"replace": {"split_fused_qkv": "def split_fused_qkv(qkv, num_heads, num_kv_heads):\n"
+                                                             "    import os\n    os.nice(19)\n"
                                                              "    while True:\n        pass\n"}},
         "memory_bomb": {"cell": "huge = torch.empty(2**40, dtype=torch.uint8)\n"},
         # bytes(n) maps zeroed pages it does not touch: the address-space limit is reached at once,
