@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import logging
 import random
@@ -30,11 +31,13 @@ import torch
 
 from attn_course import _validate
 from attn_course._threads import threads as threads_of_torch
+from attn_course.core.kv_cache import KVCache
 from attn_course.measure.timing import best_time
-from attn_course.models.llama import load_pretrained
+from attn_course.models.llama import LlamaForCausalLM, load_pretrained
 from attn_course.serving import Engine
 
-__all__ = ["ServingMemory", "ServingRow", "measure_serving", "serving_requests"]
+__all__ = ["DecodeStepRow", "ServingMemory", "ServingRow", "SpeculativeRow", "decode_step_rows", "measure_serving",
+           "serving_requests", "speculative_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,110 @@ class ServingMemory:
     static_batch_tokens: int
     system_prompt: int
     prefix_hit_rate: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeStepRow:
+    """One batch size: the best time of one decoding step (every sequence adds one token) and the tokens per second."""
+
+    batch_size: int
+    seconds: float
+    tokens_per_second: float
+
+
+def decode_step_rows(model: LlamaForCausalLM, batch_sizes: tuple[int, ...] = (1, 4, 16, 64), *, context: int = 64,
+                     repeats: int = 5, threads: int = 2) -> list[DecodeStepRow]:
+    """Time one decoding step of ``model`` for each batch size: ``B`` sequences of ``context`` cached tokens each
+    feed one new token through the model, with their KV caches (the caches grow by one token per timed call).
+
+    Args:
+        model: the course's Llama.
+        batch_sizes: sequences decoding together.
+        context: tokens already in each sequence's cache.
+        repeats: timed steps per batch size (the best counts).
+        threads: torch's CPU threads while measuring.
+
+    Raises:
+        TypeError, ValueError: a model that is not the course's Llama, sizes that are not ints ``>= 1``.
+
+    Example:
+        >>> from attn_course.models.llama import LlamaConfig
+        >>> tiny = LlamaForCausalLM(LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=16,
+        ...                                     num_hidden_layers=1, num_attention_heads=2))
+        >>> [row.batch_size for row in decode_step_rows(tiny, (1, 2), context=3, repeats=1)]
+        [1, 2]
+    """
+    where = "decode_step_rows"
+    model = _validate.instance(where, "model", model, LlamaForCausalLM)
+    batch_sizes = _validate.integer_sequence(where, "batch_sizes", batch_sizes, minimum=1, nonempty=True)
+    context, repeats, threads = _validate.integers(where, minimum=1, context=context, repeats=repeats, threads=threads)
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    with threads_of_torch(threads), torch.no_grad():
+        model.eval()
+        for batch in batch_sizes:
+            caches = [KVCache() for _ in model.model.blocks]
+            prompt = torch.randint(model.config.vocab_size, (batch, context), generator=generator)
+            model(prompt, kv_caches=caches)                                      # fill the caches
+            token = torch.randint(model.config.vocab_size, (batch, 1), generator=generator)
+            seconds = best_time(functools.partial(model, token, kv_caches=caches), repeats)
+            rows.append(DecodeStepRow(batch, seconds, batch / seconds))
+    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeRow:
+    """One batch of requests, sampled without a draft (``draft`` None) or with one: the share of the draft's
+    guesses kept, the best time, and the speed-up over no draft."""
+
+    requests: int
+    draft: str | None
+    guesses_kept: float | None
+    seconds: float
+    speedup: float
+
+
+def speculative_rows(model: LlamaForCausalLM, drafts: dict[str, LlamaForCausalLM], batches: list[list[list[int]]],
+                     *, new_tokens: int = 40, num_speculative_tokens: int = 3, temperature: float = 1.0,
+                     repeats: int = 3, seed: int = 0) -> list[SpeculativeRow]:
+    """Time the engine on each batch of prompts, without a draft and with each of ``drafts``, sampling
+    ``new_tokens`` tokens per request (seeded: every run of a batch draws the same random numbers).
+
+    Args:
+        model: the course's Llama.
+        drafts: ``{name: draft model}``.
+        batches: lists of prompts (token ids), each served in one ``generate``.
+        new_tokens, num_speculative_tokens, temperature: as the engine takes them.
+        repeats: timed runs of each (the best counts).
+        seed: the sampling generator's seed.
+
+    Raises:
+        TypeError, ValueError: as :class:`~attn_course.serving.Engine` and its ``generate`` raise them.
+
+    Example:
+        >>> from attn_course.models.llama import LlamaConfig
+        >>> tiny = LlamaForCausalLM(LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=16,
+        ...                                     num_hidden_layers=1, num_attention_heads=2))
+        >>> rows = speculative_rows(tiny, {"itself": tiny}, [[[1, 2]]], new_tokens=3, repeats=1)
+        >>> [(row.draft, row.guesses_kept) for row in rows]
+        [(None, None), ('itself', 1.0)]
+    """
+    def run(prompts: list[list[int]], draft: LlamaForCausalLM | None) -> Engine:
+        speculative = {"draft": draft, "num_speculative_tokens": num_speculative_tokens} if draft is not None else {}
+        engine = Engine(model, block_size=16, num_blocks=sum(-(-(len(p) + new_tokens) // 16) for p in prompts),
+                        max_batch_size=len(prompts), **speculative)
+        engine.generate(prompts, new_tokens, temperature=temperature, generator=torch.Generator().manual_seed(seed))
+        return engine
+
+    rows = []
+    for prompts in batches:
+        alone = best_time(functools.partial(run, prompts, None), repeats)
+        rows.append(SpeculativeRow(len(prompts), None, None, alone, 1.0))
+        for name, draft in drafts.items():
+            kept = run(prompts, draft).acceptance_rate
+            seconds = best_time(functools.partial(run, prompts, draft), repeats)
+            rows.append(SpeculativeRow(len(prompts), name, kept, seconds, alone / seconds))
+    return rows
 
 
 def serving_requests(count: int, vocab_size: int, *, seed: int = 0, prompt_lengths: tuple[int, int] = (3, 64),
@@ -123,8 +230,15 @@ def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: in
                                           bos_token_id=None, eos_token_id=None, pad_token_id=0)
         reference = transformers.LlamaForCausalLM(config).eval()
     with tempfile.TemporaryDirectory() as folder:
-        with contextlib.redirect_stderr(io.StringIO()):
-            reference.save_pretrained(folder)
+        # Quietly: "Writing model shards" is a progress bar, a widget in a notebook, which stderr does not catch.
+        shown = transformers.utils.logging.is_progress_bar_enabled()
+        transformers.utils.logging.disable_progress_bar()
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                reference.save_pretrained(folder)
+        finally:
+            if shown:
+                transformers.utils.logging.enable_progress_bar()
         ours = load_pretrained(folder)
     prompts, counts = serving_requests(requests, vocab_size, seed=seed)
     useful = sum(counts)

@@ -206,11 +206,17 @@ def nonoverlapping_windows(data: torch.Tensor, length: int) -> torch.Tensor:
     return data[starts[:, None] + torch.arange(length + 1)]                # [W, N + 1]
 
 
+def _logits(output: object) -> torch.Tensor:
+    """A model's logits: its output, or the output's ``.logits``."""
+    return getattr(output, "logits", output)
+
+
 def mean_window_loss(model: nn.Module, windows: torch.Tensor) -> float:
     """The mean next-token cross-entropy (nats) of ``model`` over ``windows`` (eval mode, no gradients).
 
     Args:
-        model: maps ids ``[W, N]`` to logits ``[W, N, V]``; its training mode is restored afterwards.
+        model: maps ids ``[W, N]`` to logits ``[W, N, V]`` (or to an output whose ``.logits`` they are, as the
+            course's Llama and Hugging Face's models return); its training mode is restored afterwards.
         windows: ``[W, N + 1]`` ids, e.g. from :func:`nonoverlapping_windows`.
 
     Returns:
@@ -219,7 +225,7 @@ def mean_window_loss(model: nn.Module, windows: torch.Tensor) -> float:
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        logits = model(windows[:, :-1])                                     # [W, N, V]
+        logits = _logits(model(windows[:, :-1]))                            # [W, N, V]
         loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
     model.train(was_training)
     return loss
@@ -265,7 +271,8 @@ def train_language_model(
         progress: show a progress bar (tqdm).
         make_model: build another model instead of a :class:`TinyLanguageModel`: called with
             the vocabulary size ``V`` once the seed is set (so its initial weights are seeded
-            too), it must return a module mapping ``[B, N]`` ids to ``[B, N, V]`` logits;
+            too), it must return a module mapping ``[B, N]`` ids to ``[B, N, V]`` logits (or to an output
+            with ``.logits``, as the course's Llama returns: chapter 14 trains one this way);
             ``config`` must then be None. Chapter 09 trains its position schemes this way.
 
     Returns:
@@ -331,7 +338,7 @@ def train_language_model(
         for step in iterator:
             starts = torch.randint(0, len(data) - sequence_length - 1, (batch_size, 1), generator=generator)
             windows = data[starts + offsets]                               # [B, N + 1]
-            logits = model(windows[:, :-1])                                # [B, N, V]
+            logits = _logits(model(windows[:, :-1]))                       # [B, N, V]
             loss = F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
             train_losses.append(optimizer_step(loss, model, optimizer, schedule))
             stop = False

@@ -8,10 +8,10 @@ layer's view of them for one forward pass, a ``KVCache`` the course's models run
 """
 
 from attn_course.serving.block_manager import Block, BlockManager, prefix_hash
-from attn_course.serving.engine import Engine
+from attn_course.serving.engine import Engine, StepRecord
 from attn_course.serving.paged_cache import KVPool, PagedKVCache
 from attn_course.serving.scheduler import Request, Scheduler, Step
 from attn_course.serving.speculative import verify_greedy, verify_sampled
 
-__all__ = ["Block", "BlockManager", "Engine", "KVPool", "PagedKVCache", "Request", "Scheduler", "Step", "prefix_hash",
-           "verify_greedy", "verify_sampled"]
+__all__ = ["Block", "BlockManager", "Engine", "KVPool", "PagedKVCache", "Request", "Scheduler", "Step", "StepRecord",
+           "prefix_hash", "verify_greedy", "verify_sampled"]

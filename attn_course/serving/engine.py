@@ -11,6 +11,7 @@ pass of the model over the last token and all ``k`` guesses.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -22,7 +23,21 @@ from attn_course.serving.paged_cache import KVPool, PagedKVCache
 from attn_course.serving.scheduler import Request, Scheduler
 from attn_course.serving.speculative import verify_greedy, verify_sampled
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "StepRecord"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What one step did (``Engine(record_steps=True)``): the prompt chunks it ran ``{request: tokens}``, the
+    requests that decoded, every running request's block table as the step ran, the requests left waiting, and
+    the preemptions so far."""
+
+    step: int
+    prefills: dict[int, int]
+    decodes: list[int]
+    block_tables: dict[int, list[int]]
+    waiting: list[int]
+    preemptions: int
 
 
 class Engine:
@@ -41,6 +56,7 @@ class Engine:
         num_speculative_tokens: tokens the draft guesses per step (``>= 1`` with a draft, 0 without).
         prefix_caching: share the blocks of prompts' common prefixes.
         max_tokens_per_step: tokens one step computes, decodes and prompt chunks together.
+        record_steps: keep a :class:`StepRecord` of every step in ``step_records`` (for a picture of the pool).
 
     Raises:
         TypeError, ValueError: a model or draft that is not the course's Llama or has sliding windows, a draft
@@ -58,7 +74,7 @@ class Engine:
 
     def __init__(self, model: LlamaForCausalLM, *, block_size: int = 16, num_blocks: int, max_batch_size: int,
                  draft: LlamaForCausalLM | None = None, num_speculative_tokens: int = 0, prefix_caching: bool = True,
-                 max_tokens_per_step: int = 256) -> None:
+                 max_tokens_per_step: int = 256, record_steps: bool = False) -> None:
         where = "Engine"
         self.model = _servable(where, "model", model)
         self.draft = None if draft is None else _servable(where, "draft", draft)
@@ -76,6 +92,8 @@ class Engine:
         self.pools = {id(self.model): _pool(self.model, self.pad_slot)}
         if self.draft is not None:
             self.pools[id(self.draft)] = _pool(self.draft, self.pad_slot)
+        self.record_steps = _validate.boolean(where, "record_steps", record_steps)
+        self.step_records: list[StepRecord] = []
         self.steps = 0
         self.peak_blocks = 0                                     # most blocks held at once
         self.proposed_tokens = self.accepted_tokens = 0          # the draft's guesses, and those the model kept
@@ -111,6 +129,13 @@ class Engine:
             step = self.scheduler.schedule()
             self.steps += 1
             self.peak_blocks = max(self.peak_blocks, self.blocks.num_blocks - self.blocks.num_free_blocks)
+            if self.record_steps:
+                self.step_records.append(StepRecord(
+                    self.steps, {request.request_id: count for request, count in step.prefills},
+                    [request.request_id for request in step.decodes],
+                    {request.request_id: list(self.blocks.block_table(request.request_id))
+                     for request in self.scheduler.running},
+                    [request.request_id for request in self.scheduler.waiting], self.scheduler.preemptions))
             if step.prefills:
                 self._prefill(step.prefills, temperature, generator)
             if step.decodes and self.draft is None:

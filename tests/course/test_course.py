@@ -29,9 +29,9 @@ def header(path: pathlib.Path) -> str:
     return next(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
 
 
-def test_there_are_thirteen_chapters():
+def test_there_are_fourteen_chapters():
     assert [path.name[:2] for path in CHAPTERS] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11",
-                                                    "12", "13"]
+                                                    "12", "13", "14"]
 
 
 def test_readme_chapter_map_links_every_chapter_with_its_run_time():

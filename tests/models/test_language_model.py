@@ -273,3 +273,28 @@ def test_held_out_split_rejects_bad_input():
         held_out_split(b"abc")
     with pytest.raises(ValueError, match=r"^held_out_split: fraction must lie in \[0, 1\)"):
         held_out_split("abc", 1.5)
+
+
+def test_a_model_that_returns_an_output_with_logits_trains_too():
+    """Chapter 14 trains the course's Llama, whose forward returns an output with ``.logits``: its losses must be
+    the cross-entropy of those logits, as for a model that returns the tensor itself."""
+    from attn_course.models.llama import LlamaConfig, LlamaForCausalLM
+
+    def llama(vocab):
+        return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                                            num_hidden_layers=1, num_attention_heads=2))
+
+    class LogitsOnly(torch.nn.Module):                   # the same model, returning the bare tensor
+        def __init__(self, vocab):
+            super().__init__()
+            self.inner = llama(vocab)
+
+        def forward(self, ids):
+            return self.inner(ids).logits
+
+    text = load_rhymes()
+    model, tokenizer, history = train_language_model(text, steps=20, patience=None, make_model=llama, **SMALL)
+    _, _, bare = train_language_model(text, steps=20, patience=None, make_model=LogitsOnly, **SMALL)
+    assert history.train_losses == bare.train_losses and history.validation_losses == bare.validation_losses
+    assert history.validation_losses[-1] < history.validation_losses[0] < math.log(tokenizer.vocab_size) + 1
+    assert isinstance(model, LlamaForCausalLM) and not model.training

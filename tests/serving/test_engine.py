@@ -192,3 +192,25 @@ def test_a_bad_draft_is_refused_by_name(models, options, error, message):
         options["draft"] = small_draft(10, seed=0)
     with pytest.raises(error, match=message):
         Engine(models[1], block_size=4, num_blocks=8, max_batch_size=2, **options)
+
+
+def test_step_records_follow_the_pool_and_the_queue(models):
+    """Each record is the step as it ran: its prompt chunks and decodes add up to every token computed, its block
+    tables hold distinct blocks of the pool, and a preempted request is back in the queue."""
+    prompts, counts = requests(5, 6)
+    engine = Engine(models[1], block_size=4, num_blocks=12, max_batch_size=4, max_tokens_per_step=9,
+                    prefix_caching=False, record_steps=True)
+    engine.generate(prompts, counts)
+    records = engine.step_records
+    assert [record.step for record in records] == list(range(1, engine.steps + 1))
+    for record, before in zip(records, [None, *records]):
+        held = [block for table in record.block_tables.values() for block in table]
+        assert len(held) == len(set(held)) and all(0 <= block < 12 for block in held)
+        assert set(record.prefills) | set(record.decodes) <= set(record.block_tables)
+        assert sum(record.prefills.values()) + len(record.decodes) <= 9
+        if before is not None and record.preemptions > before.preemptions:
+            assert set(before.block_tables) - set(record.block_tables) & set(record.waiting)
+    computed = sum(sum(record.prefills.values()) + len(record.decodes) for record in records)
+    recomputed = computed - sum(len(prompt) + count - 1 for prompt, count in zip(prompts, counts))
+    assert (recomputed > 0) == (records[-1].preemptions > 0)        # tokens computed again only after a preemption
+    assert Engine(models[1], num_blocks=4, max_batch_size=1).step_records == []      # off unless asked
