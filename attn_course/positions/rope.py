@@ -194,6 +194,8 @@ class RotaryEmbedding(nn.Module):
         else:
             first, second = xr.chunk(2, dim=-1)                        # [..., N, P/2] each
             rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+        if not passed.shape[-1]:                                       # every feature rotated: no copy to join
+            return rotated.to(x.dtype)
         return torch.cat((rotated, passed), dim=-1).to(x.dtype)        # [..., N, d]
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
