@@ -154,7 +154,7 @@ def speculative_rows(model: LlamaForCausalLM, drafts: dict[str, LlamaForCausalLM
     """
     def run(prompts: list[list[int]], draft: LlamaForCausalLM | None) -> Engine:
         speculative = {"draft": draft, "num_speculative_tokens": num_speculative_tokens} if draft is not None else {}
-        engine = Engine(model, block_size=16, num_blocks=sum(-(-(len(p) + new_tokens) // 16) for p in prompts),
+        engine = Engine(model, block_size=16, num_blocks=_blocks_needed(prompts, [new_tokens] * len(prompts), 16),
                         max_batch_size=len(prompts), **speculative)
         engine.generate(prompts, new_tokens, temperature=temperature, generator=torch.Generator().manual_seed(seed))
         return engine
@@ -242,7 +242,7 @@ def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: in
         ours = load_pretrained(folder)
     prompts, counts = serving_requests(requests, vocab_size, seed=seed)
     useful = sum(counts)
-    blocks_needed = sum(-(-(len(prompt) + count) // block_size) for prompt, count in zip(prompts, counts))
+    blocks_needed = _blocks_needed(prompts, counts, block_size)
     rows = []
     with threads_of_torch(threads), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -299,6 +299,11 @@ def measure_serving(*, requests: int = 32, hidden_size: int = 96, num_layers: in
         static_batch_tokens=requests * (longest + max(counts)), system_prompt=48,
         prefix_hit_rate=sharing.blocks.cached_tokens / sharing.blocks.prompt_tokens)
     return rows, memory
+
+
+def _blocks_needed(prompts: list[list[int]], counts: list[int], block_size: int) -> int:
+    """Blocks for every request's prompt and new tokens at once: a pool in which nothing waits."""
+    return sum(-(-(len(prompt) + count) // block_size) for prompt, count in zip(prompts, counts))
 
 
 def _timed(run, repeats: int) -> tuple[float, list[list[int]]]:

@@ -92,9 +92,8 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_batch_size=max_batch_size, max_tokens_per_step=max_tokens_per_step,
                                    num_speculative_tokens=num_speculative_tokens)
         self.pad_slot = num_blocks * block_size                  # where padding writes, and what it reads
-        self.pools = {id(self.model): _pool(self.model, self.pad_slot)}
-        if self.draft is not None:
-            self.pools[id(self.draft)] = _pool(self.draft, self.pad_slot)
+        self.pool = _pool(self.model, self.pad_slot)
+        self.draft_pool = None if self.draft is None else _pool(self.draft, self.pad_slot)
         self.record_steps = _validate.boolean(where, "record_steps", record_steps)
         self.step_records: list[StepRecord] = []
         self.steps = 0
@@ -143,7 +142,7 @@ class Engine:
                 self._prefill(step.prefills, temperature, generator)
             if step.decodes and self.draft is None:
                 rows = [(request, request.tokens, request.computed, len(request.tokens)) for request in step.decodes]
-                for request, logits in zip(step.decodes, self._forward(self.model, rows)[:, -1]):
+                for request, logits in zip(step.decodes, self._forward(self.model, self.pool, rows)[:, -1]):
                     request.computed += 1
                     request.output.append(_sample(logits, temperature, generator))
             elif step.decodes:
@@ -190,10 +189,10 @@ class Engine:
         """Run each request's next ``count`` tokens (through the draft too, when there is one); a request whose
         chunk ends its tokens samples its next one (the rest of a longer prompt comes in later steps)."""
         rows = [(request, request.tokens, request.computed, request.computed + count) for request, count in chunks]
-        logits = self._forward(self.model, rows)[:, -1]
+        logits = self._forward(self.model, self.pool, rows)[:, -1]
         if self.draft is not None:
-            self._forward(self.draft, [(request, tokens, request.draft_computed, stop)
-                                       for request, tokens, _, stop in rows])
+            self._forward(self.draft, self.draft_pool, [(request, tokens, request.draft_computed, stop)
+                                                        for request, tokens, _, stop in rows])
         for (request, tokens, _, stop), row in zip(rows, logits):
             request.computed = request.draft_computed = stop
             if stop == len(tokens):
@@ -210,24 +209,22 @@ class Engine:
             active = [index for index, count in enumerate(counts) if count > turn]
             rows = [(requests[index], requests[index].tokens + guesses[index], requests[index].draft_computed,
                      len(requests[index].tokens) + turn) for index in active]
-            for index, (request, _, _, stop), logits in zip(active, rows, self._forward(self.draft, rows)[:, -1]):
+            drafted = self._forward(self.draft, self.draft_pool, rows)[:, -1]
+            for index, (request, _, _, stop), logits in zip(active, rows, drafted):
                 request.draft_computed = stop
-                if temperature == 0:
-                    guesses[index].append(int(logits.argmax()))
-                else:
-                    probabilities = torch.softmax(logits.double() / temperature, dim=-1)
-                    guesses[index].append(int(torch.multinomial(probabilities, 1, generator=generator)))
-                    draft_probabilities[index].append(probabilities)
+                guesses[index].append(_sample(logits, temperature, generator))
+                if temperature:
+                    draft_probabilities[index].append(_distribution(logits, temperature))
         rows = [(request, request.tokens + guess, request.computed, len(request.tokens) + len(guess))
                 for request, guess in zip(requests, guesses)]
         width = max(counts) + 1
-        logits = self._forward(self.model, rows, last=width)                       # [B, width, V]
+        logits = self._forward(self.model, self.pool, rows, last=width)            # [B, width, V]
         for request, guess, probabilities, scores in zip(requests, guesses, draft_probabilities, logits):
             scores = scores[width - len(guess) - 1:]                                 # [k + 1, V], this row's
             if temperature == 0:
                 kept = verify_greedy(guess, scores)
             else:
-                target = torch.softmax(scores.double() / temperature, dim=-1)
+                target = _distribution(scores, temperature)
                 kept = verify_sampled(guess, torch.stack(probabilities) if guess else target[:0], target,
                                       generator=generator)
             self.proposed_tokens += len(guess)
@@ -238,13 +235,12 @@ class Engine:
             request.draft_computed = min(request.draft_computed, request.computed)
             request.output += kept
 
-    def _forward(self, model: LlamaForCausalLM, rows: list[tuple[Request, list[int], int, int]], *,
+    def _forward(self, model: LlamaForCausalLM, pool: KVPool, rows: list[tuple[Request, list[int], int, int]], *,
                  last: int = 1) -> torch.Tensor:
         """One forward pass of ``model`` over ``tokens[start:stop]`` of each row ``(request, tokens, start,
-        stop)``, with the keys and values of ``tokens[:start]`` read from that model's pool: the logits after
+        stop)``, with the keys and values of ``tokens[:start]`` read from ``pool``, that model's: the logits after
         each row's last ``last`` tokens, ``[B, last, V]``. Rows are padded on the left to the longest chunk
         and the longest context."""
-        pool = self.pools[id(model)]
         new = max(stop - start for _, _, start, stop in rows)
         context = max(stop for _, _, _, stop in rows)
         ids, positions, read, written = [], [], [], []      # built as lists, one tensor each: rows are many
@@ -283,9 +279,13 @@ def _pool(model: LlamaForCausalLM, pad_slot: int) -> KVPool:
     return pool
 
 
+def _distribution(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``softmax(logits / temperature)`` in float64: what sampling draws from, and what verification compares."""
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
 def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     """The greedy token, or one drawn from ``softmax(logits / temperature)``."""
     if temperature == 0:
         return int(logits.argmax())
-    probabilities = torch.softmax(logits.double() / temperature, dim=-1)
-    return int(torch.multinomial(probabilities, 1, generator=generator))
+    return int(torch.multinomial(_distribution(logits, temperature), 1, generator=generator))
